@@ -1,0 +1,206 @@
+//! Consul's JSON shapes: responses in PascalCase with Consul's field order and omissions,
+//! and request decoding that matches field names case-insensitively, as Go's `encoding/json` does.
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::kv::KvEntry;
+use crate::session::{ServiceCheck, Session};
+
+/// Consul's `DirEntry`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct DirEntry {
+    pub lock_index: u64,
+    pub key: String,
+    pub flags: u64,
+    /// Standard base64; `null` for an empty value.
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+impl DirEntry {
+    pub fn from_entry(e: &KvEntry) -> DirEntry {
+        DirEntry {
+            lock_index: e.lock_index,
+            key: e.key.clone(),
+            flags: e.flags,
+            value: (!e.value.is_empty()).then(|| BASE64.encode(&e.value)),
+            session: e.session.clone(),
+            create_index: e.create_index,
+            modify_index: e.modify_index,
+        }
+    }
+
+    /// Decodes the base64 value (empty when `null`).
+    pub fn value_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        self.value
+            .as_deref()
+            .map_or(Ok(Vec::new()), |v| BASE64.decode(v))
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCheckJson {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "Namespace", default)]
+    pub namespace: String,
+}
+
+/// Consul's session JSON (`/v1/session/info` and friends).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionJson {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "Name")]
+    pub name: String,
+    #[serde(rename = "Node")]
+    pub node: String,
+    /// Nanoseconds.
+    #[serde(rename = "LockDelay")]
+    pub lock_delay: u64,
+    #[serde(rename = "Behavior")]
+    pub behavior: String,
+    #[serde(rename = "TTL")]
+    pub ttl: String,
+    #[serde(rename = "NodeChecks")]
+    pub node_checks: Vec<String>,
+    #[serde(rename = "ServiceChecks")]
+    pub service_checks: Option<Vec<ServiceCheckJson>>,
+    #[serde(rename = "Checks", default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<String>,
+    #[serde(rename = "CreateIndex")]
+    pub create_index: u64,
+    #[serde(rename = "ModifyIndex")]
+    pub modify_index: u64,
+}
+
+impl SessionJson {
+    pub fn from_session(s: &Session) -> SessionJson {
+        SessionJson {
+            id: s.id.clone(),
+            name: s.name.clone(),
+            node: s.node.clone(),
+            lock_delay: s.lock_delay_ns,
+            behavior: s.behavior.as_str().to_owned(),
+            ttl: s.ttl.clone(),
+            node_checks: s.node_checks.clone(),
+            service_checks: s.service_checks.as_ref().map(|v| {
+                v.iter()
+                    .map(|c: &ServiceCheck| ServiceCheckJson {
+                        id: c.id.clone(),
+                        namespace: c.namespace.clone(),
+                    })
+                    .collect()
+            }),
+            checks: s.checks.clone(),
+            create_index: s.create_index,
+            modify_index: s.modify_index,
+        }
+    }
+}
+
+/// Decodes `bytes` into `T` whose serde names are all lowercase, matching the object keys of the
+/// input case-insensitively. Objects under a key listed in `opaque` (free-form maps such as
+/// `Meta`) keep their keys as sent.
+pub fn decode_case_insensitive<T: DeserializeOwned>(
+    bytes: &[u8],
+    opaque: &[&str],
+) -> Result<T, serde_json::Error> {
+    let mut value: Value = serde_json::from_slice(bytes)?;
+    lowercase_keys(&mut value, opaque);
+    serde_json::from_value(value)
+}
+
+fn lowercase_keys(value: &mut Value, opaque: &[&str]) {
+    match value {
+        Value::Object(map) => {
+            let old = std::mem::take(map);
+            for (k, mut v) in old {
+                let lower = k.to_ascii_lowercase();
+                if !opaque.contains(&lower.as_str()) {
+                    lowercase_keys(&mut v, opaque);
+                }
+                // An exact lowercase spelling wins over another casing of the same name.
+                if k == lower || !map.contains_key(&lower) {
+                    map.insert(lower, v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| lowercase_keys(v, opaque)),
+        _ => {}
+    }
+}
+
+/// Consul's `?keys&separator=` listing: cut each key just after the first separator that follows
+/// the prefix, and drop duplicates (input sorted, output sorted).
+pub fn collapse_keys(prefix: &str, keys: &[&str], separator: Option<&str>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(keys.len());
+    for key in keys {
+        let cut = match separator.filter(|s| !s.is_empty()) {
+            Some(sep) => key[prefix.len()..]
+                .find(sep)
+                .map_or(*key, |at| &key[..prefix.len() + at + sep.len()]),
+            None => key,
+        };
+        if out.last().map(String::as_str) != Some(cut) {
+            out.push(cut.to_owned());
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Probe {
+        name: String,
+        #[serde(default)]
+        meta: std::collections::BTreeMap<String, String>,
+    }
+
+    #[test]
+    fn decodes_any_casing_but_keeps_opaque_maps() {
+        let p: Probe =
+            decode_case_insensitive(br#"{"NAME":"x","Meta":{"Key":"V"}}"#, &["meta"]).unwrap();
+        assert_eq!(p.name, "x");
+        assert_eq!(p.meta.get("Key").map(String::as_str), Some("V"));
+    }
+
+    #[test]
+    fn collapses_keys_at_separator() {
+        let keys = ["/test/key1", "/test/key2", "/test/sub/key3", "/test/sub/key4"];
+        assert_eq!(
+            collapse_keys("/test/", &keys, Some("/")),
+            vec!["/test/key1", "/test/key2", "/test/sub/"]
+        );
+        assert_eq!(collapse_keys("/test/", &keys, None).len(), 4);
+    }
+
+    #[test]
+    fn empty_value_is_null() {
+        let e = KvEntry {
+            key: "k".into(),
+            value: vec![],
+            flags: 0,
+            session: None,
+            lock_index: 0,
+            create_index: 1,
+            modify_index: 1,
+        };
+        let json = serde_json::to_string(&DirEntry::from_entry(&e)).unwrap();
+        assert_eq!(
+            json,
+            r#"{"LockIndex":0,"Key":"k","Flags":0,"Value":null,"CreateIndex":1,"ModifyIndex":1}"#
+        );
+    }
+}

@@ -1,0 +1,24 @@
+//! The vocabulary Vigil agents and servers share: domain types (KV entries, sessions, catalog),
+//! the server request/response messages, Go-style durations, and the Consul JSON shapes.
+
+pub mod api;
+pub mod catalog;
+pub mod duration;
+pub mod kv;
+pub mod rpc;
+pub mod session;
+
+/// Largest KV value accepted (Consul's `kv_max_value_size`).
+pub const KV_MAX_VALUE_SIZE: usize = 512 * 1024;
+/// Most ops in one transaction (Consul's limit since 1.14).
+pub const TXN_MAX_OPS: usize = 128;
+/// Largest transaction body (Consul's `txn_max_req_len`).
+pub const TXN_MAX_REQ_LEN: usize = 512 * 1024;
+/// Lock-delay is capped to this when applied.
+pub const MAX_LOCK_DELAY_MS: u64 = 60_000;
+/// Default lock-delay of a session created over HTTP.
+pub const DEFAULT_LOCK_DELAY_NS: u64 = 15_000_000_000;
+/// Longest session TTL (`SessionTTLMax`).
+pub const SESSION_TTL_MAX_NS: u64 = 24 * 3600 * 1_000_000_000;
+/// The leader arms each TTL timer for TTL times this (Consul's `SessionTTLMultiplier`).
+pub const SESSION_TTL_MULTIPLIER: u32 = 2;

@@ -1,0 +1,171 @@
+//! The server's request/response vocabulary. Agents speak it to servers (in-process in dev mode,
+//! over QUIC otherwise). Enums are versioned by appending variants only (postcard encodes the
+//! variant index), so never reorder them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{Check, HealthStatus, Node};
+use crate::kv::{KvEntry, KvOp, TxnOutcome};
+use crate::session::Session;
+
+/// A state change. The leader wraps it in a [`Command`] stamped with its clock.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    /// 0: KV ops applied atomically (a single-key write is a one-op transaction).
+    Kv(Vec<KvOp>),
+    /// 1: the ID is chosen by whoever proposes it, so apply stays deterministic.
+    CreateSession(Session),
+    /// 2: destroy = invalidate (releases or deletes its keys, arms lock-delay).
+    DestroySession { id: String },
+    /// 3: register or update a node.
+    RegisterNode { name: String, address: String },
+    /// 4: register or update a check; a critical status invalidates the sessions bound to it.
+    RegisterCheck(CheckRegistration),
+    /// 5
+    DeregisterCheck { node: String, check_id: String },
+    /// 6: removes the node, its checks, and every session on it.
+    DeregisterNode { name: String },
+    /// 7: drop tombstones written before `before_ms` (leader's clock).
+    ReapTombstones { before_ms: u64 },
+}
+
+/// A check as registered; indexes are assigned by the state machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckRegistration {
+    pub node: String,
+    pub check_id: String,
+    pub name: String,
+    pub status: HealthStatus,
+    pub output: String,
+    pub service_id: String,
+}
+
+/// What raft replicates: an [`Op`] with the proposing leader's wall clock in milliseconds.
+/// Apply never reads a clock; it uses `now_ms` (clamped to be monotonic).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Command {
+    pub now_ms: u64,
+    pub op: Op,
+}
+
+/// A deterministic refusal found while applying a command. Nothing was changed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ApplyError {
+    #[error("Missing node registration")]
+    MissingNode,
+    #[error("Missing check '{0}' registration")]
+    MissingCheck(String),
+    #[error("Check '{0}' is in critical state")]
+    CriticalCheck(String),
+    #[error("Session ID must be unique")]
+    DuplicateSession,
+}
+
+/// The result of applying one command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    /// 0
+    Done,
+    /// 1
+    Txn(TxnOutcome),
+    /// 2
+    SessionCreated { id: String },
+    /// 3
+    Rejected(ApplyError),
+}
+
+/// A read. Every variant except `Txn` and `Sequencer` can block on an index.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadQuery {
+    /// 0
+    KvGet { key: String },
+    /// 1
+    KvList { prefix: String },
+    /// 2
+    KvKeys {
+        prefix: String,
+        separator: Option<String>,
+    },
+    /// 3
+    SessionInfo { id: String },
+    /// 4
+    SessionList,
+    /// 5
+    SessionNode { node: String },
+    /// 6: a transaction with read verbs only (no raft, no blocking).
+    Txn(Vec<KvOp>),
+    /// 7: is `(key, lock_index, session)` the current holder?
+    Sequencer {
+        key: String,
+        lock_index: u64,
+        session: String,
+    },
+    /// 8
+    CatalogNodes,
+    /// 9
+    NodeChecks { node: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueryResult {
+    /// 0
+    Entries(Vec<KvEntry>),
+    /// 1
+    Keys(Vec<String>),
+    /// 2
+    Sessions(Vec<Session>),
+    /// 3
+    Txn(TxnOutcome),
+    /// 4: `Err` carries the reason the token is not valid.
+    Sequencer(Result<(), String>),
+    /// 5
+    Nodes(Vec<Node>),
+    /// 6
+    Checks(Vec<Check>),
+}
+
+/// How fresh a read must be (Consul's consistency modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum Consistency {
+    /// Answered by the leader from its state.
+    #[default]
+    Default,
+    /// The leader confirms leadership with a quorum first (read-index).
+    Consistent,
+    /// Any server answers from local state.
+    Stale,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct QueryOptions {
+    pub consistency: Consistency,
+    /// Block until the result's index exceeds this (0: answer at once).
+    pub min_index: u64,
+    /// How long to block, already clamped and jittered by the caller.
+    pub wait_ms: u64,
+}
+
+/// Metadata sent with every read (the `X-Consul-*` headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryMeta {
+    /// Never 0 (floored to 1, as Consul does).
+    pub index: u64,
+    pub known_leader: bool,
+    pub last_contact_ms: u64,
+}
+
+/// Why the server could not do what was asked.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum ServerError {
+    #[error("No cluster leader")]
+    NoLeader,
+    /// This server is not the leader; `leader` is its RPC address if known.
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader { leader: Option<String> },
+    #[error("Session id '{0}' not found")]
+    SessionNotFound(String),
+    #[error("server is shutting down")]
+    ShuttingDown,
+    #[error("raft: {0}")]
+    Raft(String),
+}
