@@ -1,1 +1,11 @@
+//! Vigil's server role: the replicated state machine, raft, leader duties and blocking-query
+//! wakeups.
 
+pub mod leader;
+pub mod proposer;
+pub mod raft;
+pub mod server;
+pub mod state;
+pub mod watch;
+
+pub use server::{RaftTiming, Server, ServerConfig, StartError};

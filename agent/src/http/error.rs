@@ -1,0 +1,63 @@
+//! The one place errors become HTTP responses: plain-text bodies with Consul's messages, 400 for
+//! bad input (SPEC.md), 500 only for our own faults.
+
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use vigil_shared::rpc::ServerError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn too_large(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
+    }
+
+    /// Consul's 413 text for a body over `max` bytes.
+    pub fn body_too_large(len: Option<usize>, max: usize) -> ApiError {
+        match len {
+            Some(n) => ApiError::too_large(format!(
+                "Request body({n} bytes) too large, max size: {max} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size."
+            )),
+            None => ApiError::too_large(format!("Request body too large, max size: {max} bytes")),
+        }
+    }
+}
+
+impl From<ServerError> for ApiError {
+    fn from(e: ServerError) -> ApiError {
+        let status = match &e {
+            ServerError::SessionNotFound(_) => StatusCode::NOT_FOUND,
+            ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::NoLeader | ServerError::NotLeader { .. } | ServerError::Raft(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            self.message,
+        )
+            .into_response()
+    }
+}

@@ -1,0 +1,211 @@
+//! `/v1/kv/<key>`: reads (single, `recurse`, `keys`, `raw`, blocking), writes (`flags`, `cas`,
+//! `acquire`, `release`) and deletes (`recurse`, `cas`), each a one-op KV transaction.
+
+use axum::body::{Body, Bytes};
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use vigil_shared::KV_MAX_VALUE_SIZE;
+use vigil_shared::api::DirEntry;
+use vigil_shared::duration::format_go_duration;
+use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
+use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+
+use super::error::ApiError;
+use super::params::{Params, decode_path};
+use super::{AppState, json, not_found_with_meta, with_meta};
+
+/// Header telling a client its acquire was refused by lock-delay, and for how much longer.
+const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
+
+fn key_of(uri: &axum::http::Uri) -> String {
+    let path = uri.path();
+    let raw = path
+        .strip_prefix("/v1/kv/")
+        .or_else(|| path.strip_prefix("/v1/kv"))
+        .unwrap_or("");
+    decode_path(raw)
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let key = key_of(&uri);
+    let recurse = params.has("recurse");
+    let keys = params.has("keys");
+    if key.is_empty() && !recurse && !keys {
+        return Err(ApiError::bad_request("Missing key name"));
+    }
+    let opts = params.query_options()?;
+    let query = if keys {
+        let separator = params
+            .get("separator")
+            .or_else(|| params.get("seperator"))
+            .map(str::to_owned);
+        ReadQuery::KvKeys {
+            prefix: key.clone(),
+            separator,
+        }
+    } else if recurse {
+        ReadQuery::KvList {
+            prefix: key.clone(),
+        }
+    } else {
+        ReadQuery::KvGet { key: key.clone() }
+    };
+    let (result, meta) = state.server.query(opts, query).await?;
+    match result {
+        QueryResult::Keys(list) => {
+            if list.is_empty() && !key.is_empty() {
+                return Ok(not_found_with_meta(meta));
+            }
+            Ok(with_meta(meta, json(&params, &list)))
+        }
+        QueryResult::Entries(entries) if entries.is_empty() => Ok(not_found_with_meta(meta)),
+        QueryResult::Entries(entries) if params.has("raw") && !recurse => {
+            let value = entries.into_iter().next().map(|e| e.value).unwrap_or_default();
+            let response = (
+                [
+                    (header::CONTENT_TYPE, "text/plain"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                    (header::CONTENT_SECURITY_POLICY, "sandbox"),
+                ],
+                Body::from(value),
+            )
+                .into_response();
+            Ok(with_meta(meta, response))
+        }
+        QueryResult::Entries(entries) => {
+            let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
+            Ok(with_meta(meta, json(&params, &dir)))
+        }
+        other => Err(unexpected(other)),
+    }
+}
+
+pub fn unexpected(result: QueryResult) -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        format!("unexpected server result: {result:?}"),
+    )
+}
+
+/// Rejects a body whose declared or actual size is over the KV value limit (Consul's 413 text).
+fn check_value_size(headers: &HeaderMap, body: &Bytes) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    let len = declared.unwrap_or(body.len()).max(body.len());
+    if len > KV_MAX_VALUE_SIZE {
+        return Err(ApiError::body_too_large(Some(len), KV_MAX_VALUE_SIZE));
+    }
+    Ok(())
+}
+
+fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
+    if names.iter().filter(|n| params.has(n)).count() > 1 {
+        return Err(ApiError::bad_request(format!(
+            "Conflicting flags: {}\n",
+            params.encoded_sorted()
+        )));
+    }
+    Ok(())
+}
+
+pub async fn put(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let key = key_of(&uri);
+    if key.is_empty() {
+        return Err(ApiError::bad_request("Missing key name"));
+    }
+    conflicting(&params, &["cas", "acquire", "release"])?;
+    let flags = params.u64("flags")?.unwrap_or(0);
+    let cas = params.u64("cas")?;
+    check_value_size(&headers, &body)?;
+    let value = body.to_vec();
+    let op = if let Some(session) = params.get("acquire") {
+        KvOp::Lock {
+            key,
+            value,
+            flags,
+            session: session.to_owned(),
+        }
+    } else if let Some(session) = params.get("release") {
+        KvOp::Unlock {
+            key,
+            value,
+            flags,
+            session: session.to_owned(),
+        }
+    } else if let Some(index) = cas {
+        KvOp::Cas {
+            key,
+            value,
+            flags,
+            index,
+        }
+    } else {
+        KvOp::Set { key, value, flags }
+    };
+    write_bool(&state, &params, op).await
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let key = key_of(&uri);
+    let recurse = params.has("recurse");
+    conflicting(&params, &["cas", "recurse"])?;
+    if key.is_empty() && !recurse {
+        return Err(ApiError::bad_request("Missing key name"));
+    }
+    let op = if recurse {
+        KvOp::DeleteTree { prefix: key }
+    } else if let Some(index) = params.u64("cas")? {
+        KvOp::DeleteCas { key, index }
+    } else {
+        KvOp::Delete { key }
+    };
+    write_bool(&state, &params, op).await
+}
+
+/// Applies one KV op and answers Consul's `true`/`false`.
+async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Response, ApiError> {
+    let response = state.server.write(Op::Kv(vec![op])).await?;
+    let ServerResponse::Txn(outcome) = response else {
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected server response: {response:?}"),
+        ));
+    };
+    let error = match outcome {
+        TxnOutcome::Committed(_) => return Ok(json(params, &true)),
+        TxnOutcome::RolledBack(mut errors) if !errors.is_empty() => errors.swap_remove(0).error,
+        TxnOutcome::RolledBack(_) => return Ok(json(params, &false)),
+    };
+    match error {
+        KvOpError::LockDelay { remaining_ms, .. } => {
+            let mut response = json(params, &false);
+            let remaining = format_go_duration(std::time::Duration::from_millis(remaining_ms));
+            if let Ok(v) = HeaderValue::from_str(&remaining) {
+                response.headers_mut().insert(LOCK_DELAY_HEADER, v);
+            }
+            Ok(response)
+        }
+        KvOpError::MissingSession | KvOpError::InvalidSession(_) => {
+            Err(ApiError::bad_request(format!("raft apply failed: {error}")))
+        }
+        KvOpError::MissingKey => Err(ApiError::bad_request(error.to_string())),
+        _ => Ok(json(params, &false)),
+    }
+}

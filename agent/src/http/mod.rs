@@ -1,0 +1,151 @@
+//! The Consul-compatible HTTP API: one route table, one file per resource. Handlers translate
+//! HTTP into server requests and back; Consul's status codes, texts and headers are kept.
+
+mod agent;
+pub mod error;
+mod kv;
+pub mod params;
+mod session;
+mod status;
+mod txn;
+mod vigil;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use serde::Serialize;
+use vigil_shared::rpc::QueryMeta;
+use vigil_server::Server;
+
+use params::Params;
+
+/// What every handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub server: Arc<Server>,
+    pub node_name: String,
+    pub http_addr: std::net::SocketAddr,
+}
+
+pub fn router(state: AppState) -> Router {
+    let kv = get(kv::get).put(kv::put).delete(kv::delete);
+    let routes = Router::new()
+        .route("/v1/kv", kv.clone())
+        .route("/v1/kv/", kv.clone())
+        .route("/v1/kv/{*key}", kv)
+        .route("/v1/txn", put(txn::txn))
+        .route("/v1/session/create", put(session::create))
+        .route("/v1/session/destroy/", put(session::missing_id))
+        .route("/v1/session/destroy/{id}", put(session::destroy))
+        .route("/v1/session/renew/", put(session::missing_id))
+        .route("/v1/session/renew/{id}", put(session::renew))
+        .route("/v1/session/info/", get(session::missing_id))
+        .route("/v1/session/info/{id}", get(session::info))
+        .route("/v1/session/list", get(session::list))
+        .route("/v1/session/node/", get(session::missing_node))
+        .route("/v1/session/node/{node}", get(session::node))
+        .route("/v1/status/leader", get(status::leader))
+        .route("/v1/status/peers", get(status::peers))
+        .route("/v1/agent/self", get(agent::agent_self))
+        .route("/v1/vigil/sequencer", get(vigil::sequencer))
+        .fallback(not_found)
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state);
+    // Outside the routes, so the 405 rewrite sees the `Allow` header axum sets per route.
+    Router::new()
+        .fallback_service(routes)
+        .layer(middleware::from_fn(method_not_allowed))
+}
+
+async fn not_found() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        "404 page not found\n",
+    )
+        .into_response()
+}
+
+/// Consul answers a wrong method with 405, an `Allow` header that includes OPTIONS, and
+/// `method X not allowed`; an OPTIONS request gets 200 with the same `Allow` header.
+async fn method_not_allowed(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let response = next.run(req).await;
+    if response.status() != StatusCode::METHOD_NOT_ALLOWED {
+        return response;
+    }
+    let mut allowed: Vec<String> = response
+        .headers()
+        .get(header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.split(',').map(|m| m.trim().to_owned()).filter(|m| !m.is_empty()).collect())
+        .unwrap_or_default();
+    allowed.retain(|m| m != "HEAD");
+    allowed.insert(0, "OPTIONS".to_owned());
+    let allow = allowed.join(",");
+    if method == Method::OPTIONS {
+        return (StatusCode::OK, [(header::ALLOW, allow)]).into_response();
+    }
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [
+            (header::ALLOW, allow),
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8".to_owned()),
+        ],
+        format!("method {method} not allowed"),
+    )
+        .into_response()
+}
+
+/// A JSON body, indented with a trailing newline under `?pretty`.
+pub fn json<T: Serialize>(params: &Params, value: &T) -> Response {
+    let body = if params.pretty() {
+        serde_json::to_vec_pretty(value).map(|mut v| {
+            v.push(b'\n');
+            v
+        })
+    } else {
+        serde_json::to_vec(value)
+    };
+    match body {
+        Ok(body) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(body),
+        )
+            .into_response(),
+        Err(e) => error::ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+            .into_response(),
+    }
+}
+
+/// Adds Consul's read headers: `X-Consul-Index`, `X-Consul-KnownLeader`, `X-Consul-LastContact`.
+pub fn with_meta(meta: QueryMeta, mut response: Response) -> Response {
+    set_leader_headers(response.headers_mut(), meta);
+    response
+        .headers_mut()
+        .insert("X-Consul-Index", HeaderValue::from(meta.index));
+    response
+}
+
+/// The leader headers alone (the read-only txn path sends no index).
+pub fn set_leader_headers(headers: &mut HeaderMap, meta: QueryMeta) {
+    headers.insert(
+        "X-Consul-KnownLeader",
+        HeaderValue::from_static(if meta.known_leader { "true" } else { "false" }),
+    );
+    headers.insert(
+        "X-Consul-LastContact",
+        HeaderValue::from(meta.last_contact_ms),
+    );
+}
+
+/// A 404 with an empty body and the read headers (a missing key).
+pub fn not_found_with_meta(meta: QueryMeta) -> Response {
+    with_meta(meta, StatusCode::NOT_FOUND.into_response())
+}

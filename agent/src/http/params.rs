@@ -1,0 +1,162 @@
+//! Query-string handling with Consul's rules: flags are switched on by presence whatever their
+//! value, blocking parameters (`index`, `wait`) and consistency modes are validated here once.
+
+use std::time::Duration;
+
+use rand::Rng;
+use vigil_shared::duration::parse_go_duration;
+use vigil_shared::rpc::{Consistency, QueryOptions};
+
+use super::error::ApiError;
+
+/// Longest a blocking query may wait (`max_query_time`).
+const MAX_WAIT: Duration = Duration::from_secs(600);
+/// Wait used when `index` is given without `wait` (`default_query_time`).
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+
+/// The decoded query string, in order.
+#[derive(Debug, Clone, Default)]
+pub struct Params {
+    pairs: Vec<(String, String)>,
+}
+
+impl Params {
+    pub fn parse(query: Option<&str>) -> Params {
+        Params {
+            pairs: query
+                .map(|q| form_urlencoded::parse(q.as_bytes()).into_owned().collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Whether the parameter is present (Consul's presence-based flags).
+    pub fn has(&self, name: &str) -> bool {
+        self.pairs.iter().any(|(k, _)| k == name)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.pairs
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// A uint64 parameter; a bad one gets Go's `strconv` message, as Consul answers.
+    pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
+        self.get(name)
+            .map(|v| {
+                v.parse::<u64>().map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "strconv.ParseUint: parsing {}: invalid syntax",
+                        serde_json::Value::from(v)
+                    ))
+                })
+            })
+            .transpose()
+    }
+
+    /// The query string re-encoded with keys sorted, as Go's `url.Values.Encode` prints it.
+    pub fn encoded_sorted(&self) -> String {
+        let mut pairs = self.pairs.clone();
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        form_urlencoded::Serializer::new(String::new())
+            .extend_pairs(pairs)
+            .finish()
+    }
+
+    pub fn pretty(&self) -> bool {
+        self.has("pretty")
+    }
+
+    /// Consistency mode and blocking options for a read.
+    pub fn query_options(&self) -> Result<QueryOptions, ApiError> {
+        let stale = self.has("stale");
+        let consistent = self.has("consistent");
+        if stale && consistent {
+            return Err(ApiError::bad_request(
+                "Cannot specify ?stale with ?consistent, conflicting semantics.",
+            ));
+        }
+        let consistency = if stale {
+            Consistency::Stale
+        } else if consistent {
+            Consistency::Consistent
+        } else {
+            Consistency::Default
+        };
+        let min_index = match self.get("index") {
+            None | Some("") => 0,
+            Some(v) => v
+                .parse::<u64>()
+                .map_err(|_| ApiError::bad_request("Invalid index"))?,
+        };
+        let wait = match self.get("wait") {
+            None | Some("") => DEFAULT_WAIT,
+            Some(v) => {
+                let d = parse_go_duration(v).map_err(|_| ApiError::bad_request("Invalid wait time"))?;
+                if d.is_zero() { DEFAULT_WAIT } else { d.min(MAX_WAIT) }
+            }
+        };
+        let jitter_ms = (wait.as_millis() as u64) / 16;
+        let jitter = if jitter_ms == 0 {
+            0
+        } else {
+            rand::thread_rng().gen_range(0..jitter_ms)
+        };
+        Ok(QueryOptions {
+            consistency,
+            min_index,
+            wait_ms: wait.as_millis() as u64 + jitter,
+        })
+    }
+}
+
+/// Percent-decodes a URL path segment (`+` stays a plus, unlike in query strings).
+pub fn decode_path(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2]))
+        {
+            out.push((h * 16 + l) as u8);
+            i += 3;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_presence_based_and_reencoded_sorted() {
+        let p = Params::parse(Some("release=b&recurse=false&acquire=a%20x&cas=0"));
+        assert!(p.has("recurse"));
+        assert_eq!(p.get("acquire"), Some("a x"));
+        assert_eq!(p.encoded_sorted(), "acquire=a+x&cas=0&recurse=false&release=b");
+    }
+
+    #[test]
+    fn blocking_options_validate() {
+        assert!(Params::parse(Some("index=x")).query_options().is_err());
+        assert!(Params::parse(Some("wait=5z")).query_options().is_err());
+        assert!(Params::parse(Some("stale&consistent")).query_options().is_err());
+        let o = Params::parse(Some("index=5&wait=1600s")).query_options().unwrap();
+        assert_eq!(o.min_index, 5);
+        assert!(o.wait_ms >= 600_000 && o.wait_ms < 600_000 + 600_000 / 16);
+    }
+
+    #[test]
+    fn decodes_paths() {
+        assert_eq!(decode_path("a%2Fb+c%20d"), "a/b+c d");
+        assert_eq!(decode_path("100%"), "100%");
+    }
+}

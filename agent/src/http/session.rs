@@ -1,0 +1,260 @@
+//! `/v1/session/*`: create (with Consul's defaults and check-list fix-up), destroy, renew, and the
+//! blocking reads `info`, `list` and `node`.
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::StatusCode;
+use axum::response::Response;
+use serde::{Deserialize, Deserializer};
+use serde_json::{Value, json as json_value};
+use vigil_shared::api::{SessionJson, decode_case_insensitive};
+use vigil_shared::catalog::SERF_HEALTH;
+use vigil_shared::duration::{format_go_duration, parse_go_duration, parse_go_duration_ns};
+use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+use vigil_shared::session::{Behavior, ServiceCheck, Session};
+use vigil_shared::{DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_NS};
+
+use super::error::ApiError;
+use super::kv::unexpected;
+use super::params::Params;
+use super::{AppState, json, with_meta};
+
+/// Distinguishes an absent field (`None`) from an explicit `null` (`Some(None)`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+struct ServiceCheckBody {
+    id: String,
+    #[serde(default)]
+    namespace: String,
+}
+
+/// The create body, field names lowercased; unknown fields are ignored, as Consul does here.
+#[derive(Debug, Default, Deserialize)]
+struct CreateBody {
+    node: Option<String>,
+    name: Option<String>,
+    lockdelay: Option<Value>,
+    behavior: Option<String>,
+    ttl: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    checks: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "present")]
+    nodechecks: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "present")]
+    servicechecks: Option<Option<Vec<ServiceCheckBody>>>,
+}
+
+/// LockDelay: a Go duration string, or a number of nanoseconds (seconds when below 1000).
+fn lock_delay_ns(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::String(s) => parse_go_duration(s)
+            .map(|d| d.as_nanos() as u64)
+            .map_err(|e| e.to_string()),
+        Value::Number(n) => {
+            let n = n.as_f64().filter(|n| *n >= 0.0).ok_or("LockDelay must not be negative")?;
+            Ok(if n < 1000.0 { (n * 1e9) as u64 } else { n as u64 })
+        }
+        Value::Null => Ok(DEFAULT_LOCK_DELAY_NS),
+        other => Err(format!("invalid LockDelay {other}")),
+    }
+}
+
+/// Validates a TTL string against `[min, 24h]`; empty or zero means no TTL.
+fn validate_ttl(ttl: &str, min: std::time::Duration) -> Result<(), ApiError> {
+    if ttl.is_empty() {
+        return Ok(());
+    }
+    let ns = parse_go_duration_ns(ttl)
+        .map_err(|e| ApiError::bad_request(format!("Session TTL '{ttl}' invalid: {e}")))?;
+    if ns == 0 {
+        return Ok(());
+    }
+    let min_ns = min.as_nanos() as i64;
+    if ns < min_ns || ns > SESSION_TTL_MAX_NS as i64 {
+        return Err(ApiError::bad_request(format!(
+            "Invalid Session TTL '{ns}', must be between [{}={}]",
+            format_go_duration(min),
+            format_go_duration(std::time::Duration::from_nanos(SESSION_TTL_MAX_NS)),
+        )));
+    }
+    Ok(())
+}
+
+fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
+    let req: CreateBody = if body.is_empty() {
+        CreateBody::default()
+    } else {
+        decode_case_insensitive(body, &[])
+            .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
+    };
+    let node = req.node.unwrap_or_else(|| state.node_name.clone());
+    if node.is_empty() {
+        return Err(ApiError::bad_request("Must provide Node"));
+    }
+    let behavior_text = req.behavior.unwrap_or_default();
+    let behavior = Behavior::parse(&behavior_text).ok_or_else(|| {
+        ApiError::bad_request(format!("Invalid Behavior setting '{behavior_text}'"))
+    })?;
+    let lock_delay_ns = match &req.lockdelay {
+        Some(v) => lock_delay_ns(v)
+            .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?,
+        None => DEFAULT_LOCK_DELAY_NS,
+    };
+    let ttl = req.ttl.unwrap_or_default();
+    validate_ttl(&ttl, state.server.config().session_ttl_min)?;
+
+    // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
+    let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
+    let mut checks = req.checks.unwrap_or_else(default_checks).unwrap_or_default();
+    let mut node_checks = req.nodechecks.unwrap_or_else(default_checks).unwrap_or_default();
+    if checks.is_empty() {
+        node_checks.clear();
+    } else if checks == [SERF_HEALTH] || node_checks.is_empty() {
+        checks.clear();
+    }
+    let service_checks = req.servicechecks.flatten().map(|v| {
+        v.into_iter()
+            .map(|c| ServiceCheck {
+                id: c.id,
+                namespace: c.namespace,
+            })
+            .collect()
+    });
+    Ok(Session {
+        id: uuid::Uuid::new_v4().to_string(),
+        name: req.name.unwrap_or_default(),
+        node,
+        lock_delay_ns,
+        behavior,
+        ttl,
+        node_checks,
+        service_checks,
+        checks,
+        create_index: 0,
+        modify_index: 0,
+    })
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let session = build_session(&state, &body)?;
+    match state.server.write(Op::CreateSession(session)).await? {
+        ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
+        ServerResponse::Rejected(e) => Err(ApiError::bad_request(format!("apply failed: {e}"))),
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected server response: {other:?}"),
+        )),
+    }
+}
+
+pub async fn missing_id() -> ApiError {
+    ApiError::bad_request("Missing session")
+}
+
+pub async fn missing_node() -> ApiError {
+    ApiError::bad_request("Missing node name")
+}
+
+pub async fn destroy(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    state.server.write(Op::DestroySession { id }).await?;
+    Ok(json(&params, &true))
+}
+
+pub async fn renew(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let session = state.server.renew_session(&id).await?;
+    Ok(json(&params, &[SessionJson::from_session(&session)]))
+}
+
+async fn read_sessions(
+    state: &AppState,
+    uri: &axum::http::Uri,
+    query: ReadQuery,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let opts = params.query_options()?;
+    let (result, meta) = state.server.query(opts, query).await?;
+    let QueryResult::Sessions(sessions) = result else {
+        return Err(unexpected(result));
+    };
+    let out: Vec<SessionJson> = sessions.iter().map(SessionJson::from_session).collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+pub async fn info(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    read_sessions(&state, &uri, ReadQuery::SessionInfo { id }).await
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    read_sessions(&state, &uri, ReadQuery::SessionList).await
+}
+
+pub async fn node(
+    State(state): State<AppState>,
+    Path(node): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    read_sessions(&state, &uri, ReadQuery::SessionNode { node }).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn lock_delay_inputs() {
+        assert_eq!(lock_delay_ns(&json_value!("15s")), Ok(15_000_000_000));
+        assert_eq!(lock_delay_ns(&json_value!(5)), Ok(5_000_000_000));
+        assert_eq!(lock_delay_ns(&json_value!(999)), Ok(999_000_000_000));
+        assert_eq!(lock_delay_ns(&json_value!(1000)), Ok(1000));
+        assert_eq!(lock_delay_ns(&json_value!(0)), Ok(0));
+        assert!(lock_delay_ns(&json_value!("x")).is_err());
+    }
+
+    #[test]
+    fn ttl_messages_match_consul() {
+        let min = Duration::from_secs(10);
+        assert_eq!(
+            validate_ttl("5s", min).unwrap_err().message,
+            "Invalid Session TTL '5000000000', must be between [10s=24h0m0s]"
+        );
+        assert_eq!(
+            validate_ttl("10z", min).unwrap_err().message,
+            r#"Session TTL '10z' invalid: time: unknown unit "z" in duration "10z""#
+        );
+        assert!(validate_ttl("100000s", min).is_err());
+        assert!(validate_ttl("10s", min).is_ok());
+        assert!(validate_ttl("24h", min).is_ok());
+        assert!(validate_ttl("0s", min).is_ok());
+        assert!(validate_ttl("", min).is_ok());
+    }
+}

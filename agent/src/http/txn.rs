@@ -1,0 +1,212 @@
+//! `PUT /v1/txn`: up to 128 KV ops applied all-or-nothing through raft, or answered from state
+//! without raft when every op is a read.
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::Deserialize;
+use serde_json::{Value, json as json_value};
+use vigil_shared::api::{DirEntry, decode_case_insensitive};
+use vigil_shared::kv::{KvOp, TxnOutcome};
+use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS, TXN_MAX_REQ_LEN};
+
+use super::error::ApiError;
+use super::kv::unexpected;
+use super::params::Params;
+use super::{AppState, json, set_leader_headers};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TxnOpBody {
+    kv: Option<TxnKvBody>,
+    node: Option<Value>,
+    service: Option<Value>,
+    check: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TxnKvBody {
+    verb: String,
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    flags: u64,
+    #[serde(default)]
+    index: u64,
+    #[serde(default)]
+    session: String,
+    /// Enterprise fields, accepted and ignored (Vigil has one namespace and partition).
+    #[serde(default, rename = "namespace")]
+    _namespace: Option<String>,
+    #[serde(default, rename = "partition")]
+    _partition: Option<String>,
+}
+
+/// One op's pre-check failure (reported like an apply failure, before raft is touched).
+struct PreError {
+    op_index: usize,
+    what: String,
+}
+
+fn to_op(body: TxnKvBody, value: Vec<u8>) -> Result<KvOp, String> {
+    let TxnKvBody {
+        verb,
+        key,
+        flags,
+        index,
+        session,
+        ..
+    } = body;
+    Ok(match verb.as_str() {
+        "set" => KvOp::Set { key, value, flags },
+        "cas" => KvOp::Cas {
+            key,
+            value,
+            flags,
+            index,
+        },
+        "lock" => KvOp::Lock {
+            key,
+            value,
+            flags,
+            session,
+        },
+        "unlock" => KvOp::Unlock {
+            key,
+            value,
+            flags,
+            session,
+        },
+        "get" => KvOp::Get { key },
+        "get-or-empty" => KvOp::GetOrEmpty { key },
+        "get-tree" => KvOp::GetTree { prefix: key },
+        "check-index" => KvOp::CheckIndex { key, index },
+        "check-session" => KvOp::CheckSession { key, session },
+        "check-not-exists" => KvOp::CheckNotExists { key },
+        "delete" => KvOp::Delete { key },
+        "delete-tree" => KvOp::DeleteTree { prefix: key },
+        "delete-cas" => KvOp::DeleteCas { key, index },
+        other => return Err(format!("unknown KV operation: {other}")),
+    })
+}
+
+fn parse_ops(body: &[u8]) -> Result<Result<Vec<KvOp>, Vec<PreError>>, ApiError> {
+    let parse_err = |e: String| ApiError::bad_request(format!("Failed to parse body: {e}"));
+    let raw: Vec<TxnOpBody> =
+        decode_case_insensitive(body, &[]).map_err(|e| parse_err(e.to_string()))?;
+    if raw.len() > TXN_MAX_OPS {
+        return Err(ApiError::too_large(format!(
+            "Transaction contains too many operations ({} > {TXN_MAX_OPS})",
+            raw.len()
+        )));
+    }
+    let mut ops = Vec::with_capacity(raw.len());
+    let mut errors = Vec::new();
+    for (op_index, op) in raw.into_iter().enumerate() {
+        if op.node.is_some() || op.service.is_some() || op.check.is_some() {
+            return Err(parse_err(format!(
+                "operation {op_index}: only KV operations are supported in transactions"
+            )));
+        }
+        let Some(kv) = op.kv else {
+            return Err(parse_err(format!("operation {op_index} has no KV field")));
+        };
+        let value = kv
+            .value
+            .as_deref()
+            .map_or(Ok(Vec::new()), |v| BASE64.decode(v))
+            .map_err(|e| parse_err(format!("operation {op_index}: Value: {e}")))?;
+        if value.len() > KV_MAX_VALUE_SIZE {
+            return Err(ApiError::too_large(format!(
+                "Value for key \"{}\" is too large ({} > {KV_MAX_VALUE_SIZE} bytes)",
+                kv.key,
+                value.len()
+            )));
+        }
+        match to_op(kv, value) {
+            Ok(op) => ops.push(op),
+            Err(what) => errors.push(PreError { op_index, what }),
+        }
+    }
+    Ok(if errors.is_empty() { Ok(ops) } else { Err(errors) })
+}
+
+fn conflict(errors: Vec<(usize, String)>) -> Response {
+    let errors: Vec<Value> = errors
+        .into_iter()
+        .map(|(i, what)| json_value!({ "OpIndex": i, "What": what }))
+        .collect();
+    (
+        StatusCode::CONFLICT,
+        [(header::CONTENT_TYPE, "application/json")],
+        json_value!({ "Results": null, "Errors": errors }).to_string(),
+    )
+        .into_response()
+}
+
+fn render(params: &Params, outcome: TxnOutcome) -> Response {
+    match outcome {
+        TxnOutcome::Committed(entries) => {
+            let results: Vec<Value> = entries
+                .iter()
+                .map(|e| json_value!({ "KV": DirEntry::from_entry(e) }))
+                .collect();
+            json(params, &json_value!({ "Results": results, "Errors": null }))
+        }
+        TxnOutcome::RolledBack(errors) => conflict(
+            errors
+                .into_iter()
+                .map(|e| (e.op_index, e.error.to_string()))
+                .collect(),
+        ),
+    }
+}
+
+pub async fn txn(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if body.len() > TXN_MAX_REQ_LEN {
+        return Err(ApiError::body_too_large(declared.or(Some(body.len())), TXN_MAX_REQ_LEN));
+    }
+    let ops = match parse_ops(&body)? {
+        Ok(ops) => ops,
+        Err(errors) => {
+            return Ok(conflict(
+                errors.into_iter().map(|e| (e.op_index, e.what)).collect(),
+            ));
+        }
+    };
+    if ops.iter().all(|op| !op.is_write()) {
+        let mut opts = params.query_options()?;
+        opts.min_index = 0;
+        let (result, meta) = state.server.query(opts, ReadQuery::Txn(ops)).await?;
+        let QueryResult::Txn(outcome) = result else {
+            return Err(unexpected(result));
+        };
+        let mut response = render(&params, outcome);
+        set_leader_headers(response.headers_mut(), meta);
+        return Ok(response);
+    }
+    match state.server.write(Op::Kv(ops)).await? {
+        ServerResponse::Txn(outcome) => Ok(render(&params, outcome)),
+        other => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected server response: {other:?}"),
+        )),
+    }
+}

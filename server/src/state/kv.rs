@@ -1,0 +1,517 @@
+//! The KV table: entries in key order, tombstones that keep prefix indexes from going backwards,
+//! the keys each session holds, and lock-delay deadlines. Writes run as transactions over an
+//! overlay, so a failing op leaves the table untouched.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use serde::{Deserialize, Serialize};
+use vigil_shared::MAX_LOCK_DELAY_MS;
+use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::session::Behavior;
+
+/// A deleted key (or a prefix removed by a tree delete) and when it was deleted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    pub index: u64,
+    pub at_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvStore {
+    entries: BTreeMap<String, KvEntry>,
+    tombstones: BTreeMap<String, Tombstone>,
+    /// Raft index of the latest change to entries or tombstones (the "global" KV index).
+    table_index: u64,
+    /// Session ID → keys it holds, so invalidation touches only those keys.
+    held: HashMap<String, BTreeSet<String>>,
+    /// Key → end of its lock-delay (leader's clock, ms).
+    lock_delays: HashMap<String, u64>,
+}
+
+/// Everything a transaction needs from outside the KV table.
+pub struct TxnContext<'a> {
+    pub index: u64,
+    pub now_ms: u64,
+    /// Resolves a session ID (any case) to the stored ID, if the session exists.
+    pub resolve_session: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// A transaction's view: reads see earlier ops' writes; nothing reaches the table until commit.
+struct Overlay<'a> {
+    base: &'a KvStore,
+    writes: BTreeMap<String, Option<KvEntry>>,
+    tombstones: Vec<String>,
+}
+
+impl Overlay<'_> {
+    fn get(&self, key: &str) -> Option<KvEntry> {
+        match self.writes.get(key) {
+            Some(written) => written.clone(),
+            None => self.base.entries.get(key).cloned(),
+        }
+    }
+
+    fn tree(&self, prefix: &str) -> Vec<KvEntry> {
+        let mut merged: BTreeMap<String, KvEntry> = self
+            .base
+            .entries
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(k, e)| (k.clone(), e.clone()))
+            .collect();
+        for (k, w) in self
+            .writes
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+        {
+            match w {
+                Some(e) => merged.insert(k.clone(), e.clone()),
+                None => merged.remove(k),
+            };
+        }
+        merged.into_values().collect()
+    }
+
+    /// Writes `new` unless it equals the current entry (Consul's no-op rule). Returns the
+    /// entry as it now stands, with its value stripped (write results carry no value).
+    fn put(&mut self, new: KvEntry, existing: Option<KvEntry>) -> KvEntry {
+        let unchanged = existing.as_ref().is_some_and(|e| {
+            e.lock_index == new.lock_index
+                && e.flags == new.flags
+                && e.value == new.value
+                && e.session == new.session
+        });
+        let stored = if unchanged {
+            existing.expect("unchanged implies an existing entry")
+        } else {
+            self.writes.insert(new.key.clone(), Some(new.clone()));
+            new
+        };
+        KvEntry {
+            value: Vec::new(),
+            ..stored
+        }
+    }
+
+    fn delete(&mut self, key: &str) {
+        if self.get(key).is_some() {
+            self.writes.insert(key.to_owned(), None);
+            self.tombstones.push(key.to_owned());
+        }
+    }
+}
+
+fn strip(e: KvEntry) -> KvEntry {
+    KvEntry {
+        value: Vec::new(),
+        ..e
+    }
+}
+
+impl KvStore {
+    pub fn table_index(&self) -> u64 {
+        self.table_index
+    }
+
+    pub fn get(&self, key: &str) -> Option<&KvEntry> {
+        self.entries.get(key)
+    }
+
+    pub fn list(&self, prefix: &str) -> impl Iterator<Item = &KvEntry> {
+        self.entries
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(_, e)| e)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn tombstone_count(&self) -> usize {
+        self.tombstones.len()
+    }
+
+    /// `X-Consul-Index` of a single-key read: the entry's ModifyIndex, or the global index.
+    pub fn key_index(&self, key: &str) -> u64 {
+        self.entries
+            .get(key)
+            .map_or(self.table_index, |e| e.modify_index)
+    }
+
+    /// `X-Consul-Index` of a prefix read: the highest entry or tombstone index under the prefix,
+    /// falling back to the global index when there is neither.
+    pub fn prefix_index(&self, prefix: &str) -> u64 {
+        if prefix.is_empty() {
+            return self.table_index;
+        }
+        let entries = self.list(prefix).map(|e| e.modify_index).max();
+        let tombs = self
+            .tombstones
+            .range(prefix.to_owned()..)
+            .take_while(|(k, _)| k.starts_with(prefix))
+            .map(|(_, t)| t.index)
+            .max();
+        match entries.max(tombs) {
+            Some(i) if i > 0 => i,
+            _ => self.table_index,
+        }
+    }
+
+    /// Remaining lock-delay on `key` at `now_ms`, if any.
+    pub fn lock_delay_remaining(&self, key: &str, now_ms: u64) -> Option<u64> {
+        self.lock_delays
+            .get(key)
+            .and_then(|until| until.checked_sub(now_ms))
+            .filter(|left| *left > 0)
+    }
+
+    /// Runs `ops` in order. Every failing op is reported and nothing is applied; otherwise the
+    /// writes are committed at `ctx.index`. Returns the keys whose entries changed.
+    pub fn apply_txn(&mut self, ops: &[KvOp], ctx: &TxnContext<'_>) -> (TxnOutcome, Vec<String>) {
+        let (outcome, writes, tombstones) = self.execute(ops, ctx);
+        if let TxnOutcome::RolledBack(_) = outcome {
+            return (outcome, Vec::new());
+        }
+        let touched: Vec<String> = writes.keys().cloned().collect();
+        if !writes.is_empty() || !tombstones.is_empty() {
+            self.table_index = ctx.index;
+        }
+        for (key, write) in writes {
+            self.commit_write(key, write);
+        }
+        for key in tombstones {
+            self.tombstones.insert(
+                key,
+                Tombstone {
+                    index: ctx.index,
+                    at_ms: ctx.now_ms,
+                },
+            );
+        }
+        (outcome, touched)
+    }
+
+    /// Runs a read-only transaction against the current table.
+    pub fn read_txn(&self, ops: &[KvOp], ctx: &TxnContext<'_>) -> TxnOutcome {
+        self.execute(ops, ctx).0
+    }
+
+    fn commit_write(&mut self, key: String, write: Option<KvEntry>) {
+        let old_session = self.entries.get(&key).and_then(|e| e.session.clone());
+        let new_session = write.as_ref().and_then(|e| e.session.clone());
+        if old_session != new_session {
+            if let Some(s) = &old_session {
+                self.unhold(s, &key);
+            }
+            if let Some(s) = new_session {
+                self.held.entry(s).or_default().insert(key.clone());
+            }
+        }
+        match write {
+            Some(entry) => self.entries.insert(key, entry),
+            None => self.entries.remove(&key),
+        };
+    }
+
+    fn unhold(&mut self, session: &str, key: &str) {
+        if let Some(keys) = self.held.get_mut(session) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.held.remove(session);
+            }
+        }
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn execute(
+        &self,
+        ops: &[KvOp],
+        ctx: &TxnContext<'_>,
+    ) -> (
+        TxnOutcome,
+        BTreeMap<String, Option<KvEntry>>,
+        Vec<String>,
+    ) {
+        let mut view = Overlay {
+            base: self,
+            writes: BTreeMap::new(),
+            tombstones: Vec::new(),
+        };
+        let mut results = Vec::new();
+        let mut errors = Vec::new();
+        for (op_index, op) in ops.iter().enumerate() {
+            match self.execute_op(&mut view, op, ctx) {
+                Ok(mut out) => results.append(&mut out),
+                Err(error) => errors.push(TxnError { op_index, error }),
+            }
+        }
+        if errors.is_empty() {
+            let Overlay {
+                writes, tombstones, ..
+            } = view;
+            (TxnOutcome::Committed(results), writes, tombstones)
+        } else {
+            (TxnOutcome::RolledBack(errors), BTreeMap::new(), Vec::new())
+        }
+    }
+
+    fn execute_op(
+        &self,
+        view: &mut Overlay<'_>,
+        op: &KvOp,
+        ctx: &TxnContext<'_>,
+    ) -> Result<Vec<KvEntry>, KvOpError> {
+        let key = op.key();
+        let needs_key = !matches!(op, KvOp::GetTree { .. } | KvOp::DeleteTree { .. });
+        if needs_key && key.is_empty() {
+            return Err(KvOpError::MissingKey);
+        }
+        let existing = view.get(key);
+        let idx = ctx.index;
+        let set = |view: &mut Overlay<'_>, value: &[u8], flags: u64| {
+            let new = match &existing {
+                // Vigil keeps LockIndex on plain writes: the sequencer must never go backwards.
+                Some(e) => KvEntry {
+                    value: value.to_vec(),
+                    flags,
+                    modify_index: idx,
+                    ..e.clone()
+                },
+                None => KvEntry {
+                    key: key.to_owned(),
+                    value: value.to_vec(),
+                    flags,
+                    session: None,
+                    lock_index: 0,
+                    create_index: idx,
+                    modify_index: idx,
+                },
+            };
+            view.put(new, existing.clone())
+        };
+        match op {
+            KvOp::Set { value, flags, .. } => Ok(vec![set(view, value, *flags)]),
+            KvOp::Cas {
+                value,
+                flags,
+                index,
+                ..
+            } => {
+                let matches = match &existing {
+                    None => *index == 0,
+                    Some(e) => *index != 0 && e.modify_index == *index,
+                };
+                if !matches {
+                    return Err(KvOpError::CasStale(key.to_owned()));
+                }
+                Ok(vec![set(view, value, *flags)])
+            }
+            KvOp::Lock {
+                value,
+                flags,
+                session,
+                ..
+            } => {
+                if session.is_empty() {
+                    return Err(KvOpError::MissingSession);
+                }
+                let Some(session) = (ctx.resolve_session)(session) else {
+                    return Err(KvOpError::InvalidSession(session.clone()));
+                };
+                let session = &session;
+                if let Some(remaining_ms) = self.lock_delay_remaining(key, ctx.now_ms) {
+                    return Err(KvOpError::LockDelay {
+                        key: key.to_owned(),
+                        remaining_ms,
+                    });
+                }
+                let new = match &existing {
+                    Some(e) if e.session.as_deref() == Some(session) => KvEntry {
+                        value: value.clone(),
+                        flags: *flags,
+                        modify_index: idx,
+                        ..e.clone()
+                    },
+                    Some(e) if e.session.is_some() => {
+                        return Err(KvOpError::LockHeld(key.to_owned()));
+                    }
+                    Some(e) => KvEntry {
+                        value: value.clone(),
+                        flags: *flags,
+                        session: Some(session.clone()),
+                        lock_index: e.lock_index + 1,
+                        modify_index: idx,
+                        ..e.clone()
+                    },
+                    None => KvEntry {
+                        key: key.to_owned(),
+                        value: value.clone(),
+                        flags: *flags,
+                        session: Some(session.clone()),
+                        lock_index: 1,
+                        create_index: idx,
+                        modify_index: idx,
+                    },
+                };
+                Ok(vec![view.put(new, existing)])
+            }
+            KvOp::Unlock {
+                value,
+                flags,
+                session,
+                ..
+            } => {
+                if session.is_empty() {
+                    return Err(KvOpError::MissingSession);
+                }
+                let holds = |e: &KvEntry| {
+                    e.session
+                        .as_deref()
+                        .is_some_and(|s| s.eq_ignore_ascii_case(session))
+                };
+                match &existing {
+                    Some(e) if holds(e) => {
+                        let new = KvEntry {
+                            value: value.clone(),
+                            flags: *flags,
+                            session: None,
+                            modify_index: idx,
+                            ..e.clone()
+                        };
+                        Ok(vec![view.put(new, existing)])
+                    }
+                    _ => Err(KvOpError::NotHeld(key.to_owned())),
+                }
+            }
+            KvOp::Get { .. } => existing
+                .map(|e| vec![e])
+                .ok_or_else(|| KvOpError::NotFound(key.to_owned())),
+            KvOp::GetOrEmpty { .. } => Ok(vec![existing.unwrap_or_else(|| KvEntry {
+                key: key.to_owned(),
+                value: Vec::new(),
+                flags: 0,
+                session: None,
+                lock_index: 0,
+                create_index: 0,
+                modify_index: 0,
+            })]),
+            KvOp::GetTree { prefix } => Ok(view.tree(prefix)),
+            KvOp::CheckIndex { index, .. } => match existing {
+                None => Err(KvOpError::CheckIndexMissing(key.to_owned())),
+                Some(e) if e.modify_index != *index => Err(KvOpError::CheckIndexFailed {
+                    key: key.to_owned(),
+                    current: e.modify_index,
+                    expected: *index,
+                }),
+                Some(e) => Ok(vec![strip(e)]),
+            },
+            KvOp::CheckSession { session, .. } => match existing {
+                None => Err(KvOpError::CheckSessionMissing(key.to_owned())),
+                Some(e) if e.session.as_deref().unwrap_or("") != session => {
+                    Err(KvOpError::CheckSessionFailed {
+                        key: key.to_owned(),
+                        current: e.session.unwrap_or_default(),
+                        expected: session.clone(),
+                    })
+                }
+                Some(e) => Ok(vec![strip(e)]),
+            },
+            KvOp::CheckNotExists { .. } => match existing {
+                Some(_) => Err(KvOpError::Exists(key.to_owned())),
+                None => Ok(Vec::new()),
+            },
+            KvOp::Delete { .. } => {
+                view.delete(key);
+                Ok(Vec::new())
+            }
+            KvOp::DeleteTree { prefix } => {
+                let doomed = view.tree(prefix);
+                for e in &doomed {
+                    view.writes.insert(e.key.clone(), None);
+                }
+                if !doomed.is_empty() && !prefix.is_empty() {
+                    view.tombstones.push(prefix.clone());
+                }
+                Ok(Vec::new())
+            }
+            KvOp::DeleteCas { index, .. } => match existing {
+                None => Ok(Vec::new()),
+                Some(e) if e.modify_index != *index => {
+                    Err(KvOpError::DeleteCasStale(key.to_owned()))
+                }
+                Some(_) => {
+                    view.delete(key);
+                    Ok(Vec::new())
+                }
+            },
+        }
+    }
+
+    /// Applies a session's invalidation to the keys it holds: release or delete each, and arm
+    /// a lock-delay of `min(lock_delay, 60 s)` on each. Returns the keys changed.
+    pub fn invalidate_session(
+        &mut self,
+        session: &str,
+        behavior: Behavior,
+        lock_delay_ns: u64,
+        index: u64,
+        now_ms: u64,
+    ) -> Vec<String> {
+        let keys: Vec<String> = self
+            .held
+            .remove(session)
+            .map(|k| k.into_iter().collect())
+            .unwrap_or_default();
+        let delay_ms = (lock_delay_ns / 1_000_000).min(MAX_LOCK_DELAY_MS);
+        for key in &keys {
+            match behavior {
+                Behavior::Release => {
+                    if let Some(e) = self.entries.get_mut(key) {
+                        e.session = None;
+                        e.modify_index = index;
+                    }
+                }
+                Behavior::Delete => {
+                    self.entries.remove(key);
+                    self.tombstones.insert(
+                        key.clone(),
+                        Tombstone {
+                            index,
+                            at_ms: now_ms,
+                        },
+                    );
+                }
+            }
+            if delay_ms > 0 {
+                self.lock_delays.insert(key.clone(), now_ms + delay_ms);
+            }
+        }
+        if !keys.is_empty() {
+            self.table_index = index;
+        }
+        keys
+    }
+
+    /// Drops tombstones written before `before_ms` and lock-delays that ended before `now_ms`.
+    pub fn reap(&mut self, before_ms: u64, now_ms: u64) -> usize {
+        let before = self.tombstones.len();
+        self.tombstones.retain(|_, t| t.at_ms >= before_ms);
+        self.lock_delays.retain(|_, until| *until > now_ms);
+        before - self.tombstones.len()
+    }
+
+    /// The oldest tombstone's deletion time, so the leader knows when a reap is due.
+    pub fn oldest_tombstone_ms(&self) -> Option<u64> {
+        self.tombstones.values().map(|t| t.at_ms).min()
+    }
+
+    /// Keys held by a session.
+    pub fn held_by(&self, session: &str) -> impl Iterator<Item = &String> {
+        self.held.get(session).into_iter().flatten()
+    }
+}

@@ -1,0 +1,301 @@
+//! The replicated state machine: KV, sessions and the catalog, mutated only by applying a
+//! committed [`Command`] at a raft index. Apply reads no clock and does no I/O; it validates
+//! first and then mutates, so a refused command changes nothing.
+
+pub mod catalog;
+pub mod kv;
+pub mod session;
+
+#[cfg(test)]
+mod tests;
+
+use serde::{Deserialize, Serialize};
+use vigil_shared::api::collapse_keys;
+use vigil_shared::catalog::HealthStatus;
+use vigil_shared::kv::{KvOp, TxnOutcome};
+use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
+use vigil_shared::session::Session;
+
+use catalog::Catalog;
+use kv::{KvStore, TxnContext};
+use session::SessionStore;
+
+/// What an applied command changed, for waking blocking queries and for leader duties.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Effects {
+    /// KV keys whose entries were written or deleted.
+    pub kv_keys: Vec<String>,
+    pub sessions_changed: bool,
+    pub catalog_changed: bool,
+    /// Sessions created with a TTL: (ID, TTL string).
+    pub ttl_sessions_created: Vec<(String, String)>,
+    pub sessions_destroyed: Vec<String>,
+}
+
+/// What a blocking read waits on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Interest {
+    /// Exactly this key.
+    Key(String),
+    /// Any key starting with this prefix.
+    Prefix(String),
+    Sessions,
+    Catalog,
+    /// Not blockable.
+    None,
+}
+
+impl Interest {
+    pub fn of(query: &ReadQuery) -> Interest {
+        match query {
+            ReadQuery::KvGet { key } => Interest::Key(key.clone()),
+            ReadQuery::KvList { prefix } | ReadQuery::KvKeys { prefix, .. } => {
+                Interest::Prefix(prefix.clone())
+            }
+            ReadQuery::SessionInfo { .. }
+            | ReadQuery::SessionList
+            | ReadQuery::SessionNode { .. } => Interest::Sessions,
+            ReadQuery::CatalogNodes | ReadQuery::NodeChecks { .. } => Interest::Catalog,
+            ReadQuery::Txn(_) | ReadQuery::Sequencer { .. } => Interest::None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateMachine {
+    kv: KvStore,
+    sessions: SessionStore,
+    catalog: Catalog,
+    /// Latest leader clock seen; command clocks are clamped to never go backwards.
+    last_now_ms: u64,
+}
+
+impl StateMachine {
+    pub fn kv(&self) -> &KvStore {
+        &self.kv
+    }
+
+    pub fn sessions(&self) -> &SessionStore {
+        &self.sessions
+    }
+
+    pub fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    /// The leader clock of the latest applied command.
+    pub fn now_ms(&self) -> u64 {
+        self.last_now_ms
+    }
+
+    /// Applies a committed command at raft `index`.
+    pub fn apply(&mut self, index: u64, cmd: Command) -> (Response, Effects) {
+        let now_ms = cmd.now_ms.max(self.last_now_ms);
+        self.last_now_ms = now_ms;
+        let mut fx = Effects::default();
+        let response = match cmd.op {
+            Op::Kv(ops) => {
+                let sessions = &self.sessions;
+                let resolve = |id: &str| sessions.get(id).map(|s| s.id.clone());
+                let ctx = TxnContext {
+                    index,
+                    now_ms,
+                    resolve_session: &resolve,
+                };
+                let (outcome, touched) = self.kv.apply_txn(&ops, &ctx);
+                fx.kv_keys = touched;
+                Response::Txn(outcome)
+            }
+            Op::CreateSession(session) => match self.create_session(session, index, &mut fx) {
+                Ok(id) => Response::SessionCreated { id },
+                Err(e) => Response::Rejected(e),
+            },
+            Op::DestroySession { id } => {
+                self.invalidate(&id, index, now_ms, &mut fx);
+                Response::Done
+            }
+            Op::RegisterNode { name, address } => {
+                let before = self.catalog.table_index();
+                self.catalog.upsert_node(&name, &address, index);
+                fx.catalog_changed = self.catalog.table_index() != before;
+                Response::Done
+            }
+            Op::RegisterCheck(reg) => {
+                if self.catalog.node(&reg.node).is_none() {
+                    Response::Rejected(ApplyError::MissingNode)
+                } else {
+                    let before = self.catalog.table_index();
+                    self.catalog.upsert_check(&reg, index);
+                    fx.catalog_changed = self.catalog.table_index() != before;
+                    if reg.status == HealthStatus::Critical {
+                        for id in self.sessions.on_check(&reg.node, &reg.check_id) {
+                            self.invalidate(&id, index, now_ms, &mut fx);
+                        }
+                    }
+                    Response::Done
+                }
+            }
+            Op::DeregisterCheck { node, check_id } => {
+                if self.catalog.remove_check(&node, &check_id, index) {
+                    fx.catalog_changed = true;
+                    for id in self.sessions.on_check(&node, &check_id) {
+                        self.invalidate(&id, index, now_ms, &mut fx);
+                    }
+                }
+                Response::Done
+            }
+            Op::DeregisterNode { name } => {
+                if self.catalog.remove_node(&name, index).is_some() {
+                    fx.catalog_changed = true;
+                }
+                for id in self.sessions.on_node(&name) {
+                    self.invalidate(&id, index, now_ms, &mut fx);
+                }
+                Response::Done
+            }
+            Op::ReapTombstones { before_ms } => {
+                self.kv.reap(before_ms, now_ms);
+                Response::Done
+            }
+        };
+        (response, fx)
+    }
+
+    fn create_session(
+        &mut self,
+        mut session: Session,
+        index: u64,
+        fx: &mut Effects,
+    ) -> Result<String, ApplyError> {
+        if self.catalog.node(&session.node).is_none() {
+            return Err(ApplyError::MissingNode);
+        }
+        for check_id in session.all_checks() {
+            match self.catalog.check(&session.node, &check_id) {
+                None => return Err(ApplyError::MissingCheck(check_id)),
+                Some(c) if c.status == HealthStatus::Critical => {
+                    return Err(ApplyError::CriticalCheck(check_id));
+                }
+                Some(_) => {}
+            }
+        }
+        if self.sessions.get(&session.id).is_some() {
+            return Err(ApplyError::DuplicateSession);
+        }
+        session.create_index = index;
+        session.modify_index = index;
+        let id = session.id.clone();
+        if !session.ttl.is_empty() {
+            fx.ttl_sessions_created
+                .push((id.clone(), session.ttl.clone()));
+        }
+        self.sessions.insert(session, index);
+        fx.sessions_changed = true;
+        Ok(id)
+    }
+
+    /// Deletes a session and releases or deletes its keys, arming lock-delay. Idempotent.
+    fn invalidate(&mut self, id: &str, index: u64, now_ms: u64, fx: &mut Effects) {
+        let Some(session) = self.sessions.remove(id, index) else {
+            return;
+        };
+        let keys = self.kv.invalidate_session(
+            &session.id,
+            session.behavior,
+            session.lock_delay_ns,
+            index,
+            now_ms,
+        );
+        fx.kv_keys.extend(keys);
+        fx.sessions_changed = true;
+        fx.sessions_destroyed.push(session.id);
+    }
+
+    /// Answers a read; returns the result and its `X-Consul-Index` (before the floor to 1).
+    pub fn query(&self, query: &ReadQuery) -> (QueryResult, u64) {
+        match query {
+            ReadQuery::KvGet { key } => (
+                QueryResult::Entries(self.kv.get(key).cloned().into_iter().collect()),
+                self.kv.key_index(key),
+            ),
+            ReadQuery::KvList { prefix } => (
+                QueryResult::Entries(self.kv.list(prefix).cloned().collect()),
+                self.kv.prefix_index(prefix),
+            ),
+            ReadQuery::KvKeys { prefix, separator } => {
+                let keys: Vec<&str> = self.kv.list(prefix).map(|e| e.key.as_str()).collect();
+                (
+                    QueryResult::Keys(collapse_keys(prefix, &keys, separator.as_deref())),
+                    self.kv.prefix_index(prefix),
+                )
+            }
+            ReadQuery::SessionInfo { id } => (
+                QueryResult::Sessions(self.sessions.get(id).cloned().into_iter().collect()),
+                self.sessions.table_index(),
+            ),
+            ReadQuery::SessionList => (
+                QueryResult::Sessions(self.sessions.list().cloned().collect()),
+                self.sessions.table_index(),
+            ),
+            ReadQuery::SessionNode { node } => (
+                QueryResult::Sessions(
+                    self.sessions
+                        .on_node(node)
+                        .iter()
+                        .filter_map(|id| self.sessions.get(id).cloned())
+                        .collect(),
+                ),
+                self.sessions.table_index(),
+            ),
+            ReadQuery::Txn(ops) => (
+                QueryResult::Txn(self.read_txn(ops)),
+                self.kv.table_index(),
+            ),
+            ReadQuery::Sequencer {
+                key,
+                lock_index,
+                session,
+            } => (
+                QueryResult::Sequencer(self.check_sequencer(key, *lock_index, session)),
+                self.kv.key_index(key),
+            ),
+            ReadQuery::CatalogNodes => (
+                QueryResult::Nodes(self.catalog.nodes().cloned().collect()),
+                self.catalog.table_index(),
+            ),
+            ReadQuery::NodeChecks { node } => (
+                QueryResult::Checks(self.catalog.node_checks(node).cloned().collect()),
+                self.catalog.table_index(),
+            ),
+        }
+    }
+
+    fn read_txn(&self, ops: &[KvOp]) -> TxnOutcome {
+        let sessions = &self.sessions;
+        let resolve = |id: &str| sessions.get(id).map(|s| s.id.clone());
+        let ctx = TxnContext {
+            index: self.kv.table_index(),
+            now_ms: self.last_now_ms,
+            resolve_session: &resolve,
+        };
+        self.kv.read_txn(ops, &ctx)
+    }
+
+    /// Is `(key, lock_index, session)` the lock's current holder? `Err` says why not.
+    pub fn check_sequencer(&self, key: &str, lock_index: u64, session: &str) -> Result<(), String> {
+        let Some(entry) = self.kv.get(key) else {
+            return Err(format!("key \"{key}\" does not exist"));
+        };
+        match entry.session.as_deref() {
+            None => Err(format!("key \"{key}\" is not locked")),
+            Some(holder) if !holder.eq_ignore_ascii_case(session) => {
+                Err(format!("key \"{key}\" is held by another session"))
+            }
+            Some(_) if entry.lock_index != lock_index => Err(format!(
+                "lock index {lock_index} is not current (current is {})",
+                entry.lock_index
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+}

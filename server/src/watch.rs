@@ -1,0 +1,220 @@
+//! Blocking-query wakeups. A waiter registers interest in a key, a prefix or a table before it
+//! reads, then sleeps on its own channel. A write to key K wakes only the waiters on K itself
+//! and on prefixes of K (found by walking K's prefixes), never everyone.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::state::{Effects, Interest};
+
+type Waiters = HashMap<u64, oneshot::Sender<()>>;
+
+#[derive(Default)]
+struct Registry {
+    next_id: u64,
+    keys: HashMap<String, Waiters>,
+    prefixes: HashMap<String, Waiters>,
+    sessions: Waiters,
+    catalog: Waiters,
+}
+
+impl Registry {
+    fn slot(&mut self, interest: &Interest) -> Option<&mut Waiters> {
+        match interest {
+            Interest::Key(k) => Some(self.keys.entry(k.clone()).or_default()),
+            Interest::Prefix(p) => Some(self.prefixes.entry(p.clone()).or_default()),
+            Interest::Sessions => Some(&mut self.sessions),
+            Interest::Catalog => Some(&mut self.catalog),
+            Interest::None => None,
+        }
+    }
+}
+
+fn wake_all(waiters: Waiters) {
+    for (_, tx) in waiters {
+        // A receiver that went away has nothing left to wake.
+        let _ = tx.send(());
+    }
+}
+
+/// The set of blocked readers on one server.
+#[derive(Default)]
+pub struct Watches {
+    inner: Mutex<Registry>,
+}
+
+/// A registered waiter; unregisters itself when dropped.
+pub struct WatchGuard {
+    id: u64,
+    interest: Interest,
+    watches: Arc<Watches>,
+    rx: Option<oneshot::Receiver<()>>,
+}
+
+impl WatchGuard {
+    /// Resolves when a relevant write is applied (or at once for `Interest::None`, never).
+    pub async fn fired(&mut self) {
+        match self.rx.as_mut() {
+            Some(rx) => {
+                // A dropped sender also means "look again".
+                let _ = rx.await;
+                self.rx = None;
+            }
+            None => std::future::pending().await,
+        }
+    }
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let mut reg = self.watches.lock();
+        let empty = match reg.slot(&self.interest) {
+            Some(waiters) => {
+                waiters.remove(&self.id);
+                waiters.is_empty()
+            }
+            None => false,
+        };
+        if empty {
+            match &self.interest {
+                Interest::Key(k) => {
+                    reg.keys.remove(k);
+                }
+                Interest::Prefix(p) => {
+                    reg.prefixes.remove(p);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+impl Watches {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // The registry holds no invariants a panicking holder could break.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers interest; register *before* reading state so no write can slip between.
+    pub fn register(self: &Arc<Self>, interest: Interest) -> WatchGuard {
+        let mut reg = self.lock();
+        reg.next_id += 1;
+        let id = reg.next_id;
+        let rx = reg.slot(&interest).map(|waiters| {
+            let (tx, rx) = oneshot::channel();
+            waiters.insert(id, tx);
+            rx
+        });
+        drop(reg);
+        WatchGuard {
+            id,
+            interest,
+            watches: Arc::clone(self),
+            rx,
+        }
+    }
+
+    /// Wakes the waiters that an applied command's effects concern.
+    pub fn notify(&self, fx: &Effects) {
+        if fx.kv_keys.is_empty() && !fx.sessions_changed && !fx.catalog_changed {
+            return;
+        }
+        let mut reg = self.lock();
+        for key in &fx.kv_keys {
+            if let Some(w) = reg.keys.remove(key.as_str()) {
+                wake_all(w);
+            }
+            if reg.prefixes.is_empty() {
+                continue;
+            }
+            for (at, _) in key.char_indices().chain(std::iter::once((key.len(), ' '))) {
+                if let Some(w) = reg.prefixes.remove(&key[..at]) {
+                    wake_all(w);
+                }
+            }
+        }
+        if fx.sessions_changed {
+            wake_all(std::mem::take(&mut reg.sessions));
+        }
+        if fx.catalog_changed {
+            wake_all(std::mem::take(&mut reg.catalog));
+        }
+    }
+
+    /// Wakes every waiter (after a snapshot install replaced the whole state).
+    pub fn wake_everyone(&self) {
+        let mut reg = self.lock();
+        for (_, w) in reg.keys.drain() {
+            wake_all(w);
+        }
+        for (_, w) in reg.prefixes.drain() {
+            wake_all(w);
+        }
+        wake_all(std::mem::take(&mut reg.sessions));
+        wake_all(std::mem::take(&mut reg.catalog));
+    }
+
+    /// Number of registered waiters (for metrics and leak checks in tests).
+    pub fn len(&self) -> usize {
+        let reg = self.lock();
+        reg.keys.values().map(HashMap::len).sum::<usize>()
+            + reg.prefixes.values().map(HashMap::len).sum::<usize>()
+            + reg.sessions.len()
+            + reg.catalog.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touched(keys: &[&str]) -> Effects {
+        Effects {
+            kv_keys: keys.iter().map(|k| k.to_string()).collect(),
+            ..Effects::default()
+        }
+    }
+
+    fn has_fired(g: &mut WatchGuard) -> bool {
+        g.rx.as_mut().is_some_and(|rx| rx.try_recv().is_ok())
+    }
+
+    #[test]
+    fn a_write_wakes_only_its_key_and_prefixes() {
+        let w = Arc::new(Watches::default());
+        let mut exact_foo = w.register(Interest::Key("foo".into()));
+        let mut prefix_fo = w.register(Interest::Prefix("fo".into()));
+        let mut prefix_root = w.register(Interest::Prefix(String::new()));
+        let mut prefix_bar = w.register(Interest::Prefix("bar".into()));
+        let mut sessions = w.register(Interest::Sessions);
+
+        // A write below foo must not wake a waiter on exactly foo (Consul issue 1626).
+        w.notify(&touched(&["foo/bar"]));
+        assert!(!has_fired(&mut exact_foo));
+        assert!(has_fired(&mut prefix_fo));
+        assert!(has_fired(&mut prefix_root));
+        assert!(!has_fired(&mut prefix_bar));
+        assert!(!has_fired(&mut sessions));
+
+        // A write to foo itself does.
+        w.notify(&touched(&["foo"]));
+        assert!(has_fired(&mut exact_foo));
+    }
+
+    #[test]
+    fn dropped_waiters_unregister() {
+        let w = Arc::new(Watches::default());
+        let g1 = w.register(Interest::Key("a".into()));
+        let g2 = w.register(Interest::Prefix("a".into()));
+        let g3 = w.register(Interest::Catalog);
+        assert_eq!(w.len(), 3);
+        drop((g1, g2, g3));
+        assert!(w.is_empty());
+    }
+}
