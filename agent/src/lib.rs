@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod http;
+pub mod run;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;

@@ -1,50 +1,5 @@
-//! `vigil`: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
+//! The `vigil` binary; everything lives in the library so tests run the same code.
 
-use clap::Parser;
-use tokio::signal::unix::{SignalKind, signal};
-use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
-use vigil_agent::cli::{AgentArgs, Cli, Command};
-
-fn init_logging(level: &str, json: bool) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{level},openraft=warn")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
-    if json {
-        builder.json().init();
-    } else {
-        builder.compact().init();
-    }
-}
-
-async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    init_logging(&args.log_level, args.log_json);
-    let config = args.config();
-    let shutdown = CancellationToken::new();
-    let handle = vigil_agent::start(config.clone(), shutdown.clone()).await?;
-    // One stable line on stdout that scripts and tests read for the bound addresses.
-    println!(
-        "vigil agent running: node={} http={} rpc={}",
-        config.node_name, handle.http_addr, handle.rpc_addr
-    );
-    tracing::info!(http = %handle.http_addr, rpc = %handle.rpc_addr, node = %config.node_name, "agent started");
-    let mut term = signal(SignalKind::terminate())?;
-    let token = shutdown.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
-        token.cancel();
-    });
-    handle.wait().await;
-    Ok(())
-}
-
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
-        Command::Agent(args) => run_agent(args).await,
-    }
+fn main() -> anyhow::Result<()> {
+    vigil_agent::run::main()
 }

@@ -181,7 +181,10 @@ impl LeaderDuties {
         for (id, ttl) in &ttls {
             timers.arm(id, *ttl);
         }
-        tracing::info!(sessions = ttls.len(), "gained leadership: session timers armed");
+        tracing::info!(
+            sessions = ttls.len(),
+            "gained leadership: session timers armed"
+        );
         self.spawn_register_self();
     }
 
@@ -262,7 +265,10 @@ impl LeaderDuties {
         }
         let proposer = self.proposer.clone();
         self.tasks.spawn(async move {
-            if let Err(e) = proposer.propose(Op::ReapTombstones { before_ms: cutoff }).await {
+            if let Err(e) = proposer
+                .propose(Op::ReapTombstones { before_ms: cutoff })
+                .await
+            {
                 tracing::warn!(error = %e, "tombstone reap failed");
             }
         });

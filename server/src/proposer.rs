@@ -40,7 +40,9 @@ impl Proposer {
     }
 }
 
-fn map_write_error(e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>) -> ServerError {
+fn map_write_error(
+    e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+) -> ServerError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => match f.leader_node {
             Some(node) => ServerError::NotLeader {

@@ -115,10 +115,8 @@ impl Server {
         )
         .await
         .map_err(|e| StartError::Raft(e.to_string()))?;
-        let members = BTreeMap::from([(
-            config.node_id,
-            BasicNode::new(config.rpc_addr.to_string()),
-        )]);
+        let members =
+            BTreeMap::from([(config.node_id, BasicNode::new(config.rpc_addr.to_string()))]);
         if let Err(e) = raft.initialize(members).await {
             tracing::debug!(error = %e, "raft already initialized");
         }

@@ -38,7 +38,12 @@ impl RaftLogReader<TypeConfig> for MemLogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        Ok(self.lock().entries.range(range).map(|(_, e)| e.clone()).collect())
+        Ok(self
+            .lock()
+            .entries
+            .range(range)
+            .map(|(_, e)| e.clone())
+            .collect())
     }
 }
 
@@ -76,7 +81,11 @@ impl RaftLogStorage<TypeConfig> for MemLogStore {
         Ok(self.lock().committed)
     }
 
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError>
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,

@@ -6,9 +6,7 @@ use std::io::Cursor;
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{
-    EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError,
-};
+use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
 use tokio::sync::{mpsc, watch};
 use vigil_shared::rpc::Response;
 
@@ -121,11 +119,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
         let snapshot_meta = Meta {
             last_log_id: last,
             last_membership: meta.membership.clone(),
-            snapshot_id: format!(
-                "{}-{}",
-                last.map_or(0, |l| l.index),
-                meta.snapshot_seq
-            ),
+            snapshot_id: format!("{}-{}", last.map_or(0, |l| l.index), meta.snapshot_seq),
         };
         meta.snapshot = Some(StoredSnapshot {
             meta: snapshot_meta.clone(),
@@ -197,9 +191,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let restored: StateMachine = postcard::from_bytes(&data).map_err(|e| {
-            StorageIOError::read_snapshot(Some(meta.signature()), io_err(e))
-        })?;
+        let restored: StateMachine = postcard::from_bytes(&data)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), io_err(e)))?;
         *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = restored;
         {
             let mut m = self.meta();

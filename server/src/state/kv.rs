@@ -232,11 +232,7 @@ impl KvStore {
         &self,
         ops: &[KvOp],
         ctx: &TxnContext<'_>,
-    ) -> (
-        TxnOutcome,
-        BTreeMap<String, Option<KvEntry>>,
-        Vec<String>,
-    ) {
+    ) -> (TxnOutcome, BTreeMap<String, Option<KvEntry>>, Vec<String>) {
         let mut view = Overlay {
             base: self,
             writes: BTreeMap::new(),

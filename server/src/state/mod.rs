@@ -247,10 +247,7 @@ impl StateMachine {
                 ),
                 self.sessions.table_index(),
             ),
-            ReadQuery::Txn(ops) => (
-                QueryResult::Txn(self.read_txn(ops)),
-                self.kv.table_index(),
-            ),
+            ReadQuery::Txn(ops) => (QueryResult::Txn(self.read_txn(ops)), self.kv.table_index()),
             ReadQuery::Sequencer {
                 key,
                 lock_index,

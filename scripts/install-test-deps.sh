@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond the Rust toolchain, inside the repo only:
+# py-consul (a real Consul client library) into target/pydeps, used by the compatibility test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY_CONSUL_VERSION=1.8.0
+dest=target/pydeps
+if PYTHONPATH=$dest python3 -c "import consul, sys; sys.exit(0 if consul.__version__ == '$PY_CONSUL_VERSION' else 1)" 2>/dev/null; then
+    exit 0
+fi
+mkdir -p "$dest"
+python3 -m pip install --quiet --disable-pip-version-check --target "$dest" "py-consul==$PY_CONSUL_VERSION"
