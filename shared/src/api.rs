@@ -178,7 +178,12 @@ mod tests {
 
     #[test]
     fn collapses_keys_at_separator() {
-        let keys = ["/test/key1", "/test/key2", "/test/sub/key3", "/test/sub/key4"];
+        let keys = [
+            "/test/key1",
+            "/test/key2",
+            "/test/sub/key3",
+            "/test/sub/key4",
+        ];
         assert_eq!(
             collapse_keys("/test/", &keys, Some("/")),
             vec!["/test/key1", "/test/key2", "/test/sub/"]

@@ -22,7 +22,11 @@ pub struct KvEntry {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum KvOp {
     /// 0
-    Set { key: String, value: Vec<u8>, flags: u64 },
+    Set {
+        key: String,
+        value: Vec<u8>,
+        flags: u64,
+    },
     /// 1: write only if the key's ModifyIndex equals `index` (0: only if absent).
     Cas {
         key: String,
@@ -125,7 +129,9 @@ pub enum KvOpError {
     },
     #[error("failed to check session, key \"{0}\" doesn't exist")]
     CheckSessionMissing(String),
-    #[error("failed session check for key \"{key}\", current session \"{current}\" != \"{expected}\"")]
+    #[error(
+        "failed session check for key \"{key}\", current session \"{current}\" != \"{expected}\""
+    )]
     CheckSessionFailed {
         key: String,
         current: String,
@@ -135,6 +141,8 @@ pub enum KvOpError {
     Exists(String),
     #[error("Must provide key")]
     MissingKey,
+    #[error("cannot run a write operation in a read-only transaction")]
+    WriteInReadOnly,
 }
 
 /// One failed op of a transaction.

@@ -41,17 +41,10 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
-    /// A uint64 parameter; a bad one gets Go's `strconv` message, as Consul answers.
+    /// A uint64 parameter; a bad one gets Go's `strconv.ParseUint` message, as Consul answers.
     pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.get(name)
-            .map(|v| {
-                v.parse::<u64>().map_err(|_| {
-                    ApiError::bad_request(format!(
-                        "strconv.ParseUint: parsing {}: invalid syntax",
-                        serde_json::Value::from(v)
-                    ))
-                })
-            })
+            .map(|v| parse_uint(v).map_err(ApiError::bad_request))
             .transpose()
     }
 
@@ -59,9 +52,11 @@ impl Params {
     pub fn encoded_sorted(&self) -> String {
         let mut pairs = self.pairs.clone();
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        form_urlencoded::Serializer::new(String::new())
-            .extend_pairs(pairs)
-            .finish()
+        pairs
+            .iter()
+            .map(|(k, v)| format!("{}={}", query_escape(k), query_escape(v)))
+            .collect::<Vec<_>>()
+            .join("&")
     }
 
     pub fn pretty(&self) -> bool {
@@ -86,15 +81,18 @@ impl Params {
         };
         let min_index = match self.get("index") {
             None | Some("") => 0,
-            Some(v) => v
-                .parse::<u64>()
-                .map_err(|_| ApiError::bad_request("Invalid index"))?,
+            Some(v) => parse_uint(v).map_err(|_| ApiError::bad_request("Invalid index"))?,
         };
         let wait = match self.get("wait") {
             None | Some("") => DEFAULT_WAIT,
             Some(v) => {
-                let d = parse_go_duration(v).map_err(|_| ApiError::bad_request("Invalid wait time"))?;
-                if d.is_zero() { DEFAULT_WAIT } else { d.min(MAX_WAIT) }
+                let d =
+                    parse_go_duration(v).map_err(|_| ApiError::bad_request("Invalid wait time"))?;
+                if d.is_zero() {
+                    DEFAULT_WAIT
+                } else {
+                    d.min(MAX_WAIT)
+                }
             }
         };
         let jitter_ms = (wait.as_millis() as u64) / 16;
@@ -109,6 +107,76 @@ impl Params {
             wait_ms: wait.as_millis() as u64 + jitter,
         })
     }
+}
+
+/// Go's `strconv.ParseUint(s, 10, 64)`: ASCII digits only (no sign), with its error texts.
+/// Like Go, it reports overflow as soon as it happens, before looking at later characters.
+pub fn parse_uint(s: &str) -> Result<u64, String> {
+    let syntax = || format!("strconv.ParseUint: parsing {}: invalid syntax", go_quote(s));
+    if s.is_empty() {
+        return Err(syntax());
+    }
+    let mut n: u64 = 0;
+    for c in s.bytes() {
+        if !c.is_ascii_digit() {
+            return Err(syntax());
+        }
+        n = n
+            .checked_mul(10)
+            .and_then(|n| n.checked_add(u64::from(c - b'0')))
+            .ok_or_else(|| {
+                format!(
+                    "strconv.ParseUint: parsing {}: value out of range",
+                    go_quote(s)
+                )
+            })?;
+    }
+    Ok(n)
+}
+
+/// Go's `strconv.Quote`: printable characters as they are, the rest escaped.
+pub fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if c.is_ascii_control() => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() || (c.is_whitespace() && c != ' ') => {
+                if (c as u32) > 0xffff {
+                    out.push_str(&format!("\\U{:08x}", c as u32));
+                } else {
+                    out.push_str(&format!("\\u{:04x}", c as u32));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Go's `url.QueryEscape`: unreserved bytes as they are, space as `+`, the rest `%XX`.
+fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            b => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// Percent-decodes a URL path segment (`+` stays a plus, unlike in query strings).
@@ -141,17 +209,58 @@ mod tests {
         let p = Params::parse(Some("release=b&recurse=false&acquire=a%20x&cas=0"));
         assert!(p.has("recurse"));
         assert_eq!(p.get("acquire"), Some("a x"));
-        assert_eq!(p.encoded_sorted(), "acquire=a+x&cas=0&recurse=false&release=b");
+        assert_eq!(
+            p.encoded_sorted(),
+            "acquire=a+x&cas=0&recurse=false&release=b"
+        );
     }
 
     #[test]
     fn blocking_options_validate() {
         assert!(Params::parse(Some("index=x")).query_options().is_err());
         assert!(Params::parse(Some("wait=5z")).query_options().is_err());
-        assert!(Params::parse(Some("stale&consistent")).query_options().is_err());
-        let o = Params::parse(Some("index=5&wait=1600s")).query_options().unwrap();
+        assert!(
+            Params::parse(Some("stale&consistent"))
+                .query_options()
+                .is_err()
+        );
+        let o = Params::parse(Some("index=5&wait=1600s"))
+            .query_options()
+            .unwrap();
         assert_eq!(o.min_index, 5);
         assert!(o.wait_ms >= 600_000 && o.wait_ms < 600_000 + 600_000 / 16);
+    }
+
+    #[test]
+    fn uints_parse_like_go() {
+        assert_eq!(parse_uint("18446744073709551615"), Ok(u64::MAX));
+        assert_eq!(
+            parse_uint("x").unwrap_err(),
+            r#"strconv.ParseUint: parsing "x": invalid syntax"#
+        );
+        assert_eq!(
+            parse_uint("").unwrap_err(),
+            r#"strconv.ParseUint: parsing "": invalid syntax"#
+        );
+        assert_eq!(
+            parse_uint("+5").unwrap_err(),
+            r#"strconv.ParseUint: parsing "+5": invalid syntax"#
+        );
+        assert_eq!(
+            parse_uint("18446744073709551616").unwrap_err(),
+            r#"strconv.ParseUint: parsing "18446744073709551616": value out of range"#
+        );
+        assert_eq!(
+            parse_uint("99999999999999999999x").unwrap_err(),
+            r#"strconv.ParseUint: parsing "99999999999999999999x": value out of range"#
+        );
+        assert_eq!(go_quote("a\"b\\\n\u{1}é"), r#""a\"b\\\n\x01é""#);
+    }
+
+    #[test]
+    fn reencodes_like_go_query_escape() {
+        let p = Params::parse(Some("release=a~b*c&acquire=x%2Fy"));
+        assert_eq!(p.encoded_sorted(), "acquire=x%2Fy&release=a~b%2Ac");
     }
 
     #[test]

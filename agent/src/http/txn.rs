@@ -135,7 +135,11 @@ fn parse_ops(body: &[u8]) -> Result<Result<Vec<KvOp>, Vec<PreError>>, ApiError> 
             Err(what) => errors.push(PreError { op_index, what }),
         }
     }
-    Ok(if errors.is_empty() { Ok(ops) } else { Err(errors) })
+    Ok(if errors.is_empty() {
+        Ok(ops)
+    } else {
+        Err(errors)
+    })
 }
 
 fn conflict(errors: Vec<(usize, String)>) -> Response {
@@ -180,8 +184,12 @@ pub async fn txn(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
-    if body.len() > TXN_MAX_REQ_LEN {
-        return Err(ApiError::body_too_large(declared.or(Some(body.len())), TXN_MAX_REQ_LEN));
+    let len = declared.unwrap_or(body.len()).max(body.len());
+    if len > TXN_MAX_REQ_LEN {
+        // Consul's text for the transaction limit points at `txn_max_req_len`.
+        return Err(ApiError::too_large(format!(
+            "Request body({len} bytes) too large, max size: {TXN_MAX_REQ_LEN} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#txn_max_req_len."
+        )));
     }
     let ops = match parse_ops(&body)? {
         Ok(ops) => ops,

@@ -14,6 +14,9 @@ use vigil_shared::session::Behavior;
 pub struct Tombstone {
     pub index: u64,
     pub at_ms: u64,
+    /// The deleted key's LockIndex, so a key re-created before the tombstone is reaped continues
+    /// counting from it: a sequencer must not go backwards when a lock key is deleted.
+    pub lock_index: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,7 +43,8 @@ pub struct TxnContext<'a> {
 struct Overlay<'a> {
     base: &'a KvStore,
     writes: BTreeMap<String, Option<KvEntry>>,
-    tombstones: Vec<String>,
+    /// (key or prefix, its LockIndex when deleted).
+    tombstones: Vec<(String, u64)>,
 }
 
 impl Overlay<'_> {
@@ -94,10 +98,21 @@ impl Overlay<'_> {
     }
 
     fn delete(&mut self, key: &str) {
-        if self.get(key).is_some() {
+        if let Some(e) = self.get(key) {
             self.writes.insert(key.to_owned(), None);
-            self.tombstones.push(key.to_owned());
+            self.tombstones.push((key.to_owned(), e.lock_index));
         }
+    }
+
+    /// LockIndex a deleted key had, for a key created again (0 for a key never seen).
+    fn previous_lock_index(&self, key: &str) -> u64 {
+        self.tombstones
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, l)| *l)
+            .or_else(|| self.base.tombstones.get(key).map(|t| t.lock_index))
+            .unwrap_or(0)
     }
 }
 
@@ -184,12 +199,13 @@ impl KvStore {
         for (key, write) in writes {
             self.commit_write(key, write);
         }
-        for key in tombstones {
+        for (key, lock_index) in tombstones {
             self.tombstones.insert(
                 key,
                 Tombstone {
                     index: ctx.index,
                     at_ms: ctx.now_ms,
+                    lock_index,
                 },
             );
         }
@@ -232,7 +248,11 @@ impl KvStore {
         &self,
         ops: &[KvOp],
         ctx: &TxnContext<'_>,
-    ) -> (TxnOutcome, BTreeMap<String, Option<KvEntry>>, Vec<String>) {
+    ) -> (
+        TxnOutcome,
+        BTreeMap<String, Option<KvEntry>>,
+        Vec<(String, u64)>,
+    ) {
         let mut view = Overlay {
             base: self,
             writes: BTreeMap::new(),
@@ -269,6 +289,12 @@ impl KvStore {
         }
         let existing = view.get(key);
         let idx = ctx.index;
+        // A key created again continues the LockIndex its tombstone remembers.
+        let reborn_lock_index = if existing.is_none() {
+            view.previous_lock_index(key)
+        } else {
+            0
+        };
         let set = |view: &mut Overlay<'_>, value: &[u8], flags: u64| {
             let new = match &existing {
                 // Vigil keeps LockIndex on plain writes: the sequencer must never go backwards.
@@ -283,7 +309,7 @@ impl KvStore {
                     value: value.to_vec(),
                     flags,
                     session: None,
-                    lock_index: 0,
+                    lock_index: reborn_lock_index,
                     create_index: idx,
                     modify_index: idx,
                 },
@@ -349,7 +375,7 @@ impl KvStore {
                         value: value.clone(),
                         flags: *flags,
                         session: Some(session.clone()),
-                        lock_index: 1,
+                        lock_index: reborn_lock_index + 1,
                         create_index: idx,
                         modify_index: idx,
                     },
@@ -431,7 +457,7 @@ impl KvStore {
                     view.writes.insert(e.key.clone(), None);
                 }
                 if !doomed.is_empty() && !prefix.is_empty() {
-                    view.tombstones.push(prefix.clone());
+                    view.tombstones.push((prefix.clone(), 0));
                 }
                 Ok(Vec::new())
             }
@@ -473,12 +499,13 @@ impl KvStore {
                     }
                 }
                 Behavior::Delete => {
-                    self.entries.remove(key);
+                    let removed = self.entries.remove(key);
                     self.tombstones.insert(
                         key.clone(),
                         Tombstone {
                             index,
                             at_ms: now_ms,
+                            lock_index: removed.map_or(0, |e| e.lock_index),
                         },
                     );
                 }

@@ -12,7 +12,7 @@ mod tests;
 use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
 use vigil_shared::catalog::HealthStatus;
-use vigil_shared::kv::{KvOp, TxnOutcome};
+use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
 use vigil_shared::session::Session;
 
@@ -267,7 +267,20 @@ impl StateMachine {
         }
     }
 
+    /// Runs a transaction of read verbs; a write verb is refused rather than run and dropped.
     fn read_txn(&self, ops: &[KvOp]) -> TxnOutcome {
+        let writes: Vec<TxnError> = ops
+            .iter()
+            .enumerate()
+            .filter(|(_, op)| op.is_write())
+            .map(|(op_index, _)| TxnError {
+                op_index,
+                error: KvOpError::WriteInReadOnly,
+            })
+            .collect();
+        if !writes.is_empty() {
+            return TxnOutcome::RolledBack(writes);
+        }
         let sessions = &self.sessions;
         let resolve = |id: &str| sessions.get(id).map(|s| s.id.clone());
         let ctx = TxnContext {

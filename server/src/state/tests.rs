@@ -763,14 +763,54 @@ fn delete_invalidation_removes_key_and_arms_lock_delay() {
         vec![(0, "failed to lock key \"sema/a\" due to lock delay".into())]
     );
 
-    // After it, the key is created afresh, so LockIndex starts again at 1 (as in Consul): a
-    // deleted key keeps no LockIndex history, only the holder session tells the epochs apart.
+    // After it, the key is created afresh but its LockIndex continues from the tombstone's
+    // (Vigil: a sequencer never goes backwards, even across a delete), so 2, not Consul's 1.
     let (outcome, _) = kv_at(&mut sm, 10, T0 + 15_000, vec![op::lock("sema/a", "x", S2)]);
     committed(outcome);
     assert_eq!(
         get(&sm, "sema/a"),
-        Some(locked(entry("sema/a", "x", 10, 10), S2, 1))
+        Some(locked(entry("sema/a", "x", 10, 10), S2, 2))
     );
+}
+
+/// Vigil: LockIndex survives a plain delete and a delete-then-lock inside one transaction, until
+/// the tombstone is reaped; a tree delete keeps no per-key history.
+#[test]
+fn lock_index_continues_across_delete() {
+    // Lock twice (LockIndex 2), then delete the key.
+    let mut sm = world();
+    create_session(&mut sm, 3, session(S1, N1));
+    write(&mut sm, 4, op::lock("k", "a", S1));
+    write(&mut sm, 5, op::unlock("k", "a", S1));
+    write(&mut sm, 6, op::lock("k", "a", S1));
+    write(&mut sm, 7, KvOp::Delete { key: "k".into() });
+    assert_eq!(sm.kv().get("k"), None);
+
+    // Re-locking continues at 3; a plain set of a re-created key keeps the count too.
+    write(&mut sm, 8, op::lock("k", "b", S1));
+    assert_eq!(sm.kv().get("k").map(|e| e.lock_index), Some(3));
+    let (outcome, _) = kv_at(
+        &mut sm,
+        9,
+        T0,
+        vec![KvOp::Delete { key: "k".into() }, op::set("k", "c")],
+    );
+    committed(outcome);
+    assert_eq!(sm.kv().get("k").map(|e| e.lock_index), Some(3));
+
+    // Once the tombstone is reaped the history is gone.
+    write(&mut sm, 10, KvOp::Delete { key: "k".into() });
+    sm.apply(
+        11,
+        Command {
+            now_ms: T0 + 1_000_000,
+            op: Op::ReapTombstones {
+                before_ms: T0 + 1_000_000,
+            },
+        },
+    );
+    write(&mut sm, 12, op::lock("k", "d", S1));
+    assert_eq!(sm.kv().get("k").map(|e| e.lock_index), Some(1));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1744,15 +1784,21 @@ fn txn_read_only_query() {
         ]
     );
 
-    // Safety: write verbs handed to the read path change nothing.
+    // Safety: write verbs handed to the read path are refused, each reported, and change nothing.
     let before = sm.clone();
     let writes = vec![
+        op::get("plain"),
         op::set("x", "y"),
         op::delete("plain"),
         op::delete_tree(""),
         op::unlock("lock", "", S1),
     ];
-    sm.query(&ReadQuery::Txn(writes));
+    let (result, _) = sm.query(&ReadQuery::Txn(writes));
+    let QueryResult::Txn(outcome) = result else {
+        panic!("expected a txn result, got {result:?}");
+    };
+    let refused: Vec<usize> = failures(outcome).into_iter().map(|(i, _)| i).collect();
+    assert_eq!(refused, vec![1, 2, 3, 4]);
     assert_eq!(sm, before);
 }
 
