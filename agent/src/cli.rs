@@ -9,7 +9,11 @@ use vigil_shared::duration::parse_go_duration;
 use crate::AgentConfig;
 
 #[derive(Debug, Parser)]
-#[command(name = "vigil", version, about = "A distributed lock and session service with a Consul-compatible API")]
+#[command(
+    name = "vigil",
+    version,
+    about = "A distributed lock and session service with a Consul-compatible API"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,

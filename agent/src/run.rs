@@ -1,15 +1,17 @@
 //! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
 
+use crate::cli::{AgentArgs, Cli, Command};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
-use crate::cli::{AgentArgs, Cli, Command};
 
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},openraft=warn")));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if json {
         builder.json().init();
     } else {

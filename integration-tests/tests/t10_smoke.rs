@@ -10,7 +10,10 @@ async fn dev_agent_starts_reports_leader_and_exits_cleanly() {
     let leader = agent.get("/v1/status/leader").await;
     assert_eq!(leader.status, StatusCode::OK);
     assert_eq!(leader.json(), serde_json::json!(agent.rpc_addr));
-    assert_eq!(agent.get("/v1/status/peers").await.json(), serde_json::json!([agent.rpc_addr]));
+    assert_eq!(
+        agent.get("/v1/status/peers").await.json(),
+        serde_json::json!([agent.rpc_addr])
+    );
 
     // SIGTERM is a graceful stop.
     assert_eq!(agent.terminate().await, Some(0));

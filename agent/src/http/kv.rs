@@ -65,7 +65,11 @@ pub async fn get(
         }
         QueryResult::Entries(entries) if entries.is_empty() => Ok(not_found_with_meta(meta)),
         QueryResult::Entries(entries) if params.has("raw") && !recurse => {
-            let value = entries.into_iter().next().map(|e| e.value).unwrap_or_default();
+            let value = entries
+                .into_iter()
+                .next()
+                .map(|e| e.value)
+                .unwrap_or_default();
             let response = (
                 [
                     (header::CONTENT_TYPE, "text/plain"),

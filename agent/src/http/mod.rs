@@ -20,8 +20,8 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Serialize;
-use vigil_shared::rpc::QueryMeta;
 use vigil_server::Server;
+use vigil_shared::rpc::QueryMeta;
 
 use params::Params;
 
@@ -84,7 +84,12 @@ async fn method_not_allowed(req: Request, next: Next) -> Response {
         .headers()
         .get(header::ALLOW)
         .and_then(|v| v.to_str().ok())
-        .map(|v| v.split(',').map(|m| m.trim().to_owned()).filter(|m| !m.is_empty()).collect())
+        .map(|v| {
+            v.split(',')
+                .map(|m| m.trim().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect()
+        })
         .unwrap_or_default();
     allowed.retain(|m| m != "HEAD");
     allowed.insert(0, "OPTIONS".to_owned());
@@ -103,12 +108,16 @@ async fn method_not_allowed(req: Request, next: Next) -> Response {
         .into_response()
 }
 
-/// A JSON body, indented with a trailing newline under `?pretty`.
+/// A JSON body; under `?pretty` indented by four spaces with a trailing newline, as Consul's
+/// `json.MarshalIndent(obj, "", "    ")` prints it.
 pub fn json<T: Serialize>(params: &Params, value: &T) -> Response {
     let body = if params.pretty() {
-        serde_json::to_vec_pretty(value).map(|mut v| {
-            v.push(b'\n');
-            v
+        let mut out = Vec::new();
+        let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+        let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+        value.serialize(&mut serializer).map(|()| {
+            out.push(b'\n');
+            out
         })
     } else {
         serde_json::to_vec(value)
@@ -119,8 +128,9 @@ pub fn json<T: Serialize>(params: &Params, value: &T) -> Response {
             Body::from(body),
         )
             .into_response(),
-        Err(e) => error::ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-            .into_response(),
+        Err(e) => {
+            error::ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
     }
 }
 

@@ -58,8 +58,15 @@ fn lock_delay_ns(v: &Value) -> Result<u64, String> {
             .map(|d| d.as_nanos() as u64)
             .map_err(|e| e.to_string()),
         Value::Number(n) => {
-            let n = n.as_f64().filter(|n| *n >= 0.0).ok_or("LockDelay must not be negative")?;
-            Ok(if n < 1000.0 { (n * 1e9) as u64 } else { n as u64 })
+            let n = n
+                .as_f64()
+                .filter(|n| *n >= 0.0)
+                .ok_or("LockDelay must not be negative")?;
+            Ok(if n < 1000.0 {
+                (n * 1e9) as u64
+            } else {
+                n as u64
+            })
         }
         Value::Null => Ok(DEFAULT_LOCK_DELAY_NS),
         other => Err(format!("invalid LockDelay {other}")),
@@ -112,8 +119,14 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
 
     // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
     let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
-    let mut checks = req.checks.unwrap_or_else(default_checks).unwrap_or_default();
-    let mut node_checks = req.nodechecks.unwrap_or_else(default_checks).unwrap_or_default();
+    let mut checks = req
+        .checks
+        .unwrap_or_else(default_checks)
+        .unwrap_or_default();
+    let mut node_checks = req
+        .nodechecks
+        .unwrap_or_else(default_checks)
+        .unwrap_or_default();
     if checks.is_empty() {
         node_checks.clear();
     } else if checks == [SERF_HEALTH] || node_checks.is_empty() {
