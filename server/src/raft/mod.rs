@@ -1,9 +1,14 @@
-//! Raft plumbing: openraft's types instantiated once for Vigil, the log store, the state-machine
-//! store that applies committed commands, and the network used between servers.
+//! Raft plumbing: openraft's types instantiated once for Vigil, the log stores (in memory for
+//! `--dev`, redb for server sets), the state-machine store that applies committed commands and
+//! keeps snapshots, and the network used between servers.
 
 pub mod log_store;
 pub mod network;
+pub mod redb_log;
 pub mod state_store;
+
+#[cfg(test)]
+mod tests;
 
 use std::io::Cursor;
 
@@ -22,6 +27,7 @@ openraft::declare_raft_types!(
 );
 
 pub type NodeId = u64;
+pub type Node = openraft::BasicNode;
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;

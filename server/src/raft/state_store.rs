@@ -1,12 +1,22 @@
 //! The bridge between openraft and the [`StateMachine`]: applies committed entries, wakes the
 //! blocking queries they concern, tells the leader duties about sessions, and builds and
 //! installs snapshots (the whole state machine as postcard).
+//!
+//! The state machine lives in memory. A server set also keeps its latest snapshot on disk
+//! (`<dir>/snapshot.bin`, replaced atomically); [`StateStore::open`] loads it on restart and
+//! openraft then replays the committed log after it, so snapshot + log recover the full state.
+//! Invariants: a snapshot is durable before openraft hears of it (openraft purges the log up to
+//! it); the file never goes back to an older snapshot; the state and the raft position
+//! (`last_applied`, membership) always change together under the state lock.
 
-use std::io::Cursor;
+use std::fs::{self, File};
+use std::io::{self, Cursor, Write};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
+use openraft::{AnyError, EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use vigil_shared::rpc::Response;
 
@@ -68,6 +78,106 @@ impl SharedState {
     }
 }
 
+/// The snapshot file's name inside the snapshot directory.
+pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
+/// Written, fsynced, then renamed over [`SNAPSHOT_FILE_NAME`]; a leftover one is ignored.
+const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
+/// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
+/// postcard encoding of [`StateMachine`] changes incompatibly.
+const SNAPSHOT_FORMAT: u8 = 1;
+
+/// Why the snapshot directory could not be used at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotStoreError {
+    #[error("cannot read snapshot directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "snapshot {path} is corrupt (restore it from another server or remove the data directory and rejoin): {source}"
+    )]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: postcard::Error,
+    },
+    #[error(
+        "snapshot {path} has format version {found}; this build reads version {SNAPSHOT_FORMAT}"
+    )]
+    UnsupportedFormat { path: PathBuf, found: u8 },
+}
+
+/// What `snapshot.bin` holds after its format byte (postcard).
+#[derive(Serialize, Deserialize)]
+struct SnapshotFile {
+    /// Snapshots built so far, so snapshot ids stay unique across restarts.
+    seq: u64,
+    meta: Meta,
+    /// Postcard of the [`StateMachine`], exactly as sent to followers.
+    data: Vec<u8>,
+}
+
+impl SnapshotFile {
+    fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
+        let mut bytes = vec![SNAPSHOT_FORMAT];
+        postcard::to_io(self, &mut bytes)?;
+        Ok(bytes)
+    }
+
+    fn decode(path: &Path, bytes: &[u8]) -> Result<SnapshotFile, SnapshotStoreError> {
+        let corrupt = |source| SnapshotStoreError::Corrupt {
+            path: path.to_owned(),
+            source,
+        };
+        let Some((&format, body)) = bytes.split_first() else {
+            return Err(corrupt(postcard::Error::DeserializeUnexpectedEnd));
+        };
+        if format != SNAPSHOT_FORMAT {
+            return Err(SnapshotStoreError::UnsupportedFormat {
+                path: path.to_owned(),
+                found: format,
+            });
+        }
+        match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
+            (file, []) => Ok(file),
+            (_, _trailing) => Err(corrupt(postcard::Error::DeserializeBadEncoding)),
+        }
+    }
+}
+
+/// Where a server set keeps its latest snapshot.
+struct SnapshotDir {
+    dir: PathBuf,
+    /// `last_log_id` of the snapshot in the file (`None` also when there is none yet). Held
+    /// while writing: writes are serialized, and a slow build never replaces a newer installed
+    /// snapshot.
+    on_disk: Mutex<Option<LogId>>,
+}
+
+impl SnapshotDir {
+    /// Writes `file` durably unless a newer snapshot is already on disk. Blocking.
+    fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
+        let mut on_disk = self.on_disk.lock().unwrap_or_else(|e| e.into_inner());
+        if file.meta.last_log_id < *on_disk {
+            return Ok(());
+        }
+        let bytes = file.encode().map_err(io::Error::other)?;
+        let tmp = self.dir.join(SNAPSHOT_TMP_NAME);
+        {
+            let mut f = File::create(&tmp)?;
+            f.write_all(&bytes)?;
+            f.sync_all()?;
+        }
+        fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE_NAME))?;
+        // The rename is durable only once the directory entry is.
+        File::open(&self.dir)?.sync_all()?;
+        *on_disk = file.meta.last_log_id;
+        Ok(())
+    }
+}
+
 #[derive(Clone)]
 struct StoredSnapshot {
     meta: Meta,
@@ -87,47 +197,139 @@ struct RaftMeta {
 pub struct StateStore {
     shared: Arc<SharedState>,
     meta: Arc<Mutex<RaftMeta>>,
+    /// `None` for `--dev`: snapshots then live only in memory.
+    disk: Option<Arc<SnapshotDir>>,
 }
 
-fn io_err(e: impl std::error::Error + 'static) -> openraft::AnyError {
-    openraft::AnyError::new(&e)
+fn io_err(e: impl std::error::Error + 'static) -> AnyError {
+    AnyError::new(&e)
 }
 
 impl StateStore {
+    /// A store whose snapshots live only in memory (`--dev`).
     pub fn new(shared: Arc<SharedState>) -> StateStore {
         StateStore {
             shared,
             meta: Arc::new(Mutex::new(RaftMeta::default())),
+            disk: None,
         }
+    }
+
+    /// A store that keeps its latest snapshot in `dir` (created if missing). If a snapshot is
+    /// there, it is restored into `shared` (state, applied index) and becomes the current
+    /// snapshot. Blocks while reading the file; call it once at startup.
+    pub fn open(
+        shared: Arc<SharedState>,
+        dir: impl AsRef<Path>,
+    ) -> Result<StateStore, SnapshotStoreError> {
+        let dir = dir.as_ref();
+        let io = |path: &Path| {
+            let path = path.to_owned();
+            move |source| SnapshotStoreError::Io { path, source }
+        };
+        fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join(SNAPSHOT_FILE_NAME);
+        let loaded = match fs::read(&path) {
+            Ok(bytes) => Some(SnapshotFile::decode(&path, &bytes)?),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io(&path)(e)),
+        };
+        let mut meta = RaftMeta::default();
+        if let Some(file) = loaded {
+            let state: StateMachine =
+                postcard::from_bytes(&file.data).map_err(|source| SnapshotStoreError::Corrupt {
+                    path: path.clone(),
+                    source,
+                })?;
+            *shared.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+            if let Some(last) = file.meta.last_log_id {
+                shared.applied.send_replace(last.index);
+            }
+            meta = RaftMeta {
+                last_applied: file.meta.last_log_id,
+                membership: file.meta.last_membership.clone(),
+                snapshot_seq: file.seq,
+                snapshot: Some(StoredSnapshot {
+                    meta: file.meta,
+                    data: file.data,
+                }),
+            };
+        }
+        let on_disk = meta.last_applied;
+        Ok(StateStore {
+            shared,
+            meta: Arc::new(Mutex::new(meta)),
+            disk: Some(Arc::new(SnapshotDir {
+                dir: dir.to_owned(),
+                on_disk: Mutex::new(on_disk),
+            })),
+        })
     }
 
     fn meta(&self) -> std::sync::MutexGuard<'_, RaftMeta> {
         self.meta.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Writes the snapshot to disk (if this store has a directory) on the blocking pool, and
+    /// hands it back.
+    async fn persist(&self, file: SnapshotFile) -> Result<SnapshotFile, AnyError> {
+        let Some(disk) = self.disk.clone() else {
+            return Ok(file);
+        };
+        let (file, written) = tokio::task::spawn_blocking(move || {
+            let written = disk.persist(&file);
+            (file, written)
+        })
+        .await
+        .map_err(io_err)?;
+        written.map_err(io_err)?;
+        Ok(file)
+    }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateStore {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
-        let data = {
+        // openraft builds in its own task while entries keep being applied: read the state and
+        // its raft position under the state lock so they match.
+        let file = {
             let state = self.shared.read();
-            postcard::to_allocvec(&*state)
-                .map_err(|e| StorageIOError::read_state_machine(io_err(e)))?
+            let data = postcard::to_allocvec(&*state)
+                .map_err(|e| StorageIOError::read_state_machine(io_err(e)))?;
+            let mut meta = self.meta();
+            meta.snapshot_seq += 1;
+            let last = meta.last_applied;
+            SnapshotFile {
+                seq: meta.snapshot_seq,
+                meta: Meta {
+                    last_log_id: last,
+                    last_membership: meta.membership.clone(),
+                    snapshot_id: format!("{}-{}", last.map_or(0, |l| l.index), meta.snapshot_seq),
+                },
+                data,
+            }
         };
-        let mut meta = self.meta();
-        meta.snapshot_seq += 1;
-        let last = meta.last_applied;
-        let snapshot_meta = Meta {
-            last_log_id: last,
-            last_membership: meta.membership.clone(),
-            snapshot_id: format!("{}-{}", last.map_or(0, |l| l.index), meta.snapshot_seq),
-        };
-        meta.snapshot = Some(StoredSnapshot {
-            meta: snapshot_meta.clone(),
-            data: data.clone(),
-        });
+        let signature = file.meta.signature();
+        let file = self
+            .persist(file)
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(signature), e))?;
+        {
+            let mut meta = self.meta();
+            // An install may have overtaken this build; keep the newer snapshot current.
+            let newer = meta
+                .snapshot
+                .as_ref()
+                .is_none_or(|s| s.meta.last_log_id <= file.meta.last_log_id);
+            if newer {
+                meta.snapshot = Some(StoredSnapshot {
+                    meta: file.meta.clone(),
+                    data: file.data.clone(),
+                });
+            }
+        }
         Ok(Snapshot {
-            meta: snapshot_meta,
-            snapshot: Box::new(Cursor::new(data)),
+            meta: file.meta,
+            snapshot: Box::new(Cursor::new(file.data)),
         })
     }
 }
@@ -193,14 +395,25 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let data = snapshot.into_inner();
         let restored: StateMachine = postcard::from_bytes(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), io_err(e)))?;
-        *self.shared.state.write().unwrap_or_else(|e| e.into_inner()) = restored;
+        // Durable first: once this returns, openraft may purge the log the snapshot covers.
+        let seq = self.meta().snapshot_seq;
+        let file = self
+            .persist(SnapshotFile {
+                seq,
+                meta: meta.clone(),
+                data,
+            })
+            .await
+            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
         {
+            let mut state = self.shared.state.write().unwrap_or_else(|e| e.into_inner());
             let mut m = self.meta();
+            *state = restored;
             m.last_applied = meta.last_log_id;
             m.membership = meta.last_membership.clone();
             m.snapshot = Some(StoredSnapshot {
-                meta: meta.clone(),
-                data,
+                meta: file.meta,
+                data: file.data,
             });
         }
         if let Some(last) = meta.last_log_id {
@@ -216,5 +429,238 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             meta: s.meta,
             snapshot: Box::new(Cursor::new(s.data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use openraft::{BasicNode, Membership};
+    use vigil_shared::kv::KvOp;
+    use vigil_shared::rpc::{Command, Op};
+
+    use super::*;
+
+    fn fresh_shared() -> Arc<SharedState> {
+        // Session events are not under test; a closed channel is ignored by `publish`.
+        let (events, _) = mpsc::unbounded_channel();
+        SharedState::new(events)
+    }
+
+    fn log_id(index: u64) -> LogId {
+        openraft::testing::log_id(1, 1, index)
+    }
+
+    fn membership_entry(index: u64) -> Entry {
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Membership(Membership::new(
+                vec![BTreeSet::from([1])],
+                BTreeMap::from([(1, BasicNode::new("127.0.0.1:8300"))]),
+            )),
+        }
+    }
+
+    fn set(index: u64, key: &str, value: &str) -> Entry {
+        Entry {
+            log_id: log_id(index),
+            payload: EntryPayload::Normal(Command {
+                now_ms: 1_700_000_000_000 + index,
+                op: Op::Kv(vec![KvOp::Set {
+                    key: key.to_owned(),
+                    value: value.as_bytes().to_vec(),
+                    flags: 0,
+                }]),
+            }),
+        }
+    }
+
+    /// A membership entry at 1, then `k2..=k{upto}` written at their own indexes.
+    fn sample_log(upto: u64) -> Vec<Entry> {
+        let mut entries = vec![membership_entry(1)];
+        entries.extend((2..=upto).map(|i| set(i, &format!("k{i}"), &format!("v{i}"))));
+        entries
+    }
+
+    fn value(shared: &SharedState, key: &str) -> Option<Vec<u8>> {
+        shared.read().kv().get(key).map(|e| e.value.clone())
+    }
+
+    #[tokio::test]
+    async fn a_built_snapshot_is_restored_on_open() {
+        let dir = tempfile::tempdir().expect("tempdir");
+
+        // Apply six entries, snapshot, then apply more that only the log would hold.
+        let (built, state_at_snapshot) = {
+            let shared = fresh_shared();
+            let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("open");
+            store.apply(sample_log(6)).await.expect("apply");
+            let built = store.build_snapshot().await.expect("build");
+            let state_at_snapshot = shared.read().clone();
+            store.apply([set(7, "k7", "v7")]).await.expect("apply");
+            assert_eq!(value(&shared, "k7").as_deref(), Some(&b"v7"[..]));
+            (built, state_at_snapshot)
+        };
+        assert_eq!(built.meta.last_log_id, Some(log_id(6)));
+        assert!(dir.path().join(SNAPSHOT_FILE_NAME).exists());
+
+        // A fresh process: the state, the raft position and the current snapshot come back.
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("reopen");
+        assert_eq!(*shared.read(), state_at_snapshot);
+        assert_eq!(value(&shared, "k6").as_deref(), Some(&b"v6"[..]));
+        assert_eq!(
+            value(&shared, "k7"),
+            None,
+            "k7 comes back from the log, not the snapshot"
+        );
+        assert_eq!(*shared.applied_receiver().borrow(), 6);
+        let (applied, membership) = store.applied_state().await.expect("applied state");
+        assert_eq!(applied, Some(log_id(6)));
+        assert_eq!(membership, built.meta.last_membership);
+        assert_eq!(membership.log_id(), &Some(log_id(1)));
+        let current = store
+            .get_current_snapshot()
+            .await
+            .expect("current snapshot")
+            .expect("a snapshot was loaded");
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(current.snapshot.into_inner(), built.snapshot.into_inner());
+
+        // openraft replays the log after the snapshot; the next snapshot gets a new id.
+        store.apply([set(7, "k7", "v7")]).await.expect("replay");
+        assert_eq!(value(&shared, "k7").as_deref(), Some(&b"v7"[..]));
+        let next = store.build_snapshot().await.expect("build");
+        assert_eq!(next.meta.last_log_id, Some(log_id(7)));
+        assert_ne!(next.meta.snapshot_id, built.meta.snapshot_id);
+    }
+
+    #[tokio::test]
+    async fn an_installed_snapshot_is_restored_on_open() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let follower_dir = tempfile::tempdir().expect("tempdir");
+
+        // The leader builds a snapshot; the follower installs it.
+        let mut leader = StateStore::open(fresh_shared(), leader_dir.path()).expect("open");
+        leader.apply(sample_log(5)).await.expect("apply");
+        let snapshot = leader.build_snapshot().await.expect("build");
+        let follower_shared = fresh_shared();
+        let mut follower =
+            StateStore::open(Arc::clone(&follower_shared), follower_dir.path()).expect("open");
+        follower
+            .install_snapshot(&snapshot.meta, snapshot.snapshot)
+            .await
+            .expect("install");
+        assert_eq!(value(&follower_shared, "k5").as_deref(), Some(&b"v5"[..]));
+
+        // A build that started before the install and finishes after it must not replace the
+        // installed (newer) snapshot on disk.
+        let stale = SnapshotFile {
+            seq: 1,
+            meta: Meta {
+                last_log_id: Some(log_id(3)),
+                last_membership: StoredMembership::default(),
+                snapshot_id: "3-1".to_owned(),
+            },
+            data: postcard::to_allocvec(&StateMachine::default()).expect("encode"),
+        };
+        follower.persist(stale).await.expect("stale persist");
+        drop(follower);
+
+        // The follower restarts from the installed snapshot.
+        let shared = fresh_shared();
+        let mut follower =
+            StateStore::open(Arc::clone(&shared), follower_dir.path()).expect("reopen");
+        assert_eq!(value(&shared, "k5").as_deref(), Some(&b"v5"[..]));
+        let current = follower
+            .get_current_snapshot()
+            .await
+            .expect("current snapshot")
+            .expect("a snapshot was loaded");
+        assert_eq!(current.meta, snapshot.meta);
+        assert_eq!(
+            follower.applied_state().await.expect("applied").0,
+            Some(log_id(5))
+        );
+    }
+
+    #[tokio::test]
+    async fn a_crash_mid_write_leaves_a_loadable_directory() {
+        // Crash before the first rename: only the temporary file exists.
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(SNAPSHOT_TMP_NAME), b"half a snap").expect("write tmp");
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("open");
+        assert!(
+            store
+                .get_current_snapshot()
+                .await
+                .expect("current")
+                .is_none()
+        );
+        assert_eq!(store.applied_state().await.expect("applied").0, None);
+        assert_eq!(*shared.read(), StateMachine::default());
+
+        // A snapshot written after that replaces the leftover.
+        store.apply(sample_log(4)).await.expect("apply");
+        let built = store.build_snapshot().await.expect("build");
+        assert!(!dir.path().join(SNAPSHOT_TMP_NAME).exists());
+        drop(store);
+
+        // Crash during a later write: the previous snapshot is still the one loaded.
+        fs::write(dir.path().join(SNAPSHOT_TMP_NAME), [SNAPSHOT_FORMAT, 0xff]).expect("write tmp");
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("reopen");
+        let current = store
+            .get_current_snapshot()
+            .await
+            .expect("current")
+            .expect("a snapshot was loaded");
+        assert_eq!(current.meta, built.meta);
+        assert_eq!(value(&shared, "k4").as_deref(), Some(&b"v4"[..]));
+    }
+
+    #[tokio::test]
+    async fn a_damaged_or_newer_snapshot_file_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(SNAPSHOT_FILE_NAME);
+        let mut store = StateStore::open(fresh_shared(), dir.path()).expect("open");
+        store.apply(sample_log(3)).await.expect("apply");
+        store.build_snapshot().await.expect("build");
+        drop(store);
+        let good = fs::read(&path).expect("read");
+
+        // Truncated (a torn write the rename protocol should make impossible).
+        fs::write(&path, &good[..good.len() / 2]).expect("truncate");
+        assert!(matches!(
+            StateStore::open(fresh_shared(), dir.path()),
+            Err(SnapshotStoreError::Corrupt { .. })
+        ));
+
+        // Trailing garbage.
+        let mut longer = good.clone();
+        longer.push(0);
+        fs::write(&path, &longer).expect("extend");
+        assert!(matches!(
+            StateStore::open(fresh_shared(), dir.path()),
+            Err(SnapshotStoreError::Corrupt { .. })
+        ));
+
+        // Written by a newer build.
+        let mut newer = good.clone();
+        newer[0] = SNAPSHOT_FORMAT + 1;
+        fs::write(&path, &newer).expect("restamp");
+        assert!(matches!(
+            StateStore::open(fresh_shared(), dir.path()),
+            Err(SnapshotStoreError::UnsupportedFormat { found, .. }) if found == SNAPSHOT_FORMAT + 1
+        ));
+
+        // Empty.
+        fs::write(&path, b"").expect("empty");
+        assert!(matches!(
+            StateStore::open(fresh_shared(), dir.path()),
+            Err(SnapshotStoreError::Corrupt { .. })
+        ));
     }
 }
