@@ -23,6 +23,8 @@ pub struct Cli {
 pub enum Command {
     /// Run an agent.
     Agent(AgentArgs),
+    /// Create the cluster CA and the certificates it signs.
+    Tls(crate::tls_cmd::TlsCommand),
 }
 
 #[derive(Debug, Args)]

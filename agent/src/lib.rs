@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod http;
 pub mod run;
+pub mod tls_cmd;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;

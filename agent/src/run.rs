@@ -49,5 +49,6 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 pub async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Agent(args) => run_agent(args).await,
+        Command::Tls(cmd) => crate::tls_cmd::run(cmd),
     }
 }

@@ -48,7 +48,7 @@ impl Reply {
 
 /// The agent binary built for these tests: Cargo names it in the environment of test processes;
 /// otherwise it sits next to the `deps/` directory holding the test executable.
-fn binary() -> std::path::PathBuf {
+pub fn binary() -> std::path::PathBuf {
     if let Some(path) = std::env::var_os("CARGO_BIN_EXE_vigil-under-test") {
         return path.into();
     }

@@ -6,6 +6,8 @@ pub mod proposer;
 pub mod raft;
 pub mod server;
 pub mod state;
+pub mod tls;
+pub mod transport;
 pub mod watch;
 
 pub use server::{RaftTiming, Server, ServerConfig, StartError};

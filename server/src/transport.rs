@@ -1,0 +1,982 @@
+//! RPC over QUIC, bytes in and bytes out: the frame format, the accepting side ([`serve`] hands
+//! each request to an [`RpcHandler`] with the caller's [`Role`]) and the dialing side
+//! ([`RpcClient`], one pooled connection per peer). Invariants: one request and one response
+//! per bidirectional stream, each a frame `[version: u8][len: u32 BE][payload]` of at most
+//! [`MAX_FRAME_LEN`] bytes; a request is sent twice only when the first attempt is known not to
+//! have reached a live handler (see [`RpcClient::call`]); every server task is tracked and
+//! stops on shutdown. The message types live elsewhere; this module never decodes payloads.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::tls::{Role, TlsError, TlsMaterial, peer_role};
+
+/// The frame version this node writes and the only one it reads.
+pub const FRAME_VERSION: u8 = 1;
+/// Largest payload in one frame; snapshots are the big ones.
+pub const MAX_FRAME_LEN: usize = 64 * 1024 * 1024;
+/// Version byte plus big-endian length.
+const HEADER_LEN: usize = 5;
+
+/// Stream reset code: the request frame was malformed (unknown version, too large, truncated).
+const STREAM_BAD_REQUEST: VarInt = VarInt::from_u32(1);
+/// Stream reset code: the handler's response does not fit in a frame.
+const STREAM_RESPONSE_TOO_LARGE: VarInt = VarInt::from_u32(2);
+/// Stream reset code: the server shut down while the handler was running.
+const STREAM_SHUTTING_DOWN: VarInt = VarInt::from_u32(3);
+/// Connection close code: this node is shutting down.
+const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
+/// Connection close code: the peer's certificate names no role.
+const CLOSE_UNKNOWN_PEER: VarInt = VarInt::from_u32(1);
+/// Connection close code: the caller dropped the connection on purpose.
+const CLOSE_DISCONNECT: VarInt = VarInt::from_u32(2);
+/// How long shutdown waits for close frames to reach the peers.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Why an RPC failed, in terms a caller can act on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    /// No connection could be made: nothing listens there, the handshake timed out, or TLS
+    /// refused one side's certificate. Try another server.
+    #[error("{addr} is unreachable: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    /// No response within the deadline; the request may or may not have been handled.
+    #[error("no response from {addr} within {after:?}")]
+    Timeout { addr: SocketAddr, after: Duration },
+    /// The connection was lost after the request may have been sent; it may or may not have
+    /// been handled. The next call redials.
+    #[error("connection to {addr} lost: {reason}")]
+    Closed { addr: SocketAddr, reason: String },
+    /// A frame broke the protocol (unknown version, too large, truncated) or a payload did not
+    /// encode or decode. Retrying will not help.
+    #[error("RPC protocol error: {0}")]
+    Protocol(String),
+}
+
+/// Why a QUIC endpoint could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    /// The certificates could not be turned into TLS configurations.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The UDP address could not be bound (in use, not local, no permission).
+    #[error("binding UDP {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+    /// The socket could not be handed to the runtime.
+    #[error("setting up the QUIC endpoint: {0}")]
+    Socket(#[source] io::Error),
+    /// Endpoints must be created inside a tokio runtime.
+    #[error("no tokio runtime to run the QUIC endpoint on")]
+    NoRuntime,
+}
+
+/// The endpoint of a server (or of any agent that accepts RPCs): accepts connections with the
+/// certificates in `tls` and dials with them too.
+pub fn server_endpoint(bind: SocketAddr, tls: &TlsMaterial) -> Result<Endpoint, EndpointError> {
+    let socket =
+        UdpSocket::bind(bind).map_err(|source| EndpointError::Bind { addr: bind, source })?;
+    server_endpoint_from_socket(socket, tls)
+}
+
+/// Like [`server_endpoint`] on a socket bound earlier (the agent binds its RPC port first to
+/// learn the port number).
+pub fn server_endpoint_from_socket(
+    socket: UdpSocket,
+    tls: &TlsMaterial,
+) -> Result<Endpoint, EndpointError> {
+    let runtime = quinn::default_runtime().ok_or(EndpointError::NoRuntime)?;
+    let mut endpoint = Endpoint::new(
+        tls.endpoint_config(),
+        Some(tls.server_config()?),
+        socket,
+        runtime,
+    )
+    .map_err(EndpointError::Socket)?;
+    endpoint.set_default_client_config(tls.client_config()?);
+    Ok(endpoint)
+}
+
+/// A dial-only endpoint on an OS-chosen IPv4 port, for agents that only call servers.
+pub fn client_endpoint(tls: &TlsMaterial) -> Result<Endpoint, EndpointError> {
+    let bind = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+    let socket =
+        UdpSocket::bind(bind).map_err(|source| EndpointError::Bind { addr: bind, source })?;
+    let runtime = quinn::default_runtime().ok_or(EndpointError::NoRuntime)?;
+    let mut endpoint = Endpoint::new(tls.endpoint_config(), None, socket, runtime)
+        .map_err(EndpointError::Socket)?;
+    endpoint.set_default_client_config(tls.client_config()?);
+    Ok(endpoint)
+}
+
+/// Answers requests. `peer` is the role proven by the caller's certificate, so handlers can
+/// refuse server-only requests (raft) from client agents. The response is always a payload:
+/// errors are part of the message types.
+pub trait RpcHandler: Send + Sync + 'static {
+    fn handle(&self, peer: Role, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>>;
+}
+
+/// Accepts connections on `endpoint` until `shutdown`, serving every bidirectional stream as
+/// one request to `handler`. All tasks go on `tasks`. On shutdown, in-flight handlers are
+/// dropped and the endpoint is closed (peers see the close at once), so an [`RpcClient`]
+/// sharing this endpoint stops working too.
+pub fn serve(
+    endpoint: Endpoint,
+    handler: Arc<dyn RpcHandler>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let tracker = tasks.clone();
+    tasks.spawn(async move {
+        loop {
+            let incoming = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                incoming = endpoint.accept() => match incoming {
+                    Some(incoming) => incoming,
+                    None => break,
+                },
+            };
+            tracker.spawn(serve_connection(
+                incoming,
+                Arc::clone(&handler),
+                shutdown.clone(),
+                tracker.clone(),
+            ));
+        }
+        endpoint.close(CLOSE_SHUTDOWN, b"shutting down");
+        let _ = tokio::time::timeout(CLOSE_GRACE, endpoint.wait_idle()).await;
+    });
+}
+
+async fn serve_connection(
+    incoming: quinn::Incoming,
+    handler: Arc<dyn RpcHandler>,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+) {
+    let remote = incoming.remote_address();
+    let connection = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => return,
+        connection = incoming => match connection {
+            Ok(connection) => connection,
+            Err(error) => {
+                tracing::warn!(%remote, %error, "RPC handshake failed");
+                return;
+            }
+        },
+    };
+    let Some(role) = peer_role(&connection) else {
+        tracing::warn!(%remote, "RPC peer certificate names no role; closing");
+        connection.close(CLOSE_UNKNOWN_PEER, b"certificate names no role");
+        return;
+    };
+    tracing::debug!(%remote, %role, "RPC peer connected");
+    loop {
+        let (send, recv) = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return,
+            stream = connection.accept_bi() => match stream {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%remote, %error, "RPC connection ended");
+                    return;
+                }
+            },
+        };
+        let handler = Arc::clone(&handler);
+        let shutdown = shutdown.clone();
+        tasks.spawn(async move {
+            let (mut send, mut recv) = (send, recv);
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => {
+                    // Say so explicitly: a plain drop would finish the stream, which the caller
+                    // would read as a truncated response.
+                    let _ = send.reset(STREAM_SHUTTING_DOWN);
+                }
+                () = serve_stream(&mut send, &mut recv, role, handler.as_ref(), remote) => {}
+            }
+        });
+    }
+}
+
+/// One request/response exchange on the accepting side.
+async fn serve_stream(
+    send: &mut SendStream,
+    recv: &mut RecvStream,
+    role: Role,
+    handler: &dyn RpcHandler,
+    remote: SocketAddr,
+) {
+    let request = match read_frame(recv).await {
+        Ok(request) => request,
+        Err(Failure::Protocol(reason)) => {
+            tracing::warn!(%remote, %reason, "rejecting RPC request");
+            let _ = recv.stop(STREAM_BAD_REQUEST);
+            let _ = send.reset(STREAM_BAD_REQUEST);
+            return;
+        }
+        Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown) => return,
+    };
+    let response = handler.handle(role, request).await;
+    if response.len() > MAX_FRAME_LEN {
+        tracing::error!(%remote, len = response.len(), "RPC response exceeds the frame limit");
+        let _ = send.reset(STREAM_RESPONSE_TOO_LARGE);
+        return;
+    }
+    match write_frame(send, &response).await {
+        Ok(()) => {
+            let _ = send.finish();
+        }
+        Err(failure) => {
+            tracing::debug!(%remote, error = %failure.into_error(remote), "RPC response not sent");
+        }
+    }
+}
+
+/// Calls servers: one cached QUIC connection per address, each request on its own stream.
+/// Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct RpcClient {
+    inner: Arc<ClientInner>,
+}
+
+struct ClientInner {
+    endpoint: Endpoint,
+    /// The name every server certificate carries (`server.<dc>.<domain>`).
+    server_name: String,
+    /// One slot per peer. The slot's async lock is held while dialing, so concurrent callers
+    /// wait for one handshake instead of each starting their own.
+    pool: Mutex<HashMap<SocketAddr, Slot>>,
+}
+
+type Slot = Arc<tokio::sync::Mutex<Option<Connection>>>;
+
+impl std::fmt::Debug for RpcClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcClient")
+            .field("server_name", &self.inner.server_name)
+            .field("local_addr", &self.inner.endpoint.local_addr().ok())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RpcClient {
+    /// A client dialing from `endpoint` (which must have a default client config, as the
+    /// endpoints built here do) and verifying servers against `server_name`
+    /// ([`TlsMaterial::server_name`]).
+    pub fn new(endpoint: Endpoint, server_name: impl Into<String>) -> RpcClient {
+        RpcClient {
+            inner: Arc::new(ClientInner {
+                endpoint,
+                server_name: server_name.into(),
+                pool: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The endpoint this client dials from.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.endpoint
+    }
+
+    /// Sends `request` to `addr` and waits at most `timeout` (dialing included) for the
+    /// response. Uses the cached connection; a closed one is replaced first. When the cached
+    /// connection turns out to be stale during the call (no stream could be opened, or the
+    /// peer answered with a stateless reset because it restarted), the request cannot have
+    /// reached a live handler there, so it is sent once more on a fresh connection. Any other
+    /// connection loss drops the cached connection and returns [`TransportError::Closed`]
+    /// without retrying, since the request may have been handled.
+    pub async fn call(
+        &self,
+        addr: SocketAddr,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        if request.len() > MAX_FRAME_LEN {
+            return Err(TransportError::Protocol(format!(
+                "request of {} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit",
+                request.len()
+            )));
+        }
+        tokio::time::timeout(timeout, self.call_with_retry(addr, &request))
+            .await
+            .unwrap_or(Err(TransportError::Timeout {
+                addr,
+                after: timeout,
+            }))
+    }
+
+    /// [`RpcClient::call`] with postcard-encoded request and response.
+    pub async fn call_typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        addr: SocketAddr,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, TransportError> {
+        let request = postcard::to_allocvec(request)
+            .map_err(|e| TransportError::Protocol(format!("encoding the request: {e}")))?;
+        let response = self.call(addr, request, timeout).await?;
+        postcard::from_bytes(&response)
+            .map_err(|e| TransportError::Protocol(format!("decoding the response: {e}")))
+    }
+
+    /// Closes and forgets the connection to `addr` (e.g. a server that left the cluster).
+    pub async fn disconnect(&self, addr: SocketAddr) {
+        let slot = self.pool().remove(&addr);
+        if let Some(slot) = slot
+            && let Some(connection) = slot.lock().await.take()
+        {
+            connection.close(CLOSE_DISCONNECT, b"disconnect");
+        }
+    }
+
+    fn pool(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Slot>> {
+        self.inner
+            .pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn call_with_retry(
+        &self,
+        addr: SocketAddr,
+        request: &[u8],
+    ) -> Result<Vec<u8>, TransportError> {
+        let (connection, reused) = self.connection(addr).await?;
+        let failure = match exchange(&connection, request).await {
+            Ok(response) => return Ok(response),
+            Err(failure) => failure,
+        };
+        if matches!(failure, Failure::Protocol(_) | Failure::PeerShutdown) {
+            return Err(failure.into_error(addr));
+        }
+        self.forget(addr, &connection).await;
+        if !(reused && failure.is_stale()) {
+            return Err(failure.into_error(addr));
+        }
+        tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
+        let (connection, _) = self.connection(addr).await?;
+        match exchange(&connection, request).await {
+            Ok(response) => Ok(response),
+            Err(failure) => {
+                if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
+                    self.forget(addr, &connection).await;
+                }
+                Err(failure.into_error(addr))
+            }
+        }
+    }
+
+    /// The cached connection to `addr` if it is still open, else a new one. The flag says
+    /// whether it was cached.
+    async fn connection(&self, addr: SocketAddr) -> Result<(Connection, bool), TransportError> {
+        let slot = Arc::clone(self.pool().entry(addr).or_default());
+        let mut cached = slot.lock().await;
+        if let Some(connection) = cached.as_ref() {
+            if connection.close_reason().is_none() {
+                return Ok((connection.clone(), true));
+            }
+            tracing::debug!(%addr, "dropping closed RPC connection");
+        }
+        *cached = None;
+        let unreachable = |reason: String| TransportError::Unreachable { addr, reason };
+        let connecting = self
+            .inner
+            .endpoint
+            .connect(addr, &self.inner.server_name)
+            .map_err(|e| unreachable(e.to_string()))?;
+        let connection = connecting.await.map_err(|e| unreachable(e.to_string()))?;
+        *cached = Some(connection.clone());
+        Ok((connection, false))
+    }
+
+    /// Drops `connection` from the pool unless it was already replaced.
+    async fn forget(&self, addr: SocketAddr, connection: &Connection) {
+        let slot = self.pool().get(&addr).cloned();
+        if let Some(slot) = slot {
+            let mut cached = slot.lock().await;
+            if cached
+                .as_ref()
+                .is_some_and(|c| c.stable_id() == connection.stable_id())
+            {
+                *cached = None;
+            }
+        }
+    }
+}
+
+/// How one exchange failed; decides whether to retry and what the caller sees.
+#[derive(Debug)]
+enum Failure {
+    /// No stream could be opened: the request never left this node.
+    Open(ConnectionError),
+    /// The connection died once the request may have been sent.
+    Lost(ConnectionError),
+    /// The peer shut down while handling the request.
+    PeerShutdown,
+    /// The peer or the bytes broke the protocol.
+    Protocol(String),
+}
+
+impl Failure {
+    /// True when the request cannot have reached a live handler over this connection.
+    fn is_stale(&self) -> bool {
+        match self {
+            Failure::Open(_) => true,
+            Failure::Lost(error) => matches!(error, ConnectionError::Reset),
+            Failure::PeerShutdown | Failure::Protocol(_) => false,
+        }
+    }
+
+    fn into_error(self, addr: SocketAddr) -> TransportError {
+        match self {
+            Failure::Open(error) | Failure::Lost(error) if is_tls_rejection(&error) => {
+                TransportError::Unreachable {
+                    addr,
+                    reason: format!("TLS handshake rejected: {error}"),
+                }
+            }
+            Failure::Open(error) | Failure::Lost(error) => TransportError::Closed {
+                addr,
+                reason: error.to_string(),
+            },
+            Failure::PeerShutdown => TransportError::Closed {
+                addr,
+                reason: "the peer shut down while handling the request".to_owned(),
+            },
+            Failure::Protocol(reason) => TransportError::Protocol(reason),
+        }
+    }
+}
+
+/// True when the connection ended with a TLS alert (QUIC crypto error codes 0x100-0x1ff),
+/// e.g. the server refused our certificate right after our side finished the handshake.
+fn is_tls_rejection(error: &ConnectionError) -> bool {
+    let code = match error {
+        ConnectionError::ConnectionClosed(close) => close.error_code,
+        ConnectionError::TransportError(error) => error.code,
+        _ => return false,
+    };
+    (0x100..0x200).contains(&u64::from(code))
+}
+
+/// One request/response exchange on the dialing side.
+async fn exchange(connection: &Connection, request: &[u8]) -> Result<Vec<u8>, Failure> {
+    let (mut send, mut recv) = connection.open_bi().await.map_err(Failure::Open)?;
+    write_frame(&mut send, request).await?;
+    send.finish()
+        .map_err(|_| Failure::Protocol("request stream closed before it was finished".into()))?;
+    read_frame(&mut recv).await
+}
+
+fn encode_header(len: usize) -> Result<[u8; HEADER_LEN], String> {
+    if len > MAX_FRAME_LEN {
+        return Err(format!(
+            "frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte limit"
+        ));
+    }
+    let len = u32::try_from(len).map_err(|_| format!("frame of {len} bytes is too large"))?;
+    let mut header = [0; HEADER_LEN];
+    header[0] = FRAME_VERSION;
+    header[1..].copy_from_slice(&len.to_be_bytes());
+    Ok(header)
+}
+
+/// The payload length announced by `header`, checked against the version and the limit
+/// before anything is allocated.
+fn decode_header(header: [u8; HEADER_LEN]) -> Result<usize, String> {
+    let [version, len @ ..] = header;
+    if version != FRAME_VERSION {
+        return Err(format!(
+            "unsupported frame version {version} (this node speaks version {FRAME_VERSION})"
+        ));
+    }
+    let len = usize::try_from(u32::from_be_bytes(len)).unwrap_or(usize::MAX);
+    if len > MAX_FRAME_LEN {
+        return Err(format!(
+            "frame of {len} bytes exceeds the {MAX_FRAME_LEN}-byte limit"
+        ));
+    }
+    Ok(len)
+}
+
+async fn write_frame(send: &mut SendStream, payload: &[u8]) -> Result<(), Failure> {
+    let header = encode_header(payload.len()).map_err(Failure::Protocol)?;
+    send.write_all(&header).await.map_err(write_failure)?;
+    send.write_all(payload).await.map_err(write_failure)
+}
+
+async fn read_frame(recv: &mut RecvStream) -> Result<Vec<u8>, Failure> {
+    let mut header = [0; HEADER_LEN];
+    recv.read_exact(&mut header).await.map_err(read_failure)?;
+    let len = decode_header(header).map_err(Failure::Protocol)?;
+    let mut payload = vec![0; len];
+    recv.read_exact(&mut payload).await.map_err(read_failure)?;
+    Ok(payload)
+}
+
+fn write_failure(error: quinn::WriteError) -> Failure {
+    match error {
+        quinn::WriteError::ConnectionLost(error) => Failure::Lost(error),
+        quinn::WriteError::Stopped(code) => Failure::Protocol(stream_code_reason(code)),
+        other => Failure::Protocol(format!("writing the frame: {other}")),
+    }
+}
+
+fn read_failure(error: quinn::ReadExactError) -> Failure {
+    match error {
+        quinn::ReadExactError::FinishedEarly(read) => Failure::Protocol(format!(
+            "stream ended after {read} bytes, before the frame was complete"
+        )),
+        quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(error)) => {
+            Failure::Lost(error)
+        }
+        quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code))
+            if code == STREAM_SHUTTING_DOWN =>
+        {
+            Failure::PeerShutdown
+        }
+        quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)) => {
+            Failure::Protocol(stream_code_reason(code))
+        }
+        quinn::ReadExactError::ReadError(other) => {
+            Failure::Protocol(format!("reading the frame: {other}"))
+        }
+    }
+}
+
+/// What the peer meant by resetting or stopping a stream.
+fn stream_code_reason(code: VarInt) -> String {
+    if code == STREAM_BAD_REQUEST {
+        "the peer rejected the request frame".to_owned()
+    } else if code == STREAM_RESPONSE_TOO_LARGE {
+        "the peer's response exceeds the frame limit".to_owned()
+    } else {
+        format!("the peer aborted the stream (code {code})")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::FutureExt as _;
+
+    use super::*;
+    use crate::tls::CertificateAuthority;
+
+    const TIMEOUT: Duration = Duration::from_secs(10);
+    const LOCALHOST: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+    /// Answers `<role>:<request>` and counts calls.
+    #[derive(Default)]
+    struct Echo {
+        calls: AtomicUsize,
+    }
+
+    impl RpcHandler for Echo {
+        fn handle(&self, peer: Role, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let mut response = format!("{peer}:").into_bytes();
+            response.extend(request);
+            async move { response }.boxed()
+        }
+    }
+
+    struct TestServer {
+        addr: SocketAddr,
+        handler: Arc<Echo>,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    }
+
+    impl TestServer {
+        fn start(bind: SocketAddr, tls: &TlsMaterial) -> TestServer {
+            TestServer::try_start(bind, tls).unwrap()
+        }
+
+        fn try_start(bind: SocketAddr, tls: &TlsMaterial) -> Result<TestServer, EndpointError> {
+            let endpoint = server_endpoint(bind, tls)?;
+            let addr = endpoint.local_addr().unwrap();
+            let handler = Arc::new(Echo::default());
+            let shutdown = CancellationToken::new();
+            let tasks = TaskTracker::new();
+            serve(endpoint, handler.clone(), shutdown.clone(), tasks.clone());
+            Ok(TestServer {
+                addr,
+                handler,
+                shutdown,
+                tasks,
+            })
+        }
+
+        fn calls(&self) -> usize {
+            self.handler.calls.load(Ordering::SeqCst)
+        }
+
+        async fn stop(self) {
+            self.shutdown.cancel();
+            self.tasks.close();
+            tokio::time::timeout(TIMEOUT, self.tasks.wait())
+                .await
+                .expect("server tasks stop on shutdown");
+        }
+    }
+
+    fn client(tls: &TlsMaterial) -> RpcClient {
+        RpcClient::new(client_endpoint(tls).unwrap(), tls.server_name())
+    }
+
+    /// A server certificate and a client certificate from one fresh CA.
+    fn cluster() -> (TlsMaterial, TlsMaterial) {
+        let ca = CertificateAuthority::generate("vigil").unwrap();
+        (
+            ca.issue(Role::Server, "dc1", "vigil", None).unwrap(),
+            ca.issue(Role::Client, "dc1", "vigil", None).unwrap(),
+        )
+    }
+
+    #[tokio::test]
+    async fn round_trip_reports_the_callers_role() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+
+        // A client agent is seen as a client...
+        let agent = client(&client_tls);
+        let response = agent.call(server.addr, b"ping".to_vec(), TIMEOUT).await;
+        assert_eq!(response.unwrap(), b"client:ping");
+
+        // ...a server dialing from its own endpoint as a server.
+        let peer_endpoint = server_endpoint(LOCALHOST, &server_tls).unwrap();
+        let peer_client = RpcClient::new(peer_endpoint, server_tls.server_name());
+        let response = peer_client
+            .call(server.addr, b"vote".to_vec(), TIMEOUT)
+            .await;
+        assert_eq!(response.unwrap(), b"server:vote");
+
+        // Empty payloads are fine, and typed calls go through postcard.
+        let response = agent.call(server.addr, Vec::new(), TIMEOUT).await;
+        assert_eq!(response.unwrap(), b"client:");
+        // The echo answers b"client:" + postcard("hello"), which decodes as a 7-byte array
+        // followed by the string.
+        let (role, text): ([u8; 7], String) = agent
+            .call_typed(server.addr, &"hello", TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!((&role, text.as_str()), (b"client:", "hello"));
+        // Decoding the same answer as a bare string fails as a protocol error.
+        let typed: Result<String, _> = agent.call_typed(server.addr, &"hello", TIMEOUT).await;
+        assert!(
+            matches!(typed, Err(TransportError::Protocol(_))),
+            "{typed:?}"
+        );
+        assert_eq!(server.calls(), 5);
+
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn two_hundred_concurrent_calls_share_one_connection() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let agent = client(&client_tls);
+
+        let calls = (0..200u32).map(|i| {
+            let agent = agent.clone();
+            async move {
+                let request = i.to_be_bytes().to_vec();
+                let response = agent.call(server.addr, request.clone(), TIMEOUT).await;
+                assert_eq!(response.unwrap()[b"client:".len()..], request[..]);
+            }
+        });
+        futures::future::join_all(calls).await;
+
+        assert_eq!(server.calls(), 200);
+        assert_eq!(agent.endpoint().stats().outgoing_handshakes, 1);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn disconnect_drops_the_cached_connection() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let agent = client(&client_tls);
+        assert!(
+            agent
+                .call(server.addr, b"a".to_vec(), TIMEOUT)
+                .await
+                .is_ok()
+        );
+        agent.disconnect(server.addr).await;
+        assert!(
+            agent
+                .call(server.addr, b"b".to_vec(), TIMEOUT)
+                .await
+                .is_ok()
+        );
+        assert_eq!(agent.endpoint().stats().outgoing_handshakes, 2);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn reconnects_after_the_server_restarts_on_the_same_port() {
+        let (server_tls, client_tls) = cluster();
+        let agent = client(&client_tls);
+
+        // Phase 1: a working connection is cached.
+        let first = TestServer::start(LOCALHOST, &server_tls);
+        let addr = first.addr;
+        assert!(agent.call(addr, b"a".to_vec(), TIMEOUT).await.is_ok());
+
+        // Phase 2: the server stops (closing its connections) and a new one takes the port;
+        // the next call notices the closed connection and redials.
+        first.stop().await;
+        let second = TestServer::start(addr, &server_tls);
+        let response = agent.call(addr, b"b".to_vec(), TIMEOUT).await;
+        assert_eq!(response.unwrap(), b"client:b");
+        assert_eq!(second.calls(), 1);
+        assert_eq!(agent.endpoint().stats().outgoing_handshakes, 2);
+        second.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_crashed_and_restarted_server_resets_the_stale_connection() {
+        let (server_tls, client_tls) = cluster();
+        let agent = client(&client_tls);
+
+        // Phase 1: the server runs on its own runtime so it can vanish without a close frame.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let tls = server_tls.clone();
+        let addr = runtime
+            .spawn(async move { TestServer::start(LOCALHOST, &tls).addr })
+            .await
+            .unwrap();
+        assert!(agent.call(addr, b"a".to_vec(), TIMEOUT).await.is_ok());
+
+        // Phase 2: crash. No close frame is sent; the client still holds the old connection.
+        runtime.shutdown_background();
+        let second = {
+            // The crashed runtime frees the socket in the background.
+            let deadline = tokio::time::Instant::now() + TIMEOUT;
+            loop {
+                match TestServer::try_start(addr, &server_tls) {
+                    Ok(server) => break server,
+                    Err(_) if tokio::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => panic!("port {addr} never freed: {e}"),
+                }
+            }
+        };
+
+        // Phase 3: the restarted server (same key, so same reset key) resets the stale
+        // connection, and the same call succeeds on a fresh one, long before the idle timeout.
+        let started = tokio::time::Instant::now();
+        let response = agent.call(addr, b"b".to_vec(), TIMEOUT).await;
+        assert_eq!(response.unwrap(), b"client:b");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(second.calls(), 1);
+        second.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_from_another_ca_is_refused() {
+        let (server_tls, _) = cluster();
+        let (_, foreign_client) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+
+        let intruder = client(&foreign_client);
+        let error = intruder
+            .call(server.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, TransportError::Unreachable { .. }),
+            "{error:?}"
+        );
+        // The retry path does not change the answer, and the handler never ran.
+        let error = intruder
+            .call(server.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, TransportError::Unreachable { .. }),
+            "{error:?}"
+        );
+        assert_eq!(server.calls(), 0);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_server_from_another_ca_is_refused_by_the_client() {
+        let (_, client_tls) = cluster();
+        let (foreign_server, _) = cluster();
+        let server = TestServer::start(LOCALHOST, &foreign_server);
+
+        let error = client(&client_tls)
+            .call(server.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, TransportError::Unreachable { .. }),
+            "{error:?}"
+        );
+        assert_eq!(server.calls(), 0);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_client_certificate_cannot_pose_as_a_server() {
+        // Same CA, but the listener holds a client certificate: it lacks server.dc1.vigil.
+        let (_, client_tls) = cluster();
+        let impostor = TestServer::start(LOCALHOST, &client_tls);
+        let error = client(&client_tls)
+            .call(impostor.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(error, TransportError::Unreachable { .. }),
+            "{error:?}"
+        );
+        assert_eq!(impostor.calls(), 0);
+        impostor.stop().await;
+    }
+
+    #[tokio::test]
+    async fn nothing_listening_is_unreachable_or_times_out() {
+        let (_, client_tls) = cluster();
+        // Bind and drop to get a port with (very likely) nobody behind it.
+        let addr = UdpSocket::bind(LOCALHOST).unwrap().local_addr().unwrap();
+        let error = client(&client_tls)
+            .call(addr, b"x".to_vec(), Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                error,
+                TransportError::Unreachable { .. } | TransportError::Timeout { .. }
+            ),
+            "{error:?}"
+        );
+    }
+
+    #[test]
+    fn frame_headers_check_version_and_size() {
+        let header = encode_header(5).unwrap();
+        assert_eq!(header, [1, 0, 0, 0, 5]);
+        assert_eq!(decode_header(header), Ok(5));
+
+        let error = decode_header([2, 0, 0, 0, 5]).unwrap_err();
+        assert!(error.contains("unsupported frame version 2"), "{error}");
+
+        let too_big = u32::try_from(MAX_FRAME_LEN + 1).unwrap().to_be_bytes();
+        let error = decode_header([1, too_big[0], too_big[1], too_big[2], too_big[3]]).unwrap_err();
+        assert!(error.contains("exceeds"), "{error}");
+        assert!(encode_header(MAX_FRAME_LEN + 1).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_frame_with_a_bad_version_is_rejected_before_the_handler() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let endpoint = client_endpoint(&client_tls).unwrap();
+        let connection = endpoint
+            .connect(server.addr, client_tls.server_name())
+            .unwrap()
+            .await
+            .unwrap();
+
+        // Version 2 of a 3-byte payload: the server resets the stream.
+        let (mut send, mut recv) = connection.open_bi().await.unwrap();
+        send.write_all(&[2, 0, 0, 0, 3, b'a', b'b', b'c'])
+            .await
+            .unwrap();
+        send.finish().unwrap();
+        let failure = read_frame(&mut recv).await.unwrap_err();
+        let error = failure.into_error(server.addr);
+        assert_eq!(
+            error,
+            TransportError::Protocol("the peer rejected the request frame".to_owned())
+        );
+
+        // An oversized announcement is rejected the same way, before any allocation.
+        let (mut send, mut recv) = connection.open_bi().await.unwrap();
+        send.write_all(&[1, 0xff, 0xff, 0xff, 0xff]).await.unwrap();
+        let failure = read_frame(&mut recv).await.unwrap_err();
+        assert!(matches!(failure, Failure::Protocol(_)), "{failure:?}");
+
+        // The connection survives for well-formed requests.
+        assert_eq!(server.calls(), 0);
+        let agent = RpcClient::new(endpoint, client_tls.server_name());
+        let response = agent.call(server.addr, b"ok".to_vec(), TIMEOUT).await;
+        assert_eq!(response.unwrap(), b"client:ok");
+        assert_eq!(server.calls(), 1);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn oversized_requests_fail_locally() {
+        let (_, client_tls) = cluster();
+        let error = client(&client_tls)
+            .call(LOCALHOST, vec![0; MAX_FRAME_LEN + 1], TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(matches!(error, TransportError::Protocol(_)), "{error:?}");
+    }
+
+    #[tokio::test]
+    async fn shutdown_stops_in_flight_handlers_and_closes_connections() {
+        /// Never answers; says when it has been called.
+        struct Stuck(Arc<tokio::sync::Notify>);
+        impl RpcHandler for Stuck {
+            fn handle(&self, _: Role, _: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+                self.0.notify_one();
+                futures::future::pending().boxed()
+            }
+        }
+        let (server_tls, client_tls) = cluster();
+        let endpoint = server_endpoint(LOCALHOST, &server_tls).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let tasks = TaskTracker::new();
+        let called = Arc::new(tokio::sync::Notify::new());
+        serve(
+            endpoint,
+            Arc::new(Stuck(called.clone())),
+            shutdown.clone(),
+            tasks.clone(),
+        );
+
+        // A call blocks in the handler until the server shuts down; then it fails promptly.
+        let agent = client(&client_tls);
+        let call = tokio::spawn(async move { agent.call(addr, b"x".to_vec(), TIMEOUT).await });
+        tokio::time::timeout(TIMEOUT, called.notified())
+            .await
+            .unwrap();
+        shutdown.cancel();
+        tasks.close();
+        tokio::time::timeout(TIMEOUT, tasks.wait()).await.unwrap();
+        let error = call.await.unwrap().unwrap_err();
+        assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
+    }
+}
