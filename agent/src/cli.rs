@@ -1,12 +1,13 @@
 //! The command line: `vigil agent --dev` and its flags, turned into an [`AgentConfig`].
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use vigil_shared::duration::parse_go_duration;
 
-use crate::AgentConfig;
+use crate::{AgentConfig, AgentMode, TlsSource};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,9 +30,31 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
-    /// Single node with the server role, everything in memory.
-    #[arg(long, required = true)]
+    /// Single node with the server role, everything in memory, throwaway certificates.
+    #[arg(long, conflicts_with_all = ["server", "data_dir", "bootstrap_expect", "join"])]
     pub dev: bool,
+    /// Run the server role (a member of the raft server set).
+    #[arg(long, requires_all = ["data_dir", "bootstrap_expect"])]
+    pub server: bool,
+    /// Number of servers to wait for before bootstrapping the cluster (1, 3 or 5).
+    #[arg(long, value_parser = parse_bootstrap_expect)]
+    pub bootstrap_expect: Option<usize>,
+    /// Directory for the raft log, snapshots and this server's ID.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// RPC address of a server to form a cluster with (servers) or to forward to (clients);
+    /// repeatable.
+    #[arg(long = "join")]
+    pub join: Vec<SocketAddr>,
+    /// CA certificate (PEM) that signs every agent's certificate.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// This agent's certificate (PEM), from `vigil tls cert create`.
+    #[arg(long)]
+    pub cert_file: Option<PathBuf>,
+    /// This agent's private key (PEM).
+    #[arg(long)]
+    pub key_file: Option<PathBuf>,
     /// Node name (default: the hostname).
     #[arg(long)]
     pub node: Option<String>,
@@ -52,6 +75,13 @@ pub struct AgentArgs {
     pub session_ttl_min: Duration,
 }
 
+fn parse_bootstrap_expect(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ (1 | 3 | 5)) => Ok(n),
+        _ => Err(format!("must be 1, 3 or 5, not {s:?}")),
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s).map_err(|e| e.to_string())
 }
@@ -66,12 +96,45 @@ fn hostname() -> String {
 }
 
 impl AgentArgs {
-    pub fn config(&self) -> AgentConfig {
-        AgentConfig {
+    /// Checks the flag combination and builds the agent's configuration.
+    pub fn config(&self) -> anyhow::Result<AgentConfig> {
+        let mode = if self.dev {
+            AgentMode::Dev
+        } else if self.server {
+            AgentMode::Server {
+                data_dir: self.data_dir.clone().expect("clap requires --data-dir"),
+                bootstrap_expect: self
+                    .bootstrap_expect
+                    .expect("clap requires --bootstrap-expect"),
+                join: self.join.clone(),
+            }
+        } else if self.join.is_empty() {
+            anyhow::bail!(
+                "a client agent needs at least one --join (a server's RPC address), or use --dev or --server"
+            );
+        } else {
+            AgentMode::Client {
+                servers: self.join.clone(),
+            }
+        };
+        let tls = match (&self.ca_file, &self.cert_file, &self.key_file) {
+            (Some(ca), Some(cert), Some(key)) => TlsSource::Files {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            },
+            (None, None, None) if self.dev => TlsSource::Throwaway,
+            _ => anyhow::bail!(
+                "--ca-file, --cert-file and --key-file are required together (only --dev generates throwaway certificates)"
+            ),
+        };
+        Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
+            mode,
+            tls,
             session_ttl_min: self.session_ttl_min,
-        }
+        })
     }
 }

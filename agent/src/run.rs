@@ -21,7 +21,7 @@ fn init_logging(level: &str, json: bool) {
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     init_logging(&args.log_level, args.log_json);
-    let config = args.config();
+    let config = args.config()?;
     let shutdown = CancellationToken::new();
     let handle = crate::start(config.clone(), shutdown.clone()).await?;
     // One stable line on stdout that scripts and tests read for the bound addresses.

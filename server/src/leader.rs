@@ -1,6 +1,6 @@
 //! Leader duties, run only while this server leads: session TTL timers (TTL × 2, reset on renew
-//! without a raft write, re-armed at full length when leadership is gained), registering this
-//! node with a passing `serfHealth`, and reaping old tombstones and spent lock-delays.
+//! without a raft write, re-armed at full length when leadership is gained) and reaping old
+//! tombstones and spent lock-delays.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,9 +13,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::time::{DelayQueue, delay_queue};
 use vigil_shared::SESSION_TTL_MULTIPLIER;
-use vigil_shared::catalog::{HealthStatus, SERF_HEALTH};
 use vigil_shared::duration::parse_go_duration;
-use vigil_shared::rpc::{CheckRegistration, Op};
+use vigil_shared::rpc::Op;
 
 use crate::proposer::Proposer;
 use crate::raft::state_store::{SessionEvent, SharedState};
@@ -32,13 +31,6 @@ const INVALIDATE_ATTEMPTS: u32 = 6;
 pub enum DutyInput {
     /// Restart a session's TTL timer at full length.
     Renew { id: String, ttl: Duration },
-}
-
-/// The identity this server registers for itself in the catalog.
-#[derive(Debug, Clone)]
-pub struct SelfNode {
-    pub name: String,
-    pub address: String,
 }
 
 /// One TTL timer per session, armed only on the leader.
@@ -93,7 +85,6 @@ pub fn session_ttl(ttl: &str) -> Option<Duration> {
 pub struct LeaderDuties {
     pub proposer: Proposer,
     pub shared: Arc<SharedState>,
-    pub self_node: SelfNode,
     pub events: mpsc::UnboundedReceiver<SessionEvent>,
     pub inputs: mpsc::UnboundedReceiver<DutyInput>,
     pub shutdown: CancellationToken,
@@ -162,7 +153,7 @@ impl LeaderDuties {
         }
     }
 
-    /// Re-arms every TTL session at full length and registers this node. The barrier makes
+    /// Re-arms every TTL session at full length. The barrier makes
     /// sure the state read is everything the previous leader committed.
     async fn gain_leadership(&mut self, timers: &mut SessionTimers) {
         if let Err(e) = self.proposer.raft().ensure_linearizable().await {
@@ -185,50 +176,6 @@ impl LeaderDuties {
             sessions = ttls.len(),
             "gained leadership: session timers armed"
         );
-        self.spawn_register_self();
-    }
-
-    fn spawn_register_self(&self) {
-        let proposer = self.proposer.clone();
-        let shared = Arc::clone(&self.shared);
-        let node = self.self_node.clone();
-        self.tasks.spawn(async move {
-            let (registered, healthy) = {
-                let state = shared.read();
-                let catalog = state.catalog();
-                (
-                    catalog
-                        .node(&node.name)
-                        .is_some_and(|n| n.address == node.address),
-                    catalog
-                        .check(&node.name, SERF_HEALTH)
-                        .is_some_and(|c| c.status == HealthStatus::Passing),
-                )
-            };
-            if !registered {
-                let op = Op::RegisterNode {
-                    name: node.name.clone(),
-                    address: node.address.clone(),
-                };
-                if let Err(e) = proposer.propose(op).await {
-                    tracing::warn!(error = %e, "registering this node failed");
-                    return;
-                }
-            }
-            if !healthy {
-                let op = Op::RegisterCheck(CheckRegistration {
-                    node: node.name.clone(),
-                    check_id: SERF_HEALTH.to_owned(),
-                    name: "Serf Health Status".to_owned(),
-                    status: HealthStatus::Passing,
-                    output: "Agent alive and reachable".to_owned(),
-                    service_id: String::new(),
-                });
-                if let Err(e) = proposer.propose(op).await {
-                    tracing::warn!(error = %e, "registering serfHealth failed");
-                }
-            }
-        });
     }
 
     fn spawn_invalidate(&self, id: String) {

@@ -4,10 +4,11 @@
 pub mod leader;
 pub mod proposer;
 pub mod raft;
+pub mod rpc;
 pub mod server;
 pub mod state;
 pub mod tls;
 pub mod transport;
 pub mod watch;
 
-pub use server::{RaftTiming, Server, ServerConfig, StartError};
+pub use server::{RaftTiming, Server, ServerConfig, ServerMode, StartError};

@@ -41,12 +41,12 @@ impl Proposer {
 }
 
 fn map_write_error(
-    e: RaftError<NodeId, ClientWriteError<NodeId, openraft::BasicNode>>,
+    e: RaftError<NodeId, ClientWriteError<NodeId, crate::raft::Node>>,
 ) -> ServerError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => match f.leader_node {
             Some(node) => ServerError::NotLeader {
-                leader: Some(node.addr),
+                leader: Some(node.rpc_addr),
             },
             None => ServerError::NoLeader,
         },

@@ -1,13 +1,15 @@
-//! A running server: raft, the state machine and leader duties behind one handle that answers
-//! writes, (blocking) reads and session renewals. The agent's HTTP API calls it directly when
-//! the agent runs the server role.
+//! A running server: raft, the state machine, leader duties and the QUIC RPC endpoint behind one
+//! handle. It answers writes, (blocking) reads and renewals locally when it leads (or for stale
+//! reads), and forwards them to the leader otherwise. The agent's HTTP API calls it directly
+//! when the agent runs the server role; other agents reach it over RPC.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use openraft::{BasicNode, ServerState};
+use openraft::{ChangeMembers, ServerState};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -17,13 +19,17 @@ use vigil_shared::rpc::{
 };
 use vigil_shared::session::Session;
 
-use crate::leader::{DutyInput, LeaderDuties, SelfNode, session_ttl};
+use crate::leader::{DutyInput, LeaderDuties, session_ttl};
 use crate::proposer::Proposer;
 use crate::raft::log_store::MemLogStore;
-use crate::raft::network::SoloNetwork;
+use crate::raft::network::QuicNetwork;
+use crate::raft::redb_log::RedbLogStore;
 use crate::raft::state_store::{SharedState, StateStore};
 use crate::raft::{NodeId, Raft};
+use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
 use crate::state::Interest;
+use crate::tls::TlsMaterial;
+use crate::transport::{self, RpcClient, TransportError};
 
 /// Raft timing; `lan()` for real deployments, `local()` for one machine.
 #[derive(Debug, Clone, Copy)]
@@ -44,22 +50,34 @@ impl RaftTiming {
 
     pub fn local() -> RaftTiming {
         RaftTiming {
-            heartbeat_ms: 50,
-            election_min_ms: 300,
-            election_max_ms: 600,
+            heartbeat_ms: 100,
+            election_min_ms: 500,
+            election_max_ms: 1000,
         }
     }
 }
 
+/// How the server keeps its state and finds its peers.
+#[derive(Debug, Clone)]
+pub enum ServerMode {
+    /// One server, log in memory (`vigil agent --dev`).
+    Dev,
+    /// A member of a 1, 3 or 5 server set with a durable log in `data_dir`.
+    Cluster {
+        data_dir: PathBuf,
+        bootstrap_expect: usize,
+        /// RPC addresses of the other servers to form or join the cluster with.
+        join: Vec<SocketAddr>,
+    },
+}
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub node_id: NodeId,
     pub node_name: String,
     /// The RPC address other servers and agents use; `/v1/status/leader` reports it.
     pub rpc_addr: SocketAddr,
-    /// Smallest session TTL accepted (Consul's `session_ttl_min`, 10 s by default).
-    pub session_ttl_min: Duration,
     pub raft: RaftTiming,
+    pub mode: ServerMode,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,131 +86,258 @@ pub enum StartError {
     Config(#[from] openraft::ConfigError),
     #[error("raft failed to start: {0}")]
     Raft(String),
-    #[error("the server did not become ready within {0:?}")]
+    #[error("data directory: {0}")]
+    DataDir(String),
+    #[error("RPC endpoint: {0}")]
+    Transport(String),
+    #[error("the server did not become leader within {0:?}")]
     NotReady(Duration),
 }
 
-/// How long start-up may take before it is reported as failed.
+/// How long a dev server may take to elect itself.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Snapshot after this many log entries, keeping a tail for slow followers.
 const SNAPSHOT_EVERY: u64 = 10_000;
+/// Time allowed for a forwarded request beyond its own blocking wait.
+const FORWARD_SLACK: Duration = Duration::from_secs(30);
 
 pub struct Server {
+    node_id: NodeId,
     raft: Raft,
     proposer: Proposer,
     shared: Arc<SharedState>,
     config: ServerConfig,
     duties: mpsc::UnboundedSender<DutyInput>,
+    rpc: RpcClient,
+    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
+    last_leader_contact: Mutex<Option<Instant>>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
 
+fn data_dir_error(e: impl std::fmt::Display) -> StartError {
+    StartError::DataDir(e.to_string())
+}
+
+/// This server's raft ID: random on first start, then read back from the data directory.
+fn load_or_create_node_id(dir: &std::path::Path) -> Result<NodeId, StartError> {
+    std::fs::create_dir_all(dir).map_err(data_dir_error)?;
+    let path = dir.join("node-id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .map_err(|e| data_dir_error(format!("{}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let id: NodeId = rand::random::<u64>() >> 1;
+            let tmp = dir.join("node-id.tmp");
+            std::fs::write(&tmp, id.to_string()).map_err(data_dir_error)?;
+            std::fs::rename(&tmp, &path).map_err(data_dir_error)?;
+            Ok(id)
+        }
+        Err(e) => Err(data_dir_error(e)),
+    }
+}
+
 impl Server {
-    /// Starts a single-server cluster with an in-memory log (`vigil agent --dev`) and returns
-    /// once it leads and has registered its own node.
-    pub async fn start_dev(
+    /// Starts the server role on an already-bound RPC socket. A dev server returns once it leads;
+    /// a cluster server returns once it serves RPC, and forms or joins its cluster in the
+    /// background.
+    pub async fn start(
         config: ServerConfig,
+        tls: &TlsMaterial,
+        rpc_socket: std::net::UdpSocket,
         shutdown: CancellationToken,
     ) -> Result<Arc<Server>, StartError> {
-        let raft_config = openraft::Config {
-            cluster_name: "vigil".to_owned(),
-            heartbeat_interval: config.raft.heartbeat_ms,
-            election_timeout_min: config.raft.election_min_ms,
-            election_timeout_max: config.raft.election_max_ms,
-            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
-            max_in_snapshot_log_to_keep: 1000,
-            ..Default::default()
-        }
-        .validate()?;
+        let raft_config = Arc::new(
+            openraft::Config {
+                cluster_name: "vigil".to_owned(),
+                heartbeat_interval: config.raft.heartbeat_ms,
+                election_timeout_min: config.raft.election_min_ms,
+                election_timeout_max: config.raft.election_max_ms,
+                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+                max_in_snapshot_log_to_keep: 1000,
+                ..Default::default()
+            }
+            .validate()?,
+        );
+        let endpoint = transport::server_endpoint_from_socket(rpc_socket, tls)
+            .map_err(|e| StartError::Transport(e.to_string()))?;
+        let rpc = RpcClient::new(endpoint.clone(), tls.server_name());
+        let network = QuicNetwork { rpc: rpc.clone() };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let shared = SharedState::new(events_tx);
-        let raft = Raft::new(
-            config.node_id,
-            Arc::new(raft_config),
-            SoloNetwork,
-            MemLogStore::default(),
-            StateStore::new(Arc::clone(&shared)),
-        )
-        .await
-        .map_err(|e| StartError::Raft(e.to_string()))?;
-        let members =
-            BTreeMap::from([(config.node_id, BasicNode::new(config.rpc_addr.to_string()))]);
-        if let Err(e) = raft.initialize(members).await {
-            tracing::debug!(error = %e, "raft already initialized");
-        }
+        let (node_id, raft) = match &config.mode {
+            ServerMode::Dev => {
+                let raft = Raft::new(
+                    1,
+                    raft_config,
+                    network,
+                    MemLogStore::default(),
+                    StateStore::new(Arc::clone(&shared)),
+                )
+                .await;
+                (1, raft)
+            }
+            ServerMode::Cluster { data_dir, .. } => {
+                let node_id = load_or_create_node_id(data_dir)?;
+                let log =
+                    RedbLogStore::open(&data_dir.join("raft.redb")).map_err(data_dir_error)?;
+                let state =
+                    StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
+                let raft = Raft::new(node_id, raft_config, network, log, state).await;
+                (node_id, raft)
+            }
+        };
+        let raft = raft.map_err(|e| StartError::Raft(e.to_string()))?;
 
         let tasks = TaskTracker::new();
         let (duties_tx, duties_rx) = mpsc::unbounded_channel();
         let proposer = Proposer::new(raft.clone());
-        let duties = LeaderDuties {
-            proposer: proposer.clone(),
-            shared: Arc::clone(&shared),
-            self_node: SelfNode {
-                name: config.node_name.clone(),
-                address: config.rpc_addr.ip().to_string(),
-            },
-            events: events_rx,
-            inputs: duties_rx,
-            shutdown: shutdown.clone(),
-            tasks: tasks.clone(),
-        };
-        tasks.spawn(duties.run());
+        tasks.spawn(
+            LeaderDuties {
+                proposer: proposer.clone(),
+                shared: Arc::clone(&shared),
+                events: events_rx,
+                inputs: duties_rx,
+                shutdown: shutdown.clone(),
+                tasks: tasks.clone(),
+            }
+            .run(),
+        );
 
         let server = Arc::new(Server {
+            node_id,
             raft,
             proposer,
             shared,
             config,
             duties: duties_tx,
+            rpc,
+            last_leader_contact: Mutex::new(None),
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+        });
+        transport::serve(
+            endpoint,
+            Arc::new(RpcService(Arc::clone(&server))),
             shutdown,
             tasks,
-        });
-        server.wait_ready().await?;
-        Ok(server)
-    }
+        );
 
-    /// Waits until this node is registered in the catalog with its `serfHealth` check, so a
-    /// default session can be created as soon as start-up returns.
-    async fn wait_ready(&self) -> Result<(), StartError> {
-        let deadline = Instant::now() + READY_TIMEOUT;
-        let mut applied = self.shared.applied_receiver();
-        loop {
-            let ready = {
-                let state = self.shared.read();
-                state
-                    .catalog()
-                    .check(&self.config.node_name, vigil_shared::catalog::SERF_HEALTH)
-                    .is_some()
-            };
-            if ready {
-                return Ok(());
-            }
-            tokio::select! {
-                _ = tokio::time::sleep_until(deadline) => return Err(StartError::NotReady(READY_TIMEOUT)),
-                changed = applied.changed() => {
-                    if changed.is_err() {
-                        return Err(StartError::NotReady(READY_TIMEOUT));
-                    }
+        match server.config.mode.clone() {
+            ServerMode::Dev => {
+                let members = BTreeMap::from([(server.node_id, server.self_node())]);
+                if let Err(e) = server.raft.initialize(members).await {
+                    tracing::debug!(error = %e, "raft already initialized");
                 }
+                server
+                    .raft
+                    .wait(Some(READY_TIMEOUT))
+                    .state(ServerState::Leader, "dev server leads")
+                    .await
+                    .map_err(|_| StartError::NotReady(READY_TIMEOUT))?;
+            }
+            ServerMode::Cluster {
+                bootstrap_expect,
+                join,
+                ..
+            } => {
+                let s = Arc::clone(&server);
+                server
+                    .tasks
+                    .spawn(async move { s.form_cluster(bootstrap_expect, join).await });
             }
         }
+        Ok(server)
     }
 
     pub fn config(&self) -> &ServerConfig {
         &self.config
     }
 
-    /// Commits a state change.
-    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
-        self.proposer.propose(op).await
+    pub fn node_id(&self) -> NodeId {
+        self.node_id
     }
 
-    fn meta(&self, index: u64) -> QueryMeta {
-        let metrics = self.raft.metrics().borrow().clone();
-        QueryMeta {
-            index: index.max(1),
-            known_leader: metrics.current_leader.is_some(),
-            last_contact_ms: 0,
+    /// The RPC client sharing this server's QUIC endpoint.
+    pub fn rpc_client(&self) -> RpcClient {
+        self.rpc.clone()
+    }
+
+    fn self_node(&self) -> ServerNode {
+        ServerNode {
+            name: self.config.node_name.clone(),
+            rpc_addr: self.config.rpc_addr.to_string(),
+        }
+    }
+
+    fn is_initialized(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.membership_config
+            .membership()
+            .voter_ids()
+            .next()
+            .is_some()
+    }
+
+    /// Forms a new cluster with `bootstrap_expect` servers found through `join`, or joins the
+    /// existing one they belong to. A server that already has raft state never bootstraps again.
+    /// The member list comes from `join` today; gossip can feed the same loop later.
+    async fn form_cluster(self: Arc<Self>, bootstrap_expect: usize, join: Vec<SocketAddr>) {
+        let me = self.config.rpc_addr;
+        loop {
+            if self.is_initialized() {
+                tracing::info!("raft cluster membership known");
+                return;
+            }
+            let mut known: BTreeMap<NodeId, ServerNode> =
+                BTreeMap::from([(self.node_id, self.self_node())]);
+            let mut existing: Option<SocketAddr> = None;
+            for addr in join.iter().filter(|a| **a != me) {
+                let hello = self
+                    .rpc
+                    .call_typed::<RpcRequest, RpcResponse>(
+                        *addr,
+                        &RpcRequest::Hello,
+                        Duration::from_secs(2),
+                    )
+                    .await;
+                match hello {
+                    Ok(RpcResponse::Hello(info)) if info.initialized => existing = Some(*addr),
+                    Ok(RpcResponse::Hello(info)) => {
+                        known.insert(info.node_id, info.node);
+                    }
+                    Ok(other) => tracing::warn!(%addr, ?other, "unexpected hello answer"),
+                    Err(e) => tracing::debug!(%addr, error = %e, "server not reachable yet"),
+                }
+            }
+            if let Some(addr) = existing {
+                let join = RpcRequest::Join {
+                    node_id: self.node_id,
+                    node: self.self_node(),
+                    forwarded: false,
+                };
+                match self
+                    .rpc
+                    .call_typed::<RpcRequest, RpcResponse>(addr, &join, Duration::from_secs(30))
+                    .await
+                {
+                    Ok(RpcResponse::Join(Ok(()))) => tracing::info!(%addr, "joined the cluster"),
+                    other => tracing::info!(%addr, ?other, "join not accepted yet"),
+                }
+            } else if known.len() >= bootstrap_expect && known.keys().next() == Some(&self.node_id)
+            {
+                tracing::info!(servers = known.len(), "bootstrapping the raft cluster");
+                if let Err(e) = self.raft.initialize(known).await {
+                    tracing::warn!(error = %e, "bootstrap failed");
+                }
+            }
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+            }
         }
     }
 
@@ -200,40 +345,134 @@ impl Server {
         self.raft.metrics().borrow().state == ServerState::Leader
     }
 
-    fn leader_error(&self) -> ServerError {
-        match self.leader_addr() {
-            Some(leader) => ServerError::NotLeader {
-                leader: Some(leader),
-            },
-            None => ServerError::NoLeader,
+    /// The leader's RPC address, if a leader is known.
+    pub fn leader_addr(&self) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let leader = m.current_leader?;
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.rpc_addr.clone())
+    }
+
+    fn leader_socket(&self) -> Result<SocketAddr, ServerError> {
+        self.leader_addr()
+            .and_then(|a| a.parse().ok())
+            .ok_or(ServerError::NoLeader)
+    }
+
+    /// Sends a request to the leader on behalf of a caller.
+    async fn forward(
+        &self,
+        request: RpcRequest,
+        wait: Duration,
+    ) -> Result<RpcResponse, ServerError> {
+        let leader = self.leader_socket()?;
+        self.rpc
+            .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK)
+            .await
+            .map_err(|e| match e {
+                // Never delivered: the caller may safely retry.
+                TransportError::Unreachable { .. } => ServerError::NoLeader,
+                other => ServerError::Raft(format!("forwarding to the leader {leader}: {other}")),
+            })
+    }
+
+    /// Commits a state change, forwarding to the leader from a follower.
+    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
+        self.write_inner(op, false).await
+    }
+
+    async fn write_inner(&self, op: Op, forwarded: bool) -> Result<Response, ServerError> {
+        if self.is_leader() || forwarded {
+            return self.proposer.propose(op).await;
+        }
+        match self
+            .forward(
+                RpcRequest::Write {
+                    op,
+                    forwarded: true,
+                },
+                Duration::ZERO,
+            )
+            .await?
+        {
+            RpcResponse::Write(result) => result,
+            other => Err(unexpected(other)),
+        }
+    }
+
+    fn meta(&self, index: u64) -> QueryMeta {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let last_contact_ms = if m.state == ServerState::Leader {
+            0
+        } else {
+            self.last_leader_contact
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .map_or(0, |t| t.elapsed().as_millis() as u64)
+        };
+        QueryMeta {
+            index: index.max(1),
+            known_leader: m.current_leader.is_some(),
+            last_contact_ms,
         }
     }
 
     /// Answers a read in the requested consistency mode, blocking while the result's index is
-    /// not above `opts.min_index` (up to `opts.wait_ms`).
+    /// not above `opts.min_index` (up to `opts.wait_ms`). Default and consistent reads are
+    /// answered by the leader; stale ones by whichever server is asked.
     pub async fn query(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        self.query_inner(opts, query, false).await
+    }
+
+    async fn query_inner(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+        forwarded: bool,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let local = opts.consistency == Consistency::Stale || self.is_leader() || forwarded;
+        if !local {
+            let wait = Duration::from_millis(opts.wait_ms);
+            let request = RpcRequest::Query {
+                opts,
+                query,
+                forwarded: true,
+            };
+            return match self.forward(request, wait).await? {
+                RpcResponse::Query(result) => result,
+                other => Err(unexpected(other)),
+            };
+        }
         match opts.consistency {
             Consistency::Stale => {}
             Consistency::Default => {
                 if !self.is_leader() {
-                    return Err(self.leader_error());
+                    return Err(ServerError::NoLeader);
                 }
             }
             Consistency::Consistent => {
                 self.raft
                     .ensure_linearizable()
                     .await
-                    .map_err(|_| self.leader_error())?;
+                    .map_err(|_| ServerError::NoLeader)?;
             }
         }
+        Ok(self.local_query(opts, query).await)
+    }
+
+    async fn local_query(&self, opts: QueryOptions, query: ReadQuery) -> (QueryResult, QueryMeta) {
         let interest = Interest::of(&query);
         if opts.min_index == 0 || interest == Interest::None {
             let (result, index) = self.shared.read().query(&query);
-            return Ok((result, self.meta(index)));
+            return (result, self.meta(index));
         }
         let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
         let mut min_index = opts.min_index;
@@ -248,7 +487,7 @@ impl Server {
                 min_index = min_index.max(index);
             }
             if index > min_index || Instant::now() >= deadline {
-                return Ok((result, self.meta(index)));
+                return (result, self.meta(index));
             }
             was_missing = missing;
             tokio::select! {
@@ -256,7 +495,7 @@ impl Server {
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = self.shutdown.cancelled() => {
                     let (result, index) = self.shared.read().query(&query);
-                    return Ok((result, self.meta(index)));
+                    return (result, self.meta(index));
                 }
             }
         }
@@ -264,16 +503,35 @@ impl Server {
 
     /// Renews a session: resets its TTL timer on the leader. No raft write.
     pub async fn renew_session(&self, id: &str) -> Result<Session, ServerError> {
+        self.renew_inner(id.to_owned(), false).await
+    }
+
+    async fn renew_inner(&self, id: String, forwarded: bool) -> Result<Session, ServerError> {
         if !self.is_leader() {
-            return Err(self.leader_error());
+            if forwarded {
+                return Err(ServerError::NoLeader);
+            }
+            return match self
+                .forward(
+                    RpcRequest::Renew {
+                        id,
+                        forwarded: true,
+                    },
+                    Duration::ZERO,
+                )
+                .await?
+            {
+                RpcResponse::Renew(result) => result,
+                other => Err(unexpected(other)),
+            };
         }
         let session = self
             .shared
             .read()
             .sessions()
-            .get(id)
+            .get(&id)
             .cloned()
-            .ok_or_else(|| ServerError::SessionNotFound(id.to_owned()))?;
+            .ok_or_else(|| ServerError::SessionNotFound(id.clone()))?;
         if let Some(ttl) = session_ttl(&session.ttl) {
             self.duties
                 .send(DutyInput::Renew {
@@ -285,25 +543,74 @@ impl Server {
         Ok(session)
     }
 
-    /// The leader's RPC address, if a leader is known.
-    pub fn leader_addr(&self) -> Option<String> {
-        let metrics = self.raft.metrics().borrow().clone();
-        let leader = metrics.current_leader?;
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|n| n.addr.clone())
+    /// Adds a server to the cluster as a voter (leader only; followers forward).
+    async fn join(
+        &self,
+        node_id: NodeId,
+        node: ServerNode,
+        forwarded: bool,
+    ) -> Result<(), ServerError> {
+        if !self.is_leader() {
+            if forwarded {
+                return Err(ServerError::NoLeader);
+            }
+            let request = RpcRequest::Join {
+                node_id,
+                node,
+                forwarded: true,
+            };
+            return match self.forward(request, Duration::ZERO).await? {
+                RpcResponse::Join(result) => result,
+                other => Err(unexpected(other)),
+            };
+        }
+        let is_voter = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            m.membership_config
+                .membership()
+                .voter_ids()
+                .any(|id| id == node_id)
+        };
+        if is_voter {
+            return Ok(());
+        }
+        tracing::info!(node_id, %node, "adding server to the cluster");
+        self.raft
+            .add_learner(node_id, node, true)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        self.raft
+            .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([node_id])), false)
+            .await
+            .map_err(|e| ServerError::Raft(e.to_string()))?;
+        Ok(())
     }
 
-    /// RPC addresses of the raft voters.
-    pub fn peers(&self) -> Vec<String> {
-        let metrics = self.raft.metrics().borrow().clone();
-        let membership = metrics.membership_config.membership();
-        membership
-            .voter_ids()
-            .filter_map(|id| membership.get_node(&id).map(|n| n.addr.clone()))
-            .collect()
+    /// Leader, raft members and the membership's index.
+    pub fn status(&self) -> StatusInfo {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let peers = membership
+            .nodes()
+            .map(|(id, node)| PeerInfo {
+                node_id: *id,
+                node: node.clone(),
+                leader: m.current_leader == Some(*id),
+                voter: voters.contains(id),
+            })
+            .collect();
+        let leader = m
+            .current_leader
+            .and_then(|l| membership.get_node(&l))
+            .map(|n| n.rpc_addr.clone());
+        StatusInfo {
+            leader,
+            peers,
+            config_index: m.membership_config.log_id().map_or(0, |l| l.index),
+        }
     }
 
     /// Raft figures for `/v1/agent/self`.
@@ -314,7 +621,12 @@ impl Server {
             term: m.current_term,
             last_log_index: m.last_log_index.unwrap_or(0),
             applied_index: m.last_applied.map_or(0, |l| l.index),
-            num_peers: self.peers().len().saturating_sub(1),
+            num_peers: m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .count()
+                .saturating_sub(1),
         }
     }
 
@@ -323,7 +635,7 @@ impl Server {
         self.shared.watches.len()
     }
 
-    /// Stops raft and the leader duties and waits for them.
+    /// Stops raft, the RPC endpoint and the leader duties, and waits for them.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         if let Err(e) = self.raft.shutdown().await {
@@ -332,9 +644,85 @@ impl Server {
         self.tasks.close();
         self.tasks.wait().await;
     }
+
+    async fn handle(&self, peer: crate::tls::Role, request: RpcRequest) -> RpcResponse {
+        let raft_message = matches!(
+            request,
+            RpcRequest::AppendEntries(_)
+                | RpcRequest::Vote(_)
+                | RpcRequest::InstallSnapshot(_)
+                | RpcRequest::Join { .. }
+        );
+        if raft_message && peer != crate::tls::Role::Server {
+            return RpcResponse::Refused("raft requests need a server certificate".to_owned());
+        }
+        match request {
+            RpcRequest::Hello => RpcResponse::Hello(HelloInfo {
+                node_id: self.node_id,
+                node: self.self_node(),
+                initialized: self.is_initialized(),
+                leader: self.leader_addr(),
+            }),
+            RpcRequest::AppendEntries(req) => {
+                *self
+                    .last_leader_contact
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+                RpcResponse::AppendEntries(self.raft.append_entries(req).await)
+            }
+            RpcRequest::Vote(req) => RpcResponse::Vote(self.raft.vote(req).await),
+            RpcRequest::InstallSnapshot(req) => {
+                RpcResponse::InstallSnapshot(self.raft.install_snapshot(req).await)
+            }
+            RpcRequest::Write { op, forwarded } => {
+                RpcResponse::Write(self.write_inner(op, forwarded).await)
+            }
+            RpcRequest::Query {
+                opts,
+                query,
+                forwarded,
+            } => RpcResponse::Query(self.query_inner(opts, query, forwarded).await),
+            RpcRequest::Renew { id, forwarded } => {
+                RpcResponse::Renew(self.renew_inner(id, forwarded).await)
+            }
+            RpcRequest::Join {
+                node_id,
+                node,
+                forwarded,
+            } => RpcResponse::Join(self.join(node_id, node, forwarded).await),
+            RpcRequest::Status => RpcResponse::Status(self.status()),
+        }
+    }
 }
 
-/// Figures from raft's metrics, stringly reported as Consul does.
+fn unexpected(response: RpcResponse) -> ServerError {
+    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
+}
+
+/// The RPC endpoint's view of the server.
+struct RpcService(Arc<Server>);
+
+impl transport::RpcHandler for RpcService {
+    fn handle(
+        &self,
+        peer: crate::tls::Role,
+        request: Vec<u8>,
+    ) -> futures::future::BoxFuture<'static, Vec<u8>> {
+        let server = Arc::clone(&self.0);
+        Box::pin(async move {
+            let response = match postcard::from_bytes::<RpcRequest>(&request) {
+                Ok(request) => server.handle(peer, request).await,
+                Err(e) => RpcResponse::Refused(format!("undecodable request: {e}")),
+            };
+            postcard::to_allocvec(&response).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding an RPC response");
+                Vec::new()
+            })
+        })
+    }
+}
+
+/// Figures from raft's metrics, reported as strings the way Consul does.
 #[derive(Debug, Clone)]
 pub struct RaftStats {
     pub state: String,

@@ -168,4 +168,7 @@ pub enum ServerError {
     ShuttingDown,
     #[error("raft: {0}")]
     Raft(String),
+    /// No server answered (a client agent's whole server list failed).
+    #[error("No known Consul servers")]
+    NoServers,
 }

@@ -5,23 +5,39 @@ use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::json as json_value;
 
+use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json};
+use crate::backend::Backend;
 
-pub async fn agent_self(State(state): State<AppState>, OriginalUri(uri): OriginalUri) -> Response {
+pub async fn agent_self(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let server = &state.server;
-    let config = server.config();
-    let leader_addr = server.leader_addr().unwrap_or_default();
-    let raft = server.raft_stats();
-    let rpc = config.rpc_addr;
+    let status = state.backend.status().await?;
+    let leader_addr = status.leader.unwrap_or_default();
+    let rpc = state.rpc_addr;
+    let is_server = matches!(*state.backend, Backend::Local(_));
+    let raft = match &*state.backend {
+        Backend::Local(server) => {
+            let r = server.raft_stats();
+            json_value!({
+                "state": r.state,
+                "term": r.term.to_string(),
+                "last_log_index": r.last_log_index.to_string(),
+                "applied_index": r.applied_index.to_string(),
+                "num_peers": r.num_peers.to_string(),
+            })
+        }
+        Backend::Remote(_) => json_value!({}),
+    };
     let body = json_value!({
         "Config": {
             "Datacenter": crate::DATACENTER,
             "PrimaryDatacenter": crate::DATACENTER,
             "NodeName": state.node_name,
-            "NodeID": format!("{:016x}", config.node_id),
-            "Server": true,
+            "Server": is_server,
             "Revision": "",
             "Version": env!("CARGO_PKG_VERSION"),
         },
@@ -30,10 +46,9 @@ pub async fn agent_self(State(state): State<AppState>, OriginalUri(uri): Origina
             "Addr": rpc.ip().to_string(),
             "Port": rpc.port(),
             "Tags": {
-                "role": "consul",
+                "role": if is_server { "consul" } else { "node" },
                 "dc": crate::DATACENTER,
                 "port": rpc.port().to_string(),
-                "bootstrap": "1",
                 "vsn": "2",
                 "build": env!("CARGO_PKG_VERSION"),
             },
@@ -44,21 +59,15 @@ pub async fn agent_self(State(state): State<AppState>, OriginalUri(uri): Origina
                 "http_addr": state.http_addr.to_string(),
             },
             "consul": {
-                "server": "true",
-                "leader": (leader_addr == rpc.to_string()).to_string(),
+                "server": is_server.to_string(),
+                "leader": (is_server && leader_addr == rpc.to_string()).to_string(),
                 "leader_addr": leader_addr,
-                "bootstrap": "true",
+                "known_servers": status.peers.len().to_string(),
                 "known_datacenters": "1",
             },
-            "raft": {
-                "state": raft.state,
-                "term": raft.term.to_string(),
-                "last_log_index": raft.last_log_index.to_string(),
-                "applied_index": raft.applied_index.to_string(),
-                "num_peers": raft.num_peers.to_string(),
-            },
+            "raft": raft,
         },
         "Meta": {},
     });
-    json(&params, &body)
+    Ok(json(&params, &body))
 }

@@ -43,9 +43,10 @@ impl From<ServerError> for ApiError {
         let status = match &e {
             ServerError::SessionNotFound(_) => StatusCode::NOT_FOUND,
             ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ServerError::NoLeader | ServerError::NotLeader { .. } | ServerError::Raft(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ServerError::NoLeader
+            | ServerError::NotLeader { .. }
+            | ServerError::NoServers
+            | ServerError::Raft(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
     }

@@ -55,7 +55,7 @@ pub async fn get(
     } else {
         ReadQuery::KvGet { key: key.clone() }
     };
-    let (result, meta) = state.server.query(opts, query).await?;
+    let (result, meta) = state.backend.query(opts, query).await?;
     match result {
         QueryResult::Keys(list) => {
             if list.is_empty() && !key.is_empty() {
@@ -185,7 +185,7 @@ pub async fn delete(
 
 /// Applies one KV op and answers Consul's `true`/`false`.
 async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Response, ApiError> {
-    let response = state.server.write(Op::Kv(vec![op])).await?;
+    let response = state.backend.write(Op::Kv(vec![op])).await?;
     let ServerResponse::Txn(outcome) = response else {
         return Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -20,17 +20,20 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Serialize;
-use vigil_server::Server;
 use vigil_shared::rpc::QueryMeta;
 
+use crate::backend::Backend;
 use params::Params;
 
 /// What every handler needs.
 #[derive(Clone)]
 pub struct AppState {
-    pub server: Arc<Server>,
+    pub backend: Arc<Backend>,
     pub node_name: String,
     pub http_addr: std::net::SocketAddr,
+    pub rpc_addr: std::net::SocketAddr,
+    /// Smallest session TTL accepted.
+    pub session_ttl_min: std::time::Duration,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -52,6 +55,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/session/node/{node}", get(session::node))
         .route("/v1/status/leader", get(status::leader))
         .route("/v1/status/peers", get(status::peers))
+        .route(
+            "/v1/operator/raft/configuration",
+            get(status::raft_configuration),
+        )
         .route("/v1/agent/self", get(agent::agent_self))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .fallback(not_found)

@@ -115,7 +115,7 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
         None => DEFAULT_LOCK_DELAY_NS,
     };
     let ttl = req.ttl.unwrap_or_default();
-    validate_ttl(&ttl, state.server.config().session_ttl_min)?;
+    validate_ttl(&ttl, state.session_ttl_min)?;
 
     // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
     let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
@@ -162,7 +162,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let session = build_session(&state, &body)?;
-    match state.server.write(Op::CreateSession(session)).await? {
+    match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
         ServerResponse::Rejected(e) => Err(ApiError::bad_request(format!("apply failed: {e}"))),
         other => Err(ApiError::new(
@@ -186,7 +186,7 @@ pub async fn destroy(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    state.server.write(Op::DestroySession { id }).await?;
+    state.backend.write(Op::DestroySession { id }).await?;
     Ok(json(&params, &true))
 }
 
@@ -196,7 +196,7 @@ pub async fn renew(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let session = state.server.renew_session(&id).await?;
+    let session = state.backend.renew(&id).await?;
     Ok(json(&params, &[SessionJson::from_session(&session)]))
 }
 
@@ -207,7 +207,7 @@ async fn read_sessions(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let opts = params.query_options()?;
-    let (result, meta) = state.server.query(opts, query).await?;
+    let (result, meta) = state.backend.query(opts, query).await?;
     let QueryResult::Sessions(sessions) = result else {
         return Err(unexpected(result));
     };

@@ -202,7 +202,7 @@ pub async fn txn(
     if ops.iter().all(|op| !op.is_write()) {
         let mut opts = params.query_options()?;
         opts.min_index = 0;
-        let (result, meta) = state.server.query(opts, ReadQuery::Txn(ops)).await?;
+        let (result, meta) = state.backend.query(opts, ReadQuery::Txn(ops)).await?;
         let QueryResult::Txn(outcome) = result else {
             return Err(unexpected(result));
         };
@@ -210,7 +210,7 @@ pub async fn txn(
         set_leader_headers(response.headers_mut(), meta);
         return Ok(response);
     }
-    match state.server.write(Op::Kv(ops)).await? {
+    match state.backend.write(Op::Kv(ops)).await? {
         ServerResponse::Txn(outcome) => Ok(render(&params, outcome)),
         other => Err(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

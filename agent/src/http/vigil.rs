@@ -37,7 +37,7 @@ pub async fn sequencer(
         lock_index,
         session: session.to_owned(),
     };
-    let (result, meta) = state.server.query(opts, query).await?;
+    let (result, meta) = state.backend.query(opts, query).await?;
     let body = match result {
         QueryResult::Sequencer(Ok(())) => json_value!({ "Valid": true }),
         QueryResult::Sequencer(Err(reason)) => json_value!({ "Valid": false, "Reason": reason }),

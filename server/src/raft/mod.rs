@@ -20,15 +20,15 @@ openraft::declare_raft_types!(
         D = Command,
         R = Response,
         NodeId = u64,
-        Node = openraft::BasicNode,
+        Node = crate::rpc::ServerNode,
         Entry = openraft::Entry<TypeConfig>,
         SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
 pub type NodeId = u64;
-pub type Node = openraft::BasicNode;
+pub type Node = crate::rpc::ServerNode;
 pub type Raft = openraft::Raft<TypeConfig>;
 pub type LogId = openraft::LogId<NodeId>;
 pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, openraft::BasicNode>;
+pub type StoredMembership = openraft::StoredMembership<NodeId, Node>;

@@ -1,67 +1,135 @@
-//! The raft network between servers. A dev server is the only voter, so openraft never asks it
-//! to reach a peer; any attempt is reported as an unreachable peer rather than hanging.
+//! The raft network between servers: each openraft RPC is one request on the QUIC transport to
+//! the target's RPC address, over the pooled connection.
 
-use openraft::BasicNode;
-use openraft::error::{InstallSnapshotError, RPCError, RaftError, Unreachable};
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
 
-use super::{NodeId, TypeConfig};
+use super::{Node, NodeId, TypeConfig};
+use crate::rpc::{RpcRequest, RpcResponse};
+use crate::transport::{RpcClient, TransportError};
 
-/// Network factory of a single-server cluster: there are no peers to reach.
-#[derive(Clone, Default)]
-pub struct SoloNetwork;
+/// Hands out clients that share the server's connection pool.
+#[derive(Clone)]
+pub struct QuicNetwork {
+    pub rpc: RpcClient,
+}
+
+pub struct QuicPeer {
+    rpc: RpcClient,
+    target: NodeId,
+    addr: Result<SocketAddr, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
+    type Network = QuicPeer;
+
+    async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
+        QuicPeer {
+            rpc: self.rpc.clone(),
+            target,
+            addr: node
+                .rpc_addr
+                .parse()
+                .map_err(|e| format!("bad RPC address {:?} of node {target}: {e}", node.rpc_addr)),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
-#[error("node {0} is not reachable: this server runs without a server-to-server transport")]
-struct NoTransport(NodeId);
+#[error("{0}")]
+struct PeerError(String);
 
-pub struct SoloClient {
+type RpcErr<E> = RPCError<NodeId, Node, E>;
+
+impl QuicPeer {
+    async fn call<E: std::error::Error>(
+        &self,
+        request: RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, RpcErr<E>> {
+        let addr = self
+            .addr
+            .as_ref()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e.clone()))))?;
+        match self
+            .rpc
+            .call_typed::<RpcRequest, RpcResponse>(*addr, &request, timeout)
+            .await
+        {
+            Ok(RpcResponse::Refused(why)) => {
+                Err(RPCError::Unreachable(Unreachable::new(&PeerError(why))))
+            }
+            Ok(response) => Ok(response),
+            Err(e @ TransportError::Unreachable { .. }) => {
+                Err(RPCError::Unreachable(Unreachable::new(&e)))
+            }
+            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
+        }
+    }
+
+    fn unexpected<E: std::error::Error>(&self, response: RpcResponse) -> RpcErr<E> {
+        RPCError::Network(NetworkError::new(&PeerError(format!(
+            "node {} answered {response:?}",
+            self.target
+        ))))
+    }
+}
+
+fn remote<E: std::error::Error>(
     target: NodeId,
+    e: RaftError<NodeId, E>,
+) -> RpcErr<RaftError<NodeId, E>> {
+    RPCError::RemoteError(openraft::error::RemoteError::new(target, e))
 }
 
-impl RaftNetworkFactory<TypeConfig> for SoloNetwork {
-    type Network = SoloClient;
-
-    async fn new_client(&mut self, target: NodeId, _node: &BasicNode) -> Self::Network {
-        SoloClient { target }
-    }
-}
-
-impl SoloClient {
-    fn unreachable<E: std::error::Error>(&self) -> RPCError<NodeId, BasicNode, E> {
-        RPCError::Unreachable(Unreachable::new(&NoTransport(self.target)))
-    }
-}
-
-impl RaftNetwork<TypeConfig> for SoloClient {
+impl RaftNetwork<TypeConfig> for QuicPeer {
     async fn append_entries(
         &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RpcErr<RaftError<NodeId>>> {
+        match self
+            .call(RpcRequest::AppendEntries(rpc), option.hard_ttl())
+            .await?
+        {
+            RpcResponse::AppendEntries(Ok(r)) => Ok(r),
+            RpcResponse::AppendEntries(Err(e)) => Err(remote(self.target, e)),
+            other => Err(self.unexpected(other)),
+        }
     }
 
     async fn install_snapshot(
         &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<NodeId>,
-        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
-    > {
-        Err(self.unreachable())
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<RaftError<NodeId, InstallSnapshotError>>>
+    {
+        match self
+            .call(RpcRequest::InstallSnapshot(rpc), option.hard_ttl())
+            .await?
+        {
+            RpcResponse::InstallSnapshot(Ok(r)) => Ok(r),
+            RpcResponse::InstallSnapshot(Err(e)) => Err(remote(self.target, e)),
+            other => Err(self.unexpected(other)),
+        }
     }
 
     async fn vote(
         &mut self,
-        _rpc: VoteRequest<NodeId>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        Err(self.unreachable())
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RpcErr<RaftError<NodeId>>> {
+        match self.call(RpcRequest::Vote(rpc), option.hard_ttl()).await? {
+            RpcResponse::Vote(Ok(r)) => Ok(r),
+            RpcResponse::Vote(Err(e)) => Err(remote(self.target, e)),
+            other => Err(self.unexpected(other)),
+        }
     }
 }

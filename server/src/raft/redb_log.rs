@@ -356,7 +356,8 @@ impl RaftLogStorage<TypeConfig> for RedbLogStore {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use openraft::{BasicNode, EntryPayload, Membership};
+    use crate::rpc::ServerNode;
+    use openraft::{EntryPayload, Membership};
     use vigil_shared::kv::KvOp;
     use vigil_shared::rpc::{Command, Op};
 
@@ -384,7 +385,13 @@ mod tests {
     fn sample_log(upto: u64) -> Vec<Entry> {
         let membership = Membership::new(
             vec![BTreeSet::from([1])],
-            BTreeMap::from([(1, BasicNode::new("127.0.0.1:8300"))]),
+            BTreeMap::from([(
+                1,
+                ServerNode {
+                    name: "s1".into(),
+                    rpc_addr: "127.0.0.1:8300".into(),
+                },
+            )]),
         );
         let mut entries = vec![
             Entry {

@@ -25,7 +25,7 @@ use crate::state::{Effects, StateMachine};
 use crate::watch::Watches;
 
 type Entry = openraft::Entry<TypeConfig>;
-type Meta = SnapshotMeta<super::NodeId, openraft::BasicNode>;
+type Meta = SnapshotMeta<super::NodeId, super::Node>;
 
 /// What leader duties need to hear about applied commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -436,7 +436,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use openraft::{BasicNode, Membership};
+    use crate::rpc::ServerNode;
+    use openraft::Membership;
     use vigil_shared::kv::KvOp;
     use vigil_shared::rpc::{Command, Op};
 
@@ -457,7 +458,13 @@ mod tests {
             log_id: log_id(index),
             payload: EntryPayload::Membership(Membership::new(
                 vec![BTreeSet::from([1])],
-                BTreeMap::from([(1, BasicNode::new("127.0.0.1:8300"))]),
+                BTreeMap::from([(
+                    1,
+                    ServerNode {
+                        name: "s1".into(),
+                        rpc_addr: "127.0.0.1:8300".into(),
+                    },
+                )]),
             )),
         }
     }

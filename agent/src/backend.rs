@@ -1,0 +1,223 @@
+//! Where the HTTP API's requests go: the in-process server when this agent runs the server role,
+//! or a server reached over QUIC RPC otherwise. Both retry what is safe to retry: anything that
+//! was never applied (no leader yet, a server that could not be reached) and every read, within
+//! a deadline, so an election or a server loss looks like latency rather than an error.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use vigil_server::Server;
+use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo};
+use vigil_server::transport::{RpcClient, TransportError};
+use vigil_shared::rpc::{
+    Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
+use vigil_shared::session::Session;
+
+/// How long a request keeps retrying through an election or a server loss.
+const RETRY_FOR: Duration = Duration::from_secs(15);
+/// Time allowed for one RPC beyond its blocking wait.
+const CALL_SLACK: Duration = Duration::from_secs(30);
+
+pub enum Backend {
+    Local(Arc<Server>),
+    Remote(RemoteServers),
+}
+
+/// The servers a client agent talks to, with the one that answered last tried first.
+pub struct RemoteServers {
+    rpc: RpcClient,
+    servers: Vec<SocketAddr>,
+    preferred: AtomicUsize,
+}
+
+impl RemoteServers {
+    pub fn new(rpc: RpcClient, servers: Vec<SocketAddr>) -> RemoteServers {
+        RemoteServers {
+            rpc,
+            servers,
+            preferred: AtomicUsize::new(0),
+        }
+    }
+
+    /// Sends `request` to the preferred server, moving on to the next one when a server cannot
+    /// be reached. `Err` only when every server failed.
+    async fn call(
+        &self,
+        request: &RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, ServerError> {
+        let n = self.servers.len();
+        let start = self.preferred.load(Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let at = (start + i) % n;
+            match self
+                .rpc
+                .call_typed::<RpcRequest, RpcResponse>(self.servers[at], request, timeout)
+                .await
+            {
+                Ok(response) => {
+                    self.preferred.store(at, Ordering::Relaxed);
+                    return Ok(response);
+                }
+                Err(e) => {
+                    tracing::debug!(server = %self.servers[at], error = %e, "server RPC failed");
+                    let delivered = !matches!(e, TransportError::Unreachable { .. });
+                    last = Some(e);
+                    if delivered && !idempotent(request) {
+                        break;
+                    }
+                }
+            }
+        }
+        match last {
+            Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
+            Some(e) => Err(ServerError::Raft(format!("server RPC: {e}"))),
+        }
+    }
+}
+
+fn idempotent(request: &RpcRequest) -> bool {
+    !matches!(request, RpcRequest::Write { .. })
+}
+
+/// Whether an error means the request was not applied and a retry is safe.
+fn retryable(e: &ServerError, idempotent: bool) -> bool {
+    match e {
+        ServerError::NoLeader | ServerError::NotLeader { .. } | ServerError::NoServers => true,
+        ServerError::Raft(_) => idempotent,
+        ServerError::SessionNotFound(_) | ServerError::ShuttingDown => false,
+    }
+}
+
+/// Retries `attempt` with backoff while it fails retryably and the deadline allows.
+async fn with_retries<T, F, Fut>(
+    deadline: Instant,
+    idempotent: bool,
+    mut attempt: F,
+) -> Result<T, ServerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ServerError>>,
+{
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match attempt().await {
+            Err(e) if retryable(&e, idempotent) && Instant::now() + backoff < deadline => {
+                tracing::debug!(error = %e, "retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            result => return result,
+        }
+    }
+}
+
+fn unexpected(response: RpcResponse) -> ServerError {
+    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
+}
+
+impl Backend {
+    /// Commits a state change.
+    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
+        let deadline = Instant::now() + RETRY_FOR;
+        with_retries(deadline, false, || {
+            let op = op.clone();
+            async move {
+                match self {
+                    Backend::Local(server) => server.write(op).await,
+                    Backend::Remote(remote) => {
+                        let request = RpcRequest::Write {
+                            op,
+                            forwarded: false,
+                        };
+                        match remote.call(&request, CALL_SLACK).await? {
+                            RpcResponse::Write(result) => result,
+                            other => Err(unexpected(other)),
+                        }
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Reads, blocking on the server; a lost server is retried on another within the wait.
+    pub async fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let wait = Duration::from_millis(opts.wait_ms);
+        let deadline = Instant::now() + wait + RETRY_FOR;
+        let started = Instant::now();
+        with_retries(deadline, true, || {
+            let query = query.clone();
+            // A retry blocks only for what is left of the caller's wait.
+            let left = wait.saturating_sub(started.elapsed());
+            let opts = QueryOptions {
+                wait_ms: left.as_millis() as u64,
+                ..opts
+            };
+            async move {
+                match self {
+                    Backend::Local(server) => server.query(opts, query).await,
+                    Backend::Remote(remote) => {
+                        let request = RpcRequest::Query {
+                            opts,
+                            query,
+                            forwarded: false,
+                        };
+                        let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
+                        match remote.call(&request, timeout).await? {
+                            RpcResponse::Query(result) => result,
+                            other => Err(unexpected(other)),
+                        }
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// Renews a session on the leader, retrying through an election.
+    pub async fn renew(&self, id: &str) -> Result<Session, ServerError> {
+        let deadline = Instant::now() + RETRY_FOR;
+        with_retries(deadline, true, || async move {
+            match self {
+                Backend::Local(server) => server.renew_session(id).await,
+                Backend::Remote(remote) => {
+                    let request = RpcRequest::Renew {
+                        id: id.to_owned(),
+                        forwarded: false,
+                    };
+                    match remote.call(&request, CALL_SLACK).await? {
+                        RpcResponse::Renew(result) => result,
+                        other => Err(unexpected(other)),
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// The leader and the raft members, as this agent's server (or the first to answer) sees it.
+    pub async fn status(&self) -> Result<StatusInfo, ServerError> {
+        match self {
+            Backend::Local(server) => Ok(server.status()),
+            Backend::Remote(remote) => {
+                match remote
+                    .call(&RpcRequest::Status, Duration::from_secs(5))
+                    .await?
+                {
+                    RpcResponse::Status(status) => Ok(status),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
+}
