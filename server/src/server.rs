@@ -181,8 +181,8 @@ impl Server {
             }
             ServerMode::Cluster { data_dir, .. } => {
                 let node_id = load_or_create_node_id(data_dir)?;
-                let log =
-                    RedbLogStore::open(&data_dir.join("raft.redb")).map_err(data_dir_error)?;
+                let log = RedbLogStore::open(data_dir.join(crate::raft::redb_log::LOG_FILE_NAME))
+                    .map_err(data_dir_error)?;
                 let state =
                     StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
                 let raft = Raft::new(node_id, raft_config, network, log, state).await;
