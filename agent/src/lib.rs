@@ -131,6 +131,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     rpc_addr,
                     raft: RaftTiming::local(),
                     mode,
+                    members: None,
                 },
                 &tls,
                 socket,

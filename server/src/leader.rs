@@ -8,21 +8,25 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::ServerState;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::time::{DelayQueue, delay_queue};
 use vigil_shared::SESSION_TTL_MULTIPLIER;
+use vigil_shared::catalog::MemberStatus;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::rpc::Op;
 
 use crate::proposer::Proposer;
 use crate::raft::state_store::{SessionEvent, SharedState};
+use crate::reconcile;
 
 /// Tombstones older than this are reaped (Consul's `tombstone_ttl`).
 const TOMBSTONE_TTL: Duration = Duration::from_secs(15 * 60);
 /// How often the leader looks for tombstones to reap.
 const REAP_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the leader re-reconciles the whole member list (Consul's `reconcile_interval`).
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 /// Attempts to commit a TTL expiry before giving up (Consul's `maxInvalidateAttempts`).
 const INVALIDATE_ATTEMPTS: u32 = 6;
 
@@ -87,6 +91,8 @@ pub struct LeaderDuties {
     pub shared: Arc<SharedState>,
     pub events: mpsc::UnboundedReceiver<SessionEvent>,
     pub inputs: mpsc::UnboundedReceiver<DutyInput>,
+    /// The gossip member list to reconcile into the catalog, and this server's node name.
+    pub members: Option<(watch::Receiver<Vec<MemberStatus>>, String)>,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
 }
@@ -110,8 +116,10 @@ impl LeaderDuties {
                     let is_leader = metrics.borrow_and_update().state == ServerState::Leader;
                     match (is_leader, &leading) {
                         (true, None) => {
-                            leading = Some(self.shutdown.child_token());
+                            let term = self.shutdown.child_token();
                             self.gain_leadership(&mut timers).await;
+                            self.spawn_reconcile(term.clone());
+                            leading = Some(term);
                         }
                         (false, Some(term)) => {
                             term.cancel();
@@ -176,6 +184,43 @@ impl LeaderDuties {
             sessions = ttls.len(),
             "gained leadership: session timers armed"
         );
+    }
+
+    /// Keeps the catalog in line with gossip while this term lasts: at once, on every member
+    /// change, and every [`RECONCILE_INTERVAL`] to repair drift.
+    fn spawn_reconcile(&self, term: CancellationToken) {
+        let Some((mut members, leader)) = self.members.clone() else {
+            return;
+        };
+        let proposer = self.proposer.clone();
+        let shared = Arc::clone(&self.shared);
+        self.tasks.spawn(async move {
+            let mut every = tokio::time::interval(RECONCILE_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let ops = {
+                    let list = members.borrow_and_update().clone();
+                    let state = shared.read();
+                    reconcile::plan(&list, state.catalog(), &leader)
+                };
+                for op in ops {
+                    if let Err(e) = proposer.propose(op).await {
+                        tracing::warn!(error = %e, "member reconciliation write failed");
+                        break;
+                    }
+                }
+                tokio::select! {
+                    biased;
+                    _ = term.cancelled() => return,
+                    changed = members.changed() => {
+                        if changed.is_err() {
+                            return;
+                        }
+                    }
+                    _ = every.tick() => {}
+                }
+            }
+        });
     }
 
     fn spawn_invalidate(&self, id: String) {

@@ -4,6 +4,7 @@
 pub mod leader;
 pub mod proposer;
 pub mod raft;
+pub mod reconcile;
 pub mod rpc;
 pub mod server;
 pub mod state;

@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use openraft::{ChangeMembers, ServerState};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use vigil_shared::catalog::MemberStatus;
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
@@ -78,6 +79,8 @@ pub struct ServerConfig {
     pub rpc_addr: SocketAddr,
     pub raft: RaftTiming,
     pub mode: ServerMode,
+    /// The gossip member list the leader reconciles into the catalog (`None`: no gossip).
+    pub members: Option<watch::Receiver<Vec<MemberStatus>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -200,6 +203,10 @@ impl Server {
                 shared: Arc::clone(&shared),
                 events: events_rx,
                 inputs: duties_rx,
+                members: config
+                    .members
+                    .clone()
+                    .map(|m| (m, config.node_name.clone())),
                 shutdown: shutdown.clone(),
                 tasks: tasks.clone(),
             }

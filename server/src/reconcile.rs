@@ -1,0 +1,219 @@
+//! Member reconciliation: turns the gossip member list into catalog commands (Consul's
+//! `leader_registrator_v1`). Alive → node registered with `serfHealth` passing; failed →
+//! `serfHealth` critical (which invalidates the sessions bound to it); left → node deregistered
+//! (which invalidates all of its sessions). Pure: member list and catalog in, commands out.
+
+use vigil_shared::catalog::{HealthStatus, MemberState, MemberStatus, SERF_HEALTH};
+use vigil_shared::rpc::{CheckRegistration, Op};
+
+use crate::state::catalog::Catalog;
+
+const ALIVE_OUTPUT: &str = "Agent alive and reachable";
+const FAILED_OUTPUT: &str = "Agent not live or unreachable";
+
+fn serf_check(node: &str, status: HealthStatus, output: &str) -> Op {
+    Op::RegisterCheck(CheckRegistration {
+        node: node.to_owned(),
+        check_id: SERF_HEALTH.to_owned(),
+        name: "Serf Health Status".to_owned(),
+        status,
+        output: output.to_owned(),
+        service_id: String::new(),
+    })
+}
+
+/// The commands that make the catalog agree with `members`. `leader` is this server's node
+/// name: the leader never marks itself failed or deregisters itself.
+pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for member in members {
+        let name = member.name.as_str();
+        let address = member.gossip_addr.ip().to_string();
+        let node = catalog.node(name);
+        let check = catalog.check(name, SERF_HEALTH);
+        let state = if name == leader {
+            MemberState::Alive
+        } else {
+            member.state
+        };
+        match state {
+            MemberState::Alive | MemberState::Leaving => {
+                if node.is_none_or(|n| n.address != address) {
+                    ops.push(Op::RegisterNode {
+                        name: name.to_owned(),
+                        address,
+                    });
+                }
+                if check.is_none_or(|c| c.status != HealthStatus::Passing) {
+                    ops.push(serf_check(name, HealthStatus::Passing, ALIVE_OUTPUT));
+                }
+            }
+            MemberState::Failed => {
+                if node.is_none() {
+                    ops.push(Op::RegisterNode {
+                        name: name.to_owned(),
+                        address,
+                    });
+                }
+                if check.is_none_or(|c| c.status != HealthStatus::Critical) {
+                    ops.push(serf_check(name, HealthStatus::Critical, FAILED_OUTPUT));
+                }
+            }
+            MemberState::Left => {
+                if node.is_some() {
+                    ops.push(Op::DeregisterNode {
+                        name: name.to_owned(),
+                    });
+                }
+            }
+        }
+    }
+    ops
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vigil_shared::catalog::MemberRole;
+    use vigil_shared::rpc::Command;
+
+    use crate::state::StateMachine;
+
+    fn member(name: &str, state: MemberState) -> MemberStatus {
+        MemberStatus {
+            name: name.to_owned(),
+            gossip_addr: "127.0.0.7:8301".parse().unwrap(),
+            rpc_addr: "127.0.0.7:8300".parse().unwrap(),
+            role: MemberRole::Client,
+            datacenter: "dc1".to_owned(),
+            state,
+        }
+    }
+
+    /// Applies a plan the way the leader would, then plans again: a converged catalog needs
+    /// nothing more.
+    fn converge(sm: &mut StateMachine, members: &[MemberStatus], next: &mut u64) -> Vec<Op> {
+        let ops = plan(members, sm.catalog(), "leader");
+        for op in ops.clone() {
+            *next += 1;
+            sm.apply(*next, Command { now_ms: 1_000, op });
+        }
+        assert_eq!(plan(members, sm.catalog(), "leader"), Vec::new());
+        ops
+    }
+
+    #[test]
+    fn alive_member_is_registered_with_passing_serf_health() {
+        // TestLeader_RegisterMember: an alive member gets a node and a passing serfHealth.
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        let ops = converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        assert_eq!(ops.len(), 2);
+        let check = sm.catalog().check("c1", SERF_HEALTH).unwrap();
+        assert_eq!(check.status, HealthStatus::Passing);
+        assert_eq!(sm.catalog().node("c1").unwrap().address, "127.0.0.7");
+    }
+
+    #[test]
+    fn failed_member_goes_critical_and_loses_its_sessions() {
+        // TestLeader_FailedMember: a failed member's serfHealth is critical, which invalidates
+        // the sessions bound to it.
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let session = vigil_shared::session::Session {
+            id: "s1".into(),
+            name: String::new(),
+            node: "c1".into(),
+            lock_delay_ns: 0,
+            behavior: vigil_shared::session::Behavior::Release,
+            ttl: String::new(),
+            node_checks: vec![SERF_HEALTH.into()],
+            service_checks: None,
+            checks: Vec::new(),
+            create_index: 0,
+            modify_index: 0,
+        };
+        next += 1;
+        sm.apply(
+            next,
+            Command {
+                now_ms: 1_000,
+                op: Op::CreateSession(session),
+            },
+        );
+        assert!(sm.sessions().get("s1").is_some());
+
+        let ops = converge(&mut sm, &[member("c1", MemberState::Failed)], &mut next);
+        assert_eq!(
+            ops,
+            vec![serf_check("c1", HealthStatus::Critical, FAILED_OUTPUT)]
+        );
+        assert!(sm.sessions().get("s1").is_none());
+
+        // Coming back flips it to passing again (the session stays gone).
+        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        assert_eq!(
+            sm.catalog().check("c1", SERF_HEALTH).unwrap().status,
+            HealthStatus::Passing
+        );
+    }
+
+    #[test]
+    fn failed_member_unknown_to_the_catalog_is_registered_critical() {
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("c9", MemberState::Failed)], &mut next);
+        assert_eq!(
+            sm.catalog().check("c9", SERF_HEALTH).unwrap().status,
+            HealthStatus::Critical
+        );
+    }
+
+    #[test]
+    fn left_member_is_deregistered() {
+        // TestLeader_LeftMember: the node is deregistered; a left node not in the catalog needs
+        // nothing.
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let ops = converge(&mut sm, &[member("c1", MemberState::Left)], &mut next);
+        assert_eq!(ops, vec![Op::DeregisterNode { name: "c1".into() }]);
+        assert!(sm.catalog().node("c1").is_none());
+        assert_eq!(
+            plan(&[member("c2", MemberState::Left)], sm.catalog(), "leader"),
+            Vec::new()
+        );
+    }
+
+    #[test]
+    fn leader_never_fails_or_deregisters_itself() {
+        // TestLeader_ReapOrLeftMember_IgnoreSelf.
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("leader", MemberState::Alive)], &mut next);
+        for state in [MemberState::Failed, MemberState::Left] {
+            assert_eq!(
+                plan(&[member("leader", state)], sm.catalog(), "leader"),
+                Vec::new()
+            );
+        }
+    }
+
+    #[test]
+    fn address_change_reregisters_the_node() {
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let mut moved = member("c1", MemberState::Alive);
+        moved.gossip_addr = "127.0.0.8:8301".parse().unwrap();
+        let ops = converge(&mut sm, &[moved], &mut next);
+        assert_eq!(
+            ops,
+            vec![Op::RegisterNode {
+                name: "c1".into(),
+                address: "127.0.0.8".into()
+            }]
+        );
+    }
+}
