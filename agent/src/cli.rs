@@ -26,6 +26,14 @@ pub enum Command {
     Agent(AgentArgs),
     /// Create the cluster CA and the certificates it signs.
     Tls(crate::tls_cmd::TlsCommand),
+    /// Run a command while holding a lock on a KV prefix; `lock status PREFIX` shows holders.
+    Lock(crate::cmd::lock::LockCommand),
+    /// Run a command while leader of an election.
+    Elect(crate::cmd::elect::ElectArgs),
+    /// Read and write the KV store.
+    Kv(crate::cmd::kv::KvCommand),
+    /// List, create, destroy and renew sessions.
+    Session(crate::cmd::session::SessionCommand),
 }
 
 #[derive(Debug, Args)]

@@ -4,6 +4,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod cmd;
 pub mod http;
 pub mod run;
 pub mod sync;

@@ -50,5 +50,9 @@ pub async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Agent(args) => run_agent(args).await,
         Command::Tls(cmd) => crate::tls_cmd::run(cmd),
+        Command::Lock(cmd) => crate::cmd::exit(crate::cmd::lock::run(cmd).await),
+        Command::Elect(args) => crate::cmd::exit(crate::cmd::elect::run(args).await),
+        Command::Kv(cmd) => crate::cmd::exit(crate::cmd::kv::run(cmd).await),
+        Command::Session(cmd) => crate::cmd::exit(crate::cmd::session::run(cmd).await),
     }
 }

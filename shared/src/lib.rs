@@ -3,6 +3,8 @@
 
 pub mod api;
 pub mod catalog;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod duration;
 pub mod kv;
 pub mod rpc;

@@ -61,6 +61,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/agent/self", get(agent::agent_self))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
+        .route("/v1/vigil/locks", get(vigil::locks))
         .fallback(not_found)
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state);

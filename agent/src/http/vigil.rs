@@ -1,9 +1,17 @@
-//! Vigil's additions under `/v1/vigil/`: the linearizable sequencer (fencing token) check.
+//! Vigil's additions under `/v1/vigil/`: the linearizable sequencer (fencing token) check, and
+//! lock observability (`/v1/vigil/locks`: held keys, semaphore holders, fair-mutex queues).
+
+use std::collections::{BTreeMap, HashMap};
 
 use axum::extract::{OriginalUri, State};
 use axum::response::Response;
-use serde_json::json as json_value;
+use serde_json::{Value, json as json_value};
+use vigil_shared::client::{
+    FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
+};
+use vigil_shared::kv::KvEntry;
 use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
+use vigil_shared::session::Session;
 
 use super::error::ApiError;
 use super::kv::unexpected;
@@ -44,4 +52,233 @@ pub async fn sequencer(
         other => return Err(unexpected(other)),
     };
     Ok(with_meta(meta, json(&params, &body)))
+}
+
+/// `GET /v1/vigil/locks?prefix=P`: what is locked under `P`, read from the KV listing and the
+/// session table (blocking on the listing with `?index=&wait=`):
+/// - `Locks`: every key held by a session that is not a semaphore or fair-mutex contender, with
+///   `Kind` `lock` (an `api.Lock` key) or `key`, holder session, its name and node, `LockIndex`
+///   and `HeldSinceIndex`. No acquisition time is recorded, so held-since is the key's
+///   `ModifyIndex`: the raft index of the acquire, unless the holder rewrote the value since.
+/// - `Semaphores`: each `<p>/.lock` with the semaphore flag: `Limit`, live `Holders` (pruned as
+///   the Go client prunes) and `Waiting` contenders.
+/// - `FairQueues`: live fair-mutex contenders per prefix in `CreateIndex` order; the first is
+///   the owner.
+pub async fn locks(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let prefix = params.get("prefix").unwrap_or_default().to_owned();
+    let opts = params.query_options()?;
+    let list = ReadQuery::KvList {
+        prefix: prefix.clone(),
+    };
+    let (result, meta) = state.backend.query(opts, list).await?;
+    let QueryResult::Entries(entries) = result else {
+        return Err(unexpected(result));
+    };
+    let sessions_opts = QueryOptions {
+        consistency: opts.consistency,
+        ..QueryOptions::default()
+    };
+    let (result, _) = state
+        .backend
+        .query(sessions_opts, ReadQuery::SessionList)
+        .await?;
+    let QueryResult::Sessions(sessions) = result else {
+        return Err(unexpected(result));
+    };
+    Ok(with_meta(
+        meta,
+        json(&params, &locks_report(&prefix, &entries, &sessions)),
+    ))
+}
+
+/// Builds the `/v1/vigil/locks` body from a listing and the sessions (pure, for tests).
+pub fn locks_report(prefix: &str, entries: &[KvEntry], sessions: &[Session]) -> Value {
+    let by_id: HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
+    let holder = |session: &str| {
+        let s = by_id.get(session);
+        json_value!({
+            "Session": session,
+            "SessionName": s.map(|s| s.name.as_str()),
+            "Node": s.map(|s| s.node.as_str()),
+        })
+    };
+    let with = |mut base: Value, extra: Value| {
+        if let (Some(base), Value::Object(extra)) = (base.as_object_mut(), extra) {
+            base.extend(extra);
+        }
+        base
+    };
+    let parent = |key: &str| key.rsplit_once('/').map(|(p, _)| p.to_owned());
+
+    let mut held = Vec::new();
+    let mut semaphores = Vec::new();
+    let mut fair: BTreeMap<String, Vec<&KvEntry>> = BTreeMap::new();
+    for entry in entries {
+        let lock_suffix = format!("/{SEMAPHORE_KEY}");
+        if entry.flags == SEMAPHORE_FLAG_VALUE && entry.key.ends_with(&lock_suffix) {
+            let sem_prefix = &entry.key[..entry.key.len() - lock_suffix.len()];
+            semaphores.push(semaphore_report(sem_prefix, entry, entries, &holder, &with));
+            continue;
+        }
+        let Some(session) = entry.session.as_deref() else {
+            continue;
+        };
+        match entry.flags {
+            FAIR_FLAG_VALUE => {
+                if let Some(p) = parent(&entry.key) {
+                    fair.entry(p).or_default().push(entry);
+                }
+            }
+            SEMAPHORE_FLAG_VALUE => {} // a contender, reported with its semaphore
+            flags => held.push(with(
+                json_value!({
+                    "Key": entry.key,
+                    "Kind": if flags == LOCK_FLAG_VALUE { "lock" } else { "key" },
+                }),
+                with(
+                    holder(session),
+                    json_value!({
+                        "LockIndex": entry.lock_index,
+                        "HeldSinceIndex": entry.modify_index,
+                    }),
+                ),
+            )),
+        }
+    }
+    let fair_queues: Vec<Value> = fair
+        .into_iter()
+        .map(|(queue_prefix, mut queue)| {
+            queue.sort_by_key(|e| (e.create_index, e.key.clone()));
+            let queue: Vec<Value> = queue
+                .iter()
+                .map(|e| {
+                    with(
+                        json_value!({ "Key": e.key }),
+                        with(
+                            holder(e.session.as_deref().unwrap_or_default()),
+                            json_value!({
+                                "LockIndex": e.lock_index,
+                                "CreateIndex": e.create_index,
+                            }),
+                        ),
+                    )
+                })
+                .collect();
+            json_value!({ "Prefix": queue_prefix, "Queue": queue })
+        })
+        .collect();
+    json_value!({
+        "Prefix": prefix,
+        "Locks": held,
+        "Semaphores": semaphores,
+        "FairQueues": fair_queues,
+    })
+}
+
+fn semaphore_report(
+    sem_prefix: &str,
+    lock_entry: &KvEntry,
+    entries: &[KvEntry],
+    holder: &dyn Fn(&str) -> Value,
+    with: &dyn Fn(Value, Value) -> Value,
+) -> Value {
+    let contender_dir = format!("{sem_prefix}/");
+    let contenders: Vec<&KvEntry> = entries
+        .iter()
+        .filter(|e| e.flags == SEMAPHORE_FLAG_VALUE && e.session.is_some())
+        .filter(|e| {
+            e.key
+                .strip_prefix(&contender_dir)
+                .is_some_and(|rest| !rest.contains('/') && rest != SEMAPHORE_KEY)
+        })
+        .collect();
+    let lock = SemaphoreLock::decode(&lock_entry.value, 0).map(|mut lock| {
+        lock.prune(entries);
+        lock
+    });
+    let (limit, holders) = match &lock {
+        Ok(lock) => (Value::from(lock.limit), lock.holders.clone()),
+        Err(_) => (Value::Null, BTreeMap::new()),
+    };
+    let describe = |session: &str| {
+        let contender = contenders
+            .iter()
+            .find(|e| e.session.as_deref() == Some(session));
+        with(
+            holder(session),
+            json_value!({
+                "Key": contender.map(|e| e.key.as_str()),
+                "LockIndex": contender.map(|e| e.lock_index),
+                "CreateIndex": contender.map(|e| e.create_index),
+            }),
+        )
+    };
+    let holding: Vec<Value> = holders.keys().map(|s| describe(s)).collect();
+    let mut waiting: Vec<&&KvEntry> = contenders
+        .iter()
+        .filter(|e| !holders.contains_key(e.session.as_deref().unwrap_or_default()))
+        .collect();
+    waiting.sort_by_key(|e| e.create_index);
+    let waiting: Vec<Value> = waiting
+        .iter()
+        .map(|e| describe(e.session.as_deref().unwrap_or_default()))
+        .collect();
+    json_value!({
+        "Prefix": sem_prefix,
+        "Key": lock_entry.key,
+        "Limit": limit,
+        "Holders": holding,
+        "Waiting": waiting,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: &str, flags: u64, session: Option<&str>, create_index: u64) -> KvEntry {
+        KvEntry {
+            key: key.into(),
+            value: Vec::new(),
+            flags,
+            session: session.map(str::to_owned),
+            lock_index: 1,
+            create_index,
+            modify_index: create_index,
+        }
+    }
+
+    #[test]
+    fn reports_locks_semaphores_and_fair_queues() {
+        let mut sem = entry("s/.lock", SEMAPHORE_FLAG_VALUE, None, 5);
+        sem.value = br#"{"Limit":2,"Holders":{"h1":true,"gone":true}}"#.to_vec();
+        let entries = [
+            entry("f/b", FAIR_FLAG_VALUE, Some("fb"), 9),
+            entry("f/a", FAIR_FLAG_VALUE, Some("fa"), 8),
+            entry("l/.lock", LOCK_FLAG_VALUE, Some("l1"), 3),
+            entry("plain", 0, None, 1),
+            sem,
+            entry("s/h1", SEMAPHORE_FLAG_VALUE, Some("h1"), 6),
+            entry("s/w1", SEMAPHORE_FLAG_VALUE, Some("w1"), 7),
+        ];
+        let report = locks_report("", &entries, &[]);
+        assert_eq!(report["Locks"].as_array().unwrap().len(), 1);
+        assert_eq!(report["Locks"][0]["Key"], "l/.lock");
+        assert_eq!(report["Locks"][0]["Kind"], "lock");
+        assert_eq!(report["Locks"][0]["HeldSinceIndex"], 3);
+        assert_eq!(report["Semaphores"][0]["Limit"], 2);
+        assert_eq!(report["Semaphores"][0]["Holders"][0]["Session"], "h1");
+        assert_eq!(
+            report["Semaphores"][0]["Holders"].as_array().unwrap().len(),
+            1
+        );
+        assert_eq!(report["Semaphores"][0]["Waiting"][0]["Session"], "w1");
+        assert_eq!(report["FairQueues"][0]["Prefix"], "f");
+        assert_eq!(report["FairQueues"][0]["Queue"][0]["Session"], "fa");
+        assert_eq!(report["FairQueues"][0]["Queue"][1]["Session"], "fb");
+    }
 }

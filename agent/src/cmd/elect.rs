@@ -1,0 +1,98 @@
+//! `vigil elect NAME -- CMD...`: campaign for leadership of the election on key NAME and run CMD
+//! while leader (the same supervision and exit statuses as `vigil lock`); `--observe` instead
+//! prints the leader, then every change ("no leader" included), one line each.
+
+use std::time::Duration;
+
+use clap::Args;
+use futures::StreamExt as _;
+use vigil_shared::client::{Election, LockOptions};
+
+use super::child::{Signals, run_while_held};
+use super::lock::acquire_or_give_up;
+use super::{AgentAddr, parse_duration};
+
+#[derive(Debug, Args)]
+pub struct ElectArgs {
+    /// This candidate's identity, stored as the key's value [default: <hostname>:<pid>].
+    #[arg(long)]
+    pub value: Option<String>,
+    /// Print leadership changes instead of campaigning.
+    #[arg(long, conflicts_with = "command")]
+    pub observe: bool,
+    /// Give up if not leader within this long (exit 124).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Session TTL.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Session lock-delay [default: the agent's, 15s].
+    #[arg(long, value_parser = parse_duration)]
+    pub lock_delay: Option<Duration>,
+    /// After SIGTERM on lost leadership, how long before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Report progress on stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+    #[command(flatten)]
+    pub addr: AgentAddr,
+    /// The election's KV key.
+    pub name: String,
+    /// The command to run while leader.
+    #[arg(last = true, required_unless_present = "observe")]
+    pub command: Vec<String>,
+}
+
+pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
+    super::init_logging(args.verbose);
+    let mut signals = Signals::install()?;
+    let client = args.addr.client()?;
+    let name = args.name.trim_start_matches('/');
+    let mut opts = LockOptions::new(name);
+    opts.value = args
+        .value
+        .clone()
+        .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()))
+        .into_bytes();
+    opts.session_name = format!("Vigil election '{name}'");
+    opts.session_ttl = args.ttl;
+    opts.lock_delay = args.lock_delay;
+    let election = Election::new(&client, opts)?;
+
+    if args.observe {
+        let mut changes = election.observe();
+        loop {
+            tokio::select! {
+                change = changes.next() => match change {
+                    Some(Ok(Some(leader))) => println!(
+                        "leader {} (session {}, LockIndex {})",
+                        String::from_utf8_lossy(&leader.value),
+                        leader.session,
+                        leader.lock_index
+                    ),
+                    Some(Ok(None)) => println!("no leader"),
+                    Some(Err(e)) => eprintln!("vigil: {e}"),
+                    None => return Ok(0),
+                },
+                sig = signals.recv() => return Ok(super::child::signal_status(sig)),
+            }
+        }
+    }
+
+    let campaign = election.campaign();
+    let held = match acquire_or_give_up(campaign, args.timeout, &mut signals, &client).await? {
+        Ok(held) => held,
+        Err(code) => return Ok(code),
+    };
+    tracing::info!(key = held.key(), lock_index = held.lock_index(), "elected");
+    let code = run_while_held(held, &args.command, args.grace, &mut signals).await?;
+    client.drain_cleanups(Duration::from_secs(5)).await;
+    Ok(code)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "vigil".to_owned())
+}

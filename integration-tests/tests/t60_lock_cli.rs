@@ -1,0 +1,397 @@
+//! `vigil lock` as a process against a dev agent: mutual exclusion among 8 concurrent commands
+//! (plain lock, `--fair` with FIFO order of arrival, `--limit 3`), lock loss (session destroyed
+//! through the API → SIGTERM to the child's whole process group within 1 s; SIGKILL after the
+//! grace for a child that ignores TERM; exit 75), giving up while waiting (SIGTERM → 143, session
+//! gone), the sequencer environment, and `vigil lock status` / `/v1/vigil/locks`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use integration_tests::{Agent, binary, eventually};
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+
+/// Deadline for anything that should happen promptly on a busy machine.
+const PROMPT: Duration = Duration::from_secs(30);
+
+/// `vigil lock <args>` against `agent`, with extra environment for the child's script.
+fn vigil_lock(agent: &Agent, args: &[&str], env: &[(&str, String)]) -> Child {
+    Command::new(binary())
+        .arg("lock")
+        .args(args)
+        .env("VIGIL_HTTP_ADDR", &agent.base)
+        .env_remove("CONSUL_HTTP_ADDR")
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil lock")
+}
+
+/// Waits for a `vigil` process and returns its exit status.
+async fn exit_code(child: &mut Child) -> i32 {
+    let status = tokio::time::timeout(PROMPT, child.wait())
+        .await
+        .expect("vigil lock did not exit in time")
+        .expect("wait for vigil lock");
+    status.code().expect("exit code")
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Replays `start N`/`end N` lines: the order of starts and the most ever inside at once.
+/// Panics on an `end` without its `start` or a section entered twice.
+fn replay(log: &[String]) -> (Vec<String>, usize) {
+    let mut inside = BTreeSet::new();
+    let mut order = Vec::new();
+    let mut most = 0;
+    for line in log {
+        match line.split_once(' ') {
+            Some(("start", id)) => {
+                assert!(order.iter().all(|o| o != id), "{id} ran twice: {log:?}");
+                order.push(id.to_owned());
+                inside.insert(id.to_owned());
+                most = most.max(inside.len());
+            }
+            Some(("end", id)) => assert!(inside.remove(id), "end without start: {log:?}"),
+            _ => {}
+        }
+    }
+    assert!(inside.is_empty(), "unfinished sections: {log:?}");
+    (order, most)
+}
+
+/// The child's script: wait for `$GO` (if set), then a short critical section logged to `$LOG`.
+const SECTION: &str = r#"
+echo "start $ID" >> "$LOG"
+if [ -n "$GO" ]; then while [ ! -e "$GO" ]; do sleep 0.01; done; fi
+sleep 0.02
+echo "end $ID" >> "$LOG"
+"#;
+
+struct Run {
+    dir: tempfile::TempDir,
+    log: PathBuf,
+    go: PathBuf,
+}
+
+impl Run {
+    fn new() -> Run {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let log = dir.path().join("log");
+        let go = dir.path().join("go");
+        Run { dir, log, go }
+    }
+
+    fn env(&self, id: usize, barrier: bool) -> Vec<(&'static str, String)> {
+        vec![
+            ("ID", id.to_string()),
+            ("LOG", self.log.display().to_string()),
+            (
+                "GO",
+                if barrier {
+                    self.go.display().to_string()
+                } else {
+                    String::new()
+                },
+            ),
+        ]
+    }
+
+    fn open_barrier(&self) {
+        std::fs::write(&self.go, "").expect("create the go file");
+    }
+}
+
+async fn locks(agent: &Agent, prefix: &str) -> Value {
+    let reply = agent.get(&format!("/v1/vigil/locks?prefix={prefix}")).await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    reply.json()
+}
+
+#[tokio::test]
+async fn eight_plain_locks_never_overlap_and_all_run() {
+    // Eight commands start at once on one prefix.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let mut procs: Vec<Child> = (0..8)
+        .map(|i| {
+            vigil_lock(
+                &agent,
+                &["mx", "--", "sh", "-c", SECTION],
+                &run.env(i, false),
+            )
+        })
+        .collect();
+
+    // Every one exits 0 (the child's status) …
+    for p in &mut procs {
+        assert_eq!(exit_code(p).await, 0);
+    }
+    // … and the log shows eight sections, one at a time.
+    let (order, most) = replay(&lines(&run.log));
+    assert_eq!(order.len(), 8, "{order:?}");
+    assert_eq!(most, 1);
+    // Every session was destroyed and the lock key is free.
+    assert_eq!(agent.get("/v1/session/list").await.json(), json!([]));
+    assert_eq!(locks(&agent, "mx").await["Locks"], json!([]));
+    drop(run.dir);
+}
+
+#[tokio::test]
+async fn eight_fair_locks_run_in_order_of_arrival() {
+    // Arrivals are staggered: each command queues before the next starts. The first holds the
+    // lock until the barrier opens, so all eight are queued behind it.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let mut procs = Vec::new();
+    for i in 0..8 {
+        procs.push(vigil_lock(
+            &agent,
+            &["--fair", "fq", "--", "sh", "-c", SECTION],
+            &run.env(i, true),
+        ));
+        eventually(PROMPT, "the contender to queue", || async {
+            let report = locks(&agent, "fq").await;
+            let queued = report["FairQueues"][0]["Queue"]
+                .as_array()
+                .map_or(0, Vec::len);
+            (queued == i + 1).then_some(())
+        })
+        .await;
+    }
+
+    // The queue is observable, owner first, in arrival order; so is `vigil lock status`.
+    let report = locks(&agent, "fq").await;
+    let queue = report["FairQueues"][0]["Queue"].as_array().unwrap().clone();
+    let created: Vec<u64> = queue
+        .iter()
+        .map(|c| c["CreateIndex"].as_u64().unwrap())
+        .collect();
+    assert!(created.windows(2).all(|w| w[0] < w[1]), "{created:?}");
+    assert_eq!(queue[0]["Node"], json!("test-node"));
+    let status = Command::new(binary())
+        .args(["lock", "status", "fq"])
+        .env("VIGIL_HTTP_ADDR", &agent.base)
+        .output()
+        .await
+        .expect("vigil lock status");
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("fair lock fq:"), "{text}");
+    assert_eq!(text.matches("queued session").count(), 7, "{text}");
+
+    // Open the barrier: the sections run one at a time, first come first served.
+    run.open_barrier();
+    for p in &mut procs {
+        assert_eq!(exit_code(p).await, 0);
+    }
+    let (order, most) = replay(&lines(&run.log));
+    assert_eq!(most, 1);
+    let expected: Vec<String> = (0..8).map(|i| i.to_string()).collect();
+    assert_eq!(order, expected);
+    assert_eq!(
+        agent.get("/v1/kv/fq?recurse").await.status,
+        404,
+        "queue left behind"
+    );
+}
+
+#[tokio::test]
+async fn limit_three_lets_exactly_three_in_at_once() {
+    // Eight commands on a semaphore of 3; those inside wait at the barrier.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let mut procs: Vec<Child> = (0..8)
+        .map(|i| {
+            vigil_lock(
+                &agent,
+                &["--limit", "3", "sem", "--", "sh", "-c", SECTION],
+                &run.env(i, true),
+            )
+        })
+        .collect();
+
+    // Three get in and stay in; the semaphore reports 3 holders and 5 waiting.
+    eventually(PROMPT, "three holders inside", || async {
+        let report = locks(&agent, "sem").await;
+        let sem = &report["Semaphores"][0];
+        let holders = sem["Holders"].as_array().map_or(0, Vec::len);
+        let waiting = sem["Waiting"].as_array().map_or(0, Vec::len);
+        let inside = lines(&run.log).len();
+        (holders == 3 && waiting == 5 && inside == 3).then_some(())
+    })
+    .await;
+    assert_eq!(
+        locks(&agent, "sem").await["Semaphores"][0]["Limit"],
+        json!(3)
+    );
+
+    // After the barrier opens everyone runs, never more than three at a time.
+    run.open_barrier();
+    for p in &mut procs {
+        assert_eq!(exit_code(p).await, 0);
+    }
+    let (order, most) = replay(&lines(&run.log));
+    assert_eq!(order.len(), 8);
+    assert_eq!(most, 3);
+}
+
+/// The holder's session, read from the lock key.
+async fn holder_session(agent: &Agent, key: &str) -> String {
+    eventually(PROMPT, "the lock to be held", || async {
+        let reply = agent.get(&format!("/v1/kv/{key}")).await;
+        (reply.status == 200)
+            .then(|| reply.json()[0]["Session"].as_str().map(str::to_owned))
+            .flatten()
+    })
+    .await
+}
+
+async fn destroy(agent: &Agent, session: &str) {
+    let reply = agent
+        .put(&format!("/v1/session/destroy/{session}"), "")
+        .await;
+    assert_eq!(reply.status, 200, "{}", reply.text());
+}
+
+#[tokio::test]
+async fn lost_lock_terminates_child_and_grandchild_within_a_second() {
+    // The child traps TERM and starts a grandchild (`sh -c`) that traps it too. The sequencer is
+    // in the child's environment; CONSUL_HTTP_ADDR alone finds the agent.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let script = r#"
+trap 'echo child-term >> "$LOG"; exit 0' TERM
+sh -c 'trap "echo grandchild-term >> \"$LOG\"; exit 0" TERM; echo grandchild-ready >> "$LOG"; while :; do sleep 0.05; done' &
+echo "env $VIGIL_LOCK_KEY $VIGIL_LOCK_INDEX $VIGIL_LOCK_SESSION $CONSUL_LOCK_HELD" >> "$LOG"
+echo child-ready >> "$LOG"
+wait
+"#;
+    let mut proc = Command::new(binary())
+        .args(["lock", "loss", "--", "sh", "-c", script])
+        .env("CONSUL_HTTP_ADDR", &agent.base)
+        .env_remove("VIGIL_HTTP_ADDR")
+        .env("LOG", &run.log)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil lock");
+    eventually(PROMPT, "child and grandchild to start", || async {
+        let log = lines(&run.log);
+        (log.contains(&"child-ready".into()) && log.contains(&"grandchild-ready".into()))
+            .then_some(())
+    })
+    .await;
+    let session = holder_session(&agent, "loss/.lock").await;
+    let env_line = lines(&run.log)
+        .into_iter()
+        .find(|l| l.starts_with("env "))
+        .unwrap();
+    assert_eq!(env_line, format!("env loss/.lock 1 {session} true"));
+
+    // Destroying the session through the API reaches both processes within a second.
+    let destroyed = Instant::now();
+    destroy(&agent, &session).await;
+    eventually(
+        Duration::from_secs(1),
+        "SIGTERM in child and grandchild",
+        || async {
+            let log = lines(&run.log);
+            (log.contains(&"child-term".into()) && log.contains(&"grandchild-term".into()))
+                .then_some(())
+        },
+    )
+    .await;
+    println!(
+        "lock loss → SIGTERM in the group: {:?}",
+        destroyed.elapsed()
+    );
+
+    // vigil exits with the documented "lock lost" status.
+    assert_eq!(exit_code(&mut proc).await, 75);
+}
+
+#[tokio::test]
+async fn child_ignoring_sigterm_is_killed_after_the_grace() {
+    // The whole group ignores TERM; the grace is 1 s.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let script = r#"
+trap '' TERM
+echo "pid $$" >> "$LOG"
+while :; do sleep 0.05; done
+"#;
+    let mut proc = vigil_lock(
+        &agent,
+        &["--grace", "1s", "stubborn", "--", "sh", "-c", script],
+        &[("LOG", run.log.display().to_string())],
+    );
+    let pid: u32 = eventually(PROMPT, "the child to start", || async {
+        lines(&run.log)
+            .iter()
+            .find_map(|l| l.strip_prefix("pid ").and_then(|p| p.parse().ok()))
+    })
+    .await;
+    let session = holder_session(&agent, "stubborn/.lock").await;
+
+    // After the session is destroyed the child survives SIGTERM, and is SIGKILLed after 1 s.
+    let destroyed = Instant::now();
+    destroy(&agent, &session).await;
+    assert_eq!(exit_code(&mut proc).await, 75);
+    let took = destroyed.elapsed();
+    assert!(
+        took >= Duration::from_secs(1),
+        "killed before the grace: {took:?}"
+    );
+    assert!(took < Duration::from_secs(6), "grace overrun: {took:?}");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "child {pid} still exists"
+    );
+}
+
+#[tokio::test]
+async fn waiting_command_can_be_stopped_and_leaves_nothing_behind() {
+    // One command holds the lock behind the barrier; a second waits for it.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let mut holder = vigil_lock(
+        &agent,
+        &["wq", "--", "sh", "-c", SECTION],
+        &run.env(0, true),
+    );
+    holder_session(&agent, "wq/.lock").await;
+    let mut waiter = vigil_lock(
+        &agent,
+        &["wq", "--", "sh", "-c", SECTION],
+        &run.env(1, false),
+    );
+    eventually(PROMPT, "the waiter's session", || async {
+        let sessions = agent.get("/v1/session/list").await.json();
+        (sessions.as_array().map_or(0, Vec::len) == 2).then_some(())
+    })
+    .await;
+
+    // SIGTERM makes the waiter give up: status 128+15, its session destroyed.
+    let pid = waiter.id().expect("waiter pid").to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    assert_eq!(exit_code(&mut waiter).await, 143);
+    let sessions = agent.get("/v1/session/list").await.json();
+    assert_eq!(sessions.as_array().map(Vec::len), Some(1), "{sessions}");
+
+    // The holder is unaffected and finishes normally; only its section ran.
+    run.open_barrier();
+    assert_eq!(exit_code(&mut holder).await, 0);
+    assert_eq!(replay(&lines(&run.log)).0, vec!["0".to_owned()]);
+}

@@ -1,0 +1,198 @@
+//! [`Lock`]: Consul's `api.Lock` over the KV API, byte-compatible with it (same key, flag value
+//! 3304740253564472344, session "Consul API Lock" with TTL 15 s, `?acquire`/`?release` with the
+//! value re-sent), so a Vigil lock and a Go-client lock on the same key exclude each other.
+//!
+//! Acquire: blocking GET until the key is free, `?acquire`; on refusal a non-blocking GET tells
+//! "held" (block again) from "lock-delay" (sleep for the delay Vigil reports, else 5 s).
+
+use std::time::Duration;
+
+use super::held::{Held, monitor_key};
+use super::keeper::SessionKeeper;
+use super::lost::{LossReason, LostTrigger};
+use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index};
+use crate::session::Behavior;
+
+/// `api.LockFlagValue` (0x2ddccbc058a50c18): marks a key used as a lock.
+pub const LOCK_FLAG_VALUE: u64 = 0x2ddc_cbc0_58a5_0c18;
+/// `api.DefaultLockSessionName`.
+pub const DEFAULT_LOCK_SESSION_NAME: &str = "Consul API Lock";
+/// `api.DefaultLockSessionTTL`.
+pub const DEFAULT_LOCK_SESSION_TTL: Duration = Duration::from_secs(15);
+/// `api.DefaultLockWaitTime`: each blocking GET while waiting.
+pub const DEFAULT_LOCK_WAIT_TIME: Duration = Duration::from_secs(15);
+/// `api.DefaultLockRetryTime`: the pause after a lock-delay refusal when the agent does not say
+/// how long the delay lasts.
+pub const DEFAULT_LOCK_RETRY_TIME: Duration = Duration::from_secs(5);
+
+/// Refusals on an unheld key retried at once before pausing for [`DEFAULT_LOCK_RETRY_TIME`].
+const QUICK_RETRIES: u32 = 3;
+
+/// What to lock and with which session settings (`api.LockOptions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    pub key: String,
+    pub value: Vec<u8>,
+    pub session_name: String,
+    pub session_ttl: Duration,
+    /// `None`: the agent's default (15 s).
+    pub lock_delay: Option<Duration>,
+    pub wait_time: Duration,
+}
+
+impl LockOptions {
+    pub fn new(key: impl Into<String>) -> LockOptions {
+        LockOptions {
+            key: key.into(),
+            value: Vec::new(),
+            session_name: DEFAULT_LOCK_SESSION_NAME.to_owned(),
+            session_ttl: DEFAULT_LOCK_SESSION_TTL,
+            lock_delay: None,
+            wait_time: DEFAULT_LOCK_WAIT_TIME,
+        }
+    }
+
+    pub(crate) fn session_request(&self, behavior: Behavior) -> SessionRequest {
+        SessionRequest {
+            name: self.session_name.clone(),
+            ttl: Some(self.session_ttl),
+            lock_delay: self.lock_delay,
+            behavior,
+            ..SessionRequest::default()
+        }
+    }
+}
+
+/// A mutex on one key (`api.Lock`).
+#[derive(Clone)]
+pub struct Lock {
+    client: Client,
+    opts: LockOptions,
+}
+
+impl Lock {
+    pub fn new(client: &Client, opts: LockOptions) -> Result<Lock, ClientError> {
+        if opts.key.is_empty() {
+            return Err(ClientError::MissingKey);
+        }
+        Ok(Lock {
+            client: client.clone(),
+            opts,
+        })
+    }
+
+    pub fn key(&self) -> &str {
+        &self.opts.key
+    }
+
+    /// Blocks until the lock is held. Dropping the future gives up and destroys the session.
+    pub async fn acquire(&self) -> Result<Held, ClientError> {
+        let client = &self.client;
+        let key = &self.opts.key;
+        let mut keeper =
+            SessionKeeper::create(client, &self.opts.session_request(Behavior::Release)).await?;
+        let session = keeper.id().to_owned();
+        let session_lost = keeper.lost();
+        let mut index = 0;
+        let mut unexplained = 0;
+        loop {
+            let opts = ReadOpts::blocking(index, self.opts.wait_time);
+            let (pair, meta) = tokio::select! {
+                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
+                read = client.kv_get(key, opts) => read?,
+            };
+            if let Some(pair) = &pair {
+                if pair.flags != LOCK_FLAG_VALUE {
+                    return Err(ClientError::LockConflict);
+                }
+                if pair.session.as_deref().is_some_and(|s| s != session) {
+                    index = next_wait_index(index, meta.index);
+                    continue;
+                }
+            }
+            let acquired = client
+                .kv_acquire(key, &self.opts.value, LOCK_FLAG_VALUE, &session)
+                .await?;
+            if acquired.acquired {
+                break;
+            }
+            // Held by someone else (block on it), or lock-delay (wait it out).
+            let (pair, meta) = client.kv_get(key, ReadOpts::default()).await?;
+            if pair.is_some_and(|p| p.session.is_some()) {
+                index = next_wait_index(0, meta.index);
+                unexplained = 0;
+                continue;
+            }
+            // Without Vigil's header, an unheld key may also mean it was released between the
+            // refusal and the read: retry at once a few times before assuming lock-delay.
+            let pause = match acquired.lock_delay {
+                Some(delay) => delay,
+                None if unexplained < QUICK_RETRIES => {
+                    unexplained += 1;
+                    index = 0;
+                    continue;
+                }
+                None => DEFAULT_LOCK_RETRY_TIME,
+            };
+            unexplained = 0;
+            tracing::debug!(%key, ?pause, "lock-delay in effect");
+            tokio::select! {
+                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
+                () = tokio::time::sleep(pause) => {}
+            }
+            index = 0;
+        }
+
+        // Held. Read the sequencer, then watch the key.
+        let (pair, meta) = client.kv_get(key, ReadOpts::default().consistent()).await?;
+        let lock_index = pair.as_ref().map_or(0, |p| p.lock_index);
+        let (release_client, release_key, value) =
+            (client.clone(), key.clone(), self.opts.value.clone());
+        let release_session = session.clone();
+        keeper.on_close(Box::pin(async move {
+            release_client
+                .kv_release(&release_key, &value, LOCK_FLAG_VALUE, &release_session)
+                .await
+                .map(|_| ())
+        }));
+        let (trigger, lost) = LostTrigger::new();
+        if pair.as_ref().and_then(|p| p.session.as_deref()) != Some(session.as_str()) {
+            trigger.fire(LossReason::KeyReleased);
+        }
+        let monitor = tokio::spawn(monitor_key(
+            client.clone(),
+            key.clone(),
+            session,
+            meta.index,
+            session_lost,
+            trigger,
+            keeper.ttl(),
+        ));
+        Ok(Held::new(key.clone(), lock_index, keeper, monitor, lost))
+    }
+
+    /// Deletes the lock key if nobody holds it (`api.Lock.Destroy`).
+    pub async fn destroy(&self) -> Result<(), ClientError> {
+        let (pair, _) = self
+            .client
+            .kv_get(&self.opts.key, ReadOpts::default())
+            .await?;
+        let Some(pair) = pair else {
+            return Ok(());
+        };
+        if pair.flags != LOCK_FLAG_VALUE {
+            return Err(ClientError::LockConflict);
+        }
+        if pair.session.is_some() {
+            return Err(ClientError::LockInUse);
+        }
+        if !self
+            .client
+            .kv_delete_cas(&self.opts.key, pair.modify_index)
+            .await?
+        {
+            return Err(ClientError::LockInUse);
+        }
+        Ok(())
+    }
+}

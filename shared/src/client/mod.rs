@@ -1,0 +1,362 @@
+//! The async HTTP client for a Vigil (or Consul) agent, behind the `client` feature: KV, sessions,
+//! txn and blocking queries over one pooled `reqwest` client, plus the recipes built on them —
+//! a session keeper, [`Lock`] (`api.Lock`), [`Semaphore`] (`api.Semaphore`), the etcd-style
+//! [`FairMutex`] and [`Election`]. Every acquisition returns a [`Held`] whose `lost()` resolves
+//! once the lock is no longer held.
+//!
+//! Invariants: a blocking read carries the last `X-Consul-Index` forward ([`next_wait_index`]);
+//! every session a recipe creates is destroyed when its holder is released or dropped (drops
+//! queue the cleanup on the client; [`Client::drain_cleanups`] waits for it before exiting).
+
+mod election;
+mod error;
+mod fair;
+mod held;
+mod keeper;
+mod kv;
+mod lock;
+mod lost;
+pub mod path;
+mod semaphore;
+mod session;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use reqwest::header::HeaderMap;
+
+pub use election::{Election, Leader};
+pub use error::ClientError;
+pub use fair::{FAIR_FLAG_VALUE, FairMutex, FairOptions, FairStep, fair_step};
+pub use held::Held;
+pub use keeper::SessionKeeper;
+pub use kv::{Acquired, TxnReply};
+pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
+pub use lost::{LossReason, LostSignal};
+pub use semaphore::{
+    SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,
+};
+pub use session::SessionRequest;
+
+/// Where client commands find the agent when no environment variable says otherwise.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8500";
+/// How long a non-blocking request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// A blocking read without an explicit wait blocks this long on the server (Consul's default).
+const DEFAULT_BLOCKING_WAIT: Duration = Duration::from_secs(300);
+
+/// Options of one read: the index to block past (0: answer at once), how long, and whether the
+/// leader must confirm its leadership first (`?consistent`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReadOpts {
+    pub index: u64,
+    pub wait: Option<Duration>,
+    pub consistent: bool,
+}
+
+impl ReadOpts {
+    /// A blocking read past `index` for at most `wait` (non-blocking when `index` is 0).
+    pub fn blocking(index: u64, wait: Duration) -> ReadOpts {
+        ReadOpts {
+            index,
+            wait: Some(wait),
+            consistent: false,
+        }
+    }
+
+    pub fn consistent(mut self) -> ReadOpts {
+        self.consistent = true;
+        self
+    }
+}
+
+/// The read headers: `X-Consul-Index` (floored to 1), `X-Consul-KnownLeader`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueryMeta {
+    pub index: u64,
+    pub known_leader: bool,
+}
+
+/// The index for the next blocking read after one returned `returned` (Consul's client rules):
+/// carry it forward, reset to 0 when it went backwards (snapshot restore, reaped tombstone), and
+/// never block on 0.
+pub fn next_wait_index(previous: u64, returned: u64) -> u64 {
+    if returned < previous {
+        0
+    } else {
+        returned.max(1)
+    }
+}
+
+/// One agent's HTTP API. Cheap to clone; clones share the connection pool, the counter of
+/// blocking-query returns and the queue of pending cleanups.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    /// `http://host:port`, no trailing slash.
+    base: String,
+    /// Blocking reads (index > 0) that returned, for measuring wakeups.
+    blocking_returns: AtomicU64,
+    /// Cleanups queued by dropped holders (release, delete, session destroy).
+    cleanups: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// A raw answer.
+pub(crate) struct Reply {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).trim_end().to_owned()
+    }
+
+    fn meta(&self) -> QueryMeta {
+        let header = |name: &str| self.headers.get(name).and_then(|v| v.to_str().ok());
+        QueryMeta {
+            index: header("X-Consul-Index")
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+                .max(1),
+            known_leader: header("X-Consul-KnownLeader") == Some("true"),
+        }
+    }
+}
+
+impl Client {
+    /// A client for the agent at `addr` (`host:port` or `http://host:port`).
+    pub fn new(addr: &str) -> Result<Client, ClientError> {
+        let addr = addr.trim().trim_end_matches('/');
+        if addr.is_empty() {
+            return Err(ClientError::BadAddress(addr.to_owned()));
+        }
+        let base = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("http://{addr}")
+        };
+        let http = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(90))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| ClientError::BadAddress(format!("{base}: {e}")))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base,
+                blocking_returns: AtomicU64::new(0),
+                cleanups: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    /// The agent named by `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500.
+    pub fn from_env() -> Result<Client, ClientError> {
+        let addr = ["VIGIL_HTTP_ADDR", "CONSUL_HTTP_ADDR"]
+            .iter()
+            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
+            .unwrap_or_else(|| DEFAULT_HTTP_ADDR.to_owned());
+        Client::new(&addr)
+    }
+
+    /// `http://host:port` of the agent.
+    pub fn base(&self) -> &str {
+        &self.inner.base
+    }
+
+    /// How many blocking reads (index > 0) have returned through this client and its clones.
+    pub fn blocking_returns(&self) -> u64 {
+        self.inner.blocking_returns.load(Ordering::Relaxed)
+    }
+
+    /// Runs `cleanup` in the background; [`Client::drain_cleanups`] waits for it.
+    pub(crate) fn spawn_cleanup(
+        &self,
+        cleanup: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let handle = runtime.spawn(cleanup);
+        let mut queue = self
+            .inner
+            .cleanups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        queue.retain(|h| !h.is_finished());
+        queue.push(handle);
+    }
+
+    /// Waits (at most `limit`) for cleanups queued by dropped holders: call before exiting.
+    pub async fn drain_cleanups(&self, limit: Duration) {
+        let pending: Vec<_> = {
+            let mut queue = self
+                .inner
+                .cleanups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            std::mem::take(&mut *queue)
+        };
+        let all = futures::future::join_all(pending);
+        let _ = tokio::time::timeout(limit, all).await;
+    }
+
+    /// Sends one request; `path_and_query` is already encoded.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Reply, ClientError> {
+        let url = format!("{}{path_and_query}", self.inner.base);
+        let mut request = self.inner.http.request(method, &url).timeout(timeout);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let unreachable = |source: reqwest::Error| ClientError::Unreachable {
+            addr: self.inner.base.clone(),
+            source,
+        };
+        let response = request.send().await.map_err(unreachable)?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = response.bytes().await.map_err(unreachable)?.to_vec();
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// A GET with the read options applied; 200 and 404 are both answers.
+    pub(crate) async fn read(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        opts: &ReadOpts,
+    ) -> Result<(Reply, QueryMeta), ClientError> {
+        let mut pairs: Vec<(&str, String)> = query.to_vec();
+        if opts.consistent {
+            pairs.push(("consistent", String::new()));
+        }
+        let blocking = opts.index > 0;
+        let mut timeout = REQUEST_TIMEOUT;
+        if blocking {
+            let wait = opts.wait.unwrap_or(DEFAULT_BLOCKING_WAIT);
+            pairs.push(("index", opts.index.to_string()));
+            // As the Go client sends it: whole milliseconds.
+            pairs.push(("wait", format!("{}ms", wait.as_millis())));
+            // The server adds up to wait/16 of jitter.
+            timeout = wait + wait / 16 + REQUEST_TIMEOUT;
+        }
+        let reply = self
+            .send(Method::GET, &with_query(path, &pairs), None, timeout)
+            .await;
+        if blocking {
+            self.inner.blocking_returns.fetch_add(1, Ordering::Relaxed);
+        }
+        let reply = reply?;
+        match reply.status {
+            200 | 404 => {
+                let meta = reply.meta();
+                Ok((reply, meta))
+            }
+            _ => Err(ClientError::api(&reply)),
+        }
+    }
+}
+
+impl Client {
+    /// `GET /v1/vigil/locks?prefix=`: held keys, semaphore holders and fair-lock queues.
+    pub async fn vigil_locks(&self, prefix: &str) -> Result<serde_json::Value, ClientError> {
+        let query = [("prefix", prefix.to_owned())];
+        let (reply, _) = self
+            .read("/v1/vigil/locks", &query, &ReadOpts::default())
+            .await?;
+        if reply.status != 200 {
+            return Err(ClientError::api(&reply));
+        }
+        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+}
+
+/// Percent-encodes a KV key for a URL path, keeping `/` as the separator.
+pub(crate) fn encode_path(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~/".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Percent-encodes a query value.
+fn encode_query(value: &str) -> String {
+    encode_path(value).replace('/', "%2F")
+}
+
+/// `path?k=v&flag` (a flag with an empty value is sent bare, as presence-based flags are).
+pub(crate) fn with_query(path: &str, pairs: &[(&str, String)]) -> String {
+    if pairs.is_empty() {
+        return path.to_owned();
+    }
+    let query: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| {
+            if v.is_empty() {
+                (*k).to_owned()
+            } else {
+                format!("{k}={}", encode_query(v))
+            }
+        })
+        .collect();
+    format!("{path}?{}", query.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wait_index_carries_forward_resets_backwards_and_floors_at_one() {
+        assert_eq!(next_wait_index(0, 5), 5);
+        assert_eq!(next_wait_index(5, 9), 9);
+        assert_eq!(next_wait_index(9, 9), 9);
+        assert_eq!(next_wait_index(9, 3), 0, "went backwards");
+        assert_eq!(next_wait_index(0, 0), 1, "never block on 0");
+    }
+
+    #[test]
+    fn keys_and_queries_are_encoded() {
+        assert_eq!(encode_path("a b/c%"), "a%20b/c%25");
+        assert_eq!(
+            with_query(
+                "/v1/kv/x",
+                &[("recurse", String::new()), ("separator", "/".into())]
+            ),
+            "/v1/kv/x?recurse&separator=%2F"
+        );
+    }
+
+    #[test]
+    fn addresses_accept_host_port_and_urls() {
+        assert_eq!(
+            Client::new("127.0.0.1:1").unwrap().base(),
+            "http://127.0.0.1:1"
+        );
+        assert_eq!(Client::new("http://h:2/").unwrap().base(), "http://h:2");
+        assert!(Client::new(" ").is_err());
+    }
+}

@@ -1,0 +1,483 @@
+//! [`Semaphore`]: Consul's `api.Semaphore` (N holders on a prefix), byte-compatible with it:
+//! contender key `<prefix>/<session>` acquired with flag 16210313421097356768, coordination key
+//! `<prefix>/.lock` holding `{"Limit":N,"Holders":{"<session>":true,…}}` exactly as Go's
+//! `json.Marshal` writes it, dead holders pruned, slots taken and given back with CAS loops.
+//! A lock and a semaphore on the same prefix see each other's flag on `.lock` and refuse.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain};
+use super::keeper::SessionKeeper;
+use super::lost::{LossReason, LostSignal, LostTrigger};
+use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index, path};
+use crate::kv::KvEntry;
+use crate::session::Behavior;
+
+/// `api.SemaphoreFlagValue` (0xe0f69a2baa414de0).
+pub const SEMAPHORE_FLAG_VALUE: u64 = 0xe0f6_9a2b_aa41_4de0;
+/// `api.DefaultSemaphoreKey`: the coordination key inside the prefix.
+pub const SEMAPHORE_KEY: &str = ".lock";
+/// `api.DefaultSemaphoreSessionName`.
+pub const DEFAULT_SEMAPHORE_SESSION_NAME: &str = "Consul API Semaphore";
+/// `api.DefaultSemaphoreWaitTime`.
+pub const DEFAULT_SEMAPHORE_WAIT_TIME: Duration = Duration::from_secs(15);
+
+/// The value of `<prefix>/.lock` (Go's `semaphoreLock`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SemaphoreLock {
+    pub limit: i64,
+    /// A set of session IDs (Go's `map[string]bool`, written with sorted keys).
+    pub holders: BTreeMap<String, bool>,
+}
+
+impl SemaphoreLock {
+    pub fn empty(limit: i64) -> SemaphoreLock {
+        SemaphoreLock {
+            limit,
+            holders: BTreeMap::new(),
+        }
+    }
+
+    /// Go's `json.Marshal`: `{"Limit":2,"Holders":{"a":true,"b":true}}`.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = format!("{{\"Limit\":{},\"Holders\":{{", self.limit);
+        for (i, (holder, held)) in self.holders.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            out.push_str(&go_json_string(holder));
+            out.push(':');
+            out.push_str(if *held { "true" } else { "false" });
+        }
+        out.push_str("}}");
+        out.into_bytes()
+    }
+
+    /// Go's `decodeLock`: an empty value is an empty lock with the local limit; field names
+    /// match case-insensitively, as `encoding/json` does.
+    pub fn decode(value: &[u8], local_limit: i64) -> Result<SemaphoreLock, String> {
+        if value.is_empty() {
+            return Ok(SemaphoreLock::empty(local_limit));
+        }
+        let fail = |e: &dyn std::fmt::Display| format!("lock decoding failed: {e}");
+        let v: Value = serde_json::from_slice(value).map_err(|e| fail(&e))?;
+        let obj = v.as_object().ok_or_else(|| fail(&"not an object"))?;
+        let mut lock = SemaphoreLock::empty(0);
+        for (name, field) in obj {
+            match name.to_ascii_lowercase().as_str() {
+                "limit" => {
+                    lock.limit = field.as_i64().ok_or_else(|| fail(&"Limit is no integer"))?;
+                }
+                "holders" if field.is_null() => {}
+                "holders" => {
+                    let map = field
+                        .as_object()
+                        .ok_or_else(|| fail(&"Holders is no object"))?;
+                    for (holder, held) in map {
+                        let held = held.as_bool().ok_or_else(|| fail(&"holder is no bool"))?;
+                        lock.holders.insert(holder.clone(), held);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(lock)
+    }
+
+    /// Drops every holder whose session holds no key in `pairs` (Go's `pruneDeadHolders`).
+    pub fn prune(&mut self, pairs: &[KvEntry]) {
+        let alive: std::collections::HashSet<&str> =
+            pairs.iter().filter_map(|p| p.session.as_deref()).collect();
+        self.holders.retain(|h, _| alive.contains(h.as_str()));
+    }
+}
+
+/// A JSON string as Go's `encoding/json` writes it (HTML-safe escaping of `<`, `>`, `&`).
+fn go_json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '<' | '>' | '&' | '\u{2028}' | '\u{2029}' => {
+                out.push_str(&format!("\\u{:04x}", c as u32));
+            }
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The coordination entry in a listing, or an empty one with the semaphore flag (`findLock`).
+fn find_lock(pairs: &[KvEntry], lock_key: &str) -> KvEntry {
+    pairs
+        .iter()
+        .find(|p| p.key == lock_key)
+        .cloned()
+        .unwrap_or(KvEntry {
+            key: lock_key.to_owned(),
+            value: Vec::new(),
+            flags: SEMAPHORE_FLAG_VALUE,
+            session: None,
+            lock_index: 0,
+            create_index: 0,
+            modify_index: 0,
+        })
+}
+
+/// Semaphore settings (`api.SemaphoreOptions`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SemaphoreOptions {
+    pub prefix: String,
+    pub limit: i64,
+    /// Value of the contender entry.
+    pub value: Vec<u8>,
+    pub session_name: String,
+    pub session_ttl: Duration,
+    pub lock_delay: Option<Duration>,
+    pub wait_time: Duration,
+}
+
+impl SemaphoreOptions {
+    pub fn new(prefix: impl Into<String>, limit: i64) -> SemaphoreOptions {
+        SemaphoreOptions {
+            prefix: prefix.into(),
+            limit,
+            value: Vec::new(),
+            session_name: DEFAULT_SEMAPHORE_SESSION_NAME.to_owned(),
+            session_ttl: Duration::from_secs(15),
+            lock_delay: None,
+            wait_time: DEFAULT_SEMAPHORE_WAIT_TIME,
+        }
+    }
+}
+
+/// N holders on a prefix (`api.Semaphore`).
+#[derive(Clone)]
+pub struct Semaphore {
+    client: Client,
+    opts: SemaphoreOptions,
+    lock_key: String,
+}
+
+impl Semaphore {
+    pub fn new(client: &Client, opts: SemaphoreOptions) -> Result<Semaphore, ClientError> {
+        if opts.prefix.is_empty() {
+            return Err(ClientError::MissingPrefix);
+        }
+        if opts.limit <= 0 {
+            return Err(ClientError::BadLimit);
+        }
+        let lock_key = path::join(&[&opts.prefix, SEMAPHORE_KEY]);
+        Ok(Semaphore {
+            client: client.clone(),
+            opts,
+            lock_key,
+        })
+    }
+
+    /// Blocks until a slot is held. Dropping the future gives up and cleans up.
+    pub async fn acquire(&self) -> Result<Held, ClientError> {
+        let client = &self.client;
+        let request = SessionRequest {
+            name: self.opts.session_name.clone(),
+            ttl: Some(self.opts.session_ttl),
+            lock_delay: self.opts.lock_delay,
+            behavior: Behavior::Delete,
+            ..SessionRequest::default()
+        };
+        let mut keeper = SessionKeeper::create(client, &request).await?;
+        let session = keeper.id().to_owned();
+        let session_lost = keeper.lost();
+        let contender = path::join(&[&self.opts.prefix, &session]);
+        let made = client
+            .kv_acquire(&contender, &self.opts.value, SEMAPHORE_FLAG_VALUE, &session)
+            .await?;
+        if !made.acquired {
+            return Err(ClientError::ContenderEntry);
+        }
+        let (c, k) = (client.clone(), contender.clone());
+        keeper.on_close(Box::pin(async move { c.kv_delete(&k).await.map(|_| ()) }));
+
+        let mut index = 0;
+        let (lock_index, start_index) = loop {
+            let opts = ReadOpts::blocking(index, self.opts.wait_time);
+            let (pairs, meta) = tokio::select! {
+                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
+                read = client.kv_list(&self.opts.prefix, opts) => read?,
+            };
+            let lock_pair = find_lock(&pairs, &self.lock_key);
+            if lock_pair.flags != SEMAPHORE_FLAG_VALUE {
+                return Err(ClientError::SemaphoreConflict);
+            }
+            let mut lock = SemaphoreLock::decode(&lock_pair.value, self.opts.limit)
+                .map_err(ClientError::Decode)?;
+            if lock.limit != self.opts.limit {
+                return Err(ClientError::LimitConflict {
+                    lock: lock.limit,
+                    local: self.opts.limit,
+                });
+            }
+            lock.prune(&pairs);
+            if lock.holders.len() as i64 >= lock.limit {
+                index = next_wait_index(index, meta.index);
+                continue;
+            }
+            lock.holders.insert(session.clone(), true);
+            let swapped = client
+                .kv_cas(
+                    &self.lock_key,
+                    &lock.encode(),
+                    SEMAPHORE_FLAG_VALUE,
+                    lock_pair.modify_index,
+                )
+                .await?;
+            if swapped {
+                let lock_index = pairs
+                    .iter()
+                    .find(|p| p.key == contender)
+                    .map_or(1, |p| p.lock_index);
+                break (lock_index, meta.index);
+            }
+        };
+
+        // Held: on close, leave the holders (CAS loop), then delete the contender entry.
+        keeper.clear_cleanups();
+        let leave = leave(
+            client.clone(),
+            self.lock_key.clone(),
+            self.opts.limit,
+            session.clone(),
+            contender.clone(),
+        );
+        keeper.on_close(Box::pin(leave));
+        let (trigger, lost) = LostTrigger::new();
+        let watch = SlotWatch {
+            client: client.clone(),
+            prefix: self.opts.prefix.clone(),
+            lock_key: self.lock_key.clone(),
+            limit: self.opts.limit,
+            session,
+            unreachable_after: keeper.ttl(),
+        };
+        let monitor = tokio::spawn(monitor_slot(watch, start_index, session_lost, trigger));
+        Ok(Held::new(contender, lock_index, keeper, monitor, lost))
+    }
+
+    /// Deletes `.lock` if no live holder is left (`api.Semaphore.Destroy`).
+    pub async fn destroy(&self) -> Result<(), ClientError> {
+        let (pairs, _) = self
+            .client
+            .kv_list(&self.opts.prefix, ReadOpts::default())
+            .await?;
+        let lock_pair = find_lock(&pairs, &self.lock_key);
+        if lock_pair.modify_index == 0 {
+            return Ok(());
+        }
+        if lock_pair.flags != SEMAPHORE_FLAG_VALUE {
+            return Err(ClientError::SemaphoreConflict);
+        }
+        let mut lock = SemaphoreLock::decode(&lock_pair.value, self.opts.limit)
+            .map_err(ClientError::Decode)?;
+        lock.prune(&pairs);
+        if !lock.holders.is_empty() {
+            return Err(ClientError::SemaphoreInUse);
+        }
+        if !self
+            .client
+            .kv_delete_cas(&self.lock_key, lock_pair.modify_index)
+            .await?
+        {
+            return Err(ClientError::SemaphoreInUse);
+        }
+        Ok(())
+    }
+}
+
+/// `Release`: remove ourselves from the holders with a CAS loop, then delete the contender.
+async fn leave(
+    client: Client,
+    lock_key: String,
+    limit: i64,
+    session: String,
+    contender: String,
+) -> Result<(), ClientError> {
+    loop {
+        let (pair, _) = client.kv_get(&lock_key, ReadOpts::default()).await?;
+        let (value, modify_index) = pair.map_or((Vec::new(), 0), |p| (p.value, p.modify_index));
+        let mut lock = SemaphoreLock::decode(&value, limit).map_err(ClientError::Decode)?;
+        if lock.holders.remove(&session).is_none() {
+            break;
+        }
+        if client
+            .kv_cas(
+                &lock_key,
+                &lock.encode(),
+                SEMAPHORE_FLAG_VALUE,
+                modify_index,
+            )
+            .await?
+        {
+            break;
+        }
+    }
+    client.kv_delete(&contender).await.map(|_| ())
+}
+
+/// What a slot monitor watches.
+struct SlotWatch {
+    client: Client,
+    prefix: String,
+    lock_key: String,
+    limit: i64,
+    session: String,
+    unreachable_after: Duration,
+}
+
+/// Watches the prefix until our session is no longer a (live) holder.
+async fn monitor_slot(
+    watch: SlotWatch,
+    mut index: u64,
+    session_lost: LostSignal,
+    trigger: LostTrigger,
+) {
+    let SlotWatch {
+        client,
+        prefix,
+        lock_key,
+        limit,
+        session,
+        unreachable_after,
+    } = watch;
+    let mut last_ok = Instant::now();
+    loop {
+        let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
+        let result = tokio::select! {
+            reason = session_lost.wait() => {
+                trigger.fire(reason);
+                return;
+            }
+            result = client.kv_list(&prefix, opts) => result,
+        };
+        match result {
+            Ok((pairs, meta)) => {
+                last_ok = Instant::now();
+                let lock_pair = find_lock(&pairs, &lock_key);
+                let held = SemaphoreLock::decode(&lock_pair.value, limit).map(|mut lock| {
+                    lock.prune(&pairs);
+                    lock.holders.contains_key(&session)
+                });
+                if held != Ok(true) {
+                    let mine = pairs
+                        .iter()
+                        .find(|p| p.session.as_deref() == Some(&session));
+                    let reason = match explain(&client, &session, mine).await {
+                        LossReason::KeyReleased => LossReason::SlotRemoved,
+                        other => other,
+                    };
+                    trigger.fire(reason);
+                    return;
+                }
+                index = next_wait_index(index, meta.index);
+            }
+            Err(e) => {
+                if last_ok.elapsed() >= unreachable_after {
+                    trigger.fire(LossReason::Unreachable);
+                    return;
+                }
+                tracing::debug!(%prefix, error = %e, "semaphore monitor read failed, retrying");
+                index = 0;
+                tokio::time::sleep(MONITOR_RETRY).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair(key: &str, session: Option<&str>) -> KvEntry {
+        KvEntry {
+            key: key.into(),
+            value: Vec::new(),
+            flags: SEMAPHORE_FLAG_VALUE,
+            session: session.map(str::to_owned),
+            lock_index: 1,
+            create_index: 1,
+            modify_index: 1,
+        }
+    }
+
+    #[test]
+    fn encodes_like_go_json_marshal() {
+        let mut lock = SemaphoreLock::empty(2);
+        lock.holders.insert("b".into(), true);
+        lock.holders.insert("a".into(), true);
+        assert_eq!(
+            lock.encode(),
+            br#"{"Limit":2,"Holders":{"a":true,"b":true}}"#.to_vec()
+        );
+        assert_eq!(
+            SemaphoreLock::empty(3).encode(),
+            br#"{"Limit":3,"Holders":{}}"#.to_vec()
+        );
+        let mut odd = SemaphoreLock::empty(1);
+        odd.holders.insert("<&>\"".into(), true);
+        assert_eq!(
+            String::from_utf8(odd.encode()).unwrap(),
+            r#"{"Limit":1,"Holders":{"\u003c\u0026\u003e\"":true}}"#
+        );
+    }
+
+    #[test]
+    fn decodes_go_output_any_casing_and_empty_values() {
+        let lock =
+            SemaphoreLock::decode(br#"{"Limit":2,"Holders":{"a":true,"b":true}}"#, 9).unwrap();
+        assert_eq!(lock.limit, 2);
+        assert_eq!(lock.holders.keys().collect::<Vec<_>>(), ["a", "b"]);
+        let round = SemaphoreLock::decode(&lock.encode(), 9).unwrap();
+        assert_eq!(round, lock);
+        let lower = SemaphoreLock::decode(br#"{"limit":3,"holders":null}"#, 9).unwrap();
+        assert_eq!(lower, SemaphoreLock::empty(3));
+        assert_eq!(
+            SemaphoreLock::decode(b"", 4).unwrap(),
+            SemaphoreLock::empty(4)
+        );
+        let err = SemaphoreLock::decode(b"{", 1).unwrap_err();
+        assert!(err.starts_with("lock decoding failed: "), "{err}");
+    }
+
+    #[test]
+    fn prunes_holders_without_a_live_key() {
+        let mut lock = SemaphoreLock::empty(3);
+        for h in ["s1", "s2", "s3"] {
+            lock.holders.insert(h.into(), true);
+        }
+        let pairs = [
+            pair("p/.lock", None),
+            pair("p/s1", Some("s1")),
+            pair("p/s3", Some("s3")),
+            pair("p/s2", None),
+        ];
+        lock.prune(&pairs);
+        assert_eq!(lock.holders.keys().collect::<Vec<_>>(), ["s1", "s3"]);
+    }
+
+    #[test]
+    fn missing_coordination_key_is_an_empty_semaphore_entry() {
+        let found = find_lock(&[pair("p/s1", Some("s1"))], "p/.lock");
+        assert_eq!(found.flags, SEMAPHORE_FLAG_VALUE);
+        assert_eq!(found.modify_index, 0);
+    }
+}
