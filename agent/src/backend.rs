@@ -4,14 +4,16 @@
 //! a deadline, so an election or a server loss looks like latency rather than an error.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use vigil_server::Server;
 use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo};
 use vigil_server::transport::{RpcClient, TransportError};
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
     Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
@@ -21,26 +23,83 @@ use vigil_shared::session::Session;
 const RETRY_FOR: Duration = Duration::from_secs(15);
 /// Time allowed for one RPC beyond its blocking wait.
 const CALL_SLACK: Duration = Duration::from_secs(30);
+/// A server that has answered nothing for this long while a call waits on it is pinged.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A server that does not answer a ping within this is taken to be gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 pub enum Backend {
     Local(Arc<Server>),
     Remote(RemoteServers),
 }
 
-/// The servers a client agent talks to, with the one that answered last tried first.
+/// The servers a client agent talks to, found through gossip, with the one that answered last
+/// tried first.
 pub struct RemoteServers {
     rpc: RpcClient,
-    servers: Vec<SocketAddr>,
-    preferred: AtomicUsize,
+    members: watch::Receiver<Vec<MemberStatus>>,
+    preferred: Mutex<Option<SocketAddr>>,
+    shutdown: CancellationToken,
 }
 
 impl RemoteServers {
-    pub fn new(rpc: RpcClient, servers: Vec<SocketAddr>) -> RemoteServers {
+    pub fn new(
+        rpc: RpcClient,
+        members: watch::Receiver<Vec<MemberStatus>>,
+        shutdown: CancellationToken,
+    ) -> RemoteServers {
         RemoteServers {
             rpc,
-            servers,
-            preferred: AtomicUsize::new(0),
+            members,
+            preferred: Mutex::new(None),
+            shutdown,
         }
+    }
+
+    /// One call to one server. While it waits (a blocking query), the server is pinged every
+    /// [`PROBE_AFTER`]: QUIC notices a killed peer only after its idle timeout, and the caller
+    /// should move to another server long before that.
+    async fn call_one(
+        &self,
+        server: SocketAddr,
+        request: &RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, TransportError> {
+        let call = self
+            .rpc
+            .call_typed::<RpcRequest, RpcResponse>(server, request, timeout);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                result = &mut call => return result,
+                () = tokio::time::sleep(PROBE_AFTER) => {
+                    let ping = self
+                        .rpc
+                        .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello, PROBE_TIMEOUT)
+                        .await;
+                    if let Err(e) = ping {
+                        self.rpc.disconnect(server).await;
+                        return Err(e);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Alive servers' RPC addresses, the last one that answered first.
+    fn servers(&self) -> Vec<SocketAddr> {
+        let mut servers: Vec<SocketAddr> = self
+            .members
+            .borrow()
+            .iter()
+            .filter(|m| m.role == MemberRole::Server && m.state == MemberState::Alive)
+            .map(|m| m.rpc_addr)
+            .collect();
+        let preferred = *self.preferred.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(at) = preferred.and_then(|p| servers.iter().position(|s| *s == p)) {
+            servers.swap(0, at);
+        }
+        servers
     }
 
     /// Sends `request` to the preferred server, moving on to the next one when a server cannot
@@ -50,22 +109,15 @@ impl RemoteServers {
         request: &RpcRequest,
         timeout: Duration,
     ) -> Result<RpcResponse, ServerError> {
-        let n = self.servers.len();
-        let start = self.preferred.load(Ordering::Relaxed);
         let mut last = None;
-        for i in 0..n {
-            let at = (start + i) % n;
-            match self
-                .rpc
-                .call_typed::<RpcRequest, RpcResponse>(self.servers[at], request, timeout)
-                .await
-            {
+        for server in self.servers() {
+            match self.call_one(server, request, timeout).await {
                 Ok(response) => {
-                    self.preferred.store(at, Ordering::Relaxed);
+                    *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
                     return Ok(response);
                 }
                 Err(e) => {
-                    tracing::debug!(server = %self.servers[at], error = %e, "server RPC failed");
+                    tracing::debug!(%server, error = %e, "server RPC failed");
                     let delivered = !matches!(e, TransportError::Unreachable { .. });
                     last = Some(e);
                     if delivered && !idempotent(request) {
@@ -94,8 +146,10 @@ fn retryable(e: &ServerError, idempotent: bool) -> bool {
     }
 }
 
-/// Retries `attempt` with backoff while it fails retryably and the deadline allows.
+/// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
+/// is not stopping.
 async fn with_retries<T, F, Fut>(
+    backend: &Backend,
     deadline: Instant,
     idempotent: bool,
     mut attempt: F,
@@ -107,7 +161,11 @@ where
     let mut backoff = Duration::from_millis(50);
     loop {
         match attempt().await {
-            Err(e) if retryable(&e, idempotent) && Instant::now() + backoff < deadline => {
+            Err(e)
+                if retryable(&e, idempotent)
+                    && Instant::now() + backoff < deadline
+                    && !backend.shutting_down() =>
+            {
                 tracing::debug!(error = %e, "retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
@@ -122,10 +180,18 @@ fn unexpected(response: RpcResponse) -> ServerError {
 }
 
 impl Backend {
+    /// True once the agent is stopping.
+    fn shutting_down(&self) -> bool {
+        match self {
+            Backend::Local(server) => server.is_shutting_down(),
+            Backend::Remote(remote) => remote.shutdown.is_cancelled(),
+        }
+    }
+
     /// Commits a state change.
     pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
         let deadline = Instant::now() + RETRY_FOR;
-        with_retries(deadline, false, || {
+        with_retries(self, deadline, false, || {
             let op = op.clone();
             async move {
                 match self {
@@ -152,10 +218,16 @@ impl Backend {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        let wait = Duration::from_millis(opts.wait_ms);
+        // Only a query with an index blocks; the HTTP layer sets a default wait on every read,
+        // which must not stretch the retry window of a plain read to minutes.
+        let wait = if opts.min_index == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(opts.wait_ms)
+        };
         let deadline = Instant::now() + wait + RETRY_FOR;
         let started = Instant::now();
-        with_retries(deadline, true, || {
+        with_retries(self, deadline, true, || {
             let query = query.clone();
             // A retry blocks only for what is left of the caller's wait.
             let left = wait.saturating_sub(started.elapsed());
@@ -173,7 +245,14 @@ impl Backend {
                             forwarded: false,
                         };
                         let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
-                        match remote.call(&request, timeout).await? {
+                        // A blocking query must not hold up the agent's shutdown.
+                        let response = tokio::select! {
+                            response = remote.call(&request, timeout) => response?,
+                            () = remote.shutdown.cancelled() => {
+                                return Err(ServerError::ShuttingDown);
+                            }
+                        };
+                        match response {
                             RpcResponse::Query(result) => result,
                             other => Err(unexpected(other)),
                         }
@@ -187,7 +266,7 @@ impl Backend {
     /// Renews a session on the leader, retrying through an election.
     pub async fn renew(&self, id: &str) -> Result<Session, ServerError> {
         let deadline = Instant::now() + RETRY_FOR;
-        with_retries(deadline, true, || async move {
+        with_retries(self, deadline, true, || async move {
             match self {
                 Backend::Local(server) => server.renew_session(id).await,
                 Backend::Remote(remote) => {

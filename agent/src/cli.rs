@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use vigil_shared::duration::parse_go_duration;
 
+use crate::gossip::{Keyring, TimingProfile};
 use crate::{AgentConfig, AgentMode, TlsSource};
 
 #[derive(Debug, Parser)]
@@ -34,12 +35,22 @@ pub enum Command {
     Kv(crate::cmd::kv::KvCommand),
     /// List, create, destroy and renew sessions.
     Session(crate::cmd::session::SessionCommand),
+    /// Print a new gossip encryption key for `--encrypt`.
+    Keygen,
+    /// List the gossip members the local agent knows.
+    Members(crate::cmd::members::MembersArgs),
+    /// Ask the local agent to join a member's gossip address.
+    Join(crate::cmd::members::JoinArgs),
+    /// Make the local agent leave the cluster gracefully and stop.
+    Leave(crate::cmd::AgentAddr),
+    /// Mark a failed member as left (the leader then deregisters it).
+    ForceLeave(crate::cmd::members::ForceLeaveArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct AgentArgs {
     /// Single node with the server role, everything in memory, throwaway certificates.
-    #[arg(long, conflicts_with_all = ["server", "data_dir", "bootstrap_expect", "join"])]
+    #[arg(long, conflicts_with_all = ["server", "data_dir", "bootstrap_expect"])]
     pub dev: bool,
     /// Run the server role (a member of the raft server set).
     #[arg(long, requires_all = ["data_dir", "bootstrap_expect"])]
@@ -50,10 +61,19 @@ pub struct AgentArgs {
     /// Directory for the raft log, snapshots and this server's ID.
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
-    /// RPC address of a server to form a cluster with (servers) or to forward to (clients);
-    /// repeatable.
+    /// Gossip address of a member to join (repeatable); retried until connected.
     #[arg(long = "join")]
     pub join: Vec<SocketAddr>,
+    /// Gossip (Serf) address, UDP (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8301")]
+    pub serf_addr: SocketAddr,
+    /// Gossip encryption key from `vigil keygen` (base64, 32 bytes).
+    #[arg(long)]
+    pub encrypt: Option<String>,
+    /// Gossip timing profile: `lan` (default; tolerates multi-second pauses) or `local`
+    /// (fast failure detection on one machine, for tests).
+    #[arg(long, default_value = "lan", value_parser = parse_profile)]
+    pub gossip_profile: TimingProfile,
     /// CA certificate (PEM) that signs every agent's certificate.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
@@ -81,6 +101,14 @@ pub struct AgentArgs {
     /// Smallest session TTL accepted (Consul's session_ttl_min); lower it only for tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub session_ttl_min: Duration,
+}
+
+fn parse_profile(s: &str) -> Result<TimingProfile, String> {
+    match s {
+        "lan" => Ok(TimingProfile::Lan),
+        "local" => Ok(TimingProfile::Local),
+        _ => Err(format!("must be lan or local, not {s:?}")),
+    }
 }
 
 fn parse_bootstrap_expect(s: &str) -> Result<usize, String> {
@@ -114,17 +142,20 @@ impl AgentArgs {
                 bootstrap_expect: self
                     .bootstrap_expect
                     .expect("clap requires --bootstrap-expect"),
-                join: self.join.clone(),
             }
         } else if self.join.is_empty() {
             anyhow::bail!(
-                "a client agent needs at least one --join (a server's RPC address), or use --dev or --server"
+                "a client agent needs at least one --join (a member's gossip address), or use --dev or --server"
             );
         } else {
-            AgentMode::Client {
-                servers: self.join.clone(),
-            }
+            AgentMode::Client
         };
+        let encrypt = self
+            .encrypt
+            .as_deref()
+            .map(Keyring::from_base64)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?;
         let tls = match (&self.ca_file, &self.cert_file, &self.key_file) {
             (Some(ca), Some(cert), Some(key)) => TlsSource::Files {
                 ca: ca.clone(),
@@ -140,6 +171,10 @@ impl AgentArgs {
             node_name: self.node.clone().unwrap_or_else(hostname),
             http_addr: self.http_addr,
             rpc_addr: self.rpc_addr,
+            serf_addr: self.serf_addr,
+            join: self.join.clone(),
+            encrypt,
+            gossip_profile: self.gossip_profile,
             mode,
             tls,
             session_ttl_min: self.session_ttl_min,

@@ -1,13 +1,14 @@
-//! The `vigil` agent: parses its configuration, runs the server role in-process when asked, and
-//! serves the Consul-compatible HTTP API. `start` returns a [`Handle`] that knows the bound
-//! addresses, so tests start agents on port 0 through the same code path as `main`.
+//! The `vigil` agent: parses its configuration, joins the gossip cluster, runs the server role
+//! in-process when asked, and serves the Consul-compatible HTTP API. `start` returns a [`Handle`]
+//! that knows the bound addresses, so tests start agents on port 0 through the same code path as
+//! `main`.
 
 pub mod backend;
 pub mod cli;
 pub mod cmd;
+pub mod gossip;
 pub mod http;
 pub mod run;
-pub mod sync;
 pub mod tls_cmd;
 
 use std::net::{SocketAddr, UdpSocket};
@@ -17,17 +18,23 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use vigil_server::tls::TlsMaterial;
 use vigil_server::transport::{self, RpcClient};
 use vigil_server::{RaftTiming, Server, ServerConfig, ServerMode};
+use vigil_shared::catalog::{HealthStatus, MemberRole, SERF_HEALTH};
+use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
 
 use backend::{Backend, RemoteServers};
-use sync::NodeSync;
+use gossip::{Gossip, GossipConfig, Keyring, TimingProfile};
 
 /// The only datacenter a Vigil cluster has.
 pub const DATACENTER: &str = "dc1";
+
+/// How long a dev agent may take to register itself.
+const DEV_READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What this agent runs.
 #[derive(Debug, Clone)]
@@ -38,10 +45,9 @@ pub enum AgentMode {
     Server {
         data_dir: PathBuf,
         bootstrap_expect: usize,
-        join: Vec<SocketAddr>,
     },
-    /// A client agent forwarding to the servers at these RPC addresses.
-    Client { servers: Vec<SocketAddr> },
+    /// A client agent forwarding to the servers gossip reports.
+    Client,
 }
 
 /// Where the agent's TLS identity comes from.
@@ -62,6 +68,13 @@ pub struct AgentConfig {
     pub node_name: String,
     pub http_addr: SocketAddr,
     pub rpc_addr: SocketAddr,
+    /// Gossip (Serf) address; port 0 picks a free port.
+    pub serf_addr: SocketAddr,
+    /// Gossip addresses of members to join (retried while not connected).
+    pub join: Vec<SocketAddr>,
+    /// The cluster's gossip key (`vigil keygen`).
+    pub encrypt: Option<Keyring>,
+    pub gossip_profile: TimingProfile,
     pub mode: AgentMode,
     pub tls: TlsSource,
     /// Smallest session TTL accepted; lowered only by tests.
@@ -72,7 +85,9 @@ pub struct AgentConfig {
 pub struct Handle {
     pub http_addr: SocketAddr,
     pub rpc_addr: SocketAddr,
+    pub serf_addr: SocketAddr,
     pub backend: Arc<Backend>,
+    pub gossip: Gossip,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -89,7 +104,7 @@ impl Handle {
     }
 }
 
-/// Starts an agent: the server role (dev or cluster) or a client, plus the HTTP API.
+/// Starts an agent: gossip, the server role (dev or cluster) or a client, plus the HTTP API.
 pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::Result<Handle> {
     let tls = match &config.tls {
         TlsSource::Throwaway => TlsMaterial::dev()?,
@@ -100,29 +115,60 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         .await
         .with_context(|| format!("binding the HTTP address {}", config.http_addr))?;
     let http_addr = listener.local_addr()?;
+    let is_server = !matches!(config.mode, AgentMode::Client);
+    let rpc_socket = if is_server {
+        Some(
+            UdpSocket::bind(config.rpc_addr)
+                .with_context(|| format!("binding the RPC address {}", config.rpc_addr))?,
+        )
+    } else {
+        None
+    };
+    let rpc_addr = match &rpc_socket {
+        Some(socket) => socket.local_addr()?,
+        None => config.rpc_addr,
+    };
 
-    let (backend, rpc_addr) = match &config.mode {
-        AgentMode::Client { servers } => {
+    let tasks = TaskTracker::new();
+    let gossip = gossip::start(
+        GossipConfig {
+            name: config.node_name.clone(),
+            bind_addr: config.serf_addr,
+            advertise_addr: None,
+            role: if is_server {
+                MemberRole::Server
+            } else {
+                MemberRole::Client
+            },
+            rpc_addr,
+            datacenter: DATACENTER.to_owned(),
+            join: config.join.clone(),
+            keyring: config.encrypt.clone(),
+            profile: config.gossip_profile,
+        },
+        shutdown.clone(),
+        &tasks,
+    )
+    .await?;
+
+    let backend = match (rpc_socket, &config.mode) {
+        (None, _) => {
             let endpoint = transport::client_endpoint(&tls)?;
             let rpc = RpcClient::new(endpoint, tls.server_name());
-            (
-                Backend::Remote(RemoteServers::new(rpc, servers.clone())),
-                config.rpc_addr,
-            )
+            Backend::Remote(RemoteServers::new(
+                rpc,
+                gossip.subscribe(),
+                shutdown.clone(),
+            ))
         }
-        AgentMode::Dev | AgentMode::Server { .. } => {
-            let socket = UdpSocket::bind(config.rpc_addr)
-                .with_context(|| format!("binding the RPC address {}", config.rpc_addr))?;
-            let rpc_addr = socket.local_addr()?;
-            let mode = match &config.mode {
+        (Some(socket), mode) => {
+            let mode = match mode {
                 AgentMode::Server {
                     data_dir,
                     bootstrap_expect,
-                    join,
                 } => ServerMode::Cluster {
                     data_dir: data_dir.clone(),
                     bootstrap_expect: *bootstrap_expect,
-                    join: join.clone(),
                 },
                 _ => ServerMode::Dev,
             };
@@ -132,36 +178,30 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     rpc_addr,
                     raft: RaftTiming::local(),
                     mode,
-                    members: None,
+                    members: Some(gossip.subscribe()),
                 },
                 &tls,
                 socket,
                 shutdown.clone(),
             )
             .await?;
-            (Backend::Local(server), rpc_addr)
+            Backend::Local(server)
         }
     };
     let backend = Arc::new(backend);
-
-    let tasks = TaskTracker::new();
-    let node_sync = NodeSync {
-        backend: Arc::clone(&backend),
-        node: config.node_name.clone(),
-        address: rpc_addr.ip().to_string(),
-    };
     if matches!(config.mode, AgentMode::Dev) {
-        // A dev agent is ready only once sessions can be created on it.
-        node_sync.sync_once().await?;
+        // A dev agent is ready once sessions can be created on it.
+        wait_registered(&backend, &config.node_name).await?;
     }
-    tasks.spawn(node_sync.run(shutdown.clone()));
 
     let router = http::router(http::AppState {
         backend: Arc::clone(&backend),
+        gossip: gossip.clone(),
         node_name: config.node_name.clone(),
         http_addr,
         rpc_addr,
         session_ttl_min: config.session_ttl_min,
+        shutdown: shutdown.clone(),
     });
     let token = shutdown.clone();
     tasks.spawn(async move {
@@ -174,8 +214,36 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     Ok(Handle {
         http_addr,
         rpc_addr,
+        serf_addr: gossip.gossip_addr(),
         backend,
+        gossip,
         shutdown,
         tasks,
     })
+}
+
+/// Waits until the leader has registered this node with a passing `serfHealth` check.
+async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DEV_READY_TIMEOUT;
+    let opts = QueryOptions {
+        consistency: Consistency::Stale,
+        ..QueryOptions::default()
+    };
+    loop {
+        let query = ReadQuery::NodeChecks {
+            node: node.to_owned(),
+        };
+        if let (QueryResult::Checks(checks), _) = backend.query(opts, query).await?
+            && checks
+                .iter()
+                .any(|c| c.check_id == SERF_HEALTH && c.status == HealthStatus::Passing)
+        {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "this node was not registered within {DEV_READY_TIMEOUT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

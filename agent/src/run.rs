@@ -26,18 +26,25 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let handle = crate::start(config.clone(), shutdown.clone()).await?;
     // One stable line on stdout that scripts and tests read for the bound addresses.
     println!(
-        "vigil agent running: node={} http={} rpc={}",
-        config.node_name, handle.http_addr, handle.rpc_addr
+        "vigil agent running: node={} http={} rpc={} serf={}",
+        config.node_name, handle.http_addr, handle.rpc_addr, handle.serf_addr
     );
     tracing::info!(http = %handle.http_addr, rpc = %handle.rpc_addr, node = %config.node_name, "agent started");
     let mut term = signal(SignalKind::terminate())?;
     let token = shutdown.clone();
+    let gossip = handle.gossip.clone();
     tokio::spawn(async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
+            // Stopped another way (`/v1/agent/leave`): nothing left to do here.
+            _ = token.cancelled() => return,
         }
-        tracing::info!("shutting down");
+        tracing::info!("leaving the cluster and shutting down");
+        // A graceful leave: the leader deregisters this node and invalidates its sessions.
+        if let Err(e) = gossip.leave().await {
+            tracing::warn!(error = %e, "graceful leave failed");
+        }
         token.cancel();
     });
     handle.wait().await;
@@ -54,5 +61,13 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Elect(args) => crate::cmd::exit(crate::cmd::elect::run(args).await),
         Command::Kv(cmd) => crate::cmd::exit(crate::cmd::kv::run(cmd).await),
         Command::Session(cmd) => crate::cmd::exit(crate::cmd::session::run(cmd).await),
+        Command::Keygen => {
+            println!("{}", crate::gossip::generate_key());
+            Ok(())
+        }
+        Command::Members(args) => crate::cmd::exit(crate::cmd::members::members(args).await),
+        Command::Join(args) => crate::cmd::exit(crate::cmd::members::join(args).await),
+        Command::Leave(agent) => crate::cmd::exit(crate::cmd::members::leave(agent).await),
+        Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
     }
 }

@@ -1,6 +1,13 @@
-//! Test harness: real `vigil agent` processes on 127.0.0.1 with OS-chosen ports, and a small
-//! HTTP client that returns status, headers and body so tests can assert Consul's exact answers.
+//! Test harness: real `vigil agent` processes on 127.0.0.1, and a small HTTP client that returns
+//! status, headers and body so tests can assert Consul's exact answers. [`Agent`] runs one
+//! process from any arguments (a dev agent with [`Agent::dev`]); [`cluster`] builds server sets
+//! and client agents out of them.
 
+pub mod cluster;
+
+use std::ffi::OsStr;
+use std::ops::Deref;
+use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -59,55 +66,18 @@ pub fn binary() -> std::path::PathBuf {
         .expect("target directory")
 }
 
-/// A `vigil agent --dev` process, killed when dropped.
-pub struct Agent {
-    child: Child,
+/// An agent's HTTP API. Cheap to clone, so concurrent tasks can each hold one.
+#[derive(Clone, Debug)]
+pub struct Http {
+    /// `http://host:port`.
     pub base: String,
-    pub rpc_addr: String,
-    pub node: String,
     client: reqwest::Client,
 }
 
-impl Agent {
-    /// Starts a dev agent on free ports with a 1 s minimum session TTL, so TTL tests are short.
-    pub async fn dev() -> Agent {
-        Agent::dev_with(&["--session-ttl-min", "1s"]).await
-    }
-
-    pub async fn dev_with(extra: &[&str]) -> Agent {
-        let node = "test-node".to_owned();
-        let mut child = Command::new(binary())
-            .args(["agent", "--dev", "--node", &node])
-            .args(["--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"])
-            .args(["--log-level", "warn"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn vigil agent");
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let line = timeout(START_TIMEOUT, lines.next_line())
-            .await
-            .expect("agent did not start in time")
-            .expect("read agent stdout")
-            .expect("agent exited before it was ready");
-        let field = |name: &str| {
-            line.split_whitespace()
-                .find_map(|w| w.strip_prefix(name))
-                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
-                .to_owned()
-        };
-        let http = field("http=");
-        let rpc_addr = field("rpc=");
-        // Keep draining stdout so the agent never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Agent {
-            child,
-            base: format!("http://{http}"),
-            rpc_addr,
-            node,
+impl Http {
+    pub fn new(base: String) -> Http {
+        Http {
+            base,
             client: reqwest::Client::builder()
                 .timeout(Duration::from_secs(120))
                 .build()
@@ -119,21 +89,39 @@ impl Agent {
         format!("{}{path_and_query}", self.base)
     }
 
-    pub async fn request(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Reply {
+    /// Sends a request; `Err` when the agent could not be reached or did not answer.
+    pub async fn try_request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> reqwest::Result<Reply> {
         let mut req = self.client.request(method, self.url(path));
         if let Some(body) = body {
             req = req.body(body);
         }
-        let resp = req.send().await.expect("HTTP request");
-        Reply {
+        let resp = req.send().await?;
+        Ok(Reply {
             status: resp.status(),
             headers: resp.headers().clone(),
-            body: resp.bytes().await.expect("HTTP body").to_vec(),
-        }
+            body: resp.bytes().await?.to_vec(),
+        })
+    }
+
+    /// Sends a request; panics when the agent does not answer.
+    pub async fn request(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Reply {
+        self.try_request(method, path, body)
+            .await
+            .unwrap_or_else(|e| panic!("HTTP request to {}{path}: {e}", self.base))
     }
 
     pub async fn get(&self, path: &str) -> Reply {
         self.request(Method::GET, path, None).await
+    }
+
+    /// A GET that reports an unreachable agent as `None` instead of panicking.
+    pub async fn try_get(&self, path: &str) -> Option<Reply> {
+        self.try_request(Method::GET, path, None).await.ok()
     }
 
     pub async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
@@ -150,22 +138,138 @@ impl Agent {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
         reply.json()["ID"].as_str().expect("session ID").to_owned()
     }
+}
+
+/// A running `vigil` process (killed when dropped) and its HTTP API (through `Deref`).
+pub struct Agent {
+    child: Child,
+    http: Http,
+    /// The RPC address from the ready line (a client agent reports its unused `--rpc-addr`).
+    pub rpc_addr: String,
+    /// The node name from the ready line.
+    pub node: String,
+}
+
+impl Deref for Agent {
+    type Target = Http;
+
+    fn deref(&self) -> &Http {
+        &self.http
+    }
+}
+
+impl Agent {
+    /// Starts a dev agent on free ports with a 1 s minimum session TTL, so TTL tests are short.
+    pub async fn dev() -> Agent {
+        Agent::dev_with(&["--session-ttl-min", "1s"]).await
+    }
+
+    pub async fn dev_with(extra: &[&str]) -> Agent {
+        let mut args = vec!["agent", "--dev", "--node", "test-node"];
+        args.extend(["--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"]);
+        args.extend(["--serf-addr", "127.0.0.1:0", "--gossip-profile", "local"]);
+        args.extend(["--log-level", "warn"]);
+        args.extend(extra);
+        Agent::spawn(args, None).await
+    }
+
+    /// Runs `vigil <args>` and waits for its `vigil agent running: ...` line. Its stderr goes
+    /// to `log` (appended, so restarts accumulate) or is inherited.
+    pub async fn spawn<I, S>(args: I, log: Option<&Path>) -> Agent
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let stderr = match log {
+            Some(path) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+                .into(),
+            None => Stdio::inherit(),
+        };
+        let mut command = Command::new(binary());
+        if log.is_some() {
+            // Plain text in log files (tracing honours NO_COLOR).
+            command.env("NO_COLOR", "1");
+        }
+        let mut child = command
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn vigil agent");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let log_tail = || log.map(|p| log_tail(p, 20)).unwrap_or_default();
+        let line = match timeout(START_TIMEOUT, lines.next_line()).await {
+            Err(_) => panic!("agent did not start in time\n{}", log_tail()),
+            Ok(Err(e)) => panic!("read agent stdout: {e}"),
+            Ok(Ok(None)) => panic!("agent exited before it was ready\n{}", log_tail()),
+            Ok(Ok(Some(line))) => line,
+        };
+        let field = |name: &str| {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(name))
+                .unwrap_or_else(|| panic!("no {name} in {line:?}"))
+                .to_owned()
+        };
+        let http = field("http=");
+        let rpc_addr = field("rpc=");
+        let node = field("node=");
+        // Keep draining stdout so the agent never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Agent {
+            child,
+            http: Http::new(format!("http://{http}")),
+            rpc_addr,
+            node,
+        }
+    }
+
+    /// A handle on the HTTP API that outlives borrows of the agent (for spawned tasks).
+    pub fn http(&self) -> Http {
+        self.http.clone()
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(pid) = self.child.id() {
+            let status = std::process::Command::new("kill")
+                .args([signal, &pid.to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {signal} {pid} failed");
+        }
+    }
 
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub async fn terminate(mut self) -> Option<i32> {
-        if let Some(pid) = self.child.id() {
-            let status = std::process::Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .expect("run kill");
-            assert!(status.success());
-        }
+        self.signal("-TERM");
         let status = timeout(Duration::from_secs(20), self.child.wait())
             .await
             .expect("agent did not exit after SIGTERM")
             .expect("wait for agent");
         status.code()
     }
+
+    /// `kill -9`: no chance to clean up, as in a crash or power loss. Returns once it is gone.
+    pub async fn kill9(mut self) {
+        self.signal("-KILL");
+        timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .expect("agent did not exit after SIGKILL")
+            .expect("wait for agent");
+    }
+}
+
+/// The last `n` lines of a log file (empty when it cannot be read).
+pub fn log_tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(n)..].join("\n");
+    format!("--- last lines of {} ---\n{tail}", path.display())
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `limit`.

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use vigil_shared::catalog::MemberStatus;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
@@ -63,12 +63,11 @@ impl RaftTiming {
 pub enum ServerMode {
     /// One server, log in memory (`vigil agent --dev`).
     Dev,
-    /// A member of a 1, 3 or 5 server set with a durable log in `data_dir`.
+    /// A member of a 1, 3 or 5 server set with a durable log in `data_dir`; the other servers
+    /// are found through the gossip member list (`ServerConfig::members`).
     Cluster {
         data_dir: PathBuf,
         bootstrap_expect: usize,
-        /// RPC addresses of the other servers to form or join the cluster with.
-        join: Vec<SocketAddr>,
     },
 }
 
@@ -246,14 +245,12 @@ impl Server {
                     .map_err(|_| StartError::NotReady(READY_TIMEOUT))?;
             }
             ServerMode::Cluster {
-                bootstrap_expect,
-                join,
-                ..
+                bootstrap_expect, ..
             } => {
                 let s = Arc::clone(&server);
                 server
                     .tasks
-                    .spawn(async move { s.form_cluster(bootstrap_expect, join).await });
+                    .spawn(async move { s.form_cluster(bootstrap_expect).await });
             }
         }
         Ok(server)
@@ -289,20 +286,32 @@ impl Server {
             .is_some()
     }
 
-    /// Forms a new cluster with `bootstrap_expect` servers found through `join`, or joins the
-    /// existing one they belong to. A server that already has raft state never bootstraps again.
-    /// The member list comes from `join` today; gossip can feed the same loop later.
-    async fn form_cluster(self: Arc<Self>, bootstrap_expect: usize, join: Vec<SocketAddr>) {
+    /// RPC addresses of the other servers gossip reports alive.
+    fn gossip_servers(&self) -> Vec<SocketAddr> {
         let me = self.config.rpc_addr;
+        self.config.members.as_ref().map_or_else(Vec::new, |m| {
+            m.borrow()
+                .iter()
+                .filter(|m| m.role == MemberRole::Server && m.state == MemberState::Alive)
+                .map(|m| m.rpc_addr)
+                .filter(|a| *a != me)
+                .collect()
+        })
+    }
+
+    /// Forms a new cluster with `bootstrap_expect` servers found through gossip, or joins the
+    /// existing one they belong to. A server that already has raft state never bootstraps again.
+    async fn form_cluster(self: Arc<Self>, bootstrap_expect: usize) {
         loop {
             if self.is_initialized() {
                 tracing::info!("raft cluster membership known");
                 return;
             }
+            let join = self.gossip_servers();
             let mut known: BTreeMap<NodeId, ServerNode> =
                 BTreeMap::from([(self.node_id, self.self_node())]);
             let mut existing: Option<SocketAddr> = None;
-            for addr in join.iter().filter(|a| **a != me) {
+            for addr in &join {
                 let hello = self
                     .rpc
                     .call_typed::<RpcRequest, RpcResponse>(
@@ -348,6 +357,11 @@ impl Server {
         }
     }
 
+    /// True once shutdown has been requested.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
     fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().state == ServerState::Leader
     }
@@ -375,15 +389,40 @@ impl Server {
         request: RpcRequest,
         wait: Duration,
     ) -> Result<RpcResponse, ServerError> {
+        let mut metrics = self.raft.metrics();
+        let leader_id = metrics.borrow_and_update().current_leader;
         let leader = self.leader_socket()?;
-        self.rpc
-            .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK)
-            .await
-            .map_err(|e| match e {
+        let is_write = matches!(request, RpcRequest::Write { .. });
+        let call =
+            self.rpc
+                .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK);
+        // QUIC notices a killed leader only after its idle timeout; raft notices within an
+        // election timeout. Stop waiting as soon as raft names another leader or none.
+        let leader_lost = async {
+            while metrics.borrow_and_update().current_leader == leader_id {
+                if metrics.changed().await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            result = call => result.map_err(|e| match e {
                 // Never delivered: the caller may safely retry.
                 TransportError::Unreachable { .. } => ServerError::NoLeader,
                 other => ServerError::Raft(format!("forwarding to the leader {leader}: {other}")),
-            })
+            }),
+            // A write may have been applied before the leader went; only reads and renewals
+            // are safe to retry.
+            // A forwarded read (possibly blocking for minutes) must not hold up shutdown.
+            () = self.shutdown.cancelled(), if !is_write => Err(ServerError::ShuttingDown),
+            () = leader_lost => Err(if is_write {
+                ServerError::Raft(format!(
+                    "lost the leader {leader} while forwarding a write; it may or may not have been applied"
+                ))
+            } else {
+                ServerError::NoLeader
+            }),
+        }
     }
 
     /// Commits a state change, forwarding to the leader from a follower.
@@ -447,7 +486,12 @@ impl Server {
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
         let local = opts.consistency == Consistency::Stale || self.is_leader() || forwarded;
         if !local {
-            let wait = Duration::from_millis(opts.wait_ms);
+            // Only a query with an index blocks.
+            let wait = if opts.min_index == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(opts.wait_ms)
+            };
             let request = RpcRequest::Query {
                 opts,
                 query,

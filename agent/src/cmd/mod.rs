@@ -6,6 +6,7 @@ pub mod child;
 pub mod elect;
 pub mod kv;
 pub mod lock;
+pub mod members;
 pub mod session;
 
 use std::io::Write as _;

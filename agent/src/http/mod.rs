@@ -2,8 +2,10 @@
 //! HTTP into server requests and back; Consul's status codes, texts and headers are kept.
 
 mod agent;
+mod catalog;
 pub mod error;
 mod kv;
+mod members;
 pub mod params;
 mod session;
 mod status;
@@ -23,17 +25,21 @@ use serde::Serialize;
 use vigil_shared::rpc::QueryMeta;
 
 use crate::backend::Backend;
+use crate::gossip::Gossip;
 use params::Params;
 
 /// What every handler needs.
 #[derive(Clone)]
 pub struct AppState {
     pub backend: Arc<Backend>,
+    pub gossip: Gossip,
     pub node_name: String,
     pub http_addr: std::net::SocketAddr,
     pub rpc_addr: std::net::SocketAddr,
     /// Smallest session TTL accepted.
     pub session_ttl_min: std::time::Duration,
+    /// Cancelled by `/v1/agent/leave` to stop the agent.
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -60,6 +66,12 @@ pub fn router(state: AppState) -> Router {
             get(status::raft_configuration),
         )
         .route("/v1/agent/self", get(agent::agent_self))
+        .route("/v1/agent/members", get(members::members))
+        .route("/v1/agent/join/{addr}", put(members::join))
+        .route("/v1/agent/leave", put(members::leave))
+        .route("/v1/agent/force-leave/{node}", put(members::force_leave))
+        .route("/v1/catalog/nodes", get(catalog::nodes))
+        .route("/v1/health/node/{node}", get(catalog::node_health))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
         .fallback(not_found)

@@ -8,6 +8,7 @@
 //! every session a recipe creates is destroyed when its holder is released or dropped (drops
 //! queue the cleanup on the client; [`Client::drain_cleanups`] waits for it before exiting).
 
+mod agent;
 mod election;
 mod error;
 mod fair;

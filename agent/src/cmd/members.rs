@@ -1,0 +1,97 @@
+//! `vigil members`, `vigil join`, `vigil leave`, `vigil force-leave`: gossip membership through
+//! the local agent.
+
+use clap::Args;
+
+use super::AgentAddr;
+
+#[derive(Debug, Args)]
+pub struct MembersArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+}
+
+#[derive(Debug, Args)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// Gossip address of a member of the cluster to join.
+    pub address: String,
+}
+
+#[derive(Debug, Args)]
+pub struct ForceLeaveArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// Name of the failed node.
+    pub node: String,
+}
+
+fn status_name(code: u64) -> &'static str {
+    match code {
+        1 => "alive",
+        2 => "leaving",
+        3 => "left",
+        4 => "failed",
+        _ => "unknown",
+    }
+}
+
+/// Prints a table like `consul members`.
+pub async fn members(args: MembersArgs) -> anyhow::Result<i32> {
+    let members = args.agent.client()?.agent_members().await?;
+    let rows: Vec<[String; 5]> = members
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            let role = if m["Tags"]["role"] == "consul" {
+                "server"
+            } else {
+                "client"
+            };
+            [
+                text(&m["Name"]),
+                format!("{}:{}", text(&m["Addr"]), m["Port"]),
+                status_name(m["Status"].as_u64().unwrap_or(0)).to_owned(),
+                role.to_owned(),
+                text(&m["Tags"]["dc"]),
+            ]
+        })
+        .collect();
+    let header = ["Node", "Address", "Status", "Type", "DC"].map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
+    }
+    Ok(0)
+}
+
+pub async fn join(args: JoinArgs) -> anyhow::Result<i32> {
+    args.agent.client()?.agent_join(&args.address).await?;
+    println!("Successfully joined cluster by contacting 1 nodes.");
+    Ok(0)
+}
+
+pub async fn leave(agent: AgentAddr) -> anyhow::Result<i32> {
+    agent.client()?.agent_leave().await?;
+    println!("Graceful leave complete");
+    Ok(0)
+}
+
+pub async fn force_leave(args: ForceLeaveArgs) -> anyhow::Result<i32> {
+    args.agent.client()?.agent_force_leave(&args.node).await?;
+    Ok(0)
+}

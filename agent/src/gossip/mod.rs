@@ -1,0 +1,478 @@
+//! Gossip membership and failure detection: every agent runs SWIM (foca) over UDP so the leader
+//! can turn a member's failure into a critical `serfHealth` check and a graceful leave into a
+//! deregistration. One task owns foca, the socket and the timers ([`start`]); everything else
+//! talks to it through a [`Gossip`] handle (typed commands, answers on oneshots, the member list
+//! on a watch channel).
+//!
+//! Layout: [`identity`] (who a member is), [`crypto`] (packet envelope and key), [`profile`]
+//! (all timing numbers), `node` (foca plus our decisions without I/O: datacenter filter,
+//! push-pull state sync, suspicion nudges, two foca 2.0 workarounds), `book` (the member list),
+//! `leave` (leave notices that tell Left from Failed), `reannounce` (retry-join and partition
+//! healing); the simulator in `sim` runs `node` a hundred times over in one process.
+//!
+//! On the wire a UDP datagram is `envelope version | [nonce] | kind | payload [| tag]`, at most
+//! 1400 bytes; see [`crypto`] and `node`.
+
+mod book;
+pub mod crypto;
+pub mod identity;
+mod leave;
+mod node;
+pub mod profile;
+mod reannounce;
+
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use foca::{OwnedNotification, Timer};
+use futures::StreamExt as _;
+use tokio::net::UdpSocket;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tokio_util::time::DelayQueue;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+
+pub use crypto::{Envelope, KeyError, Keyring, generate_key};
+pub use identity::Member;
+pub use profile::TimingProfile;
+
+use book::ForceLeaveRefusal;
+use node::{GossipNode, Output, Refusal};
+
+/// How to run this node's gossip.
+#[derive(Debug, Clone)]
+pub struct GossipConfig {
+    /// Node name (unique in the cluster).
+    pub name: String,
+    /// UDP address to bind; port 0 picks a free port.
+    pub bind_addr: SocketAddr,
+    /// The gossip address peers should use, when `bind_addr` is a wildcard (0.0.0.0). Its port
+    /// may be 0, meaning "the bound port". None: the bound address.
+    pub advertise_addr: Option<SocketAddr>,
+    pub role: MemberRole,
+    /// This node's RPC address, advertised to the cluster in its identity.
+    pub rpc_addr: SocketAddr,
+    pub datacenter: String,
+    /// Gossip addresses to join (and keep retrying while not connected).
+    pub join: Vec<SocketAddr>,
+    /// The cluster's gossip key; None sends packets in the clear.
+    pub keyring: Option<Keyring>,
+    pub profile: TimingProfile,
+}
+
+impl GossipConfig {
+    /// A client member with no seeds, no key and the LAN profile.
+    pub fn new(
+        name: impl Into<String>,
+        bind_addr: SocketAddr,
+        rpc_addr: SocketAddr,
+        datacenter: impl Into<String>,
+    ) -> GossipConfig {
+        GossipConfig {
+            name: name.into(),
+            bind_addr,
+            advertise_addr: None,
+            role: MemberRole::Client,
+            rpc_addr,
+            datacenter: datacenter.into(),
+            join: Vec::new(),
+            keyring: None,
+            profile: TimingProfile::Lan,
+        }
+    }
+}
+
+/// What the gossip subsystem can refuse or fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum GossipError {
+    #[error("binding the gossip address {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the {what} {value:?} must be 1 to {max} bytes long", max = identity::MAX_NAME_LEN)]
+    BadName { what: &'static str, value: String },
+    #[error("the gossip address {0} is not one peers can reach; set an advertise address")]
+    Unadvertisable(SocketAddr),
+    #[error("gossip is not running (shut down, or this node left the cluster)")]
+    Stopped,
+    #[error(
+        "no gossip member answered at {addr} within {timeout:?}: unreachable, a different gossip key, or another datacenter"
+    )]
+    JoinTimeout { addr: SocketAddr, timeout: Duration },
+    #[error("{0} is this node's own gossip address")]
+    JoinSelf(SocketAddr),
+    #[error("no member named {name}")]
+    UnknownMember { name: String },
+    #[error("member {name} is {state:?}; only a failed member can be forced to leave")]
+    NotFailed { name: String, state: MemberState },
+}
+
+/// Requests to the gossip task.
+enum Command {
+    Announce(SocketAddr),
+    Leave {
+        done: oneshot::Sender<()>,
+    },
+    ForceLeave {
+        name: String,
+        reply: oneshot::Sender<Result<(), GossipError>>,
+    },
+}
+
+/// Handle to a running gossip task. Cheap to clone.
+#[derive(Clone)]
+pub struct Gossip {
+    commands: mpsc::Sender<Command>,
+    members: watch::Receiver<Vec<MemberStatus>>,
+    envelope: Arc<Envelope>,
+    foreign_drops: Arc<AtomicU64>,
+    local_addr: SocketAddr,
+    gossip_addr: SocketAddr,
+    profile: TimingProfile,
+}
+
+/// Binds the gossip socket and spawns the task that owns foca; returns once bound. Joining is
+/// asynchronous and retried forever while not connected, so an unreachable seed is not an error.
+pub async fn start(
+    config: GossipConfig,
+    shutdown: CancellationToken,
+    tasks: &TaskTracker,
+) -> Result<Gossip, GossipError> {
+    for (what, value) in [
+        ("node name", &config.name),
+        ("datacenter", &config.datacenter),
+    ] {
+        if value.is_empty() || value.len() > identity::MAX_NAME_LEN {
+            return Err(GossipError::BadName {
+                what,
+                value: value.clone(),
+            });
+        }
+    }
+    let socket = UdpSocket::bind(config.bind_addr)
+        .await
+        .map_err(|source| GossipError::Bind {
+            addr: config.bind_addr,
+            source,
+        })?;
+    let local_addr = socket.local_addr().map_err(|source| GossipError::Bind {
+        addr: config.bind_addr,
+        source,
+    })?;
+    let mut gossip_addr = config.advertise_addr.unwrap_or(local_addr);
+    if gossip_addr.port() == 0 {
+        gossip_addr.set_port(local_addr.port());
+    }
+    if gossip_addr.ip().is_unspecified() {
+        return Err(GossipError::Unadvertisable(gossip_addr));
+    }
+
+    let identity = Member::new(
+        config.name,
+        gossip_addr,
+        config.rpc_addr,
+        config.role,
+        config.datacenter,
+    );
+    let rng: rand_foca::rngs::StdRng = rand_foca::make_rng();
+    let node = GossipNode::new(identity, &config.join, config.profile, rng);
+    let (members_tx, members_rx) = watch::channel(node.members());
+    let (commands_tx, commands_rx) = mpsc::channel(64);
+    let envelope = Arc::new(Envelope::new(config.keyring));
+    let foreign_drops = Arc::new(AtomicU64::new(0));
+
+    tracing::info!(%gossip_addr, join = ?config.join, encrypted = envelope.is_encrypted(), "gossip started");
+    let driver = Driver {
+        node,
+        socket,
+        envelope: Arc::clone(&envelope),
+        foreign_drops: Arc::clone(&foreign_drops),
+        commands: commands_rx,
+        members: members_tx,
+        timers: DelayQueue::new(),
+        epoch: Instant::now(),
+        profile: config.profile,
+    };
+    tasks.spawn(driver.run(shutdown));
+
+    Ok(Gossip {
+        commands: commands_tx,
+        members: members_rx,
+        envelope,
+        foreign_drops,
+        local_addr,
+        gossip_addr,
+        profile: config.profile,
+    })
+}
+
+impl Gossip {
+    /// The bound UDP address (the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The gossip address other members know us by.
+    pub fn gossip_addr(&self) -> SocketAddr {
+        self.gossip_addr
+    }
+
+    /// Every member of our datacenter we know, ourselves included: Alive, Leaving, Left (left
+    /// gracefully or force-left) or Failed (declared down by the failure detector). Sorted by
+    /// name.
+    pub fn members(&self) -> Vec<MemberStatus> {
+        self.members.borrow().clone()
+    }
+
+    /// A receiver that changes whenever the member list changes.
+    pub fn subscribe(&self) -> watch::Receiver<Vec<MemberStatus>> {
+        self.members.clone()
+    }
+
+    /// Announces to the gossip address `addr` (`/v1/agent/join`) and waits until a live member
+    /// with that gossip address is in the list; the announce is repeated every probe period
+    /// until the profile's join timeout. Once joined, `addr` is a member like any other (not a
+    /// seed retried forever, unlike [`GossipConfig::join`]).
+    pub async fn join(&self, addr: SocketAddr) -> Result<(), GossipError> {
+        if addr == self.gossip_addr || addr == self.local_addr {
+            return Err(GossipError::JoinSelf(addr));
+        }
+        let timeout = self.profile.join_timeout();
+        let deadline = Instant::now() + timeout;
+        let mut members = self.members.clone();
+        loop {
+            self.commands
+                .send(Command::Announce(addr))
+                .await
+                .map_err(|_| GossipError::Stopped)?;
+            let retry_at = (Instant::now() + self.profile.probe_period()).min(deadline);
+            let joined = members.wait_for(|list| {
+                list.iter()
+                    .any(|m| m.gossip_addr == addr && m.state == MemberState::Alive)
+            });
+            match tokio::time::timeout_at(retry_at, joined).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(_)) => return Err(GossipError::Stopped),
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(GossipError::JoinTimeout { addr, timeout });
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Graceful leave: tells the cluster we are leaving on purpose (so we are reported Left, not
+    /// Failed), keeps the task running until the leave went out to enough members or the
+    /// profile's linger time passed, then stops the task.
+    pub async fn leave(&self) -> Result<(), GossipError> {
+        let (done, wait) = oneshot::channel();
+        self.commands
+            .send(Command::Leave { done })
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        wait.await.map_err(|_| GossipError::Stopped)
+    }
+
+    /// Operator force-leave (`/v1/agent/force-leave/<node>`): a Failed member becomes Left in
+    /// our list, and a leave notice on its behalf is gossiped so every member that has it
+    /// Failed (or later declares it down) reports it Left too. A live member is refused: it
+    /// would only come straight back.
+    pub async fn force_leave(&self, name: &str) -> Result<(), GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::ForceLeave {
+                name: name.to_owned(),
+                reply,
+            })
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)?
+    }
+
+    /// Received packets dropped because they did not open (wrong key, clear text on an
+    /// encrypted cluster, garbage).
+    pub fn decrypt_failures(&self) -> u64 {
+        self.envelope.failures()
+    }
+
+    /// Received packets dropped because their sender belongs to another datacenter.
+    pub fn foreign_datacenter_drops(&self) -> u64 {
+        self.foreign_drops.load(Ordering::Relaxed)
+    }
+}
+
+/// The task that owns foca (inside [`GossipNode`]), the socket and foca's timers.
+struct Driver {
+    node: GossipNode,
+    socket: UdpSocket,
+    envelope: Arc<Envelope>,
+    /// Mirrors the node's count for [`Gossip::foreign_datacenter_drops`].
+    foreign_drops: Arc<AtomicU64>,
+    commands: mpsc::Receiver<Command>,
+    members: watch::Sender<Vec<MemberStatus>>,
+    timers: DelayQueue<Timer<Member>>,
+    /// Origin of the node's clock.
+    epoch: Instant,
+    profile: TimingProfile,
+}
+
+/// A graceful leave in progress.
+struct Leaving {
+    deadline: Instant,
+    waiters: Vec<oneshot::Sender<()>>,
+}
+
+impl Driver {
+    async fn run(mut self, shutdown: CancellationToken) {
+        let mut tick = tokio::time::interval(self.profile.tick_interval());
+        tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut leaving: Option<Leaving> = None;
+        let mut commands_open = true;
+        loop {
+            let out = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                Some(expired) = self.timers.next(), if !self.timers.is_empty() => {
+                    let now = self.epoch.elapsed();
+                    self.node.handle_timer(expired.into_inner(), now)
+                }
+                received = self.socket.recv_from(&mut buf) => match received {
+                    Ok((len, from)) => self.received(&buf[..len], from),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "gossip socket receive failed");
+                        Output::default()
+                    }
+                },
+                command = self.commands.recv(), if commands_open => match command {
+                    Some(command) => self.command(command, &mut leaving),
+                    // Every handle is gone: keep gossiping until shutdown.
+                    None => {
+                        commands_open = false;
+                        Output::default()
+                    }
+                },
+                _ = tick.tick() => {
+                    let now = self.epoch.elapsed();
+                    if self.node.has_left() { self.node.linger(now) } else { self.node.tick(now) }
+                }
+            };
+            self.flush(out).await;
+            if let Some(l) = &leaving
+                && (self.node.leave_sent() || Instant::now() >= l.deadline)
+            {
+                break;
+            }
+        }
+        // Refuse further commands before anyone learns we stopped.
+        self.commands.close();
+        self.members.send_replace(self.node.members());
+        if let Some(l) = leaving {
+            tracing::info!("left the gossip cluster");
+            for waiter in l.waiters {
+                let _ = waiter.send(());
+            }
+        }
+        tracing::debug!(addr = %self.node.identity().addr, "gossip task stopped");
+    }
+
+    fn received(&mut self, packet: &[u8], from: SocketAddr) -> Output {
+        match self.envelope.open(packet) {
+            Ok(plain) => {
+                let now = self.epoch.elapsed();
+                let out = self.node.handle_data(&plain, now);
+                self.foreign_drops
+                    .store(self.node.foreign_dropped(), Ordering::Relaxed);
+                out
+            }
+            Err(e) => {
+                tracing::debug!(%from, error = %e, "dropped gossip packet");
+                Output::default()
+            }
+        }
+    }
+
+    fn command(&mut self, command: Command, leaving: &mut Option<Leaving>) -> Output {
+        let now = self.epoch.elapsed();
+        match command {
+            Command::Announce(addr) => self.node.announce(addr, now).unwrap_or_default(),
+            Command::Leave { done } => match leaving {
+                Some(l) => {
+                    l.waiters.push(done);
+                    Output::default()
+                }
+                None => {
+                    tracing::info!("leaving the gossip cluster");
+                    *leaving = Some(Leaving {
+                        deadline: Instant::now() + self.profile.leave_linger(),
+                        waiters: vec![done],
+                    });
+                    self.node.leave(now)
+                }
+            },
+            Command::ForceLeave { name, reply } => {
+                let (out, answer) = match self.node.force_leave(&name, now) {
+                    Ok(out) => (out, Ok(())),
+                    Err(refusal) => (Output::default(), Err(refusal_error(refusal, name))),
+                };
+                // The caller reads the member list next: it must already say Left.
+                self.publish();
+                let _ = reply.send(answer);
+                out
+            }
+        }
+    }
+
+    /// Sends the node's packets, arms its timers and publishes the member list if it changed.
+    async fn flush(&mut self, out: Output) {
+        for notification in &out.notifications {
+            match notification {
+                OwnedNotification::MemberUp(m) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "gossip: member up");
+                }
+                OwnedNotification::MemberDown(m) => {
+                    tracing::info!(member = %m.name, addr = %m.addr, "gossip: member down");
+                }
+                other => tracing::debug!(notification = ?other, "gossip"),
+            }
+        }
+        for (after, timer) in out.timers {
+            self.timers.insert(timer, after);
+        }
+        for (to, data) in out.sends {
+            let packet = self.envelope.seal(&data);
+            if let Err(e) = self.socket.send_to(&packet, to).await {
+                tracing::debug!(%to, error = %e, "gossip send failed");
+            }
+        }
+        self.publish();
+    }
+
+    /// Publishes the member list if it changed.
+    fn publish(&mut self) {
+        if self.node.take_changed() {
+            self.members.send_replace(self.node.members());
+        }
+    }
+}
+
+fn refusal_error(refusal: Refusal, name: String) -> GossipError {
+    match refusal {
+        Refusal::Left => GossipError::Stopped,
+        Refusal::ForceLeave(ForceLeaveRefusal::Unknown) => GossipError::UnknownMember { name },
+        Refusal::ForceLeave(ForceLeaveRefusal::NotFailed(state)) => {
+            GossipError::NotFailed { name, state }
+        }
+    }
+}

@@ -1,0 +1,581 @@
+//! One gossip member without I/O: foca plus everything decided around it (datacenter filter,
+//! member list, leave notices, re-announce, push-pull state sync, config resizing). Input in (a
+//! packet, a timer, a tick, a command, each with the caller's `now`), effects out ([`Output`]:
+//! packets to send and timers to schedule). The tokio driver and the in-process simulator both
+//! run exactly this, so the simulation exercises the production decisions.
+//!
+//! Every packet starts with a kind byte: [`KIND_SWIM`] (a foca packet follows) or [`KIND_SYNC`]
+//! (a chunk of our full membership state, memberlist's push-pull). SWIM spreads news by
+//! piggybacking each update a bounded number of times, so a few members can miss a join or a
+//! failure (more so when half the sends go to members that just became unreachable); the
+//! periodic sync with one random live member closes that gap within a sync interval.
+//!
+//! The same chunk format carries suspicion nudges (Lifeguard's "buddy system"): while we suspect
+//! a member, we tell it so directly every probe period, and it answers by refuting (a bumped
+//! incarnation) straight to us. Without this, a member that was paused while the news of its
+//! suspicion went round never hears of it (each update is piggybacked a bounded number of times)
+//! and is declared down although it is back.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use foca::{
+    AccumulatingRuntime, Foca, Incarnation, OwnedNotification, PostcardCodec, State, Timer,
+};
+use rand_foca::rngs::StdRng;
+use rand_foca::{RngExt as _, SeedableRng as _};
+use serde::{Deserialize, Serialize};
+use vigil_shared::catalog::{MemberState, MemberStatus};
+
+use super::book::{ForceLeaveRefusal, MemberBook};
+use super::identity::{Member, peek_datacenter};
+use super::leave::{LeaveHandler, LeaveNotice};
+use super::profile::{MAX_PACKET, TimingProfile};
+use super::reannounce::Reannouncer;
+
+type SwimFoca = Foca<Member, PostcardCodec, StdRng, LeaveHandler>;
+
+/// First byte of a packet carrying a foca (SWIM) packet.
+pub const KIND_SWIM: u8 = 0;
+/// First byte of a packet carrying a state-sync chunk.
+pub const KIND_SYNC: u8 = 1;
+
+/// How often old down rows are looked for; they are kept for minutes to hours anyway.
+const REAP_EVERY: Duration = Duration::from_secs(1);
+
+/// Header of a state-sync chunk; postcard-encoded foca members follow until the end.
+#[derive(Debug, Serialize, Deserialize)]
+struct SyncHeader {
+    from: Member,
+    /// Set on the first chunk of a push: answer with our own state (the pull).
+    reply: bool,
+}
+
+/// A random duration between `low` and `high` times `period`.
+fn jitter(rng: &mut StdRng, period: Duration, low: f64, high: f64) -> Duration {
+    period.mul_f64(rng.random_range(low..high))
+}
+
+/// A suspicion we started (our probe failed), until its timer fires or it is refuted.
+#[derive(Debug)]
+struct Suspicion {
+    id: Member,
+    incarnation: Incarnation,
+    next_nudge: Duration,
+}
+
+/// What one call into the node asks the caller to do.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Packets (kind byte included, not yet sealed) and their destination gossip address.
+    pub sends: Vec<(SocketAddr, Vec<u8>)>,
+    /// Timers to hand back to [`GossipNode::handle_timer`] after the delay.
+    pub timers: Vec<(Duration, Timer<Member>)>,
+    /// What foca reported, for logs and traces (already folded into the member list).
+    pub notifications: Vec<OwnedNotification<Member>>,
+}
+
+/// Why a command was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    ForceLeave(ForceLeaveRefusal),
+    /// The node has left the cluster.
+    Left,
+}
+
+pub struct GossipNode {
+    foca: SwimFoca,
+    runtime: AccumulatingRuntime<Member>,
+    notices: mpsc::Receiver<LeaveNotice>,
+    book: MemberBook,
+    reannounce: Reannouncer,
+    profile: TimingProfile,
+    /// Cluster size the current foca config was computed for.
+    config_size: usize,
+    /// After a graceful leave the node is inert except for lingering gossip: feeding it packets
+    /// could tell foca "you are down", and it would renew its identity and rejoin.
+    left: bool,
+    /// Packets dropped because their sender belongs to another datacenter.
+    foreign_dropped: u64,
+    next_sync: Duration,
+    next_reap: Duration,
+    /// Members we suspect, by address: nudged until refuted or declared down.
+    suspecting: BTreeMap<SocketAddr, Suspicion>,
+    /// Picks sync partners and jitters the sync period (derived from the rng given to foca, so a
+    /// seeded node is deterministic).
+    rng: StdRng,
+}
+
+impl GossipNode {
+    pub fn new(
+        identity: Member,
+        join: &[SocketAddr],
+        profile: TimingProfile,
+        mut rng: StdRng,
+    ) -> GossipNode {
+        let mut own_rng = StdRng::from_rng(&mut rng);
+        // The first sync somewhere in the first period, so nodes started together spread out.
+        let first_sync = jitter(&mut own_rng, profile.sync_interval(), 0.0, 1.0);
+        let (handler, notices) = LeaveHandler::new();
+        let reannounce = Reannouncer::new(identity.addr, join, profile);
+        let book = MemberBook::new(identity.datacenter.to_string());
+        GossipNode {
+            foca: Foca::with_custom_broadcast(
+                identity,
+                profile.foca_config(1),
+                rng,
+                PostcardCodec,
+                handler,
+            ),
+            runtime: AccumulatingRuntime::new(),
+            notices,
+            book,
+            reannounce,
+            profile,
+            config_size: 1,
+            left: false,
+            foreign_dropped: 0,
+            next_sync: first_sync,
+            next_reap: Duration::ZERO,
+            suspecting: BTreeMap::new(),
+            rng: own_rng,
+        }
+    }
+
+    /// Our current identity (its generation grows when foca renews it).
+    pub fn identity(&self) -> &Member {
+        self.foca.identity()
+    }
+
+    /// A received (already opened) packet.
+    pub fn handle_data(&mut self, data: &[u8], now: Duration) -> Output {
+        if self.left {
+            return Output::default();
+        }
+        match data.split_first() {
+            Some((&KIND_SWIM, swim)) => self.handle_swim(swim, now),
+            Some((&KIND_SYNC, chunk)) => self.handle_sync(chunk, now),
+            _ => {
+                tracing::debug!("gossip packet of an unknown kind");
+                Output::default()
+            }
+        }
+    }
+
+    fn handle_swim(&mut self, data: &[u8], now: Duration) -> Output {
+        // The header starts with the sender's identity: peeking at its datacenter is enough to
+        // drop other datacenters before foca learns of them.
+        match peek_datacenter(data) {
+            Some(dc) if dc == self.identity().datacenter.as_bytes() => {}
+            Some(dc) => {
+                self.foreign_dropped += 1;
+                tracing::trace!(dc = %String::from_utf8_lossy(dc), "dropped gossip from another datacenter");
+                return Output::default();
+            }
+            None => {
+                tracing::debug!("undecodable gossip packet");
+                return Output::default();
+            }
+        }
+        let result = self.foca.handle_data(data, &mut self.runtime);
+        self.log_error("handle_data", result);
+        self.settle(now)
+    }
+
+    fn same_datacenter(&mut self, src: &Member) -> bool {
+        let same = src.datacenter == self.identity().datacenter;
+        if !same {
+            self.foreign_dropped += 1;
+            tracing::trace!(from = %src.addr, dc = %src.datacenter, "dropped gossip from another datacenter");
+        }
+        same
+    }
+
+    /// A state-sync chunk: merge it into foca (news about failures is re-broadcast, plain
+    /// liveness is not: the sender's peers already know it), and answer a push with our state.
+    fn handle_sync(&mut self, chunk: &[u8], now: Duration) -> Output {
+        let (header, mut rest) = match postcard::take_from_bytes::<SyncHeader>(chunk) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                tracing::debug!(error = %e, "undecodable sync chunk");
+                return Output::default();
+            }
+        };
+        if !self.same_datacenter(&header.from) {
+            return Output::default();
+        }
+        let mut news = Vec::new();
+        let mut alive = Vec::new();
+        let mut suspected = false;
+        while !rest.is_empty() {
+            match postcard::take_from_bytes::<foca::Member<Member>>(rest) {
+                Ok((member, tail)) => {
+                    rest = tail;
+                    if member.id().datacenter != self.identity().datacenter {
+                        continue;
+                    }
+                    suspected |= member.id() == self.identity() && member.state() == State::Suspect;
+                    if member.state() == State::Alive {
+                        alive.push(member);
+                    } else {
+                        news.push(member);
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "undecodable member in sync chunk");
+                    break;
+                }
+            }
+        }
+        let result = self
+            .foca
+            .apply_many(news.into_iter(), true, &mut self.runtime);
+        self.log_error("apply_many", result);
+        let result = self
+            .foca
+            .apply_many(alive.into_iter(), false, &mut self.runtime);
+        self.log_error("apply_many", result);
+        if suspected {
+            // foca just refuted (bumped our incarnation); an Announce carries the new
+            // incarnation straight to whoever told us, which clears its suspicion.
+            self.announce_to(header.from.addr);
+        }
+        let mut out = self.settle(now);
+        if header.reply {
+            out.sends.extend(self.sync_chunks(
+                header.from.addr,
+                false,
+                self.foca.iter_membership_state(),
+            ));
+        }
+        out
+    }
+
+    /// `members` (our full membership state, or one suspicion) as chunks that each fit a
+    /// packet.
+    fn sync_chunks<'a>(
+        &'a self,
+        to: SocketAddr,
+        reply: bool,
+        members: impl Iterator<Item = &'a foca::Member<Member>>,
+    ) -> Vec<(SocketAddr, Vec<u8>)> {
+        let limit = MAX_PACKET;
+        let mut chunks = Vec::new();
+        let start = |reply: bool| {
+            let chunk = vec![KIND_SYNC];
+            let header = SyncHeader {
+                from: self.identity().clone(),
+                reply,
+            };
+            match postcard::to_extend(&header, chunk) {
+                Ok(chunk) => chunk,
+                Err(_) => vec![KIND_SYNC],
+            }
+        };
+        let mut chunk = start(reply);
+        let empty = chunk.len();
+        for member in members {
+            let Ok(encoded) = postcard::to_allocvec(member) else {
+                continue;
+            };
+            if chunk.len() + encoded.len() > limit && chunk.len() > empty {
+                chunks.push((to, std::mem::replace(&mut chunk, start(false))));
+            }
+            chunk.extend_from_slice(&encoded);
+        }
+        if chunk.len() > empty || chunks.is_empty() {
+            chunks.push((to, chunk));
+        }
+        chunks
+    }
+
+    pub fn handle_timer(&mut self, timer: Timer<Member>, now: Duration) -> Output {
+        if self.left {
+            return Output::default();
+        }
+        let suspect = match &timer {
+            Timer::ChangeSuspectToDown { member_id, .. } => {
+                self.suspecting.remove(&member_id.addr);
+                Some(member_id.clone())
+            }
+            _ => None,
+        };
+        let result = self.foca.handle_timer(timer, &mut self.runtime);
+        self.log_error("handle_timer", result);
+        let mut out = self.settle(now);
+        // foca 2.0 workaround: when a suspicion timer fires for a member that refuted the
+        // suspicion meanwhile, foca does not declare it down (right) but still sends it a
+        // TurnUndead (wrong), which makes it renew its identity: a healthy member that merely
+        // paused would churn through a new generation, and members that hear of the old one's
+        // Down first would report it Failed for a moment. The TurnUndead is the only packet this
+        // timer sends, so drop it unless the member really went down.
+        if let Some(member) = suspect {
+            let declared_down = out
+                .notifications
+                .iter()
+                .any(|n| matches!(n, OwnedNotification::MemberDown(m) if *m == member));
+            if !declared_down {
+                out.sends.retain(|(to, _)| *to != member.addr);
+            }
+        }
+        out
+    }
+
+    /// Housekeeping, every [`TimingProfile::tick_interval`]: re-announce when due, reap old
+    /// down rows.
+    pub fn tick(&mut self, now: Duration) -> Output {
+        if now >= self.next_reap {
+            self.next_reap = now + REAP_EVERY;
+            self.book.reap(now, self.profile.reap_after());
+        }
+        let known: Vec<SocketAddr> = self.book.known_addrs().collect();
+        let book = &self.book;
+        let targets = self.reannounce.due(now, &known, |a| book.is_live(a));
+        if !targets.is_empty() {
+            tracing::debug!(
+                ?targets,
+                active = self.reannounce.is_active(),
+                "re-announcing"
+            );
+        }
+        for addr in targets {
+            self.announce_to(addr);
+        }
+        let mut out = self.settle(now);
+        if self.reannounce.is_active() && now >= self.next_sync {
+            self.next_sync = now + jitter(&mut self.rng, self.profile.sync_interval(), 0.5, 1.5);
+            let live: Vec<SocketAddr> = self.book.live_addrs().collect();
+            if !live.is_empty() {
+                let partner = live[self.rng.random_range(0..live.len())];
+                out.sends.extend(self.sync_chunks(
+                    partner,
+                    true,
+                    self.foca.iter_membership_state(),
+                ));
+            }
+        }
+        self.nudge_suspects(now, &mut out);
+        out
+    }
+
+    /// Tells every member we suspect, once per probe period, that we do (see the module docs).
+    fn nudge_suspects(&mut self, now: Duration, out: &mut Output) {
+        if self.suspecting.is_empty() {
+            return;
+        }
+        // Forget suspicions that were refuted or replaced meanwhile.
+        let foca = &self.foca;
+        self.suspecting.retain(|addr, s| {
+            foca.iter_membership_state().any(|m| {
+                m.id().addr == *addr
+                    && *m.id() == s.id
+                    && m.state() == State::Suspect
+                    && m.incarnation() == s.incarnation
+            })
+        });
+        let due: Vec<foca::Member<Member>> = self
+            .suspecting
+            .values_mut()
+            .filter(|s| s.next_nudge <= now)
+            .map(|s| {
+                s.next_nudge = now + self.profile.probe_period();
+                foca::Member::new(s.id.clone(), s.incarnation, State::Suspect)
+            })
+            .collect();
+        for suspect in &due {
+            let to = suspect.id().addr;
+            out.sends
+                .extend(self.sync_chunks(to, false, std::iter::once(suspect)));
+        }
+    }
+
+    /// Announce to a gossip address (an operator's join). One-shot: unlike the configured join
+    /// list it is not retried forever (the caller retries until its own deadline).
+    pub fn announce(&mut self, addr: SocketAddr, now: Duration) -> Result<Output, Refusal> {
+        if self.left {
+            return Err(Refusal::Left);
+        }
+        self.announce_to(addr);
+        Ok(self.settle(now))
+    }
+
+    fn announce_to(&mut self, addr: SocketAddr) {
+        let dst = Member::placeholder(addr, &self.identity().datacenter);
+        let result = self.foca.announce(dst, &mut self.runtime);
+        self.log_error("announce", result);
+    }
+
+    /// Graceful leave: spread a leave notice for our identity, then foca's own leave (our
+    /// identity as Down) to a few members. Call [`GossipNode::linger`] afterwards until
+    /// [`GossipNode::leave_sent`] or a deadline.
+    pub fn leave(&mut self, now: Duration) -> Output {
+        if self.left {
+            return Output::default();
+        }
+        let me = self.identity().clone();
+        let notice = LeaveNotice {
+            addr: me.addr,
+            generation: me.generation,
+            forced: false,
+        };
+        // Added first, so the same Gossip packets that carry "we are down" carry the notice.
+        if let Err(e) = self.foca.add_broadcast(&notice.encode()) {
+            tracing::warn!(error = %e, "could not queue the leave notice");
+        }
+        let result = self.foca.leave_cluster(&mut self.runtime);
+        self.log_error("leave_cluster", result);
+        self.reannounce.stop();
+        let out = self.settle(now);
+        self.left = true;
+        out
+    }
+
+    /// While lingering after a leave: gossip the pending updates (our Down, the notice) to more
+    /// members.
+    pub fn linger(&mut self, now: Duration) -> Output {
+        if !self.left || self.leave_sent() {
+            return Output::default();
+        }
+        let result = self.foca.gossip(&mut self.runtime);
+        self.log_error("gossip", result);
+        self.settle(now)
+    }
+
+    /// Whether every pending update went out `max_transmissions` times (or nobody is left to
+    /// tell).
+    pub fn leave_sent(&self) -> bool {
+        self.foca.num_members() == 0
+            || (self.foca.updates_backlog() == 0 && self.foca.custom_broadcast_backlog() == 0)
+    }
+
+    pub fn has_left(&self) -> bool {
+        self.left
+    }
+
+    /// Operator force-leave: a Failed member becomes Left here, and a notice asks everyone else
+    /// to do the same.
+    pub fn force_leave(&mut self, name: &str, now: Duration) -> Result<Output, Refusal> {
+        if self.left {
+            return Err(Refusal::Left);
+        }
+        let notice = self
+            .book
+            .force_leave(name, now)
+            .map_err(Refusal::ForceLeave)?;
+        match self.foca.add_broadcast(&notice.encode()) {
+            // Spread it right away instead of waiting for the next probe or gossip round.
+            Ok(true) => {
+                let result = self.foca.broadcast(&mut self.runtime);
+                self.log_error("broadcast", result);
+            }
+            Ok(false) => {} // already known everywhere we told
+            Err(e) => tracing::warn!(error = %e, "could not queue the force-leave notice"),
+        }
+        Ok(self.settle(now))
+    }
+
+    /// The member list, ourselves included (Alive, or Left after a leave).
+    pub fn members(&self) -> Vec<MemberStatus> {
+        let state = if self.left {
+            MemberState::Left
+        } else {
+            MemberState::Alive
+        };
+        self.book.snapshot(self.identity(), state)
+    }
+
+    /// The state of the member at `addr`, as this node sees it.
+    #[cfg(test)]
+    pub fn state_of(&self, addr: &SocketAddr) -> Option<MemberState> {
+        self.book.state_of(addr)
+    }
+
+    /// Live members (excluding ourselves) in the member list.
+    #[cfg(test)]
+    pub fn live_count(&self) -> usize {
+        self.book.live_addrs().count()
+    }
+
+    /// Whether the member list changed since the last call.
+    pub fn take_changed(&mut self) -> bool {
+        self.book.take_changed()
+    }
+
+    /// Packets dropped so far because their sender belongs to another datacenter.
+    pub fn foreign_dropped(&self) -> u64 {
+        self.foreign_dropped
+    }
+
+    /// Drains foca's runtime and the leave-notice channel into the member list and an
+    /// [`Output`], then resizes foca's config if the cluster size changed.
+    fn settle(&mut self, now: Duration) -> Output {
+        let mut out = Output::default();
+        // Notices first: a notice and the MemberDown it explains may come out of one packet.
+        while let Ok(notice) = self.notices.try_recv() {
+            if notice.addr != self.identity().addr {
+                self.book.leave_notice(notice, now);
+            }
+        }
+        while let Some(n) = self.runtime.to_notify() {
+            self.reannounce.observe(&n, now);
+            if !self.about_ourselves(&n) {
+                self.book.apply(&n, now);
+            }
+            out.notifications.push(n);
+        }
+        while let Some((to, data)) = self.runtime.to_send() {
+            let mut packet = Vec::with_capacity(1 + data.len());
+            packet.push(KIND_SWIM);
+            packet.extend_from_slice(&data);
+            out.sends.push((to.addr, packet));
+        }
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            if let Timer::ChangeSuspectToDown {
+                member_id,
+                incarnation,
+                ..
+            } = &timer
+            {
+                self.suspecting.insert(
+                    member_id.addr,
+                    Suspicion {
+                        id: member_id.clone(),
+                        incarnation: *incarnation,
+                        next_nudge: now,
+                    },
+                );
+            }
+            out.timers.push((after, timer));
+        }
+        debug_assert_eq!(self.runtime.backlog(), 0);
+
+        let size = self.foca.num_members() + 1;
+        if size != self.config_size {
+            match self.foca.set_config(self.profile.foca_config(size)) {
+                Ok(()) => self.config_size = size,
+                Err(e) => tracing::warn!(error = %e, "could not resize the gossip config"),
+            }
+        }
+        out
+    }
+
+    /// A member notification naming our own address (an identity of ours from before a renew).
+    fn about_ourselves(&self, n: &OwnedNotification<Member>) -> bool {
+        let me = self.identity().addr;
+        match n {
+            OwnedNotification::MemberUp(id)
+            | OwnedNotification::MemberDown(id)
+            | OwnedNotification::Rename(_, id) => id.addr == me,
+            _ => false,
+        }
+    }
+
+    fn log_error(&self, call: &'static str, result: Result<(), foca::Error>) {
+        // Mostly benign: stray or stale packets, a member we do not know any more.
+        if let Err(e) = result {
+            tracing::debug!(call, error = %e, "foca");
+        }
+    }
+}

@@ -1,0 +1,272 @@
+//! Real-socket tests: several gossip instances in one process on 127.0.0.1 with the Local
+//! profile, each with its own shutdown token, waiting on conditions with deadlines (never a
+//! bare sleep).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+
+use super::*;
+
+const DC: &str = "dc1";
+
+struct Instance {
+    gossip: Gossip,
+    shutdown: CancellationToken,
+}
+
+fn config(name: &str, join: Vec<SocketAddr>, keyring: Option<Keyring>, dc: &str) -> GossipConfig {
+    GossipConfig {
+        name: name.into(),
+        bind_addr: "127.0.0.1:0".parse().unwrap(),
+        advertise_addr: None,
+        role: MemberRole::Server,
+        rpc_addr: "127.0.0.1:8300".parse().unwrap(),
+        datacenter: dc.into(),
+        join,
+        keyring,
+        profile: TimingProfile::Local,
+    }
+}
+
+async fn spawn(config: GossipConfig, root: &CancellationToken, tasks: &TaskTracker) -> Instance {
+    let shutdown = root.child_token();
+    let gossip = start(config, shutdown.clone(), tasks).await.expect("start");
+    Instance { gossip, shutdown }
+}
+
+fn state_of(list: &[MemberStatus], name: &str) -> Option<MemberState> {
+    list.iter().find(|m| m.name == name).map(|m| m.state)
+}
+
+/// Waits until `cond` holds for `gossip`'s member list; panics with the list after `limit`.
+async fn wait_members(
+    gossip: &Gossip,
+    limit: Duration,
+    what: &str,
+    cond: impl Fn(&[MemberStatus]) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    let mut rx = gossip.subscribe();
+    let waited = tokio::time::timeout(limit, rx.wait_for(|l| cond(l))).await;
+    match waited {
+        Ok(Ok(_)) => start.elapsed(),
+        _ => panic!(
+            "{what}: not within {limit:?}; members: {:#?}",
+            gossip.members()
+        ),
+    }
+}
+
+fn all_alive(names: &'static [&'static str]) -> impl Fn(&[MemberStatus]) -> bool {
+    move |list| {
+        names
+            .iter()
+            .all(|n| state_of(list, n) == Some(MemberState::Alive))
+    }
+}
+
+async fn stop_all(root: CancellationToken, tasks: TaskTracker) {
+    root.cancel();
+    tasks.close();
+    tokio::time::timeout(Duration::from_secs(5), tasks.wait())
+        .await
+        .expect("every gossip task stops on shutdown");
+}
+
+/// Three members that join through the first, one crash, one graceful leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_join_detect_a_crash_and_see_a_leave() {
+    let root = CancellationToken::new();
+    let tasks = TaskTracker::new();
+
+    // Phase 1: a, b, c join through a and see each other (and themselves) Alive.
+    let a = spawn(config("a", vec![], None, DC), &root, &tasks).await;
+    let seed = vec![a.gossip.local_addr()];
+    let b = spawn(config("b", seed.clone(), None, DC), &root, &tasks).await;
+    let c = spawn(config("c", seed, None, DC), &root, &tasks).await;
+    for i in [&a, &b, &c] {
+        wait_members(
+            &i.gossip,
+            Duration::from_secs(10),
+            "join",
+            all_alive(&["a", "b", "c"]),
+        )
+        .await;
+    }
+    let me = a.gossip.members();
+    assert_eq!(me.len(), 3);
+    assert!(
+        me.iter()
+            .all(|m| m.datacenter == DC && m.role == MemberRole::Server)
+    );
+
+    // Phase 2: c stops without leaving; a and b report it Failed within a bound.
+    c.shutdown.cancel();
+    let crashed = Instant::now();
+    for i in [&a, &b] {
+        wait_members(&i.gossip, Duration::from_secs(10), "crash detected", |l| {
+            state_of(l, "c") == Some(MemberState::Failed)
+        })
+        .await;
+    }
+    let detected = crashed.elapsed();
+    // A live member cannot be forced out.
+    assert!(matches!(
+        a.gossip.force_leave("b").await,
+        Err(GossipError::NotFailed {
+            state: MemberState::Alive,
+            ..
+        })
+    ));
+    eprintln!(
+        "real sockets (Local): a crash was reported Failed by both survivors after {detected:?}"
+    );
+    assert!(detected < Duration::from_secs(5), "took {detected:?}");
+
+    // Phase 3: b leaves gracefully; a reports it Left, not Failed.
+    let leave_started = Instant::now();
+    b.gossip.leave().await.expect("leave");
+    let linger = leave_started.elapsed();
+    assert!(linger <= TimingProfile::Local.leave_linger() + Duration::from_millis(300));
+    let seen = wait_members(&a.gossip, Duration::from_secs(5), "leave seen", |l| {
+        state_of(l, "b") == Some(MemberState::Left)
+    })
+    .await;
+    eprintln!("real sockets (Local): graceful leave took {linger:?}, reported Left after {seen:?}");
+    assert_eq!(state_of(&b.gossip.members(), "b"), Some(MemberState::Left));
+    assert!(matches!(
+        b.gossip.join(a.gossip.local_addr()).await,
+        Err(GossipError::Stopped)
+    ));
+
+    // Phase 4: force-leave moves the crashed c from Failed to Left.
+    a.gossip.force_leave("c").await.expect("force-leave c");
+    assert_eq!(state_of(&a.gossip.members(), "c"), Some(MemberState::Left));
+    assert!(matches!(
+        a.gossip.force_leave("nobody").await,
+        Err(GossipError::UnknownMember { .. })
+    ));
+    assert_eq!(a.gossip.decrypt_failures(), 0);
+
+    stop_all(root, tasks).await;
+}
+
+/// join() to a live address succeeds; to a silent one it times out with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_waits_for_the_member_or_times_out() {
+    let root = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let key = Keyring::from_base64(&generate_key()).unwrap();
+    let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
+    let b = spawn(config("b", vec![], Some(key), DC), &root, &tasks).await;
+
+    b.gossip.join(a.gossip.local_addr()).await.expect("join a");
+    wait_members(
+        &a.gossip,
+        Duration::from_secs(5),
+        "a sees b",
+        all_alive(&["a", "b"]),
+    )
+    .await;
+    assert!(matches!(
+        b.gossip.join(b.gossip.local_addr()).await,
+        Err(GossipError::JoinSelf(_))
+    ));
+
+    // Nobody listens here (a bound-then-closed port).
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let err = b.gossip.join(silent).await.unwrap_err();
+    assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
+
+    stop_all(root, tasks).await;
+}
+
+/// A member with another key never gets in; the packets it sends are counted as failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_different_key_cannot_join() {
+    let root = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let key = Keyring::from_base64(&generate_key()).unwrap();
+    let other_key = Keyring::from_base64(&generate_key()).unwrap();
+
+    let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
+    let seed = vec![a.gossip.local_addr()];
+    let b = spawn(config("b", seed.clone(), Some(key), DC), &root, &tasks).await;
+    wait_members(
+        &a.gossip,
+        Duration::from_secs(5),
+        "a sees b",
+        all_alive(&["a", "b"]),
+    )
+    .await;
+
+    // Intruders: one with a different key, one with no key at all. Both keep announcing.
+    let wrong = spawn(
+        config("wrong", seed.clone(), Some(other_key), DC),
+        &root,
+        &tasks,
+    )
+    .await;
+    let clear = spawn(config("clear", seed, None, DC), &root, &tasks).await;
+    let err = wrong.gossip.join(a.gossip.local_addr()).await.unwrap_err();
+    assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
+
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.gossip.decrypt_failures() < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "a never counted the intruders' packets"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for i in [&a, &b] {
+        let list = i.gossip.members();
+        assert_eq!(state_of(&list, "wrong"), None, "{list:#?}");
+        assert_eq!(state_of(&list, "clear"), None, "{list:#?}");
+    }
+    assert_eq!(wrong.gossip.members().len(), 1);
+    assert_eq!(clear.gossip.members().len(), 1);
+    // a never answers the intruders, so nothing reaches them to fail.
+    assert_eq!(wrong.gossip.decrypt_failures(), 0);
+
+    stop_all(root, tasks).await;
+}
+
+/// A member of another datacenter is neither reported nor counted, on either side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_datacenter_is_ignored() {
+    let root = CancellationToken::new();
+    let tasks = TaskTracker::new();
+
+    let a = spawn(config("a", vec![], None, DC), &root, &tasks).await;
+    let seed = vec![a.gossip.local_addr()];
+    let b = spawn(config("b", seed.clone(), None, DC), &root, &tasks).await;
+    wait_members(
+        &a.gossip,
+        Duration::from_secs(5),
+        "a sees b",
+        all_alive(&["a", "b"]),
+    )
+    .await;
+
+    let far = spawn(config("far", seed, None, "dc2"), &root, &tasks).await;
+    let err = far.gossip.join(a.gossip.local_addr()).await.unwrap_err();
+    assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
+    for i in [&a, &b] {
+        assert_eq!(state_of(&i.gossip.members(), "far"), None);
+        assert_eq!(i.gossip.members().len(), 2);
+    }
+    assert!(a.gossip.foreign_datacenter_drops() > 0);
+    assert_eq!(a.gossip.decrypt_failures(), 0);
+    assert_eq!(far.gossip.members().len(), 1);
+
+    stop_all(root, tasks).await;
+}

@@ -1,0 +1,441 @@
+//! Multi-process clusters on 127.0.0.1: a CA and certificates in a temporary directory, N
+//! servers (`--server --bootstrap-expect N`, each with its own data directory and an RPC port
+//! chosen up front, since every server's `--join` names them all and a restarted server must
+//! come back at the same address) and client agents joined to them. HTTP ports are picked by
+//! each agent (port 0) and read from its ready line. Agents are child processes killed when the
+//! cluster is dropped; their logs go to files in the directory, the tail of each is printed
+//! when a test fails, and `VIGIL_KEEP_CLUSTER_DIR=1` keeps the directory.
+//!
+//! ```ignore
+//! let mut cluster = Cluster::servers(3).clients(1).start().await;
+//! let leader = cluster.leader().await;
+//! cluster.kill9(leader).await;
+//! cluster.restart(leader).await;
+//! ```
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::Value;
+use tempfile::TempDir;
+use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, create_ca, create_cert};
+
+use crate::{Agent, Http, eventually, log_tail};
+
+/// How long a cluster may take to elect its first leader, or a new one.
+pub const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an agent may take to register its node so that default sessions can be created.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
+/// Log lines shown per agent when a test fails.
+const TAIL_LINES: usize = 40;
+
+/// What to start: `Cluster::servers(3).clients(2).arg("--session-ttl-min").arg("1s")`.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    servers: usize,
+    clients: usize,
+    args: Vec<String>,
+}
+
+impl Spec {
+    /// Client agents joined to every server.
+    pub fn clients(mut self, n: usize) -> Spec {
+        self.clients = n;
+        self
+    }
+
+    /// An extra flag for every agent (servers and clients), e.g. `--session-ttl-min`.
+    pub fn arg(mut self, arg: &str) -> Spec {
+        self.args.push(arg.to_owned());
+        self
+    }
+
+    /// Starts the servers and clients and waits until every server agrees on a leader.
+    pub async fn start(self) -> Cluster {
+        let dir = tempfile::Builder::new()
+            .prefix("vigil-cluster-")
+            .tempdir()
+            .expect("temporary directory");
+        let (ca_cert, ca_key) = create_ca(dir.path(), DEFAULT_DOMAIN).expect("create the CA");
+        let mut cluster = Cluster {
+            dir,
+            ca_cert,
+            ca_key,
+            args: self.args,
+            servers: Vec::new(),
+            clients: Vec::new(),
+        };
+        let ports = free_udp_ports(2 * self.servers);
+        let addrs: Vec<SocketAddr> = ports
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect();
+        let (rpc_addrs, serf_addrs) = addrs.split_at(self.servers);
+        for (i, (rpc_addr, serf_addr)) in rpc_addrs.iter().zip(serf_addrs).enumerate() {
+            let name = format!("s{i}");
+            let (cert, key) = cluster.cert(Role::Server, &name);
+            let data_dir = cluster.dir.path().join(format!("{name}-data"));
+            let mut args = strings(&["agent", "--server", "--bootstrap-expect"]);
+            args.push(self.servers.to_string().into());
+            args.extend([
+                "--data-dir".into(),
+                data_dir.into(),
+                "--rpc-addr".into(),
+                rpc_addr.to_string().into(),
+                "--serf-addr".into(),
+                serf_addr.to_string().into(),
+            ]);
+            for addr in serf_addrs {
+                args.extend(["--join".into(), addr.to_string().into()]);
+            }
+            args.extend(cluster.common_args(&name, &cluster.ca_cert, &cert, &key));
+            cluster.servers.push(Member {
+                log: cluster.dir.path().join(format!("{name}.log")),
+                name,
+                rpc_addr: Some(*rpc_addr),
+                serf_addr: Some(*serf_addr),
+                args,
+                agent: None,
+            });
+        }
+        let started = futures::future::join_all(
+            cluster
+                .servers
+                .iter()
+                .map(|m| Agent::spawn(&m.args, Some(&m.log))),
+        )
+        .await;
+        for (member, agent) in cluster.servers.iter_mut().zip(started) {
+            member.agent = Some(agent);
+        }
+        let all: Vec<usize> = (0..self.servers).collect();
+        for _ in 0..self.clients {
+            cluster.add_client(&all).await;
+        }
+        cluster.leader().await;
+        cluster
+    }
+}
+
+/// One agent of the cluster: how to start it, and the process while it runs.
+pub struct Member {
+    pub name: String,
+    /// A server's RPC address (kept across restarts); `None` for a client agent.
+    pub rpc_addr: Option<SocketAddr>,
+    /// A server's gossip address (kept across restarts); `None` for a client agent.
+    pub serf_addr: Option<SocketAddr>,
+    pub log: PathBuf,
+    args: Vec<OsString>,
+    agent: Option<Agent>,
+}
+
+impl Member {
+    pub fn is_running(&self) -> bool {
+        self.agent.is_some()
+    }
+}
+
+/// Servers and client agents sharing a CA; see the module documentation.
+pub struct Cluster {
+    dir: TempDir,
+    ca_cert: PathBuf,
+    ca_key: PathBuf,
+    args: Vec<String>,
+    pub servers: Vec<Member>,
+    pub clients: Vec<Member>,
+}
+
+fn strings(args: &[&str]) -> Vec<OsString> {
+    args.iter().map(OsString::from).collect()
+}
+
+/// Distinct UDP ports that were free a moment ago: bound together, read, released. The small
+/// window before the agents bind them is harmless in practice (the OS hands out ephemeral
+/// ports at random).
+fn free_udp_ports(n: usize) -> Vec<u16> {
+    let sockets: Vec<UdpSocket> = (0..n)
+        .map(|_| UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port"))
+        .collect();
+    sockets
+        .iter()
+        .map(|s| s.local_addr().expect("bound address").port())
+        .collect()
+}
+
+impl Cluster {
+    /// Describes a cluster of `n` servers (1, 3 or 5) with `--bootstrap-expect n`.
+    pub fn servers(n: usize) -> Spec {
+        Spec {
+            servers: n,
+            clients: 0,
+            args: Vec::new(),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A fresh certificate for `role` signed by the cluster's CA.
+    fn cert(&self, role: Role, node: &str) -> (PathBuf, PathBuf) {
+        create_cert(
+            self.dir.path(),
+            &self.ca_cert,
+            &self.ca_key,
+            role,
+            DEFAULT_DATACENTER,
+            DEFAULT_DOMAIN,
+            Some(node),
+        )
+        .expect("create a certificate")
+    }
+
+    /// Flags every agent gets: node name, HTTP on a free port, TLS files, logging, extras.
+    fn common_args(&self, node: &str, ca: &Path, cert: &Path, key: &Path) -> Vec<OsString> {
+        let mut args = strings(&["--node", node, "--http-addr", "127.0.0.1:0"]);
+        args.extend([
+            "--ca-file".into(),
+            ca.into(),
+            "--cert-file".into(),
+            cert.into(),
+            "--key-file".into(),
+            key.into(),
+        ]);
+        args.extend(strings(&[
+            "--log-level",
+            "info",
+            "--gossip-profile",
+            "local",
+        ]));
+        args.extend(self.args.iter().map(OsString::from));
+        args
+    }
+
+    fn client_args(
+        &self,
+        node: &str,
+        join: &[usize],
+        ca: &Path,
+        cert: &Path,
+        key: &Path,
+    ) -> Vec<OsString> {
+        let mut args = strings(&["agent", "--rpc-addr", "127.0.0.1:0"]);
+        args.extend(strings(&["--serf-addr", "127.0.0.1:0"]));
+        for &i in join {
+            args.extend(["--join".into(), self.server_serf(i).to_string().into()]);
+        }
+        args.extend(self.common_args(node, ca, cert, key));
+        args
+    }
+
+    /// Starts a client agent joined to the servers `join` (in that order: the first is tried
+    /// first); returns its index in `clients`.
+    pub async fn add_client(&mut self, join: &[usize]) -> usize {
+        let name = format!("c{}", self.clients.len());
+        let (cert, key) = self.cert(Role::Client, &name);
+        let args = self.client_args(&name, join, &self.ca_cert, &cert, &key);
+        let log = self.dir.path().join(format!("{name}.log"));
+        let agent = Agent::spawn(&args, Some(&log)).await;
+        self.clients.push(Member {
+            name,
+            rpc_addr: None,
+            serf_addr: None,
+            log,
+            args,
+            agent: Some(agent),
+        });
+        self.clients.len() - 1
+    }
+
+    /// Starts a client agent joined to every server whose certificate comes from another CA,
+    /// with a CA file naming that other CA: it must not be able to talk to the servers.
+    pub async fn foreign_client(&self) -> Agent {
+        let foreign = self.dir.path().join("foreign");
+        std::fs::create_dir_all(&foreign).expect("create the foreign CA directory");
+        let (ca_cert, ca_key) = create_ca(&foreign, DEFAULT_DOMAIN).expect("create a foreign CA");
+        let (cert, key) = create_cert(
+            &foreign,
+            &ca_cert,
+            &ca_key,
+            Role::Client,
+            DEFAULT_DATACENTER,
+            DEFAULT_DOMAIN,
+            Some("rogue"),
+        )
+        .expect("create a foreign certificate");
+        let all: Vec<usize> = (0..self.servers.len()).collect();
+        let args = self.client_args("rogue", &all, &ca_cert, &cert, &key);
+        Agent::spawn(&args, Some(&self.dir.path().join("rogue.log"))).await
+    }
+
+    /// Server `i`; panics when it is not running.
+    pub fn server(&self, i: usize) -> &Agent {
+        self.servers[i]
+            .agent
+            .as_ref()
+            .unwrap_or_else(|| panic!("server {i} is not running"))
+    }
+
+    /// Client agent `i`; panics when it is not running.
+    pub fn client(&self, i: usize) -> &Agent {
+        self.clients[i]
+            .agent
+            .as_ref()
+            .unwrap_or_else(|| panic!("client {i} is not running"))
+    }
+
+    /// Server `i`'s RPC address (what `/v1/status/leader` reports).
+    /// Server `i`'s gossip address.
+    pub fn server_serf(&self, i: usize) -> SocketAddr {
+        self.servers[i]
+            .serf_addr
+            .expect("servers have a gossip address")
+    }
+
+    pub fn server_rpc(&self, i: usize) -> SocketAddr {
+        self.servers[i]
+            .rpc_addr
+            .expect("servers have an RPC address")
+    }
+
+    /// Indexes of the servers currently running.
+    pub fn running_servers(&self) -> Vec<usize> {
+        (0..self.servers.len())
+            .filter(|&i| self.servers[i].is_running())
+            .collect()
+    }
+
+    /// The leading server: polls until every running server names the same leader and that
+    /// leader is one of them (so a killed leader is never reported), within [`LEADER_TIMEOUT`].
+    pub async fn leader(&self) -> usize {
+        self.leader_within(LEADER_TIMEOUT).await
+    }
+
+    pub async fn leader_within(&self, limit: Duration) -> usize {
+        eventually(limit, "all running servers to agree on a leader", || {
+            self.agreed_leader()
+        })
+        .await
+    }
+
+    async fn agreed_leader(&self) -> Option<usize> {
+        let running = self.running_servers();
+        let mut named = BTreeSet::new();
+        for &i in &running {
+            let reply = self.server(i).try_get("/v1/status/leader").await?;
+            if reply.status != StatusCode::OK {
+                return None;
+            }
+            named.insert(reply.json().as_str()?.to_owned());
+        }
+        if named.len() != 1 {
+            return None;
+        }
+        let leader = named.pop_first()?;
+        running
+            .into_iter()
+            .find(|&i| self.server_rpc(i).to_string() == leader)
+    }
+
+    /// `kill -9` server `i` and wait until the process is gone.
+    pub async fn kill9(&mut self, i: usize) {
+        let agent = self.servers[i]
+            .agent
+            .take()
+            .unwrap_or_else(|| panic!("server {i} is not running"));
+        agent.kill9().await;
+    }
+
+    /// SIGTERM server `i` and wait for its graceful exit (code 0).
+    pub async fn terminate(&mut self, i: usize) {
+        let agent = self.servers[i]
+            .agent
+            .take()
+            .unwrap_or_else(|| panic!("server {i} is not running"));
+        assert_eq!(agent.terminate().await, Some(0), "server {i} exit code");
+    }
+
+    /// SIGTERM client agent `i` and wait for its graceful exit (code 0).
+    pub async fn terminate_client(&mut self, i: usize) {
+        let agent = self.clients[i]
+            .agent
+            .take()
+            .unwrap_or_else(|| panic!("client {i} is not running"));
+        assert_eq!(agent.terminate().await, Some(0), "client {i} exit code");
+    }
+
+    /// Starts server `i` again with its data directory and RPC port; returns once its HTTP API
+    /// is up (it may not have caught up with the cluster yet).
+    pub async fn restart(&mut self, i: usize) {
+        let member = &mut self.servers[i];
+        assert!(member.agent.is_none(), "server {i} is still running");
+        member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
+    }
+
+    /// The raft configuration as server `i` reports it (Consul's shape).
+    pub async fn raft_configuration(&self, i: usize) -> Value {
+        let reply = self.server(i).get("/v1/operator/raft/configuration").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply.json()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            for member in self.servers.iter().chain(&self.clients) {
+                eprintln!("{}", log_tail(&member.log, TAIL_LINES));
+            }
+        }
+        // `VIGIL_KEEP_CLUSTER_DIR=1` keeps certificates, data directories and full logs.
+        if std::env::var_os("VIGIL_KEEP_CLUSTER_DIR").is_some() {
+            self.dir.disable_cleanup(true);
+            eprintln!("cluster directory kept: {}", self.dir.path().display());
+        }
+    }
+}
+
+/// The raft server IDs of a `/v1/operator/raft/configuration` answer.
+pub fn raft_ids(configuration: &Value) -> BTreeSet<String> {
+    configuration["Servers"]
+        .as_array()
+        .expect("Servers array")
+        .iter()
+        .map(|s| s["ID"].as_str().expect("server ID").to_owned())
+        .collect()
+}
+
+/// Creates a session through `agent`, retrying until the agent's node is registered (it does
+/// that shortly after start, once a leader exists). Returns the session ID.
+pub async fn create_session(agent: &Http, body: &str) -> String {
+    eventually(SESSION_TIMEOUT, "a session to be created", || async {
+        let reply = agent.put("/v1/session/create", body).await;
+        (reply.status == StatusCode::OK)
+            .then(|| reply.json()["ID"].as_str().expect("session ID").to_owned())
+    })
+    .await
+}
+
+/// The keys under `prefix` (`?keys`, plus `query` such as `&stale` or `&consistent`).
+pub async fn keys(agent: &Http, prefix: &str, query: &str) -> Vec<String> {
+    let reply = agent.get(&format!("/v1/kv/{prefix}?keys{query}")).await;
+    match reply.status {
+        StatusCode::NOT_FOUND => Vec::new(),
+        StatusCode::OK => serde_json::from_value(reply.json()).expect("a list of keys"),
+        other => panic!("listing keys under {prefix}: {other} {}", reply.text()),
+    }
+}
+
+/// A raw value (`?raw`, plus `query`), `None` when the key does not exist.
+pub async fn raw(agent: &Http, key: &str, query: &str) -> Option<String> {
+    let reply = agent.get(&format!("/v1/kv/{key}?raw{query}")).await;
+    match reply.status {
+        StatusCode::NOT_FOUND => None,
+        StatusCode::OK => Some(reply.text()),
+        other => panic!("reading {key}: {other} {}", reply.text()),
+    }
+}
