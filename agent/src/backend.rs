@@ -3,6 +3,7 @@
 //! was never applied (no leader yet, a server that could not be reached) and every read, within
 //! a deadline, so an election or a server loss looks like latency rather than an error.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -39,6 +40,8 @@ pub struct RemoteServers {
     rpc: RpcClient,
     members: watch::Receiver<Vec<MemberStatus>>,
     preferred: Mutex<Option<SocketAddr>>,
+    /// When each server last answered, so a write is not sent blind to one silent for long.
+    last_answer: Mutex<HashMap<SocketAddr, Instant>>,
     shutdown: CancellationToken,
 }
 
@@ -52,7 +55,42 @@ impl RemoteServers {
             rpc,
             members,
             preferred: Mutex::new(None),
+            last_answer: Mutex::new(HashMap::new()),
             shutdown,
+        }
+    }
+
+    fn answered(&self, server: SocketAddr) {
+        self.last_answer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(server, Instant::now());
+    }
+
+    /// Whether `server` answered within [`PROBE_AFTER`].
+    fn recently_answered(&self, server: SocketAddr) -> bool {
+        self.last_answer
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&server)
+            .is_some_and(|t| t.elapsed() < PROBE_AFTER)
+    }
+
+    /// Pings `server`; a server that does not answer is dropped from the connection pool.
+    async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
+        let ping = self
+            .rpc
+            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello, PROBE_TIMEOUT)
+            .await;
+        match ping {
+            Ok(_) => {
+                self.answered(server);
+                Ok(())
+            }
+            Err(e) => {
+                self.rpc.disconnect(server).await;
+                Err(e)
+            }
         }
     }
 
@@ -65,23 +103,29 @@ impl RemoteServers {
         request: &RpcRequest,
         timeout: Duration,
     ) -> Result<RpcResponse, TransportError> {
+        // A write is never sent to a server that has been silent: if it died, the write's fate
+        // would be unknown, while a failed ping means "not sent" and another server is tried.
+        if !idempotent(request) && !self.recently_answered(server) {
+            self.ping(server)
+                .await
+                .map_err(|e| TransportError::Unreachable {
+                    addr: server,
+                    reason: format!("no answer to a ping: {e}"),
+                })?;
+        }
         let call = self
             .rpc
             .call_typed::<RpcRequest, RpcResponse>(server, request, timeout);
         tokio::pin!(call);
         loop {
             tokio::select! {
-                result = &mut call => return result,
-                () = tokio::time::sleep(PROBE_AFTER) => {
-                    let ping = self
-                        .rpc
-                        .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello, PROBE_TIMEOUT)
-                        .await;
-                    if let Err(e) = ping {
-                        self.rpc.disconnect(server).await;
-                        return Err(e);
+                result = &mut call => {
+                    if result.is_ok() {
+                        self.answered(server);
                     }
+                    return result;
                 }
+                () = tokio::time::sleep(PROBE_AFTER) => self.ping(server).await?,
             }
         }
     }
