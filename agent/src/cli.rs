@@ -45,6 +45,9 @@ pub enum Command {
     Leave(crate::cmd::AgentAddr),
     /// Mark a failed member as left (the leader then deregisters it).
     ForceLeave(crate::cmd::members::ForceLeaveArgs),
+    /// Cluster operations (`operator raft list-peers`).
+    #[command(subcommand)]
+    Operator(crate::cmd::members::OperatorCommand),
 }
 
 #[derive(Debug, Args)]

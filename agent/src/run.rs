@@ -1,6 +1,7 @@
 //! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
 
 use crate::cli::{AgentArgs, Cli, Command};
+use crate::cmd::members::{OperatorCommand, RaftCommand};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -69,5 +70,8 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Join(args) => crate::cmd::exit(crate::cmd::members::join(args).await),
         Command::Leave(agent) => crate::cmd::exit(crate::cmd::members::leave(agent).await),
         Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
+        Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers(agent))) => {
+            crate::cmd::exit(crate::cmd::members::list_peers(agent).await)
+        }
     }
 }

@@ -39,9 +39,24 @@ pub struct Spec {
     servers: usize,
     clients: usize,
     args: Vec<String>,
+    server_args: Vec<String>,
+    profile: Option<String>,
 }
 
 impl Spec {
+    /// An extra flag for the servers only (e.g. `--encrypt KEY`; clients then get theirs
+    /// through [`Cluster::add_client_with`]).
+    pub fn server_arg(mut self, arg: &str) -> Spec {
+        self.server_args.push(arg.to_owned());
+        self
+    }
+
+    /// The gossip timing profile of every agent (`local` unless set).
+    pub fn gossip_profile(mut self, profile: &str) -> Spec {
+        self.profile = Some(profile.to_owned());
+        self
+    }
+
     /// Client agents joined to every server.
     pub fn clients(mut self, n: usize) -> Spec {
         self.clients = n;
@@ -66,6 +81,7 @@ impl Spec {
             ca_cert,
             ca_key,
             args: self.args,
+            profile: self.profile.unwrap_or_else(|| "local".to_owned()),
             servers: Vec::new(),
             clients: Vec::new(),
         };
@@ -93,6 +109,7 @@ impl Spec {
                 args.extend(["--join".into(), addr.to_string().into()]);
             }
             args.extend(cluster.common_args(&name, &cluster.ca_cert, &cert, &key));
+            args.extend(self.server_args.iter().map(OsString::from));
             cluster.servers.push(Member {
                 log: cluster.dir.path().join(format!("{name}.log")),
                 name,
@@ -145,6 +162,7 @@ pub struct Cluster {
     ca_cert: PathBuf,
     ca_key: PathBuf,
     args: Vec<String>,
+    profile: String,
     pub servers: Vec<Member>,
     pub clients: Vec<Member>,
 }
@@ -173,6 +191,8 @@ impl Cluster {
             servers: n,
             clients: 0,
             args: Vec::new(),
+            server_args: Vec::new(),
+            profile: None,
         }
     }
 
@@ -209,7 +229,7 @@ impl Cluster {
             "--log-level",
             "info",
             "--gossip-profile",
-            "local",
+            &self.profile,
         ]));
         args.extend(self.args.iter().map(OsString::from));
         args
@@ -235,9 +255,15 @@ impl Cluster {
     /// Starts a client agent joined to the servers `join` (in that order: the first is tried
     /// first); returns its index in `clients`.
     pub async fn add_client(&mut self, join: &[usize]) -> usize {
+        self.add_client_with(join, &[]).await
+    }
+
+    /// [`Cluster::add_client`] with extra flags for this client only (e.g. `--encrypt KEY`).
+    pub async fn add_client_with(&mut self, join: &[usize], extra: &[&str]) -> usize {
         let name = format!("c{}", self.clients.len());
         let (cert, key) = self.cert(Role::Client, &name);
-        let args = self.client_args(&name, join, &self.ca_cert, &cert, &key);
+        let mut args = self.client_args(&name, join, &self.ca_cert, &cert, &key);
+        args.extend(strings(extra));
         let log = self.dir.path().join(format!("{name}.log"));
         let agent = Agent::spawn(&args, Some(&log)).await;
         self.clients.push(Member {
@@ -270,6 +296,15 @@ impl Cluster {
         let all: Vec<usize> = (0..self.servers.len()).collect();
         let args = self.client_args("rogue", &all, &ca_cert, &cert, &key);
         Agent::spawn(&args, Some(&self.dir.path().join("rogue.log"))).await
+    }
+
+    /// Takes client agent `i`'s process out of the cluster (it is no longer running as far
+    /// as the cluster is concerned), e.g. to wait for it to exit after `PUT /v1/agent/leave`.
+    pub fn take_client(&mut self, i: usize) -> Agent {
+        self.clients[i]
+            .agent
+            .take()
+            .unwrap_or_else(|| panic!("client {i} is not running"))
     }
 
     /// Server `i`; panics when it is not running.
@@ -347,6 +382,15 @@ impl Cluster {
             .agent
             .take()
             .unwrap_or_else(|| panic!("server {i} is not running"));
+        agent.kill9().await;
+    }
+
+    /// `kill -9` client agent `i` and wait until the process is gone.
+    pub async fn kill9_client(&mut self, i: usize) {
+        let agent = self.clients[i]
+            .agent
+            .take()
+            .unwrap_or_else(|| panic!("client {i} is not running"));
         agent.kill9().await;
     }
 

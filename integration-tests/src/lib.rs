@@ -244,6 +244,21 @@ impl Agent {
         }
     }
 
+    /// The process ID while it runs (for `kill -STOP` / `kill -CONT`).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Waits up to `limit` for the process to exit on its own (e.g. after
+    /// `PUT /v1/agent/leave`); returns its exit code, `None` when killed by a signal.
+    pub async fn wait_exit(mut self, limit: Duration) -> Option<i32> {
+        timeout(limit, self.child.wait())
+            .await
+            .expect("agent did not exit")
+            .expect("wait for agent")
+            .code()
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub async fn terminate(mut self) -> Option<i32> {
         self.signal("-TERM");

@@ -1,5 +1,5 @@
 //! `vigil members`, `vigil join`, `vigil leave`, `vigil force-leave`: gossip membership through
-//! the local agent.
+//! the local agent; and `vigil operator raft list-peers`, the raft servers.
 
 use clap::Args;
 
@@ -19,6 +19,20 @@ pub struct JoinArgs {
     pub address: String,
 }
 
+/// `vigil operator ...`
+#[derive(Debug, clap::Subcommand)]
+pub enum OperatorCommand {
+    /// Raft operations.
+    #[command(subcommand)]
+    Raft(RaftCommand),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum RaftCommand {
+    /// List the raft servers: node, ID, address, leader or follower, voter.
+    ListPeers(AgentAddr),
+}
+
 #[derive(Debug, Args)]
 pub struct ForceLeaveArgs {
     #[command(flatten)]
@@ -34,6 +48,25 @@ fn status_name(code: u64) -> &'static str {
         3 => "left",
         4 => "failed",
         _ => "unknown",
+    }
+}
+
+/// Prints rows as left-aligned columns under a header.
+fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+    let header = header.map(str::to_owned);
+    let mut widths = header.clone().map(|h| h.len());
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.len());
+        }
+    }
+    for row in std::iter::once(&header).chain(rows) {
+        let line: Vec<String> = row
+            .iter()
+            .zip(widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        println!("{}", line.join("  ").trim_end());
     }
 }
 
@@ -61,21 +94,35 @@ pub async fn members(args: MembersArgs) -> anyhow::Result<i32> {
             ]
         })
         .collect();
-    let header = ["Node", "Address", "Status", "Type", "DC"].map(str::to_owned);
-    let mut widths = header.clone().map(|h| h.len());
-    for row in &rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
-        }
-    }
-    for row in std::iter::once(&header).chain(&rows) {
-        let line: Vec<String> = row
-            .iter()
-            .zip(widths)
-            .map(|(cell, w)| format!("{cell:<w$}"))
-            .collect();
-        println!("{}", line.join("  ").trim_end());
-    }
+    print_table(["Node", "Address", "Status", "Type", "DC"], &rows);
+    Ok(0)
+}
+
+/// `vigil operator raft list-peers`: the raft servers, like Consul's command.
+pub async fn list_peers(agent: AgentAddr) -> anyhow::Result<i32> {
+    let config = agent.client()?.raft_configuration().await?;
+    let rows: Vec<[String; 5]> = config["Servers"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .map(|s| {
+            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
+            [
+                text(&s["Node"]),
+                text(&s["ID"]),
+                text(&s["Address"]),
+                if s["Leader"] == true {
+                    "leader"
+                } else {
+                    "follower"
+                }
+                .to_owned(),
+                s["Voter"].to_string(),
+            ]
+        })
+        .collect();
+    print_table(["Node", "ID", "Address", "State", "Voter"], &rows);
     Ok(0)
 }
 

@@ -1,4 +1,5 @@
-//! Agent membership calls: `/v1/agent/members`, `join`, `leave`, `force-leave`.
+//! Agent membership and operator calls: `/v1/agent/members`, `join`, `leave`, `force-leave`,
+//! `/v1/operator/raft/configuration`.
 
 use reqwest::Method;
 
@@ -9,6 +10,22 @@ impl Client {
     pub async fn agent_members(&self) -> Result<serde_json::Value, ClientError> {
         let reply = self
             .send(Method::GET, "/v1/agent/members", None, REQUEST_TIMEOUT)
+            .await?;
+        if reply.status != 200 {
+            return Err(ClientError::api(&reply));
+        }
+        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `GET /v1/operator/raft/configuration`: the raft servers in Consul's shape.
+    pub async fn raft_configuration(&self) -> Result<serde_json::Value, ClientError> {
+        let reply = self
+            .send(
+                Method::GET,
+                "/v1/operator/raft/configuration",
+                None,
+                REQUEST_TIMEOUT,
+            )
             .await?;
         if reply.status != 200 {
             return Err(ClientError::api(&reply));
