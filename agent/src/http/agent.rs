@@ -18,6 +18,7 @@ pub async fn agent_self(
     let status = state.backend.status().await?;
     let leader_addr = status.leader.unwrap_or_default();
     let rpc = state.rpc_addr;
+    let serf = state.gossip.gossip_addr();
     let is_server = matches!(*state.backend, Backend::Local(_));
     let raft = match &*state.backend {
         Backend::Local(server) => {
@@ -43,8 +44,8 @@ pub async fn agent_self(
         },
         "Member": {
             "Name": state.node_name,
-            "Addr": rpc.ip().to_string(),
-            "Port": rpc.port(),
+            "Addr": serf.ip().to_string(),
+            "Port": serf.port(),
             "Tags": {
                 "role": if is_server { "consul" } else { "node" },
                 "dc": crate::DATACENTER,
