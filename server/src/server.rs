@@ -260,15 +260,6 @@ impl Server {
         &self.config
     }
 
-    pub fn node_id(&self) -> NodeId {
-        self.node_id
-    }
-
-    /// The RPC client sharing this server's QUIC endpoint.
-    pub fn rpc_client(&self) -> RpcClient {
-        self.rpc.clone()
-    }
-
     fn self_node(&self) -> ServerNode {
         ServerNode {
             name: self.config.node_name.clone(),
@@ -679,11 +670,6 @@ impl Server {
                 .count()
                 .saturating_sub(1),
         }
-    }
-
-    /// Number of blocked readers (for metrics and leak checks).
-    pub fn waiters(&self) -> usize {
-        self.shared.watches.len()
     }
 
     /// Stops raft, the RPC endpoint and the leader duties, and waits for them.

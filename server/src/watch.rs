@@ -156,7 +156,8 @@ impl Watches {
         wake_all(std::mem::take(&mut reg.catalog));
     }
 
-    /// Number of registered waiters (for metrics and leak checks in tests).
+    /// Number of registered waiters (leak checks in tests).
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         let reg = self.lock();
         reg.keys.values().map(HashMap::len).sum::<usize>()
@@ -165,6 +166,7 @@ impl Watches {
             + reg.catalog.len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
