@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_server::Server;
-use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo};
+use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo, unexpected};
 use vigil_server::transport::{RpcClient, TransportError};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
@@ -217,10 +217,6 @@ where
             result => return result,
         }
     }
-}
-
-fn unexpected(response: RpcResponse) -> ServerError {
-    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
 }
 
 impl Backend {

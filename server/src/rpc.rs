@@ -110,3 +110,8 @@ pub struct StatusInfo {
     /// Raft index of the membership configuration.
     pub config_index: u64,
 }
+
+/// A response of the wrong variant for its request: a protocol bug, reported rather than hidden.
+pub fn unexpected(response: RpcResponse) -> ServerError {
+    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
+}

@@ -27,7 +27,9 @@ use crate::raft::network::QuicNetwork;
 use crate::raft::redb_log::RedbLogStore;
 use crate::raft::state_store::{SharedState, StateStore};
 use crate::raft::{NodeId, Raft};
-use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
+use crate::rpc::{
+    HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo, unexpected,
+};
 use crate::state::Interest;
 use crate::tls::TlsMaterial;
 use crate::transport::{self, RpcClient, TransportError};
@@ -730,10 +732,6 @@ impl Server {
             RpcRequest::Status => RpcResponse::Status(self.status()),
         }
     }
-}
-
-fn unexpected(response: RpcResponse) -> ServerError {
-    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
 }
 
 /// The RPC endpoint's view of the server.

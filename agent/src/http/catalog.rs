@@ -9,7 +9,6 @@ use vigil_shared::catalog::{Check, Node};
 use vigil_shared::rpc::{QueryResult, ReadQuery};
 
 use super::error::ApiError;
-use super::kv::unexpected;
 use super::params::Params;
 use super::{AppState, json, with_meta};
 
@@ -94,7 +93,7 @@ pub async fn nodes(
     let opts = params.query_options()?;
     let (result, meta) = state.backend.query(opts, ReadQuery::CatalogNodes).await?;
     let QueryResult::Nodes(nodes) = result else {
-        return Err(unexpected(result));
+        return Err(ApiError::unexpected(result));
     };
     let out: Vec<NodeJson<'_>> = nodes.iter().map(NodeJson::from_node).collect();
     Ok(with_meta(meta, json(&params, &out)))
@@ -112,7 +111,7 @@ pub async fn node_health(
         .query(opts, ReadQuery::NodeChecks { node })
         .await?;
     let QueryResult::Checks(checks) = result else {
-        return Err(unexpected(result));
+        return Err(ApiError::unexpected(result));
     };
     let out: Vec<CheckJson<'_>> = checks.iter().map(CheckJson::from_check).collect();
     Ok(with_meta(meta, json(&params, &out)))

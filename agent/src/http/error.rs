@@ -1,7 +1,7 @@
 //! The one place errors become HTTP responses: plain-text bodies with Consul's messages, 400 for
 //! bad input (SPEC.md), 500 only for our own faults.
 
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use vigil_shared::rpc::ServerError;
 
@@ -36,6 +36,26 @@ impl ApiError {
             None => ApiError::too_large(format!("Request body too large, max size: {max} bytes")),
         }
     }
+}
+
+impl ApiError {
+    /// A server answer of the wrong kind for the request: our fault, so 500.
+    pub fn unexpected(answer: impl std::fmt::Debug) -> ApiError {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected server answer: {answer:?}"),
+        )
+    }
+}
+
+/// A request body's size: the larger of its declared `Content-Length` and what arrived.
+pub fn body_len(headers: &HeaderMap, body: &[u8]) -> usize {
+    headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(0)
+        .max(body.len())
 }
 
 impl From<ServerError> for ApiError {

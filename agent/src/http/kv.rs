@@ -3,7 +3,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::{OriginalUri, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use vigil_shared::KV_MAX_VALUE_SIZE;
 use vigil_shared::api::DirEntry;
@@ -11,7 +11,7 @@ use vigil_shared::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
 
-use super::error::ApiError;
+use super::error::{ApiError, body_len};
 use super::params::{Params, decode_path};
 use super::{AppState, json, not_found_with_meta, with_meta};
 
@@ -85,24 +85,13 @@ pub async fn get(
             let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
             Ok(with_meta(meta, json(&params, &dir)))
         }
-        other => Err(unexpected(other)),
+        other => Err(ApiError::unexpected(other)),
     }
-}
-
-pub fn unexpected(result: QueryResult) -> ApiError {
-    ApiError::new(
-        StatusCode::INTERNAL_SERVER_ERROR,
-        format!("unexpected server result: {result:?}"),
-    )
 }
 
 /// Rejects a body whose declared or actual size is over the KV value limit (Consul's 413 text).
 fn check_value_size(headers: &HeaderMap, body: &Bytes) -> Result<(), ApiError> {
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let len = declared.unwrap_or(body.len()).max(body.len());
+    let len = body_len(headers, body);
     if len > KV_MAX_VALUE_SIZE {
         return Err(ApiError::body_too_large(Some(len), KV_MAX_VALUE_SIZE));
     }
@@ -187,10 +176,7 @@ pub async fn delete(
 async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Response, ApiError> {
     let response = state.backend.write(Op::Kv(vec![op])).await?;
     let ServerResponse::Txn(outcome) = response else {
-        return Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected server response: {response:?}"),
-        ));
+        return Err(ApiError::unexpected(response));
     };
     let error = match outcome {
         TxnOutcome::Committed(_) => return Ok(json(params, &true)),

@@ -3,7 +3,6 @@
 
 use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
-use axum::http::StatusCode;
 use axum::response::Response;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
@@ -15,7 +14,6 @@ use vigil_shared::session::{Behavior, ServiceCheck, Session};
 use vigil_shared::{DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_NS};
 
 use super::error::ApiError;
-use super::kv::unexpected;
 use super::params::Params;
 use super::{AppState, json, with_meta};
 
@@ -165,10 +163,7 @@ pub async fn create(
     match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
         ServerResponse::Rejected(e) => Err(ApiError::bad_request(format!("apply failed: {e}"))),
-        other => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected server response: {other:?}"),
-        )),
+        other => Err(ApiError::unexpected(other)),
     }
 }
 
@@ -209,7 +204,7 @@ async fn read_sessions(
     let opts = params.query_options()?;
     let (result, meta) = state.backend.query(opts, query).await?;
     let QueryResult::Sessions(sessions) = result else {
-        return Err(unexpected(result));
+        return Err(ApiError::unexpected(result));
     };
     let out: Vec<SessionJson> = sessions.iter().map(SessionJson::from_session).collect();
     Ok(with_meta(meta, json(&params, &out)))

@@ -14,8 +14,7 @@ use vigil_shared::kv::{KvOp, TxnOutcome};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
 use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS, TXN_MAX_REQ_LEN};
 
-use super::error::ApiError;
-use super::kv::unexpected;
+use super::error::{ApiError, body_len};
 use super::params::Params;
 use super::{AppState, json, set_leader_headers};
 
@@ -180,11 +179,7 @@ pub async fn txn(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok());
-    let len = declared.unwrap_or(body.len()).max(body.len());
+    let len = body_len(&headers, &body);
     if len > TXN_MAX_REQ_LEN {
         // Consul's text for the transaction limit points at `txn_max_req_len`.
         return Err(ApiError::too_large(format!(
@@ -204,7 +199,7 @@ pub async fn txn(
         opts.min_index = 0;
         let (result, meta) = state.backend.query(opts, ReadQuery::Txn(ops)).await?;
         let QueryResult::Txn(outcome) = result else {
-            return Err(unexpected(result));
+            return Err(ApiError::unexpected(result));
         };
         let mut response = render(&params, outcome);
         set_leader_headers(response.headers_mut(), meta);
@@ -212,9 +207,6 @@ pub async fn txn(
     }
     match state.backend.write(Op::Kv(ops)).await? {
         ServerResponse::Txn(outcome) => Ok(render(&params, outcome)),
-        other => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected server response: {other:?}"),
-        )),
+        other => Err(ApiError::unexpected(other)),
     }
 }

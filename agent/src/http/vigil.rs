@@ -14,7 +14,6 @@ use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
 use vigil_shared::session::Session;
 
 use super::error::ApiError;
-use super::kv::unexpected;
 use super::params::Params;
 use super::{AppState, json, with_meta};
 
@@ -49,7 +48,7 @@ pub async fn sequencer(
     let body = match result {
         QueryResult::Sequencer(Ok(())) => json_value!({ "Valid": true }),
         QueryResult::Sequencer(Err(reason)) => json_value!({ "Valid": false, "Reason": reason }),
-        other => return Err(unexpected(other)),
+        other => return Err(ApiError::unexpected(other)),
     };
     Ok(with_meta(meta, json(&params, &body)))
 }
@@ -76,7 +75,7 @@ pub async fn locks(
     };
     let (result, meta) = state.backend.query(opts, list).await?;
     let QueryResult::Entries(entries) = result else {
-        return Err(unexpected(result));
+        return Err(ApiError::unexpected(result));
     };
     let sessions_opts = QueryOptions {
         consistency: opts.consistency,
@@ -87,7 +86,7 @@ pub async fn locks(
         .query(sessions_opts, ReadQuery::SessionList)
         .await?;
     let QueryResult::Sessions(sessions) = result else {
-        return Err(unexpected(result));
+        return Err(ApiError::unexpected(result));
     };
     Ok(with_meta(
         meta,
