@@ -9,6 +9,8 @@ use vigil_shared::MAX_LOCK_DELAY_MS;
 use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::session::Behavior;
 
+use super::session::SessionStore;
+
 /// A deleted key (or a prefix removed by a tree delete) and when it was deleted.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tombstone {
@@ -35,8 +37,8 @@ pub struct KvStore {
 pub struct TxnContext<'a> {
     pub index: u64,
     pub now_ms: u64,
-    /// Resolves a session ID (any case) to the stored ID, if the session exists.
-    pub resolve_session: &'a dyn Fn(&str) -> Option<String>,
+    /// The sessions table: `lock` needs the session to exist and stores its canonical ID.
+    pub sessions: &'a SessionStore,
 }
 
 /// A transaction's view: reads see earlier ops' writes; nothing reaches the table until commit.
@@ -342,7 +344,7 @@ impl KvStore {
                 if session.is_empty() {
                     return Err(KvOpError::MissingSession);
                 }
-                let Some(session) = (ctx.resolve_session)(session) else {
+                let Some(session) = ctx.sessions.get(session).map(|s| s.id.clone()) else {
                     return Err(KvOpError::InvalidSession(session.clone()));
                 };
                 let session = &session;

@@ -95,12 +95,10 @@ impl StateMachine {
         let mut fx = Effects::default();
         let response = match cmd.op {
             Op::Kv(ops) => {
-                let sessions = &self.sessions;
-                let resolve = |id: &str| sessions.get(id).map(|s| s.id.clone());
                 let ctx = TxnContext {
                     index,
                     now_ms,
-                    resolve_session: &resolve,
+                    sessions: &self.sessions,
                 };
                 let (outcome, touched) = self.kv.apply_txn(&ops, &ctx);
                 fx.kv_keys = touched;
@@ -281,12 +279,10 @@ impl StateMachine {
         if !writes.is_empty() {
             return TxnOutcome::RolledBack(writes);
         }
-        let sessions = &self.sessions;
-        let resolve = |id: &str| sessions.get(id).map(|s| s.id.clone());
         let ctx = TxnContext {
             index: self.kv.table_index(),
             now_ms: self.last_now_ms,
-            resolve_session: &resolve,
+            sessions: &self.sessions,
         };
         self.kv.read_txn(ops, &ctx)
     }
