@@ -231,25 +231,26 @@ impl Backend {
     /// Commits a state change.
     pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
         let deadline = Instant::now() + RETRY_FOR;
-        with_retries(self, deadline, false, || {
-            let op = op.clone();
-            async move {
-                match self {
-                    Backend::Local(server) => server.write(op).await,
-                    Backend::Remote(remote) => {
-                        let request = RpcRequest::Write {
-                            op,
-                            forwarded: false,
-                        };
-                        match remote.call(&request, CALL_SLACK).await? {
-                            RpcResponse::Write(result) => result,
-                            other => Err(unexpected(other)),
-                        }
-                    }
-                }
+        match self {
+            // The in-process server takes the op by value, so each attempt gets a copy.
+            Backend::Local(server) => {
+                with_retries(self, deadline, false, || server.write(op.clone())).await
             }
-        })
-        .await
+            // Over RPC the request is only serialized: build it once, copy nothing.
+            Backend::Remote(remote) => {
+                let request = RpcRequest::Write {
+                    op,
+                    forwarded: false,
+                };
+                with_retries(self, deadline, false, || async {
+                    match remote.call(&request, CALL_SLACK).await? {
+                        RpcResponse::Write(result) => result,
+                        other => Err(unexpected(other)),
+                    }
+                })
+                .await
+            }
+        }
     }
 
     /// Reads, blocking on the server; a lost server is retried on another within the wait.
