@@ -10,7 +10,7 @@ use vigil_shared::client::{Election, LockOptions};
 
 use super::child::{Signals, run_while_held};
 use super::lock::acquire_or_give_up;
-use super::{AgentAddr, parse_duration};
+use super::{AgentAddr, HoldArgs};
 
 #[derive(Debug, Args)]
 pub struct ElectArgs {
@@ -20,21 +20,8 @@ pub struct ElectArgs {
     /// Print leadership changes instead of campaigning.
     #[arg(long, conflicts_with = "command")]
     pub observe: bool,
-    /// Give up if not leader within this long (exit 124).
-    #[arg(long, value_parser = parse_duration)]
-    pub timeout: Option<Duration>,
-    /// Session TTL.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub ttl: Duration,
-    /// Session lock-delay [default: the agent's, 15s].
-    #[arg(long, value_parser = parse_duration)]
-    pub lock_delay: Option<Duration>,
-    /// After SIGTERM on lost leadership, how long before SIGKILL.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub grace: Duration,
-    /// Report progress on stderr.
-    #[arg(long, short = 'v')]
-    pub verbose: bool,
+    #[command(flatten)]
+    pub hold: HoldArgs,
     #[command(flatten)]
     pub addr: AgentAddr,
     /// The election's KV key.
@@ -45,7 +32,7 @@ pub struct ElectArgs {
 }
 
 pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
-    super::init_logging(args.verbose);
+    super::init_logging(args.hold.verbose);
     let mut signals = Signals::install()?;
     let client = args.addr.client()?;
     let name = args.name.trim_start_matches('/');
@@ -56,8 +43,8 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()))
         .into_bytes();
     opts.session_name = format!("Vigil election '{name}'");
-    opts.session_ttl = args.ttl;
-    opts.lock_delay = args.lock_delay;
+    opts.session_ttl = args.hold.ttl;
+    opts.lock_delay = args.hold.lock_delay;
     let election = Election::new(&client, opts)?;
 
     if args.observe {
@@ -81,12 +68,12 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
     }
 
     let campaign = election.campaign();
-    let held = match acquire_or_give_up(campaign, args.timeout, &mut signals, &client).await? {
+    let held = match acquire_or_give_up(campaign, args.hold.timeout, &mut signals, &client).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),
     };
     tracing::info!(key = held.key(), lock_index = held.lock_index(), "elected");
-    let code = run_while_held(held, &args.command, args.grace, &mut signals).await?;
+    let code = run_while_held(held, &args.command, args.hold.grace, &mut signals).await?;
     client.drain_cleanups(Duration::from_secs(5)).await;
     Ok(code)
 }

@@ -18,7 +18,7 @@ use vigil_shared::client::{
 
 pub use super::child::EXIT_LOST;
 use super::child::{Signals, run_while_held, signal_status};
-use super::{AgentAddr, parse_duration};
+use super::{AgentAddr, HoldArgs};
 
 /// Exit status when `--timeout` ran out while waiting for the lock (as `timeout(1)` uses).
 pub const EXIT_TIMEOUT: i32 = 124;
@@ -58,24 +58,11 @@ pub struct LockArgs {
     /// First come, first served: waiters get the lock in arrival order.
     #[arg(long)]
     pub fair: bool,
-    /// Give up if the lock is not held within this long (exit 124).
-    #[arg(long, value_parser = parse_duration)]
-    pub timeout: Option<Duration>,
-    /// Session TTL.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub ttl: Duration,
-    /// Session lock-delay [default: the agent's, 15s].
-    #[arg(long, value_parser = parse_duration)]
-    pub lock_delay: Option<Duration>,
-    /// After SIGTERM on lock loss, how long before SIGKILL.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub grace: Duration,
+    #[command(flatten)]
+    pub hold: HoldArgs,
     /// Session name [default: "Consul lock for '<command>' at '<prefix>'"].
     #[arg(long)]
     pub name: Option<String>,
-    /// Report progress on stderr.
-    #[arg(long, short = 'v')]
-    pub verbose: bool,
     #[command(flatten)]
     pub addr: AgentAddr,
     /// KV prefix of the lock.
@@ -111,7 +98,7 @@ impl Recipe {
 }
 
 async fn run_locked(args: LockArgs) -> anyhow::Result<i32> {
-    super::init_logging(args.verbose);
+    super::init_logging(args.hold.verbose);
     let mut signals = Signals::install()?;
     let prefix = args.prefix.clone().unwrap_or_default();
     let prefix = prefix.trim_start_matches('/');
@@ -129,8 +116,8 @@ async fn run_locked(args: LockArgs) -> anyhow::Result<i32> {
     let recipe = if args.fair {
         let mut opts = FairOptions::new(prefix);
         opts.session_name = name;
-        opts.session_ttl = args.ttl;
-        opts.lock_delay = args.lock_delay;
+        opts.session_ttl = args.hold.ttl;
+        opts.lock_delay = args.hold.lock_delay;
         tracing::info!(%prefix, "setting up a fair lock");
         Recipe::Fair(FairMutex::new(&client, opts)?)
     } else if args.limit == 1 {
@@ -138,20 +125,20 @@ async fn run_locked(args: LockArgs) -> anyhow::Result<i32> {
         tracing::info!(%key, "setting up lock");
         let mut opts = LockOptions::new(key);
         opts.session_name = name;
-        opts.session_ttl = args.ttl;
-        opts.lock_delay = args.lock_delay;
+        opts.session_ttl = args.hold.ttl;
+        opts.lock_delay = args.hold.lock_delay;
         Recipe::Lock(Lock::new(&client, opts)?)
     } else {
         tracing::info!(%prefix, limit = args.limit, "setting up semaphore");
         let mut opts = SemaphoreOptions::new(prefix, args.limit);
         opts.session_name = name;
-        opts.session_ttl = args.ttl;
-        opts.lock_delay = args.lock_delay;
+        opts.session_ttl = args.hold.ttl;
+        opts.lock_delay = args.hold.lock_delay;
         Recipe::Semaphore(Semaphore::new(&client, opts)?)
     };
 
     let waiting = recipe.acquire();
-    let held = match acquire_or_give_up(waiting, args.timeout, &mut signals, &client).await? {
+    let held = match acquire_or_give_up(waiting, args.hold.timeout, &mut signals, &client).await? {
         Ok(held) => held,
         Err(code) => return Ok(code),
     };
@@ -160,7 +147,7 @@ async fn run_locked(args: LockArgs) -> anyhow::Result<i32> {
         lock_index = held.lock_index(),
         "lock held"
     );
-    let code = run_while_held(held, &args.command, args.grace, &mut signals).await?;
+    let code = run_while_held(held, &args.command, args.hold.grace, &mut signals).await?;
     client.drain_cleanups(CLEANUP_LIMIT).await;
     Ok(code)
 }

@@ -36,6 +36,26 @@ impl AgentAddr {
     }
 }
 
+/// How `vigil lock` and `vigil elect` hold on: session, waiting and child supervision flags.
+#[derive(Debug, Clone, Args)]
+pub struct HoldArgs {
+    /// Give up if not holding (the lock, or leadership) within this long (exit 124).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Session TTL.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Session lock-delay [default: the agent's, 15s].
+    #[arg(long, value_parser = parse_duration)]
+    pub lock_delay: Option<Duration>,
+    /// After SIGTERM when the lock or leadership is lost, how long before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Report progress on stderr.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+}
+
 /// Parses a Go duration flag (`5s`, `1m30s`, `250ms`).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     parse_go_duration(s).map_err(|e| e.to_string())
