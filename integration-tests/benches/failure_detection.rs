@@ -16,19 +16,6 @@ use tokio::time::{Instant, sleep};
 /// Longest a round may take to see the failure (the `lan` profile needs ~5-6 s).
 const DETECT_LIMIT: Duration = Duration::from_secs(60);
 
-async fn serf_health(agent: &Http, node: &str) -> Option<String> {
-    let reply = agent.try_get(&format!("/v1/health/node/{node}")).await?;
-    if reply.status != StatusCode::OK {
-        return None;
-    }
-    reply
-        .json()
-        .as_array()?
-        .iter()
-        .find(|c| c["CheckID"] == "serfHealth")
-        .and_then(|c| c["Status"].as_str().map(str::to_owned))
-}
-
 async fn acquire(agent: &Http, key: &str, session: &str) -> bool {
     let reply = agent
         .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
@@ -59,7 +46,7 @@ async fn run_profile(profile: &str, rounds: usize) -> (Duration, Duration) {
         let session = create_session(&http, r#"{"Name":"victim","LockDelay":"0s"}"#).await;
         assert!(acquire(&http, key, &session).await, "victim acquires");
         eventually(Duration::from_secs(30), "serfHealth passing", || async {
-            (serf_health(&server, &node).await.as_deref() == Some("passing")).then_some(())
+            (server.serf_health(&node).await.as_deref() == Some("passing")).then_some(())
         })
         .await;
 
@@ -71,8 +58,7 @@ async fn run_profile(profile: &str, rounds: usize) -> (Duration, Duration) {
                 killed.elapsed() < DETECT_LIMIT,
                 "{profile}: failure not detected"
             );
-            if critical.is_none()
-                && serf_health(&server, &node).await.as_deref() == Some("critical")
+            if critical.is_none() && server.serf_health(&node).await.as_deref() == Some("critical")
             {
                 critical = Some(killed.elapsed());
             }

@@ -124,6 +124,21 @@ impl Http {
         self.try_request(Method::GET, path, None).await.ok()
     }
 
+    /// The `Status` of `node`'s `serfHealth` check as this agent reports it (`None`: no such
+    /// check, the node is not in the catalog, or the agent is unreachable).
+    pub async fn serf_health(&self, node: &str) -> Option<String> {
+        let reply = self.try_get(&format!("/v1/health/node/{node}")).await?;
+        if reply.status != StatusCode::OK {
+            return None;
+        }
+        reply
+            .json()
+            .as_array()?
+            .iter()
+            .find(|c| c["CheckID"] == "serfHealth")
+            .and_then(|c| c["Status"].as_str().map(str::to_owned))
+    }
+
     pub async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
         self.request(Method::PUT, path, Some(body.into())).await
     }

@@ -19,21 +19,6 @@ const DETECT_LIMIT: Duration = Duration::from_secs(15);
 /// Gossip membership must converge within this.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
 
-/// The `Status` of `node`'s `serfHealth` check as `agent` reports it (`None`: no such check,
-/// or the node is not in the catalog).
-async fn serf_health(agent: &Http, node: &str) -> Option<String> {
-    let reply = agent.try_get(&format!("/v1/health/node/{node}")).await?;
-    if reply.status != StatusCode::OK {
-        return None;
-    }
-    reply
-        .json()
-        .as_array()?
-        .iter()
-        .find(|c| c["CheckID"] == "serfHealth")
-        .and_then(|c| c["Status"].as_str().map(str::to_owned))
-}
-
 /// `/v1/agent/members` of `agent`.
 async fn members(agent: &Http) -> Vec<Value> {
     let reply = agent.get("/v1/agent/members").await;
@@ -98,7 +83,7 @@ async fn session_exists(agent: &Http, id: &str) -> bool {
 
 async fn wait_serf_health(agent: &Http, node: &str, status: &str, limit: Duration) {
     eventually(limit, &format!("{node}'s serfHealth {status}"), || async {
-        (serf_health(agent, node).await.as_deref() == Some(status)).then_some(())
+        (agent.serf_health(node).await.as_deref() == Some(status)).then_some(())
     })
     .await;
 }
@@ -286,10 +271,7 @@ async fn members_crash_and_graceful_leave() {
     assert_eq!(member_status(&server, "c2").await, Some(3), "c2 is left");
     // The crashed c1 is still in the catalog (failed, not left), critical.
     assert!(catalog_nodes(&server).await.iter().any(|n| n == "c1"));
-    assert_eq!(
-        serf_health(&server, "c1").await.as_deref(),
-        Some("critical")
-    );
+    assert_eq!(server.serf_health("c1").await.as_deref(), Some("critical"));
     assert_eq!(member_status(&server, "c1").await, Some(4), "c1 is failed");
     println!(
         "t70 graceful leave: /v1/agent/leave→deregistered {deregistered:?}, \
@@ -400,7 +382,7 @@ async fn a_two_second_sigstop_is_not_a_failure_under_the_lan_profile() {
         }
         for i in 0..3 {
             let s = cluster.server(i).http();
-            let health = serf_health(&s, "c1").await;
+            let health = s.serf_health("c1").await;
             if health.as_deref() != Some("passing") {
                 false_invalidations += 1;
                 observations.push(format!(
