@@ -6,7 +6,9 @@ pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod duration;
+pub mod filter;
 pub mod kv;
+pub mod query;
 pub mod rpc;
 pub mod session;
 
