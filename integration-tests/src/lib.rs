@@ -143,6 +143,11 @@ impl Http {
         self.request(Method::PUT, path, Some(body.into())).await
     }
 
+    pub async fn post_json(&self, path: &str, body: Value) -> Reply {
+        self.request(Method::POST, path, Some(body.to_string().into_bytes()))
+            .await
+    }
+
     pub async fn delete(&self, path: &str) -> Reply {
         self.request(Method::DELETE, path, None).await
     }

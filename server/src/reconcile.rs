@@ -18,7 +18,7 @@ fn serf_check(node: &str, status: HealthStatus, output: &str) -> Op {
         name: "Serf Health Status".to_owned(),
         status,
         output: output.to_owned(),
-        service_id: String::new(),
+        ..CheckRegistration::default()
     })
 }
 

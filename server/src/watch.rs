@@ -18,6 +18,8 @@ struct Registry {
     prefixes: HashMap<String, Waiters>,
     sessions: Waiters,
     catalog: Waiters,
+    services: HashMap<String, Waiters>,
+    queries: Waiters,
 }
 
 impl Registry {
@@ -27,6 +29,8 @@ impl Registry {
             Interest::Prefix(p) => Some(self.prefixes.entry(p.clone()).or_default()),
             Interest::Sessions => Some(&mut self.sessions),
             Interest::Catalog => Some(&mut self.catalog),
+            Interest::Service(name) => Some(self.services.entry(name.clone()).or_default()),
+            Interest::Queries => Some(&mut self.queries),
             Interest::None => None,
         }
     }
@@ -85,6 +89,9 @@ impl Drop for WatchGuard {
                 Interest::Prefix(p) => {
                     reg.prefixes.remove(p);
                 }
+                Interest::Service(name) => {
+                    reg.services.remove(name);
+                }
                 _ => {}
             }
         }
@@ -118,7 +125,11 @@ impl Watches {
 
     /// Wakes the waiters that an applied command's effects concern.
     pub fn notify(&self, fx: &Effects) {
-        if fx.kv_keys.is_empty() && !fx.sessions_changed && !fx.catalog_changed {
+        if fx.kv_keys.is_empty()
+            && !fx.sessions_changed
+            && !fx.catalog_changed
+            && !fx.queries_changed
+        {
             return;
         }
         let mut reg = self.lock();
@@ -141,6 +152,14 @@ impl Watches {
         if fx.catalog_changed {
             wake_all(std::mem::take(&mut reg.catalog));
         }
+        for name in &fx.services_changed {
+            if let Some(w) = reg.services.remove(name) {
+                wake_all(w);
+            }
+        }
+        if fx.queries_changed {
+            wake_all(std::mem::take(&mut reg.queries));
+        }
     }
 
     /// Wakes every waiter (after a snapshot install replaced the whole state).
@@ -152,8 +171,12 @@ impl Watches {
         for (_, w) in reg.prefixes.drain() {
             wake_all(w);
         }
+        for (_, w) in reg.services.drain() {
+            wake_all(w);
+        }
         wake_all(std::mem::take(&mut reg.sessions));
         wake_all(std::mem::take(&mut reg.catalog));
+        wake_all(std::mem::take(&mut reg.queries));
     }
 
     /// Number of registered waiters (leak checks in tests).
@@ -162,8 +185,10 @@ impl Watches {
         let reg = self.lock();
         reg.keys.values().map(HashMap::len).sum::<usize>()
             + reg.prefixes.values().map(HashMap::len).sum::<usize>()
+            + reg.services.values().map(HashMap::len).sum::<usize>()
             + reg.sessions.len()
             + reg.catalog.len()
+            + reg.queries.len()
     }
 
     #[cfg(test)]

@@ -4,8 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::catalog::{Check, HealthStatus, Node};
+use std::collections::BTreeMap;
+
+use crate::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
 use crate::kv::{KvEntry, KvOp, TxnOutcome};
+use crate::query::PreparedQuery;
 use crate::session::Session;
 
 /// A state change. The leader wraps it in a [`Command`] stamped with its clock.
@@ -27,17 +30,33 @@ pub enum Op {
     DeregisterNode { name: String },
     /// 7: drop tombstones written before `before_ms` (leader's clock).
     ReapTombstones { before_ms: u64 },
+    /// 8: `/v1/catalog/register` and agent anti-entropy: a node, optionally one service, and
+    /// checks, all or nothing.
+    CatalogRegister(Registration),
+    /// 9: removes a service and its checks (invalidating the sessions bound to them).
+    DeregisterService { node: String, service_id: String },
+    /// 10: creates a prepared query, or with `update` replaces an existing one.
+    SetQuery { query: PreparedQuery, update: bool },
+    /// 11
+    DeleteQuery { id: String },
 }
 
-/// A check as registered; indexes are assigned by the state machine.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CheckRegistration {
+/// A check as registered; indexes and the service's name and tags are filled in by the
+/// catalog.
+pub type CheckRegistration = Check;
+
+/// What `/v1/catalog/register` carries.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Registration {
     pub node: String,
-    pub check_id: String,
-    pub name: String,
-    pub status: HealthStatus,
-    pub output: String,
-    pub service_id: String,
+    pub node_id: String,
+    pub address: String,
+    pub tagged_addresses: BTreeMap<String, String>,
+    pub node_meta: BTreeMap<String, String>,
+    /// Leave the node's fields alone (it must exist).
+    pub skip_node_update: bool,
+    pub service: Option<Service>,
+    pub checks: Vec<CheckRegistration>,
 }
 
 /// What raft replicates: an [`Op`] with the proposing leader's wall clock in milliseconds.
@@ -59,6 +78,17 @@ pub enum ApplyError {
     CriticalCheck(String),
     #[error("Session ID must be unique")]
     DuplicateSession,
+    #[error("Unknown service ID '{service_id}' for check ID '{check_id}'")]
+    UnknownServiceForCheck {
+        service_id: String,
+        check_id: String,
+    },
+    #[error("invalid session \"{0}\"")]
+    InvalidQuerySession(String),
+    #[error("name '{0}' aliases an existing query name")]
+    DuplicateQueryName(String),
+    #[error("Cannot modify non-existent prepared query: '{0}'")]
+    MissingQuery(String),
 }
 
 /// The result of applying one command.
@@ -104,6 +134,24 @@ pub enum ReadQuery {
     CatalogNodes,
     /// 9
     NodeChecks { node: String },
+    /// 10: every service instance (the agent groups them by name).
+    CatalogServices,
+    /// 11: the instances of one service, blocking on that service's index.
+    CatalogService { name: String },
+    /// 12: a node and its services.
+    CatalogNode { node: String },
+    /// 13: the checks of every instance of one service.
+    ServiceChecks { name: String },
+    /// 14: every check in `state` (`None`: any state).
+    ChecksInState { state: Option<HealthStatus> },
+    /// 15: the instances of one service with their node and checks.
+    HealthService { name: String },
+    /// 16
+    QueryList,
+    /// 17: a prepared query by ID, or by name when no ID matches.
+    QueryGet { id_or_name: String },
+    /// 18: runs a prepared query (not blockable).
+    QueryExecute { id_or_name: String },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,6 +170,18 @@ pub enum QueryResult {
     Nodes(Vec<Node>),
     /// 6
     Checks(Vec<Check>),
+    /// 7
+    Services(Vec<Service>),
+    /// 8: `(node, service)` pairs.
+    ServiceNodes(Vec<(Node, Service)>),
+    /// 9: `None` when the node is unknown.
+    NodeServices(Option<(Node, Vec<Service>)>),
+    /// 10
+    Health(Vec<ServiceHealth>),
+    /// 11
+    Queries(Vec<PreparedQuery>),
+    /// 12: the query run and the instances it selected; `None` when no query matched.
+    Executed(Option<(PreparedQuery, Vec<ServiceHealth>)>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

@@ -1,87 +1,229 @@
-//! `/v1/catalog/nodes` and `/v1/health/node/<node>`: the catalog's nodes and a node's health
-//! checks in Consul's shapes, blocking on the catalog index.
+//! `/v1/catalog/*`: register and deregister nodes, services and checks directly, and the
+//! blocking reads of nodes and services in Consul's shapes.
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
-use serde::Serialize;
+use serde::Deserialize;
 use serde_json::{Map, Value};
-use vigil_shared::catalog::{Check, Node};
-use vigil_shared::rpc::{QueryResult, ReadQuery};
+use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::catalog::{Check, HealthStatus, Service, Weights};
+use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Registration, Response as ServerResponse};
 
 use super::error::ApiError;
 use super::params::Params;
+use super::shapes::{
+    NodeJson, ServiceJson, ServiceNodeJson, filtered, node_meta_matches, tags_match,
+};
 use super::{AppState, json, with_meta};
 
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct NodeJson<'a> {
-    #[serde(rename = "ID")]
-    id: &'static str,
-    node: &'a str,
-    address: &'a str,
-    datacenter: &'static str,
-    tagged_addresses: Map<String, Value>,
-    meta: Map<String, Value>,
-    create_index: u64,
-    modify_index: u64,
+/// Free-form maps whose keys are kept as sent.
+const OPAQUE: &[&str] = &[
+    "taggedaddresses",
+    "nodemeta",
+    "meta",
+    "definition",
+    "header",
+];
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct WeightsBody {
+    passing: Option<i64>,
+    warning: Option<i64>,
 }
 
-impl<'a> NodeJson<'a> {
-    fn from_node(n: &'a Node) -> NodeJson<'a> {
-        let mut tagged = Map::new();
-        tagged.insert("lan".into(), Value::from(n.address.as_str()));
-        tagged.insert("wan".into(), Value::from(n.address.as_str()));
-        NodeJson {
-            id: "",
-            node: &n.name,
-            address: &n.address,
-            datacenter: crate::DATACENTER,
-            tagged_addresses: tagged,
-            meta: Map::new(),
-            create_index: n.create_index,
-            modify_index: n.modify_index,
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ServiceBody {
+    id: String,
+    service: String,
+    tags: Option<Vec<String>>,
+    address: String,
+    port: u16,
+    meta: Option<BTreeMap<String, String>>,
+    weights: Option<WeightsBody>,
+    enabletagoverride: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CheckBody {
+    node: String,
+    checkid: String,
+    name: String,
+    status: String,
+    notes: String,
+    output: String,
+    serviceid: String,
+    #[serde(rename = "type")]
+    kind: String,
+    definition: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RegisterBody {
+    node: String,
+    id: String,
+    address: String,
+    taggedaddresses: Option<BTreeMap<String, String>>,
+    nodemeta: Option<BTreeMap<String, String>>,
+    service: Option<ServiceBody>,
+    check: Option<CheckBody>,
+    checks: Vec<CheckBody>,
+    skipnodeupdate: bool,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    decode_case_insensitive(body, OPAQUE)
+        .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))
+}
+
+impl WeightsBody {
+    fn weights(self) -> Weights {
+        let default = Weights::default();
+        Weights {
+            passing: self.passing.unwrap_or(default.passing),
+            warning: self.warning.unwrap_or(default.warning),
         }
     }
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct CheckJson<'a> {
-    node: &'a str,
-    #[serde(rename = "CheckID")]
-    check_id: &'a str,
-    name: &'a str,
-    status: &'static str,
-    notes: &'static str,
-    output: &'a str,
-    #[serde(rename = "ServiceID")]
-    service_id: &'a str,
-    service_name: &'static str,
-    service_tags: [&'static str; 0],
-    #[serde(rename = "Type")]
-    kind: &'static str,
-    definition: Map<String, Value>,
-    create_index: u64,
-    modify_index: u64,
+fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
+    if body.service.is_empty() {
+        return Err(ApiError::bad_request(
+            "Must provide service name (Service.Service) when service ID is provided",
+        ));
+    }
+    let id = if body.id.is_empty() {
+        body.service.clone()
+    } else {
+        body.id
+    };
+    Ok(Service {
+        node: node.to_owned(),
+        id,
+        name: body.service,
+        tags: body.tags.unwrap_or_default(),
+        address: body.address,
+        port: body.port,
+        meta: body.meta.unwrap_or_default(),
+        weights: body.weights.map(WeightsBody::weights).unwrap_or_default(),
+        enable_tag_override: body.enabletagoverride,
+        create_index: 0,
+        modify_index: 0,
+    })
 }
 
-impl<'a> CheckJson<'a> {
-    fn from_check(c: &'a Check) -> CheckJson<'a> {
-        CheckJson {
-            node: &c.node,
-            check_id: &c.check_id,
-            name: &c.name,
-            status: c.status.as_str(),
-            notes: "",
-            output: &c.output,
-            service_id: &c.service_id,
-            service_name: "",
-            service_tags: [],
-            kind: "",
-            definition: Map::new(),
-            create_index: c.create_index,
-            modify_index: c.modify_index,
+fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
+    if !body.node.is_empty() && body.node != node {
+        return Err(ApiError::bad_request(
+            "Checks must belong to the node being registered",
+        ));
+    }
+    let status = if body.status.is_empty() {
+        HealthStatus::Critical
+    } else {
+        HealthStatus::parse(&body.status).ok_or_else(|| {
+            ApiError::bad_request(format!("Invalid check status: '{}'", body.status))
+        })?
+    };
+    let check_id = if body.checkid.is_empty() {
+        body.name.clone()
+    } else {
+        body.checkid
+    };
+    if check_id.is_empty() {
+        return Err(ApiError::bad_request("Missing check name"));
+    }
+    Ok(Check {
+        node: node.to_owned(),
+        check_id,
+        name: body.name,
+        status,
+        notes: body.notes,
+        output: body.output,
+        service_id: body.serviceid,
+        kind: body.kind,
+        definition: body
+            .definition
+            .map(|d| Value::Object(d).to_string())
+            .unwrap_or_default(),
+        ..Check::default()
+    })
+}
+
+/// `PUT /v1/catalog/register`: a node, optionally a service and checks; answers `true`.
+pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let body: RegisterBody = decode(&body)?;
+    if body.node.is_empty() {
+        return Err(ApiError::bad_request("Must provide node"));
+    }
+    if body.address.is_empty() && !body.skipnodeupdate {
+        return Err(ApiError::bad_request(
+            "Must provide address if SkipNodeUpdate is not set",
+        ));
+    }
+    let node = body.node;
+    let service = body.service.map(|s| to_service(&node, s)).transpose()?;
+    let checks = body
+        .check
+        .into_iter()
+        .chain(body.checks)
+        .map(|c| to_check(&node, c))
+        .collect::<Result<Vec<_>, _>>()?;
+    let op = Op::CatalogRegister(Registration {
+        node,
+        node_id: body.id,
+        address: body.address,
+        tagged_addresses: body.taggedaddresses.unwrap_or_default(),
+        node_meta: body.nodemeta.unwrap_or_default(),
+        skip_node_update: body.skipnodeupdate,
+        service,
+        checks,
+    });
+    done(&state, op).await
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DeregisterBody {
+    node: String,
+    serviceid: String,
+    checkid: String,
+}
+
+/// `PUT /v1/catalog/deregister`: a check, a service with its checks, or a whole node.
+pub async fn deregister(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let body: DeregisterBody = decode(&body)?;
+    if body.node.is_empty() {
+        return Err(ApiError::bad_request("Must provide node"));
+    }
+    let op = if !body.checkid.is_empty() {
+        Op::DeregisterCheck {
+            node: body.node,
+            check_id: body.checkid,
         }
+    } else if !body.serviceid.is_empty() {
+        Op::DeregisterService {
+            node: body.node,
+            service_id: body.serviceid,
+        }
+    } else {
+        Op::DeregisterNode { name: body.node }
+    };
+    done(&state, op).await
+}
+
+/// Applies a catalog write and answers Consul's `true`.
+async fn done(state: &AppState, op: Op) -> Result<Response, ApiError> {
+    match state.backend.write(op).await? {
+        ServerResponse::Done => Ok(json(&Params::default(), &true)),
+        ServerResponse::Rejected(e) => Err(ApiError::bad_request(e.to_string())),
+        other => Err(ApiError::unexpected(other)),
     }
 }
 
@@ -95,11 +237,62 @@ pub async fn nodes(
     let QueryResult::Nodes(nodes) = result else {
         return Err(ApiError::unexpected(result));
     };
-    let out: Vec<NodeJson<'_>> = nodes.iter().map(NodeJson::from_node).collect();
+    let out = nodes
+        .iter()
+        .filter(|n| node_meta_matches(&params, n))
+        .map(NodeJson::new)
+        .collect();
+    Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
+}
+
+/// `GET /v1/catalog/services`: each service name with the union of its instances' tags.
+pub async fn services(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let opts = params.query_options()?;
+    let (result, meta) = state
+        .backend
+        .query(opts, ReadQuery::CatalogServices)
+        .await?;
+    let QueryResult::Services(services) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for s in &services {
+        out.entry(&s.name)
+            .or_default()
+            .extend(s.tags.iter().map(String::as_str));
+    }
     Ok(with_meta(meta, json(&params, &out)))
 }
 
-pub async fn node_health(
+/// `GET /v1/catalog/service/<name>[?tag=][&node-meta=][&filter=]`.
+pub async fn service(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let opts = params.query_options()?;
+    let (result, meta) = state
+        .backend
+        .query(opts, ReadQuery::CatalogService { name })
+        .await?;
+    let QueryResult::ServiceNodes(instances) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    let out = instances
+        .iter()
+        .filter(|(n, s)| node_meta_matches(&params, n) && tags_match(&params, s))
+        .map(|(n, s)| ServiceNodeJson::new(n, s))
+        .collect();
+    Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
+}
+
+/// `GET /v1/catalog/node/<name>`: `{"Node":…,"Services":{id:…}}`, or `null` for an unknown node.
+pub async fn node(
     State(state): State<AppState>,
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
@@ -108,11 +301,19 @@ pub async fn node_health(
     let opts = params.query_options()?;
     let (result, meta) = state
         .backend
-        .query(opts, ReadQuery::NodeChecks { node })
+        .query(opts, ReadQuery::CatalogNode { node })
         .await?;
-    let QueryResult::Checks(checks) = result else {
+    let QueryResult::NodeServices(found) = result else {
         return Err(ApiError::unexpected(result));
     };
-    let out: Vec<CheckJson<'_>> = checks.iter().map(CheckJson::from_check).collect();
+    let Some((node, services)) = &found else {
+        return Ok(with_meta(meta, json(&params, &Value::Null)));
+    };
+    let listed = filtered(&params, services.iter().map(ServiceJson::new).collect())?;
+    let by_id: Map<String, Value> = listed
+        .into_iter()
+        .map(|s| (s["ID"].as_str().unwrap_or_default().to_owned(), s))
+        .collect();
+    let out = serde_json::json!({"Node": NodeJson::new(node), "Services": by_id});
     Ok(with_meta(meta, json(&params, &out)))
 }

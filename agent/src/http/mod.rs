@@ -4,10 +4,13 @@
 mod agent;
 mod catalog;
 pub mod error;
+mod health;
 mod kv;
 mod members;
 pub mod params;
+mod query;
 mod session;
+pub mod shapes;
 mod status;
 mod txn;
 mod vigil;
@@ -70,8 +73,24 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/join/{addr}", put(members::join))
         .route("/v1/agent/leave", put(members::leave))
         .route("/v1/agent/force-leave/{node}", put(members::force_leave))
+        .route("/v1/catalog/register", put(catalog::register))
+        .route("/v1/catalog/deregister", put(catalog::deregister))
         .route("/v1/catalog/nodes", get(catalog::nodes))
-        .route("/v1/health/node/{node}", get(catalog::node_health))
+        .route("/v1/catalog/services", get(catalog::services))
+        .route("/v1/catalog/service/{name}", get(catalog::service))
+        .route("/v1/catalog/node/{node}", get(catalog::node))
+        .route("/v1/health/node/{node}", get(health::node))
+        .route("/v1/health/checks/{service}", get(health::service_checks))
+        .route("/v1/health/service/{service}", get(health::service))
+        .route("/v1/health/state/", get(health::missing_state))
+        .route("/v1/health/state/{state}", get(health::state))
+        .route("/v1/query", get(query::list).post(query::create))
+        .route(
+            "/v1/query/{id}",
+            get(query::get).put(query::update).delete(query::delete),
+        )
+        .route("/v1/query/{id}/execute", get(query::execute))
+        .route("/v1/query/{id}/explain", get(query::explain))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
         .fallback(not_found)

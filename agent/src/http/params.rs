@@ -41,6 +41,14 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Every value of a repeatable parameter, in order.
+    pub fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.pairs
+            .iter()
+            .filter(move |(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
     /// A uint64 parameter; a bad one gets Go's `strconv.ParseUint` message, as Consul answers.
     pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.get(name)

@@ -1,9 +1,10 @@
-//! The replicated state machine: KV, sessions and the catalog, mutated only by applying a
+//! The replicated state machine: KV, sessions, the catalog and prepared queries, mutated only by applying a
 //! committed [`Command`] at a raft index. Apply reads no clock and does no I/O; it validates
 //! first and then mutates, so a refused command changes nothing.
 
 pub mod catalog;
 pub mod kv;
+pub mod query;
 pub mod session;
 
 #[cfg(test)]
@@ -11,13 +12,14 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
-use vigil_shared::catalog::HealthStatus;
+use vigil_shared::catalog::{Check, HealthStatus};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
 use vigil_shared::session::Session;
 
-use catalog::Catalog;
+use catalog::{Catalog, Touched};
 use kv::{KvStore, TxnContext};
+use query::QueryStore;
 use session::SessionStore;
 
 /// What an applied command changed, for waking blocking queries and for leader duties.
@@ -27,9 +29,19 @@ pub struct Effects {
     pub kv_keys: Vec<String>,
     pub sessions_changed: bool,
     pub catalog_changed: bool,
+    /// Service names whose instances or health changed.
+    pub services_changed: Vec<String>,
+    pub queries_changed: bool,
     /// Sessions created with a TTL: (ID, TTL string).
     pub ttl_sessions_created: Vec<(String, String)>,
     pub sessions_destroyed: Vec<String>,
+}
+
+impl Effects {
+    fn catalog(&mut self, touched: Touched) {
+        self.catalog_changed |= touched.any;
+        self.services_changed.extend(touched.services);
+    }
 }
 
 /// What a blocking read waits on.
@@ -40,7 +52,11 @@ pub enum Interest {
     /// Any key starting with this prefix.
     Prefix(String),
     Sessions,
+    /// Anything in the catalog.
     Catalog,
+    /// One service's instances and health.
+    Service(String),
+    Queries,
     /// Not blockable.
     None,
 }
@@ -55,8 +71,18 @@ impl Interest {
             ReadQuery::SessionInfo { .. }
             | ReadQuery::SessionList
             | ReadQuery::SessionNode { .. } => Interest::Sessions,
-            ReadQuery::CatalogNodes | ReadQuery::NodeChecks { .. } => Interest::Catalog,
-            ReadQuery::Txn(_) | ReadQuery::Sequencer { .. } => Interest::None,
+            ReadQuery::CatalogNodes
+            | ReadQuery::NodeChecks { .. }
+            | ReadQuery::CatalogServices
+            | ReadQuery::CatalogNode { .. }
+            | ReadQuery::ChecksInState { .. } => Interest::Catalog,
+            ReadQuery::CatalogService { name }
+            | ReadQuery::ServiceChecks { name }
+            | ReadQuery::HealthService { name } => Interest::Service(name.clone()),
+            ReadQuery::QueryList | ReadQuery::QueryGet { .. } => Interest::Queries,
+            ReadQuery::Txn(_) | ReadQuery::Sequencer { .. } | ReadQuery::QueryExecute { .. } => {
+                Interest::None
+            }
         }
     }
 }
@@ -66,6 +92,7 @@ pub struct StateMachine {
     kv: KvStore,
     sessions: SessionStore,
     catalog: Catalog,
+    queries: QueryStore,
     /// Latest leader clock seen; command clocks are clamped to never go backwards.
     last_now_ms: u64,
 }
@@ -81,6 +108,10 @@ impl StateMachine {
 
     pub fn catalog(&self) -> &Catalog {
         &self.catalog
+    }
+
+    pub fn queries(&self) -> &QueryStore {
+        &self.queries
     }
 
     /// The leader clock of the latest applied command.
@@ -113,43 +144,86 @@ impl StateMachine {
                 Response::Done
             }
             Op::RegisterNode { name, address } => {
-                let before = self.catalog.table_index();
-                self.catalog.upsert_node(&name, &address, index);
-                fx.catalog_changed = self.catalog.table_index() != before;
+                let mut t = Touched::default();
+                self.catalog.upsert_node(&name, &address, index, &mut t);
+                fx.catalog(t);
                 Response::Done
             }
             Op::RegisterCheck(reg) => {
                 if self.catalog.node(&reg.node).is_none() {
                     Response::Rejected(ApplyError::MissingNode)
                 } else {
-                    let before = self.catalog.table_index();
-                    self.catalog.upsert_check(&reg, index);
-                    fx.catalog_changed = self.catalog.table_index() != before;
-                    if reg.status == HealthStatus::Critical {
-                        for id in self.sessions.on_check(&reg.node, &reg.check_id) {
-                            self.invalidate(&id, index, now_ms, &mut fx);
-                        }
-                    }
+                    let mut t = Touched::default();
+                    self.catalog.upsert_check(&reg, index, &mut t);
+                    fx.catalog(t);
+                    self.invalidate_if_critical(&reg, index, now_ms, &mut fx);
                     Response::Done
                 }
             }
-            Op::DeregisterCheck { node, check_id } => {
-                if self.catalog.remove_check(&node, &check_id, index) {
-                    fx.catalog_changed = true;
-                    for id in self.sessions.on_check(&node, &check_id) {
-                        self.invalidate(&id, index, now_ms, &mut fx);
+            Op::CatalogRegister(reg) => match self.catalog.validate(&reg) {
+                Err(e) => Response::Rejected(e),
+                Ok(()) => {
+                    let mut t = Touched::default();
+                    self.catalog.register(&reg, index, &mut t);
+                    fx.catalog(t);
+                    for check in &reg.checks {
+                        self.invalidate_if_critical(check, index, now_ms, &mut fx);
                     }
+                    Response::Done
+                }
+            },
+            Op::DeregisterCheck { node, check_id } => {
+                let mut t = Touched::default();
+                if self.catalog.remove_check(&node, &check_id, index, &mut t) {
+                    fx.catalog(t);
+                    self.invalidate_on_checks(&node, &[check_id], index, now_ms, &mut fx);
+                }
+                Response::Done
+            }
+            Op::DeregisterService { node, service_id } => {
+                let mut t = Touched::default();
+                if let Some(ids) = self
+                    .catalog
+                    .remove_service(&node, &service_id, index, &mut t)
+                {
+                    fx.catalog(t);
+                    self.invalidate_on_checks(&node, &ids, index, now_ms, &mut fx);
                 }
                 Response::Done
             }
             Op::DeregisterNode { name } => {
-                if self.catalog.remove_node(&name, index).is_some() {
-                    fx.catalog_changed = true;
+                let mut t = Touched::default();
+                if self.catalog.remove_node(&name, index, &mut t).is_some() {
+                    fx.catalog(t);
                 }
                 for id in self.sessions.on_node(&name) {
                     self.invalidate(&id, index, now_ms, &mut fx);
                 }
                 Response::Done
+            }
+            Op::SetQuery { query, update } => {
+                let session_ok = self.sessions.get(&query.session).is_some();
+                let found = if update && !self.queries.contains(&query.id) {
+                    Err(ApplyError::MissingQuery(query.id.clone()))
+                } else {
+                    Ok(())
+                };
+                match found.and_then(|()| self.queries.validate(&query, session_ok)) {
+                    Err(e) => Response::Rejected(e),
+                    Ok(()) => {
+                        self.queries.set(query, index);
+                        fx.queries_changed = true;
+                        Response::Done
+                    }
+                }
+            }
+            Op::DeleteQuery { id } => {
+                if self.queries.delete(&id, index) {
+                    fx.queries_changed = true;
+                    Response::Done
+                } else {
+                    Response::Rejected(ApplyError::MissingQuery(id))
+                }
             }
             Op::ReapTombstones { before_ms } => {
                 self.kv.reap(before_ms, now_ms);
@@ -192,6 +266,30 @@ impl StateMachine {
         Ok(id)
     }
 
+    /// A check registered critical invalidates the sessions bound to it.
+    fn invalidate_if_critical(&mut self, check: &Check, index: u64, now_ms: u64, fx: &mut Effects) {
+        if check.status == HealthStatus::Critical {
+            let ids = [check.check_id.clone()];
+            self.invalidate_on_checks(&check.node, &ids, index, now_ms, fx);
+        }
+    }
+
+    /// Invalidates every session bound to one of the node's `check_ids`.
+    fn invalidate_on_checks(
+        &mut self,
+        node: &str,
+        check_ids: &[String],
+        index: u64,
+        now_ms: u64,
+        fx: &mut Effects,
+    ) {
+        for check_id in check_ids {
+            for id in self.sessions.on_check(node, check_id) {
+                self.invalidate(&id, index, now_ms, fx);
+            }
+        }
+    }
+
     /// Deletes a session and releases or deletes its keys, arming lock-delay. Idempotent.
     fn invalidate(&mut self, id: &str, index: u64, now_ms: u64, fx: &mut Effects) {
         let Some(session) = self.sessions.remove(id, index) else {
@@ -206,6 +304,9 @@ impl StateMachine {
         );
         fx.kv_keys.extend(keys);
         fx.sessions_changed = true;
+        if self.queries.delete_for_session(&session.id, index) {
+            fx.queries_changed = true;
+        }
         fx.sessions_destroyed.push(session.id);
     }
 
@@ -259,8 +360,59 @@ impl StateMachine {
                 self.catalog.table_index(),
             ),
             ReadQuery::NodeChecks { node } => (
-                QueryResult::Checks(self.catalog.node_checks(node).cloned().collect()),
+                QueryResult::Checks(self.catalog.node_checks(node)),
                 self.catalog.table_index(),
+            ),
+            ReadQuery::CatalogServices => (
+                QueryResult::Services(self.catalog.services().cloned().collect()),
+                self.catalog.table_index(),
+            ),
+            ReadQuery::CatalogService { name } => (
+                QueryResult::ServiceNodes(self.catalog.instances(name)),
+                self.catalog.service_index(name),
+            ),
+            ReadQuery::CatalogNode { node } => (
+                QueryResult::NodeServices(self.catalog.node(node).map(|n| {
+                    (
+                        n.clone(),
+                        self.catalog.node_services(node).cloned().collect(),
+                    )
+                })),
+                self.catalog.table_index(),
+            ),
+            ReadQuery::ServiceChecks { name } => (
+                QueryResult::Checks(self.catalog.service_checks(name)),
+                self.catalog.service_index(name),
+            ),
+            ReadQuery::ChecksInState { state } => (
+                QueryResult::Checks(self.catalog.checks_in_state(*state)),
+                self.catalog.table_index(),
+            ),
+            ReadQuery::HealthService { name } => (
+                QueryResult::Health(self.catalog.health(name)),
+                self.catalog.service_index(name),
+            ),
+            ReadQuery::QueryList => (
+                QueryResult::Queries(self.queries.list().cloned().collect()),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryGet { id_or_name } => (
+                QueryResult::Queries(
+                    self.queries
+                        .lookup(id_or_name)
+                        .cloned()
+                        .into_iter()
+                        .collect(),
+                ),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryExecute { id_or_name } => (
+                QueryResult::Executed(
+                    self.queries
+                        .lookup(id_or_name)
+                        .map(|q| (q.clone(), query::execute(q, &self.catalog))),
+                ),
+                self.catalog.table_index().max(self.queries.table_index()),
             ),
         }
     }

@@ -1,0 +1,325 @@
+//! `/v1/query`: prepared queries. Create, list, read, update and delete them, run them
+//! (`/execute`: the healthy instances of the service) and explain them. A query bound to a
+//! session is deleted by the state machine when that session is invalidated.
+
+use std::collections::BTreeMap;
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json as json_value};
+use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::duration::parse_go_duration;
+use vigil_shared::query::{PreparedQuery, ServiceQuery};
+use vigil_shared::rpc::{
+    ApplyError, Op, QueryOptions, QueryResult, ReadQuery, Response as ServerResponse,
+};
+
+use super::error::ApiError;
+use super::params::Params;
+use super::shapes::HealthJson;
+use super::{AppState, json, with_meta};
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FailoverBody {
+    nearestn: i64,
+    datacenters: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ServiceBody {
+    service: String,
+    tags: Vec<String>,
+    onlypassing: bool,
+    near: String,
+    nodemeta: BTreeMap<String, String>,
+    servicemeta: BTreeMap<String, String>,
+    failover: FailoverBody,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DnsBody {
+    ttl: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct QueryBody {
+    name: String,
+    session: String,
+    token: String,
+    service: ServiceBody,
+    dns: DnsBody,
+}
+
+/// Decodes and validates a create or update body into a query with the given ID.
+fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> {
+    let body: QueryBody = decode_case_insensitive(body, &["nodemeta", "servicemeta"])
+        .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?;
+    if body.service.service.is_empty() {
+        return Err(ApiError::bad_request(
+            "Must provide a Service name to query",
+        ));
+    }
+    if body.name.is_empty() && body.session.is_empty() {
+        return Err(ApiError::bad_request("Must be bound to a session"));
+    }
+    if !body.dns.ttl.is_empty() {
+        parse_go_duration(&body.dns.ttl)
+            .map_err(|e| ApiError::bad_request(format!("Bad DNS TTL '{}': {e}", body.dns.ttl)))?;
+    }
+    let s = body.service;
+    Ok(PreparedQuery {
+        id,
+        name: body.name,
+        session: body.session,
+        token: body.token,
+        service: ServiceQuery {
+            service: s.service,
+            tags: s.tags,
+            only_passing: s.onlypassing,
+            node_meta: s.nodemeta,
+            service_meta: s.servicemeta,
+            failover_nearest_n: s.failover.nearestn,
+            failover_datacenters: s.failover.datacenters,
+            near: s.near,
+        },
+        dns_ttl: body.dns.ttl,
+        create_index: 0,
+        modify_index: 0,
+    })
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct QueryJson<'a> {
+    #[serde(rename = "ID")]
+    id: &'a str,
+    name: &'a str,
+    session: &'a str,
+    token: &'a str,
+    template: Value,
+    service: Value,
+    #[serde(rename = "DNS")]
+    dns: Value,
+    create_index: u64,
+    modify_index: u64,
+}
+
+impl<'a> QueryJson<'a> {
+    fn new(q: &'a PreparedQuery) -> QueryJson<'a> {
+        let s = &q.service;
+        QueryJson {
+            id: &q.id,
+            name: &q.name,
+            session: &q.session,
+            token: &q.token,
+            template: json_value!({"Type": "", "Regexp": "", "RemoveEmptyTags": false}),
+            service: json_value!({
+                "Service": s.service,
+                "Failover": {"NearestN": s.failover_nearest_n, "Datacenters": s.failover_datacenters},
+                "OnlyPassing": s.only_passing,
+                "IgnoreCheckIDs": [],
+                "Near": s.near,
+                "Tags": s.tags,
+                "NodeMeta": s.node_meta,
+                "ServiceMeta": s.service_meta,
+                "Connect": false,
+            }),
+            dns: json_value!({"TTL": q.dns_ttl}),
+            create_index: q.create_index,
+            modify_index: q.modify_index,
+        }
+    }
+}
+
+fn query_not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "Query not found")
+}
+
+/// Applies a query write; a refusal is the client's error.
+async fn write(state: &AppState, op: Op) -> Result<(), ApiError> {
+    match state.backend.write(op).await? {
+        ServerResponse::Done => Ok(()),
+        ServerResponse::Rejected(e @ ApplyError::MissingQuery(_)) => {
+            Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
+        }
+        ServerResponse::Rejected(e) => Err(ApiError::bad_request(e.to_string())),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// `POST /v1/query` → `{"ID":"…"}`.
+pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
+    let id = query.id.clone();
+    write(
+        &state,
+        Op::SetQuery {
+            query,
+            update: false,
+        },
+    )
+    .await?;
+    Ok(json(&Params::default(), &json_value!({ "ID": id })))
+}
+
+/// `GET /v1/query`.
+pub async fn list(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let (result, meta) = state
+        .backend
+        .query(params.query_options()?, ReadQuery::QueryList)
+        .await?;
+    let QueryResult::Queries(queries) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+/// `GET /v1/query/<id>` → `[query]`, or 404.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let (result, meta) = state
+        .backend
+        .query(
+            params.query_options()?,
+            ReadQuery::QueryGet { id_or_name: id },
+        )
+        .await?;
+    let QueryResult::Queries(queries) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    if queries.is_empty() {
+        return Err(query_not_found());
+    }
+    let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+/// `PUT /v1/query/<id>`: replaces the query's definition.
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let query = parse(id, &body)?;
+    write(
+        &state,
+        Op::SetQuery {
+            query,
+            update: true,
+        },
+    )
+    .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `DELETE /v1/query/<id>`.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    write(&state, Op::DeleteQuery { id }).await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `GET /v1/query/<id or name>/execute[?limit=N]`.
+pub async fn execute(
+    State(state): State<AppState>,
+    Path(id_or_name): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let limit = params.u64("limit")?;
+    let opts = QueryOptions {
+        consistency: params.query_options()?.consistency,
+        ..QueryOptions::default()
+    };
+    let (result, meta) = state
+        .backend
+        .query(opts, ReadQuery::QueryExecute { id_or_name })
+        .await?;
+    let QueryResult::Executed(found) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    let Some((query, mut nodes)) = found else {
+        return Err(query_not_found());
+    };
+    if let Some(limit) = limit.filter(|l| *l > 0) {
+        nodes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    let out = json_value!({
+        "Service": query.service.service,
+        "Nodes": nodes.iter().map(HealthJson::new).collect::<Vec<_>>(),
+        "DNS": {"TTL": query.dns_ttl},
+        "Datacenter": crate::DATACENTER,
+        "Failovers": 0,
+    });
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+/// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
+pub async fn explain(
+    State(state): State<AppState>,
+    Path(id_or_name): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let opts = QueryOptions {
+        consistency: params.query_options()?.consistency,
+        ..QueryOptions::default()
+    };
+    let (result, meta) = state
+        .backend
+        .query(opts, ReadQuery::QueryGet { id_or_name })
+        .await?;
+    let QueryResult::Queries(queries) = result else {
+        return Err(ApiError::unexpected(result));
+    };
+    let query = queries.first().ok_or_else(query_not_found)?;
+    let out = json_value!({ "Query": QueryJson::new(query) });
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_needs_a_service_and_a_name_or_session() {
+        let err = |body: &str| parse("id".into(), body.as_bytes()).unwrap_err().message;
+        assert_eq!(
+            err(r#"{"Name":"q"}"#),
+            "Must provide a Service name to query"
+        );
+        assert_eq!(
+            err(r#"{"Service":{"Service":"web"}}"#),
+            "Must be bound to a session"
+        );
+        assert!(
+            err(r#"{"Name":"q","Service":{"Service":"web"},"DNS":{"TTL":"x"}}"#)
+                .starts_with("Bad DNS TTL 'x'")
+        );
+        let q = parse(
+            "id".into(),
+            br#"{"name":"q","service":{"service":"web","onlypassing":true,"tags":["a","!b"]}}"#,
+        )
+        .unwrap();
+        assert!(q.service.only_passing);
+        assert_eq!(q.service.tags, ["a", "!b"]);
+    }
+}
