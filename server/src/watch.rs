@@ -235,6 +235,32 @@ mod tests {
     }
 
     #[test]
+    fn a_service_change_wakes_only_that_service() {
+        let w = Arc::new(Watches::default());
+        let mut web = w.register(Interest::Service("web".into()));
+        let mut db = w.register(Interest::Service("db".into()));
+        let mut catalog = w.register(Interest::Catalog);
+        let mut queries = w.register(Interest::Queries);
+
+        w.notify(&Effects {
+            catalog_changed: true,
+            services_changed: vec!["web".into()],
+            ..Effects::default()
+        });
+        assert!(has_fired(&mut web));
+        assert!(!has_fired(&mut db));
+        assert!(has_fired(&mut catalog));
+        assert!(!has_fired(&mut queries));
+
+        w.notify(&Effects {
+            queries_changed: true,
+            ..Effects::default()
+        });
+        assert!(has_fired(&mut queries));
+        assert!(!has_fired(&mut db));
+    }
+
+    #[test]
     fn dropped_waiters_unregister() {
         let w = Arc::new(Watches::default());
         let g1 = w.register(Interest::Key("a".into()));
