@@ -104,6 +104,15 @@ pub struct AgentArgs {
     /// Smallest session TTL accepted (Consul's session_ttl_min); lower it only for tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub session_ttl_min: Duration,
+    /// Allow script checks (`Args`) registered over HTTP or in the config file.
+    #[arg(long)]
+    pub enable_script_checks: bool,
+    /// Config file (TOML) declaring services and checks to register at start.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Full anti-entropy sync period (Consul's ae_interval); lowered only by tests.
+    #[arg(long, default_value = "1m", value_parser = parse_duration, hide = true)]
+    pub ae_interval: Duration,
 }
 
 fn parse_profile(s: &str) -> Result<TimingProfile, String> {
@@ -170,6 +179,10 @@ impl AgentArgs {
                 "--ca-file, --cert-file and --key-file are required together (only --dev generates throwaway certificates)"
             ),
         };
+        anyhow::ensure!(
+            !self.ae_interval.is_zero(),
+            "--ae-interval must be greater than 0"
+        );
         Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
             http_addr: self.http_addr,
@@ -181,6 +194,12 @@ impl AgentArgs {
             mode,
             tls,
             session_ttl_min: self.session_ttl_min,
+            enable_script_checks: self.enable_script_checks,
+            ae_interval: self.ae_interval,
+            local: match &self.config {
+                Some(path) => crate::local::config::load(path)?,
+                None => crate::local::config::LocalDefinitions::default(),
+            },
         })
     }
 }

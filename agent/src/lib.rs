@@ -8,6 +8,7 @@ pub mod cli;
 pub mod cmd;
 pub mod gossip;
 pub mod http;
+pub mod local;
 pub mod run;
 pub mod tls_cmd;
 
@@ -79,6 +80,12 @@ pub struct AgentConfig {
     pub tls: TlsSource,
     /// Smallest session TTL accepted; lowered only by tests.
     pub session_ttl_min: Duration,
+    /// Whether script checks may run (`--enable-script-checks`).
+    pub enable_script_checks: bool,
+    /// Full anti-entropy period (Consul's `ae_interval`, 1 min); shortened only by tests.
+    pub ae_interval: Duration,
+    /// Services and checks declared in the config file (`--config`).
+    pub local: local::config::LocalDefinitions,
 }
 
 /// A running agent.
@@ -88,6 +95,7 @@ pub struct Handle {
     pub serf_addr: SocketAddr,
     pub backend: Arc<Backend>,
     pub gossip: Gossip,
+    pub local: Arc<local::LocalState>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -194,8 +202,23 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         wait_registered(&backend, &config.node_name).await?;
     }
 
+    let local = local::LocalState::start(
+        local::LocalOptions {
+            node: config.node_name.clone(),
+            address: gossip.gossip_addr().ip().to_string(),
+            enable_script_checks: config.enable_script_checks,
+            ae_interval: config.ae_interval,
+            definitions: config.local.clone(),
+        },
+        Arc::clone(&backend),
+        &tasks,
+        shutdown.clone(),
+    )
+    .with_context(|| "registering the services and checks of the config file")?;
+
     let router = http::router(http::AppState {
         backend: Arc::clone(&backend),
+        local: Arc::clone(&local),
         gossip: gossip.clone(),
         node_name: config.node_name.clone(),
         http_addr,
@@ -217,6 +240,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         serf_addr: gossip.gossip_addr(),
         backend,
         gossip,
+        local,
         shutdown,
         tasks,
     })

@@ -34,6 +34,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let token = shutdown.clone();
     let gossip = handle.gossip.clone();
+    let local = std::sync::Arc::clone(&handle.local);
     tokio::spawn(async move {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
@@ -43,6 +44,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         tracing::info!("leaving the cluster and shutting down");
         // A graceful leave: the leader deregisters this node and invalidates its sessions.
+        local.stop();
         if let Err(e) = gossip.leave().await {
             tracing::warn!(error = %e, "graceful leave failed");
         }

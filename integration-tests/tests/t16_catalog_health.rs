@@ -366,7 +366,7 @@ async fn prepared_queries_run_and_go_with_their_session() {
     assert_eq!(gone.text(), "Query not found");
     assert_eq!(
         ids(&ok(&agent.get("/v1/query").await), "/ID"),
-        [named.clone()]
+        std::slice::from_ref(&named)
     );
 
     // Delete; then neither the query nor its execution is found.

@@ -99,6 +99,7 @@ pub async fn join(
 
 /// Leaves the cluster gracefully, then shuts the agent down (as Consul's leave does).
 pub async fn leave(State(state): State<AppState>) -> Result<Response, ApiError> {
+    state.local.stop();
     state.gossip.leave().await.map_err(gossip_error)?;
     state.shutdown.cancel();
     Ok(StatusCode::OK.into_response())

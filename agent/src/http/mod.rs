@@ -2,6 +2,8 @@
 //! HTTP into server requests and back; Consul's status codes, texts and headers are kept.
 
 mod agent;
+mod agent_check;
+mod agent_service;
 mod catalog;
 pub mod error;
 mod health;
@@ -35,6 +37,8 @@ use params::Params;
 #[derive(Clone)]
 pub struct AppState {
     pub backend: Arc<Backend>,
+    /// This agent's own services and checks.
+    pub local: Arc<crate::local::LocalState>,
     pub gossip: Gossip,
     pub node_name: String,
     pub http_addr: std::net::SocketAddr,
@@ -73,6 +77,32 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/join/{addr}", put(members::join))
         .route("/v1/agent/leave", put(members::leave))
         .route("/v1/agent/force-leave/{node}", put(members::force_leave))
+        .route("/v1/agent/checks", get(agent_check::list))
+        .route("/v1/agent/check/register", put(agent_check::register))
+        .route(
+            "/v1/agent/check/deregister/{*id}",
+            put(agent_check::deregister),
+        )
+        .route("/v1/agent/check/pass/{*id}", put(agent_check::pass))
+        .route("/v1/agent/check/warn/{*id}", put(agent_check::warn))
+        .route("/v1/agent/check/fail/{*id}", put(agent_check::fail))
+        .route("/v1/agent/check/update/{*id}", put(agent_check::update))
+        .route("/v1/agent/maintenance", put(agent_check::node_maintenance))
+        .route("/v1/agent/services", get(agent_service::list))
+        .route("/v1/agent/service/register", put(agent_service::register))
+        .route(
+            "/v1/agent/service/deregister/{*id}",
+            put(agent_service::deregister),
+        )
+        .route(
+            "/v1/agent/service/maintenance/",
+            put(agent_service::missing_maintenance_id),
+        )
+        .route(
+            "/v1/agent/service/maintenance/{*id}",
+            put(agent_service::maintenance),
+        )
+        .route("/v1/agent/service/{*id}", get(agent_service::get))
         .route("/v1/catalog/register", put(catalog::register))
         .route("/v1/catalog/deregister", put(catalog::deregister))
         .route("/v1/catalog/nodes", get(catalog::nodes))

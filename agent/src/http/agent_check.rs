@@ -1,0 +1,205 @@
+//! `/v1/agent/check/*`, `/v1/agent/checks` and `/v1/agent/maintenance`: this agent's own
+//! checks. Every change is synced to the catalog before the reply (a failed sync is retried in
+//! the background, as Consul does), so once `fail` returns the sessions bound to the check are
+//! gone.
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Map, Value};
+use vigil_shared::catalog::HealthStatus;
+use vigil_shared::filter::Filter;
+
+use super::error::ApiError;
+use super::params::Params;
+use super::shapes::CheckJson;
+use super::{AppState, json};
+use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
+use crate::local::{LocalError, Source};
+
+/// The one place local-state refusals get their HTTP status: Consul's 404s for unknown IDs,
+/// 400 for everything the caller got wrong (Consul answers 500 for a non-TTL update and for
+/// disabled scripts; SPEC.md makes input errors 400).
+impl From<LocalError> for ApiError {
+    fn from(e: LocalError) -> ApiError {
+        let status = match &e {
+            LocalError::MissingService(_)
+            | LocalError::UnknownCheck(_)
+            | LocalError::UnknownService(_) => StatusCode::NOT_FOUND,
+            LocalError::Definition(_)
+            | LocalError::NotTtl(_)
+            | LocalError::ScriptsDisabledRemote
+            | LocalError::ScriptsDisabledLocal => StatusCode::BAD_REQUEST,
+        };
+        ApiError::new(status, e.to_string())
+    }
+}
+
+impl From<DefinitionError> for ApiError {
+    fn from(e: DefinitionError) -> ApiError {
+        ApiError::from(LocalError::from(e))
+    }
+}
+
+/// Applies `?filter=` to an object keyed by ID: each value is matched as returned.
+pub fn filter_map(
+    params: &Params,
+    map: Map<String, Value>,
+) -> Result<Map<String, Value>, ApiError> {
+    let Some(expression) = params.get("filter").filter(|f| !f.is_empty()) else {
+        return Ok(map);
+    };
+    let filter = Filter::parse(expression).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok(map.into_iter().filter(|(_, v)| filter.matches(v)).collect())
+}
+
+/// `GET /v1/agent/checks`: every local check keyed by ID, in Consul's `HealthCheck` shape.
+pub async fn list(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let checks = state.local.checks();
+    let mut out = Map::new();
+    for check in &checks {
+        let value = serde_json::to_value(CheckJson::new(check))
+            .map_err(|e| ApiError::unexpected(e.to_string()))?;
+        out.insert(check.check_id.clone(), value);
+    }
+    Ok(json(&params, &filter_map(&params, out)?))
+}
+
+/// `PUT /v1/agent/check/register`.
+pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let check = parse_check_body(&body)?;
+    state.local.add_check(check, Source::Remote)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `PUT /v1/agent/check/deregister/<id>`: also invalidates the sessions bound to the check.
+pub async fn deregister(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.local.remove_check(&id)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+async fn set_ttl(
+    state: &AppState,
+    id: &str,
+    status: HealthStatus,
+    output: &str,
+) -> Result<Response, ApiError> {
+    state.local.update_ttl(id, status, output)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `PUT /v1/agent/check/pass/<id>?note=`.
+pub async fn pass(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let note = params.get("note").unwrap_or_default();
+    set_ttl(&state, &id, HealthStatus::Passing, note).await
+}
+
+/// `PUT /v1/agent/check/warn/<id>?note=`.
+pub async fn warn(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let note = params.get("note").unwrap_or_default();
+    set_ttl(&state, &id, HealthStatus::Warning, note).await
+}
+
+/// `PUT /v1/agent/check/fail/<id>?note=`.
+pub async fn fail(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let note = params.get("note").unwrap_or_default();
+    set_ttl(&state, &id, HealthStatus::Critical, note).await
+}
+
+/// `PUT /v1/agent/check/update/<id>` with `{"Status": ..., "Output": ...}`.
+pub async fn update(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let (status, output) = parse_check_update(&body)?;
+    set_ttl(&state, &id, status, &output).await
+}
+
+/// Go's `strconv.ParseBool`.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// `?enable=` of the maintenance endpoints: required, a Go bool.
+pub fn enable_param(params: &Params) -> Result<bool, ApiError> {
+    let raw = params
+        .get("enable")
+        .ok_or_else(|| ApiError::bad_request("Missing value for enable"))?;
+    parse_bool(raw).ok_or_else(|| {
+        ApiError::bad_request(format!(
+            "Invalid value for enable: {}",
+            serde_json::to_string(raw).unwrap_or_default()
+        ))
+    })
+}
+
+/// `PUT /v1/agent/maintenance?enable=&reason=`: node maintenance mode, a critical
+/// `_node_maintenance` check while enabled.
+pub async fn node_maintenance(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let enable = enable_param(&params)?;
+    state
+        .local
+        .node_maintenance(enable, params.get("reason").unwrap_or_default());
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_bools() {
+        for t in ["1", "t", "T", "true", "TRUE", "True"] {
+            assert_eq!(parse_bool(t), Some(true), "{t}");
+        }
+        for f in ["0", "f", "F", "false", "FALSE", "False"] {
+            assert_eq!(parse_bool(f), Some(false), "{f}");
+        }
+        assert_eq!(parse_bool("yes"), None);
+        assert_eq!(parse_bool(""), None);
+    }
+
+    #[test]
+    fn enable_parameter_messages() {
+        let err = |q: &str| enable_param(&Params::parse(Some(q))).unwrap_err().message;
+        assert_eq!(err("reason=x"), "Missing value for enable");
+        assert_eq!(err("enable=maybe"), "Invalid value for enable: \"maybe\"");
+        assert!(enable_param(&Params::parse(Some("enable=true"))).unwrap());
+    }
+}

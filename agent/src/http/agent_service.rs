@@ -1,0 +1,292 @@
+//! `/v1/agent/service/*` and `/v1/agent/services`: this agent's own services in Consul's
+//! `AgentService` shape, their registration (with embedded checks) and maintenance mode. Every
+//! change is synced to the catalog before the reply.
+
+use std::collections::BTreeMap;
+use std::hash::{Hash as _, Hasher as _};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{OriginalUri, Path, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::Map;
+use tokio::time::Instant;
+use vigil_shared::catalog::Service;
+use vigil_shared::duration::parse_go_duration;
+
+use super::agent_check::{enable_param, filter_map};
+use super::error::ApiError;
+use super::params::Params;
+use super::{AppState, json};
+use crate::local::Source;
+use crate::local::definition::parse_service_body;
+
+/// Longest and default wait of a hash-blocking `GET /v1/agent/service/<id>`.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+
+#[derive(Serialize, Hash)]
+struct TaggedAddress {
+    #[serde(rename = "Address")]
+    address: String,
+    #[serde(rename = "Port")]
+    port: u16,
+}
+
+#[derive(Serialize, Hash)]
+#[serde(rename_all = "PascalCase")]
+struct WeightsJson {
+    passing: i64,
+    warning: i64,
+}
+
+/// Consul's `api.AgentService` as `/v1/agent/services` returns it.
+#[derive(Serialize, Hash)]
+#[serde(rename_all = "PascalCase")]
+struct AgentServiceJson<'a> {
+    #[serde(rename = "ID")]
+    id: &'a str,
+    service: &'a str,
+    tags: &'a [String],
+    meta: &'a BTreeMap<String, String>,
+    port: u16,
+    address: &'a str,
+    /// Derived from an IP `Address` (`lan_ipv4`/`wan_ipv4` or the v6 pair), as Consul's agent
+    /// fills it in.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
+    weights: WeightsJson,
+    enable_tag_override: bool,
+    /// Only on `GET /v1/agent/service/<id>`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    content_hash: String,
+    datacenter: &'static str,
+}
+
+impl<'a> AgentServiceJson<'a> {
+    fn new(s: &'a Service) -> AgentServiceJson<'a> {
+        let mut tagged_addresses = BTreeMap::new();
+        let tagged = || TaggedAddress {
+            address: s.address.clone(),
+            port: s.port,
+        };
+        match s.address.parse::<IpAddr>() {
+            Ok(IpAddr::V4(_)) => {
+                tagged_addresses.insert("lan_ipv4", tagged());
+                tagged_addresses.insert("wan_ipv4", tagged());
+            }
+            Ok(IpAddr::V6(_)) => {
+                tagged_addresses.insert("lan_ipv6", tagged());
+                tagged_addresses.insert("wan_ipv6", tagged());
+            }
+            Err(_) => {}
+        }
+        AgentServiceJson {
+            id: &s.id,
+            service: &s.name,
+            tags: &s.tags,
+            meta: &s.meta,
+            port: s.port,
+            address: &s.address,
+            tagged_addresses,
+            weights: WeightsJson {
+                passing: s.weights.passing,
+                warning: s.weights.warning,
+            },
+            enable_tag_override: s.enable_tag_override,
+            content_hash: String::new(),
+            datacenter: crate::DATACENTER,
+        }
+    }
+
+    /// With `ContentHash` set: a hash of everything else, which a blocking read compares.
+    fn with_hash(mut self) -> AgentServiceJson<'a> {
+        let mut hasher = std::hash::DefaultHasher::new();
+        self.hash(&mut hasher);
+        self.content_hash = format!("{:016x}", hasher.finish());
+        self
+    }
+}
+
+/// `GET /v1/agent/services`: every local service keyed by ID.
+pub async fn list(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let services = state.local.services();
+    let mut out = Map::new();
+    for service in &services {
+        let value = serde_json::to_value(AgentServiceJson::new(service))
+            .map_err(|e| ApiError::unexpected(e.to_string()))?;
+        out.insert(service.id.clone(), value);
+    }
+    Ok(json(&params, &filter_map(&params, out)?))
+}
+
+/// `GET /v1/agent/service/<id>`: one service with its `ContentHash` (also in
+/// `X-Consul-ContentHash`). With `?hash=`, blocks until the service differs from that hash or
+/// `?wait=` (default 5 min, at most 10) passes.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let wait = match params.get("wait").filter(|w| !w.is_empty()) {
+        None => DEFAULT_WAIT,
+        Some(w) => parse_go_duration(w)
+            .map_err(|_| ApiError::bad_request("Invalid wait time"))?
+            .min(MAX_WAIT),
+    };
+    let known = params.get("hash").unwrap_or_default();
+    let deadline = Instant::now() + wait;
+    let mut changes = state.local.watch();
+    loop {
+        changes.borrow_and_update();
+        let service = state.local.service(&id).ok_or_else(|| {
+            ApiError::new(StatusCode::NOT_FOUND, format!("unknown service ID: {id}"))
+        })?;
+        let reply = AgentServiceJson::new(&service).with_hash();
+        let changed_or_due = known.is_empty() || reply.content_hash != known;
+        if changed_or_due || Instant::now() >= deadline {
+            let hash = HeaderValue::from_str(&reply.content_hash)
+                .map_err(|e| ApiError::unexpected(e.to_string()))?;
+            let mut response = json(&params, &reply);
+            response.headers_mut().insert("X-Consul-ContentHash", hash);
+            return Ok(response);
+        }
+        tokio::select! {
+            changed = changes.changed() => if changed.is_err() {
+                return Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "agent is shutting down"));
+            },
+            () = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// `PUT /v1/agent/service/register[?replace-existing-checks]`.
+pub async fn register(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let service = parse_service_body(&body)?;
+    // Consul: present with an empty value or `true`.
+    let replace = params
+        .get("replace-existing-checks")
+        .is_some_and(|v| v.is_empty() || v == "true");
+    state.local.add_service(service, replace, Source::Remote)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `PUT /v1/agent/service/deregister/<id>`: the service and its checks (invalidating the
+/// sessions bound to them).
+pub async fn deregister(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    state.local.remove_service(&id)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `PUT /v1/agent/service/maintenance/` without an ID.
+pub async fn missing_maintenance_id() -> ApiError {
+    ApiError::bad_request("Missing service ID")
+}
+
+/// `PUT /v1/agent/service/maintenance/<id>?enable=&reason=`: a critical
+/// `_service_maintenance:<id>` check while enabled.
+pub async fn maintenance(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let enable = enable_param(&params)?;
+    let reason = params.get("reason").unwrap_or_default();
+    state.local.service_maintenance(&id, enable, reason)?;
+    state.local.sync_now().await;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use vigil_shared::catalog::Weights;
+
+    fn service(address: &str) -> Service {
+        Service {
+            node: "n".into(),
+            id: "web1".into(),
+            name: "web".into(),
+            tags: vec!["v1".into()],
+            address: address.into(),
+            port: 80,
+            meta: BTreeMap::from([("env".into(), "prod".into())]),
+            weights: Weights::default(),
+            enable_tag_override: false,
+            create_index: 0,
+            modify_index: 0,
+        }
+    }
+
+    #[test]
+    fn consul_agent_service_shape() {
+        let s = service("");
+        let v = serde_json::to_value(AgentServiceJson::new(&s)).unwrap();
+        assert_eq!(
+            v,
+            json!({"ID": "web1", "Service": "web", "Tags": ["v1"], "Meta": {"env": "prod"},
+                   "Port": 80, "Address": "", "Weights": {"Passing": 1, "Warning": 1},
+                   "EnableTagOverride": false, "Datacenter": "dc1"})
+        );
+        let keys: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        assert_eq!(
+            keys,
+            [
+                "ID",
+                "Service",
+                "Tags",
+                "Meta",
+                "Port",
+                "Address",
+                "Weights",
+                "EnableTagOverride",
+                "Datacenter"
+            ]
+        );
+    }
+
+    #[test]
+    fn ip_addresses_get_tagged_addresses() {
+        let s = service("10.0.0.5");
+        let v = serde_json::to_value(AgentServiceJson::new(&s)).unwrap();
+        assert_eq!(
+            v["TaggedAddresses"],
+            json!({"lan_ipv4": {"Address": "10.0.0.5", "Port": 80},
+                   "wan_ipv4": {"Address": "10.0.0.5", "Port": 80}})
+        );
+        let v6 = service("::1");
+        let v = serde_json::to_value(AgentServiceJson::new(&v6)).unwrap();
+        assert!(v["TaggedAddresses"].get("lan_ipv6").is_some());
+    }
+
+    #[test]
+    fn content_hash_follows_content() {
+        let a = service("");
+        let mut b = service("");
+        let hash = |s: &Service| AgentServiceJson::new(s).with_hash().content_hash;
+        assert_eq!(hash(&a), hash(&b));
+        assert_eq!(hash(&a).len(), 16);
+        b.tags.push("v2".into());
+        assert_ne!(hash(&a), hash(&b));
+    }
+}

@@ -1,0 +1,172 @@
+//! Services and checks declared in the agent's config file (`--config FILE`, TOML), registered
+//! every time the agent starts. Each `[[service]]` and `[[check]]` table takes the same fields as
+//! the HTTP API's JSON body, in Consul's config-file spelling (snake_case) or the API's:
+//!
+//! ```toml
+//! enable_script_checks = false
+//!
+//! [[service]]
+//! name = "web"
+//! port = 8080
+//! tags = ["v1"]
+//! [[service.checks]]
+//! http = "http://127.0.0.1:8080/health"
+//! interval = "10s"
+//!
+//! [[check]]
+//! id = "worker"
+//! name = "Worker heartbeat"
+//! ttl = "30s"
+//! ```
+//!
+//! `services` and `checks` are accepted as well as `service` and `check`.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
+
+/// What a config file declares for the agent's local state.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalDefinitions {
+    /// Lets script checks run (the same as `--enable-script-checks`).
+    pub enable_script_checks: bool,
+    pub services: Vec<ServiceDefinition>,
+    pub checks: Vec<CheckDefinition>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+/// The tables under `key` (`[[key]]` or a single `[key]`).
+fn tables(value: Value, key: &str) -> Result<Vec<Value>, String> {
+    match value {
+        Value::Array(items) => Ok(items),
+        table @ Value::Object(_) => Ok(vec![table]),
+        _ => Err(format!("`{key}` must be a table or an array of tables")),
+    }
+}
+
+/// Parses a config file's text.
+pub fn parse(text: &str) -> Result<LocalDefinitions, String> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
+    let mut out = LocalDefinitions::default();
+    for (key, value) in doc {
+        let value = serde_json::to_value(&value).map_err(|e| e.to_string())?;
+        match key.as_str() {
+            "enable_script_checks" => {
+                out.enable_script_checks = value
+                    .as_bool()
+                    .ok_or("`enable_script_checks` must be true or false")?;
+            }
+            "service" | "services" => {
+                for (i, table) in tables(value, &key)?.into_iter().enumerate() {
+                    let service =
+                        parse_service(table).map_err(|e| format!("{key} #{}: {e}", i + 1))?;
+                    out.services.push(service);
+                }
+            }
+            "check" | "checks" => {
+                for (i, table) in tables(value, &key)?.into_iter().enumerate() {
+                    let check = parse_check(table).map_err(|e| format!("{key} #{}: {e}", i + 1))?;
+                    out.checks.push(check);
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown key `{other}` (expected enable_script_checks, service or check)"
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Reads and parses the config file at `path`.
+pub fn load(path: &Path) -> Result<LocalDefinitions, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    parse(&text).map_err(|message| ConfigError::Invalid {
+        path: path.display().to_string(),
+        message,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::local::definition::CheckKind;
+    use std::time::Duration;
+
+    #[test]
+    fn services_and_checks_in_config_spelling() {
+        let defs = parse(
+            r#"
+            enable_script_checks = true
+
+            [[service]]
+            name = "web"
+            port = 8080
+            tags = ["v1"]
+            meta = { Team = "core" }
+            [[service.checks]]
+            http = "http://127.0.0.1:8080/health"
+            interval = "10s"
+            deregister_critical_service_after = "5m"
+
+            [[check]]
+            id = "worker"
+            name = "Worker heartbeat"
+            ttl = "30s"
+
+            [[checks]]
+            name = "disk"
+            args = ["/bin/true"]
+            interval = "1m"
+            "#,
+        )
+        .unwrap();
+        assert!(defs.enable_script_checks);
+        assert_eq!(defs.services.len(), 1);
+        let web = &defs.services[0];
+        assert_eq!((web.id.as_str(), web.port), ("web", 8080));
+        assert_eq!(web.meta["Team"], "core");
+        assert_eq!(web.checks[0].id, "service:web");
+        assert_eq!(
+            web.checks[0].deregister_critical_after,
+            Some(Duration::from_secs(300))
+        );
+        assert_eq!(defs.checks.len(), 2);
+        assert_eq!(defs.checks[0].id, "worker");
+        assert!(matches!(defs.checks[1].kind, CheckKind::Script { .. }));
+    }
+
+    #[test]
+    fn errors_name_the_entry() {
+        assert_eq!(
+            parse("[[check]]\nname = \"x\"\n").unwrap_err(),
+            "check #1: Invalid check: TTL must be > 0 for TTL checks"
+        );
+        assert_eq!(
+            parse("[[service]]\nport = 1\n").unwrap_err(),
+            "service #1: Missing service name"
+        );
+        assert!(
+            parse("servce = 1")
+                .unwrap_err()
+                .contains("unknown key `servce`")
+        );
+        assert!(parse("[[check]\n").is_err(), "TOML syntax error");
+    }
+}
