@@ -110,6 +110,14 @@ mod tests {
     use std::time::Duration;
 
     #[test]
+    fn the_shipped_example_config_parses() {
+        let defs = parse(include_str!("../../../docs/vigil.example.toml")).unwrap();
+        assert!(!defs.enable_script_checks);
+        assert_eq!(defs.services.len(), 1);
+        assert_eq!(defs.checks.len(), 2);
+    }
+
+    #[test]
     fn services_and_checks_in_config_spelling() {
         let defs = parse(
             r#"
