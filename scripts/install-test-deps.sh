@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Installs what the test suite needs beyond the Rust toolchain, inside the repo only:
-# py-consul (a real Consul client library) into target/pydeps, used by the compatibility test.
+# Installs what the test suite needs beyond the Rust toolchain: py-consul (a real Consul client
+# library) into target/pydeps, used by the compatibility test; and, where a Docker engine
+# answers, the image and secrets of the Docker safety scenario (scripts/docker-image.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/docker-image.sh
 PY_CONSUL_VERSION=1.8.0
 dest=target/pydeps
-if PYTHONPATH=$dest python3 -c "import consul, sys; sys.exit(0 if consul.__version__ == '$PY_CONSUL_VERSION' else 1)" 2>/dev/null; then
-    exit 0
+if ! PYTHONPATH=$dest python3 -c "import consul, sys; sys.exit(0 if consul.__version__ == '$PY_CONSUL_VERSION' else 1)" 2>/dev/null; then
+    mkdir -p "$dest"
+    python3 -m pip install --quiet --disable-pip-version-check --target "$dest" "py-consul==$PY_CONSUL_VERSION"
 fi
-mkdir -p "$dest"
-python3 -m pip install --quiet --disable-pip-version-check --target "$dest" "py-consul==$PY_CONSUL_VERSION"

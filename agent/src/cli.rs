@@ -48,6 +48,10 @@ pub enum Command {
     /// Cluster operations (`operator raft list-peers`).
     #[command(subcommand)]
     Operator(crate::cmd::members::OperatorCommand),
+    /// The fencing demo's programs: `demo bank` (a resource that checks tokens) and
+    /// `demo worker` (run under `vigil lock`).
+    #[command(subcommand)]
+    Demo(crate::cmd::demo::DemoCommand),
 }
 
 #[derive(Debug, Args)]

@@ -72,6 +72,7 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Join(args) => crate::cmd::exit(crate::cmd::members::join(args).await),
         Command::Leave(agent) => crate::cmd::exit(crate::cmd::members::leave(agent).await),
         Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
+        Command::Demo(cmd) => crate::cmd::exit(crate::cmd::demo::run(cmd).await),
         Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers(agent))) => {
             crate::cmd::exit(crate::cmd::members::list_peers(agent).await)
         }

@@ -420,6 +420,14 @@ impl Cluster {
         member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
     }
 
+    /// Starts client agent `i` again with the same flags (after [`Cluster::kill9_client`]); its
+    /// HTTP and gossip ports are new, read them from [`Cluster::client`].
+    pub async fn restart_client(&mut self, i: usize) {
+        let member = &mut self.clients[i];
+        assert!(member.agent.is_none(), "client {i} is still running");
+        member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
+    }
+
     /// The raft configuration as server `i` reports it (Consul's shape).
     pub async fn raft_configuration(&self, i: usize) -> Value {
         let reply = self.server(i).get("/v1/operator/raft/configuration").await;

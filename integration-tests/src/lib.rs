@@ -4,6 +4,7 @@
 //! and client agents out of them.
 
 pub mod cluster;
+pub mod safety;
 
 use std::ffi::OsStr;
 use std::ops::Deref;

@@ -3,6 +3,7 @@
 //! 127.0.0.1:8500) through the `vigil_shared::client` library and returns an exit status.
 
 pub mod child;
+pub mod demo;
 pub mod elect;
 pub mod kv;
 pub mod lock;

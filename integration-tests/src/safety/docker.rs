@@ -1,0 +1,351 @@
+//! The Docker environment: the repository's `docker-compose.yml` as a second project
+//! ([`PROJECT`]) with free ports on 127.0.0.1, its own subnets and fast timings, reached only
+//! through the published ports. Faults are the user-facing scripts in `docker/faults/`, run
+//! with the hold time as their argument, so CI checks that each does what it prints. Worker
+//! lines come from the client containers' logs. Everything is removed (`down -v`) on drop.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio::time::Instant;
+use vigil_agent::cmd::demo::{BANK_CHECK, WORKER_CHECK, WorkerLine};
+
+use super::register::AgentBoard;
+use super::schedule::FaultKind;
+use super::{Env, Plan};
+use crate::Http;
+
+/// The image `docker/build.sh` builds.
+pub const IMAGE: &str = "vigil:dev";
+/// Compose project of the checker's copy (the user's demo keeps the default one).
+const PROJECT: &str = "vigil-safety";
+/// First two octets of the checker's subnets (the demo uses 10.213).
+const NET: &str = "10.214";
+/// How long the cluster may take to come up.
+const UP_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Whether the Docker scenario can run here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DockerStatus {
+    Ready,
+    /// `docker info` failed: no engine (or no access to it).
+    NoDocker(String),
+    /// The engine works but `docker/build.sh` has not been run.
+    NotBuilt(String),
+}
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("integration-tests lives in the repository")
+        .to_path_buf()
+}
+
+fn quiet(program: &str, args: &[&str]) -> std::io::Result<Output> {
+    std::process::Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+}
+
+/// Checks the engine, the image and the keys and certificates the compose file mounts.
+pub fn docker_status() -> DockerStatus {
+    match quiet("docker", &["info"]) {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            let err = String::from_utf8_lossy(&out.stderr);
+            return DockerStatus::NoDocker(err.lines().last().unwrap_or("").trim().to_owned());
+        }
+        Err(e) => return DockerStatus::NoDocker(format!("cannot run docker: {e}")),
+    }
+    let image = quiet("docker", &["image", "inspect", IMAGE]);
+    if !image.is_ok_and(|o| o.status.success()) {
+        return DockerStatus::NotBuilt(format!("no image {IMAGE}"));
+    }
+    if !repo_root().join("docker/secrets/gossip.key").exists() {
+        return DockerStatus::NotBuilt("no docker/secrets".to_owned());
+    }
+    DockerStatus::Ready
+}
+
+/// Whether this process runs as root (`lossy-network` needs it for nsenter).
+pub(crate) fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|uids| uids.split_whitespace().next().map(|u| u == "0"))
+            .unwrap_or(false)
+    })
+}
+
+/// Free TCP ports on 127.0.0.1 a moment ago (bound together, then released).
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a TCP port"))
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().expect("bound address").port())
+        .collect()
+}
+
+fn go_duration(d: Duration) -> String {
+    format!("{}ms", d.as_millis())
+}
+
+pub(crate) struct Docker {
+    /// `docker compose` or `docker-compose`.
+    compose: Vec<String>,
+    env: Vec<(String, String)>,
+    servers: Vec<String>,
+    agents: AgentBoard,
+    bank: String,
+    /// Client containers, for their logs.
+    clients: Vec<String>,
+    /// The fault scripts' output.
+    fault_log: PathBuf,
+}
+
+impl Docker {
+    pub(crate) async fn start(plan: &Plan) -> anyhow::Result<Docker> {
+        anyhow::ensure!(
+            plan.workers == 3,
+            "docker-compose.yml has 3 client nodes, not {}",
+            plan.workers
+        );
+        anyhow::ensure!(
+            !plan.worker.broken,
+            "the negative control runs on loopback only"
+        );
+        match docker_status() {
+            DockerStatus::Ready => {}
+            other => anyhow::bail!("the Docker scenario cannot run: {other:?}"),
+        }
+        let compose = if quiet("docker", &["compose", "version"]).is_ok_and(|o| o.status.success())
+        {
+            vec!["docker".to_owned(), "compose".to_owned()]
+        } else {
+            vec!["docker-compose".to_owned()]
+        };
+        let ports = free_ports(7);
+        let names = ["S1", "S2", "S3", "C1", "C2", "C3", "BANK"];
+        let w = &plan.worker;
+        let mut env: Vec<(String, String)> = names
+            .iter()
+            .zip(&ports)
+            .map(|(n, p)| (format!("VIGIL_{n}_PORT"), p.to_string()))
+            .collect();
+        env.extend(
+            [
+                ("COMPOSE_PROJECT_NAME", PROJECT.to_owned()),
+                ("VIGIL_NET", NET.to_owned()),
+                ("VIGIL_GOSSIP_PROFILE", "local".to_owned()),
+                ("VIGIL_SESSION_TTL_MIN", "1s".to_owned()),
+                ("VIGIL_LOCK_TTL", go_duration(w.ttl)),
+                ("VIGIL_LOCK_DELAY", go_duration(w.lock_delay)),
+                ("VIGIL_WORKER_WRITES", w.writes.to_string()),
+                ("VIGIL_WORKER_INTERVAL", go_duration(w.interval)),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        let base = |p: &u16| format!("http://127.0.0.1:{p}");
+        let fault_log = std::env::temp_dir().join(format!("{PROJECT}-faults.log"));
+        let mut docker = Docker {
+            compose,
+            env,
+            servers: ports[..3].iter().map(base).collect(),
+            agents: AgentBoard::new(ports[3..6].iter().map(|p| Some(base(p))).collect()),
+            bank: base(&ports[6]),
+            clients: Vec::new(),
+            fault_log,
+        };
+        std::fs::write(&docker.fault_log, "")?;
+        // Leftovers of an interrupted run would hold the subnets.
+        docker.compose_sync(&["down", "-v", "--remove-orphans"])?;
+        let up = docker.compose_sync(&["up", "-d", "--no-build"])?;
+        anyhow::ensure!(
+            up.status.success(),
+            "compose up failed: {}",
+            String::from_utf8_lossy(&up.stderr)
+        );
+        for node in ["c1", "c2", "c3"] {
+            let out = docker.compose_sync(&["ps", "-q", node])?;
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            anyhow::ensure!(!id.is_empty(), "no container for {node}");
+            docker.clients.push(id);
+        }
+        docker.wait_for_leader().await?;
+        docker.wait_for_checks().await?;
+        Ok(docker)
+    }
+
+    fn compose_command(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(&self.compose[0]);
+        command
+            .args(&self.compose[1..])
+            .current_dir(repo_root())
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// A short compose command (up, ps, stop, down), run to completion.
+    fn compose_sync(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.compose_command()
+            .args(args)
+            .output()
+            .with_context(|| format!("running compose {args:?}"))
+    }
+
+    /// Every client node registered its health checks through its agent's API: the catalog
+    /// shows `demo-bank` passing (the node reaches the bank) and `demo-worker` passing (its
+    /// worker has had a turn).
+    async fn wait_for_checks(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + UP_TIMEOUT;
+        let server = Http::new(self.servers[0].clone());
+        for node in ["c1", "c2", "c3"] {
+            loop {
+                let passing = |reply: &crate::Reply, id: &str| {
+                    reply.json().as_array().is_some_and(|checks| {
+                        checks
+                            .iter()
+                            .any(|c| c["CheckID"] == id && c["Status"] == "passing")
+                    })
+                };
+                if let Some(reply) = server.try_get(&format!("/v1/health/node/{node}")).await
+                    && reply.status == 200
+                    && passing(&reply, BANK_CHECK)
+                    && passing(&reply, WORKER_CHECK)
+                {
+                    break;
+                }
+                anyhow::ensure!(
+                    Instant::now() < deadline,
+                    "{node}'s checks {BANK_CHECK} and {WORKER_CHECK} did not pass within {UP_TIMEOUT:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_for_leader(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + UP_TIMEOUT;
+        loop {
+            for server in &self.servers {
+                let http = Http::new(server.clone());
+                if let Some(reply) = http.try_get("/v1/status/leader").await
+                    && reply.status == 200
+                    && reply.json().as_str().is_some_and(|l| !l.is_empty())
+                {
+                    return Ok(());
+                }
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "the compose cluster elected no leader within {UP_TIMEOUT:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for Docker {
+    fn drop(&mut self) {
+        match self.compose_sync(&["down", "-v", "--remove-orphans", "--timeout", "5"]) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => eprintln!(
+                "compose down failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("compose down failed: {e:#}"),
+        }
+    }
+}
+
+impl Env for Docker {
+    fn name(&self) -> &'static str {
+        "docker"
+    }
+
+    fn agents(&self) -> AgentBoard {
+        self.agents.clone()
+    }
+
+    fn readers(&self) -> Vec<String> {
+        self.servers.clone()
+    }
+
+    fn bank(&self) -> String {
+        self.bank.clone()
+    }
+
+    async fn fault(&mut self, kind: FaultKind, hold: Duration) -> anyhow::Result<String> {
+        let script = repo_root().join("docker/faults").join(kind.name());
+        let secs = hold.as_secs_f64().ceil().max(1.0) as u64;
+        let out = tokio::process::Command::new(&script)
+            .arg(secs.to_string())
+            .current_dir(repo_root())
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .output()
+            .await
+            .with_context(|| format!("running {}", script.display()))?;
+        let text = format!(
+            "$ {} {secs}\n{}{}",
+            kind.name(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        {
+            use std::io::Write as _;
+            let mut log = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&self.fault_log)?;
+            writeln!(log, "{text}")?;
+        }
+        anyhow::ensure!(out.status.success(), "{} failed:\n{text}", kind.name());
+        let target = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("fault: {} ", kind.name())))
+            .with_context(|| format!("{} printed no `fault:` line:\n{text}", kind.name()))?;
+        Ok(target.to_owned())
+    }
+
+    async fn lines(&mut self) -> anyhow::Result<Vec<WorkerLine>> {
+        let mut lines = Vec::new();
+        for id in &self.clients {
+            let out = tokio::process::Command::new("docker")
+                .args(["logs", id])
+                .stdin(Stdio::null())
+                .output()
+                .await
+                .context("docker logs")?;
+            anyhow::ensure!(
+                out.status.success(),
+                "docker logs {id}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            lines.extend(
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<WorkerLine>(l).ok()),
+            );
+        }
+        Ok(lines)
+    }
+
+    async fn stop_workers(&mut self) {
+        match self.compose_sync(&["stop", "--timeout", "10", "c1", "c2", "c3"]) {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!(
+                "compose stop failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => panic!("compose stop failed: {e:#}"),
+        }
+    }
+}
