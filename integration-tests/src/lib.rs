@@ -3,6 +3,7 @@
 //! process from any arguments (a dev agent with [`Agent::dev`]); [`cluster`] builds server sets
 //! and client agents out of them.
 
+pub mod bench;
 pub mod cluster;
 pub mod safety;
 
@@ -125,9 +126,9 @@ impl Http {
         self.try_request(Method::GET, path, None).await.ok()
     }
 
-    /// The `Status` of `node`'s `serfHealth` check as this agent reports it (`None`: no such
-    /// check, the node is not in the catalog, or the agent is unreachable).
-    pub async fn serf_health(&self, node: &str) -> Option<String> {
+    /// `node`'s check `id` as this agent reads it from the catalog (`None`: no such check, the
+    /// node is not in the catalog, or the agent is unreachable).
+    pub async fn catalog_check(&self, node: &str, id: &str) -> Option<Value> {
         let reply = self.try_get(&format!("/v1/health/node/{node}")).await?;
         if reply.status != StatusCode::OK {
             return None;
@@ -136,8 +137,14 @@ impl Http {
             .json()
             .as_array()?
             .iter()
-            .find(|c| c["CheckID"] == "serfHealth")
-            .and_then(|c| c["Status"].as_str().map(str::to_owned))
+            .find(|c| c["CheckID"] == id)
+            .cloned()
+    }
+
+    /// The `Status` of `node`'s `serfHealth` check as this agent reports it.
+    pub async fn serf_health(&self, node: &str) -> Option<String> {
+        let check = self.catalog_check(node, "serfHealth").await?;
+        check["Status"].as_str().map(str::to_owned)
     }
 
     pub async fn put(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {

@@ -6,27 +6,13 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Http, eventually};
+use integration_tests::eventually;
 use reqwest::StatusCode;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 /// How long a change may take to be seen through another agent.
 const PROPAGATE: Duration = Duration::from_secs(30);
-
-/// `node`'s check `id` as `agent` reads it from the catalog.
-async fn catalog_check(agent: &Http, node: &str, id: &str) -> Option<Value> {
-    let reply = agent.try_get(&format!("/v1/health/node/{node}")).await?;
-    if reply.status != StatusCode::OK {
-        return None;
-    }
-    reply
-        .json()
-        .as_array()?
-        .iter()
-        .find(|c| c["CheckID"] == id)
-        .cloned()
-}
 
 #[tokio::test]
 async fn ttl_check_on_a_client_invalidates_its_session_cluster_wide() {
@@ -55,7 +41,8 @@ async fn ttl_check_on_a_client_invalidates_its_session_cluster_wide() {
         })
     };
     eventually(PROPAGATE, "the check seen through client 1", || async {
-        catalog_check(&observer, &owner.node, "lease")
+        observer
+            .catalog_check(&owner.node, "lease")
             .await
             .filter(|c| c["Status"] == "passing" && c["Output"] == "alive")
     })
@@ -88,7 +75,8 @@ async fn ttl_check_on_a_client_invalidates_its_session_cluster_wide() {
     .await;
     let info = observer.get(&format!("/v1/session/info/{session}")).await;
     assert_eq!(info.json(), json!([]));
-    let check = catalog_check(&observer, &owner.node, "lease")
+    let check = observer
+        .catalog_check(&owner.node, "lease")
         .await
         .expect("check");
     assert_eq!(check["Status"], "critical");

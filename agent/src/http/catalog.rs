@@ -17,7 +17,7 @@ use super::params::Params;
 use super::shapes::{
     NodeJson, ServiceJson, ServiceNodeJson, filtered, node_meta_matches, tags_match,
 };
-use super::{AppState, json, with_meta};
+use super::{AppState, json, read, with_meta};
 
 /// Free-form maps whose keys are kept as sent.
 const OPAQUE: &[&str] = &[
@@ -232,8 +232,7 @@ pub async fn nodes(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let (result, meta) = state.backend.query(opts, ReadQuery::CatalogNodes).await?;
+    let (result, meta) = read(&state, &params, ReadQuery::CatalogNodes).await?;
     let QueryResult::Nodes(nodes) = result else {
         return Err(ApiError::unexpected(result));
     };
@@ -251,11 +250,7 @@ pub async fn services(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let (result, meta) = state
-        .backend
-        .query(opts, ReadQuery::CatalogServices)
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::CatalogServices).await?;
     let QueryResult::Services(services) = result else {
         return Err(ApiError::unexpected(result));
     };
@@ -275,11 +270,7 @@ pub async fn service(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let (result, meta) = state
-        .backend
-        .query(opts, ReadQuery::CatalogService { name })
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::CatalogService { name }).await?;
     let QueryResult::ServiceNodes(instances) = result else {
         return Err(ApiError::unexpected(result));
     };
@@ -298,11 +289,7 @@ pub async fn node(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let (result, meta) = state
-        .backend
-        .query(opts, ReadQuery::CatalogNode { node })
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::CatalogNode { node }).await?;
     let QueryResult::NodeServices(found) = result else {
         return Err(ApiError::unexpected(result));
     };

@@ -10,7 +10,7 @@ use vigil_shared::rpc::{QueryMeta, QueryResult, ReadQuery};
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::{CheckJson, HealthJson, filtered, node_meta_matches, tags_match};
-use super::{AppState, json, with_meta};
+use super::{AppState, json, read, with_meta};
 
 /// Runs a read whose answer is a list of checks.
 async fn checks(
@@ -18,7 +18,7 @@ async fn checks(
     params: &Params,
     query: ReadQuery,
 ) -> Result<(Vec<Check>, QueryMeta), ApiError> {
-    let (result, meta) = state.backend.query(params.query_options()?, query).await?;
+    let (result, meta) = read(state, params, query).await?;
     match result {
         QueryResult::Checks(checks) => Ok((checks, meta)),
         other => Err(ApiError::unexpected(other)),
@@ -87,10 +87,7 @@ pub async fn service(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = state
-        .backend
-        .query(params.query_options()?, ReadQuery::HealthService { name })
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::HealthService { name }).await?;
     let QueryResult::Health(instances) = result else {
         return Err(ApiError::unexpected(result));
     };

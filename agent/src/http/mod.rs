@@ -203,6 +203,15 @@ pub fn json<T: Serialize>(params: &Params, value: &T) -> Response {
     }
 }
 
+/// Runs a read with the blocking and consistency options of the query string.
+pub async fn read(
+    state: &AppState,
+    params: &Params,
+    query: vigil_shared::rpc::ReadQuery,
+) -> Result<(vigil_shared::rpc::QueryResult, QueryMeta), error::ApiError> {
+    Ok(state.backend.query(params.query_options()?, query).await?)
+}
+
 /// Adds Consul's read headers: `X-Consul-Index`, `X-Consul-KnownLeader`, `X-Consul-LastContact`.
 pub fn with_meta(meta: QueryMeta, mut response: Response) -> Response {
     set_leader_headers(response.headers_mut(), meta);

@@ -20,7 +20,7 @@ use vigil_shared::rpc::{
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::HealthJson;
-use super::{AppState, json, with_meta};
+use super::{AppState, json, read, with_meta};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -175,10 +175,7 @@ pub async fn list(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = state
-        .backend
-        .query(params.query_options()?, ReadQuery::QueryList)
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::QueryList).await?;
     let QueryResult::Queries(queries) = result else {
         return Err(ApiError::unexpected(result));
     };
@@ -193,13 +190,7 @@ pub async fn get(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = state
-        .backend
-        .query(
-            params.query_options()?,
-            ReadQuery::QueryGet { id_or_name: id },
-        )
-        .await?;
+    let (result, meta) = read(&state, &params, ReadQuery::QueryGet { id_or_name: id }).await?;
     let QueryResult::Queries(queries) = result else {
         return Err(ApiError::unexpected(result));
     };
