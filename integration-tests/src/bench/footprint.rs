@@ -1,0 +1,222 @@
+//! Memory footprint, on fresh clusters so that earlier workloads' leftovers do not count: the
+//! idle RSS of a Vigil client agent (etcd has no agent: its clients link a library), and the RSS
+//! of every server empty and then holding 100,000 keys (128-byte values, written 64 per
+//! transaction) and 10,000 sessions (Vigil: no TTL; etcd: leases with a 1 h TTL), after a few
+//! idle seconds. The largest of the three servers is reported.
+
+use std::time::Duration;
+
+use anyhow::{Result, ensure};
+use etcd_client::{Txn, TxnOp};
+use futures::{StreamExt, TryStreamExt};
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::{Instant, sleep};
+use vigil_shared::client::{Client, SessionRequest};
+use vigil_shared::kv::KvOp;
+
+use super::etcd::connect;
+use super::machine::{Meter, rss_kib};
+use super::report::{Better, Outcome, Row, Table, num};
+use super::{Leaders, Plan, Systems};
+
+const VALUE: [u8; 128] = [b'f'; 128];
+const KEYS_PER_TXN: usize = 64;
+/// Concurrent loading requests.
+const LOADERS: usize = 16;
+/// Idle time before a reading, so startup and loading garbage settles.
+const SETTLE: Duration = Duration::from_secs(3);
+const LEASE_TTL_SECS: i64 = 3_600;
+
+/// RSS readings of one system, in MiB.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub empty_mib: Vec<f64>,
+    pub loaded_mib: Vec<f64>,
+    pub load_seconds: f64,
+}
+
+fn mib(pids: &[u32]) -> Result<Vec<f64>> {
+    pids.iter()
+        .map(|&pid| Ok(rss_kib(pid)? as f64 / 1024.0))
+        .collect()
+}
+
+fn max(values: &[f64]) -> f64 {
+    values.iter().copied().fold(0.0, f64::max)
+}
+
+async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
+    let empty = mib(&leaders.vigil_pids)?;
+    let client = Client::new(&leaders.vigil_addr.to_string())?;
+    let started = Instant::now();
+    let batches = plan.footprint_keys.div_ceil(KEYS_PER_TXN);
+    futures::stream::iter(0..batches)
+        .map(|b| {
+            let client = client.clone();
+            let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
+            async move {
+                let ops: Vec<KvOp> = keys
+                    .map(|k| KvOp::Set {
+                        key: format!("bench/footprint/{k}"),
+                        value: VALUE.to_vec(),
+                        flags: 0,
+                    })
+                    .collect();
+                let reply = client.txn(&ops).await?;
+                ensure!(reply.committed, "txn rolled back: {:?}", reply.errors);
+                Ok(())
+            }
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    futures::stream::iter(0..plan.footprint_sessions)
+        .map(|_| {
+            let client = client.clone();
+            async move {
+                let request = SessionRequest {
+                    name: "footprint".to_owned(),
+                    ..SessionRequest::default()
+                };
+                client.session_create(&request).await.map(drop)
+            }
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    sleep(SETTLE).await;
+    Ok(Memory {
+        empty_mib: empty,
+        loaded_mib: mib(&leaders.vigil_pids)?,
+        load_seconds,
+    })
+}
+
+async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
+    let empty = mib(&leaders.etcd_pids)?;
+    let client = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
+    let started = Instant::now();
+    let batches = plan.footprint_keys.div_ceil(KEYS_PER_TXN);
+    futures::stream::iter(0..batches)
+        .map(|b| {
+            let mut client = client.clone();
+            let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
+            async move {
+                let puts: Vec<TxnOp> = keys
+                    .map(|k| TxnOp::put(format!("bench/footprint/{k}"), VALUE.to_vec(), None))
+                    .collect();
+                client.txn(Txn::new().and_then(puts)).await?;
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    futures::stream::iter(0..plan.footprint_sessions)
+        .map(|_| {
+            let mut client = client.clone();
+            async move { client.lease_grant(LEASE_TTL_SECS, None).await.map(drop) }
+        })
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    sleep(SETTLE).await;
+    Ok(Memory {
+        empty_mib: empty,
+        loaded_mib: mib(&leaders.etcd_pids)?,
+        load_seconds,
+    })
+}
+
+pub async fn workload(plan: &Plan) -> Result<Outcome> {
+    let systems = Systems::start(1).await?;
+    sleep(SETTLE).await;
+    let client_pid = systems.vigil.client(0).pid();
+    let client_mib = client_pid
+        .map(rss_kib)
+        .transpose()?
+        .map(|kib| kib as f64 / 1024.0);
+    let leaders = systems.leaders().await?;
+    let meter = Meter::start("Footprint load, Vigil", &leaders.vigil_pids)?;
+    let v = vigil(&leaders, plan).await?;
+    let mut usage = vec![meter.stop()?];
+    let meter = Meter::start("Footprint load, etcd", &leaders.etcd_pids)?;
+    let e = etcd(&leaders, plan).await?;
+    usage.push(meter.stop()?);
+    systems.stop().await;
+
+    let loaded = format!(
+        "Footprint: {} keys + {} sessions",
+        plan.footprint_keys, plan.footprint_sessions
+    );
+    let rows = vec![
+        Row::new(
+            "footprint.loaded",
+            &loaded,
+            "largest server RSS (MiB)",
+            Better::Lower,
+            Some(max(&v.loaded_mib)),
+            Some(max(&e.loaded_mib)),
+        ),
+        Row::new(
+            "footprint.empty",
+            "Footprint: empty cluster",
+            "largest server RSS (MiB)",
+            Better::Lower,
+            Some(max(&v.empty_mib)),
+            Some(max(&e.empty_mib)),
+        ),
+    ];
+    let list = |values: &[f64]| {
+        values
+            .iter()
+            .map(|v| num(*v))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let client = client_mib.map_or_else(|| "—".to_owned(), num);
+    let table = Table {
+        title: "Footprint (RSS in MiB)".to_owned(),
+        header: [
+            "system",
+            "client agent, idle",
+            "servers, empty",
+            "servers, loaded",
+            "load time (s)",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        rows: vec![
+            vec![
+                "Vigil".to_owned(),
+                client,
+                list(&v.empty_mib),
+                list(&v.loaded_mib),
+                num(v.load_seconds),
+            ],
+            vec![
+                "etcd".to_owned(),
+                "— (no agent)".to_owned(),
+                list(&e.empty_mib),
+                list(&e.loaded_mib),
+                num(e.load_seconds),
+            ],
+        ],
+    };
+    Ok(Outcome {
+        rows,
+        tables: vec![table],
+        details: json!({
+            "keys": plan.footprint_keys,
+            "sessions": plan.footprint_sessions,
+            "value_bytes": VALUE.len(),
+            "vigil_client_agent_idle_mib": client_mib,
+            "vigil": v,
+            "etcd": e,
+        }),
+        usage,
+    })
+}

@@ -1,0 +1,121 @@
+//! KV put throughput and latency: 1, 16 and 64 concurrent clients each putting 128-byte values
+//! to fresh keys on the leader, every client over its own reused connection (Vigil: `PUT
+//! /v1/kv/<key>`; etcd: `Put`). Both commit each write to a majority with an fsync, so what
+//! differs is batching (group commit) and per-request overhead. The keys are deleted afterwards.
+
+use std::sync::Arc;
+
+use anyhow::{Result, ensure};
+use futures::FutureExt;
+use serde_json::json;
+use vigil_shared::client::Client;
+
+use super::etcd::connect;
+use super::load::{self, Throughput, closed_loop};
+use super::machine::Meter;
+use super::report::{Better, Outcome, Row};
+use super::{Plan, Systems};
+
+const VALUE: [u8; 128] = [b'v'; 128];
+const PREFIX: &str = "bench/kv/";
+
+pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
+    let leaders = systems.leaders().await?;
+    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
+    let mut outcome = Outcome::default();
+    let mut runs = Vec::new();
+    for clients in [1, 16, 64] {
+        let meter = Meter::start(
+            format!("KV put, {}, Vigil", load::clients(clients)),
+            &leaders.vigil_pids,
+        )?;
+        let client = vigil.clone();
+        let v = closed_loop(
+            clients,
+            plan.kv,
+            Arc::new(move |c, n| {
+                let client = client.clone();
+                async move {
+                    let key = format!("{PREFIX}{clients}/{c}/{n}");
+                    ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
+                    Ok(())
+                }
+                .boxed()
+            }),
+        )
+        .await?;
+        outcome.usage.push(meter.stop()?);
+
+        let mut etcd_clients = Vec::new();
+        for _ in 0..clients {
+            etcd_clients.push(connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?);
+        }
+        let meter = Meter::start(
+            format!("KV put, {}, etcd", load::clients(clients)),
+            &leaders.etcd_pids,
+        )?;
+        let e = closed_loop(
+            clients,
+            plan.kv,
+            Arc::new(move |c, n| {
+                let mut client = etcd_clients[c].clone();
+                async move {
+                    client
+                        .put(format!("{PREFIX}{clients}/{c}/{n}"), VALUE.to_vec(), None)
+                        .await?;
+                    Ok(())
+                }
+                .boxed()
+            }),
+        )
+        .await?;
+        outcome.usage.push(meter.stop()?);
+        outcome.rows.extend(rows(clients, &v, &e));
+        runs.push(json!({ "clients": clients, "vigil": v, "etcd": e }));
+    }
+
+    // Leave the state as it was for the next workloads.
+    vigil.kv_delete_tree(PREFIX).await?;
+    let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
+    etcd.delete(
+        PREFIX,
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await?;
+    outcome.details = json!({ "value_bytes": VALUE.len(), "runs": runs });
+    Ok(outcome)
+}
+
+fn rows(clients: usize, v: &Throughput, e: &Throughput) -> Vec<Row> {
+    let workload = format!(
+        "KV put, {clients} client{}",
+        if clients == 1 { "" } else { "s" }
+    );
+    let id = |metric: &str| format!("kv_put.c{clients}.{metric}");
+    vec![
+        Row::new(
+            id("rate"),
+            &workload,
+            "puts/s",
+            Better::Higher,
+            Some(v.per_second),
+            Some(e.per_second),
+        ),
+        Row::new(
+            id("p50"),
+            &workload,
+            "p50 (ms)",
+            Better::Lower,
+            Some(v.latency.p50_ms),
+            Some(e.latency.p50_ms),
+        ),
+        Row::new(
+            id("p99"),
+            &workload,
+            "p99 (ms)",
+            Better::Lower,
+            Some(v.latency.p99_ms),
+            Some(e.latency.p99_ms),
+        ),
+    ]
+}

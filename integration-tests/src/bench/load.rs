@@ -1,0 +1,110 @@
+//! Closed-loop load: N concurrent clients, each sending its next request as soon as the last
+//! one answered, for a warm-up and then a fixed measured window. Operations that complete
+//! inside the window count; their latencies go to an HDR histogram (microseconds).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use futures::future::BoxFuture;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::machine::micros;
+
+/// "1 client", "16 clients".
+pub fn clients(n: usize) -> String {
+    if n == 1 {
+        "1 client".to_owned()
+    } else {
+        format!("{n} clients")
+    }
+}
+
+/// How long to warm up and how long to measure.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
+    pub warmup: Duration,
+    pub measure: Duration,
+}
+
+impl Window {
+    /// The instants at which the measured window opens and closes, from now.
+    pub fn schedule(&self) -> (Instant, Instant) {
+        let open = Instant::now() + self.warmup;
+        (open, open + self.measure)
+    }
+}
+
+/// Latency percentiles, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Latency {
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Latency {
+    pub fn of(hist: &Histogram<u64>) -> Latency {
+        let ms = |us: u64| us as f64 / 1000.0;
+        Latency {
+            p50_ms: ms(hist.value_at_quantile(0.5)),
+            p99_ms: ms(hist.value_at_quantile(0.99)),
+            max_ms: ms(hist.max()),
+        }
+    }
+}
+
+/// A new latency histogram: microseconds, 3 significant digits.
+pub fn histogram() -> Histogram<u64> {
+    Histogram::new(3).expect("3 significant digits is a valid precision")
+}
+
+/// What a closed-loop run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Throughput {
+    pub clients: usize,
+    pub ops: u64,
+    pub per_second: f64,
+    pub latency: Latency,
+}
+
+/// One operation of client `c` (its `n`th).
+pub type Op = dyn Fn(usize, u64) -> BoxFuture<'static, Result<()>> + Send + Sync;
+
+/// Runs `op` from `clients` concurrent tasks over `window`; the first error stops the run.
+pub async fn closed_loop(clients: usize, window: Window, op: Arc<Op>) -> Result<Throughput> {
+    let (open, close) = window.schedule();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let mut hist = histogram();
+                let mut n = 0;
+                while Instant::now() < close {
+                    let t = Instant::now();
+                    op(c, n)
+                        .await
+                        .with_context(|| format!("client {c}, operation {n}"))?;
+                    let done = Instant::now();
+                    if done >= open && done < close {
+                        hist.record(micros(done - t))?;
+                    }
+                    n += 1;
+                }
+                anyhow::Ok(hist)
+            })
+        })
+        .collect();
+    let mut all = histogram();
+    for task in tasks {
+        all.add(task.await??)?;
+    }
+    Ok(Throughput {
+        clients,
+        ops: all.len(),
+        per_second: all.len() as f64 / window.measure.as_secs_f64(),
+        latency: Latency::of(&all),
+    })
+}

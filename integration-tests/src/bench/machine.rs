@@ -1,0 +1,219 @@
+//! What the numbers were measured on, and how much CPU and memory each process used: machine
+//! facts (cores, RAM, CPU model, load, the disk's fsync latency measured on the spot), versions,
+//! and per-process readings from `/proc` (RSS, CPU time) plus the harness's own CPU time, so a
+//! report can show that the harness was not the bottleneck.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use nix::sys::resource::{UsageWho, getrusage};
+use nix::unistd::{SysconfVar, sysconf};
+use serde::Serialize;
+
+/// The machine, read when the run starts.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cores: usize,
+    pub cpu_model: String,
+    pub ram_gib: f64,
+    pub kernel: String,
+    /// 1-minute load average when the run started: other work on a shared machine shows here.
+    pub load_at_start: f64,
+    /// One 4 KiB append + `fdatasync` in the directory the data dirs live in.
+    pub fsync_p50_us: u64,
+    pub fsync_p99_us: u64,
+}
+
+/// Versions of what was measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Versions {
+    /// `vigil --version` of the agent binary, plus `git describe` of the tree when available.
+    pub vigil: String,
+    /// `etcd --version`.
+    pub etcd: String,
+}
+
+impl Machine {
+    /// Reads the facts and measures fsync latency with `samples` syncs in `dir`.
+    pub fn probe(dir: &Path, samples: usize) -> Result<Machine> {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").context("read /proc/cpuinfo")?;
+        let cpu_model = cpuinfo
+            .lines()
+            .find_map(|l| l.strip_prefix("model name"))
+            .and_then(|rest| rest.split_once(':'))
+            .map_or_else(|| "unknown".to_owned(), |(_, m)| m.trim().to_owned());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").context("read /proc/meminfo")?;
+        let ram_kib = status_field(&meminfo, "MemTotal:").context("MemTotal in /proc/meminfo")?;
+        let loadavg = std::fs::read_to_string("/proc/loadavg").context("read /proc/loadavg")?;
+        let fsync = fsync_latency(dir, samples)?;
+        Ok(Machine {
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            ram_gib: ram_kib as f64 / (1024.0 * 1024.0),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .unwrap_or_default()
+                .trim()
+                .to_owned(),
+            load_at_start: loadavg
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
+            fsync_p50_us: fsync.value_at_quantile(0.5),
+            fsync_p99_us: fsync.value_at_quantile(0.99),
+        })
+    }
+}
+
+impl Versions {
+    pub fn probe(vigil_binary: &Path) -> Result<Versions> {
+        let vigil = first_line(Command::new(vigil_binary).arg("--version"))?;
+        let git = Command::new("git")
+            .args(["describe", "--always", "--dirty"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+        let vigil = match git {
+            Some(rev) => format!("{vigil} ({rev})"),
+            None => vigil,
+        };
+        let etcd = first_line(Command::new("etcd").arg("--version"))?;
+        Ok(Versions { vigil, etcd })
+    }
+}
+
+fn first_line(command: &mut Command) -> Result<String> {
+    let out = command
+        .output()
+        .with_context(|| format!("run {command:?}"))?;
+    if !out.status.success() {
+        bail!(
+            "{command:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_owned())
+}
+
+/// Latency of appending 4 KiB and `fdatasync`ing it, as a write-ahead log does per commit.
+fn fsync_latency(dir: &Path, samples: usize) -> Result<Histogram<u64>> {
+    let path = dir.join("fsync-probe");
+    let mut file = std::fs::File::create(&path).context("create the fsync probe file")?;
+    let block = [0x5a_u8; 4096];
+    let mut hist = Histogram::<u64>::new(3)?;
+    for _ in 0..samples {
+        let t = Instant::now();
+        file.write_all(&block)?;
+        file.sync_data()?;
+        hist.record(micros(t.elapsed()))?;
+    }
+    drop(file);
+    std::fs::remove_file(&path)?;
+    Ok(hist)
+}
+
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// A `Key: <number> kB`-style field of a `/proc` status file.
+fn status_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// Resident memory of a process, in KiB.
+pub fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    status_field(&status, "VmRSS:").with_context(|| format!("VmRSS of process {pid}"))
+}
+
+/// User + system CPU time a process has used so far.
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    // The command name (field 2) may contain spaces; utime and stime are fields 14 and 15.
+    let after_name = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .context("short /proc/PID/stat")?
+        .iter()
+        .map(|f| f.parse::<u64>())
+        .sum::<Result<u64, _>>()?;
+    let per_second = sysconf(SysconfVar::CLK_TCK)?.unwrap_or(100);
+    Ok(ticks as f64 / per_second as f64)
+}
+
+/// User + system CPU time of this process (the harness) so far.
+fn own_cpu_seconds() -> Result<f64> {
+    let usage = getrusage(UsageWho::RUSAGE_SELF)?;
+    let secs = |tv: nix::sys::time::TimeVal| tv.tv_sec() as f64 + tv.tv_usec() as f64 / 1e6;
+    Ok(secs(usage.user_time()) + secs(usage.system_time()))
+}
+
+/// CPU use over one measured phase: the harness's and the system under test's.
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub phase: String,
+    pub wall_seconds: f64,
+    /// Harness CPU time over wall time, in % of one core.
+    pub harness_cpu_percent: f64,
+    /// The measured servers' CPU time over wall time (all members summed), in % of one core.
+    pub servers_cpu_percent: f64,
+}
+
+/// Started before a phase, stopped after it.
+pub struct Meter {
+    phase: String,
+    pids: Vec<u32>,
+    started: Instant,
+    harness_cpu: f64,
+    servers_cpu: f64,
+}
+
+impl Meter {
+    /// `pids`: the processes of the system under test.
+    pub fn start(phase: impl Into<String>, pids: &[u32]) -> Result<Meter> {
+        Ok(Meter {
+            phase: phase.into(),
+            pids: pids.to_vec(),
+            started: Instant::now(),
+            harness_cpu: own_cpu_seconds()?,
+            servers_cpu: servers_cpu(pids)?,
+        })
+    }
+
+    pub fn stop(self) -> Result<Usage> {
+        let wall = self.started.elapsed().as_secs_f64();
+        let harness = own_cpu_seconds()? - self.harness_cpu;
+        let servers = servers_cpu(&self.pids)? - self.servers_cpu;
+        Ok(Usage {
+            phase: self.phase,
+            wall_seconds: wall,
+            harness_cpu_percent: 100.0 * harness / wall,
+            servers_cpu_percent: 100.0 * servers / wall,
+        })
+    }
+}
+
+fn servers_cpu(pids: &[u32]) -> Result<f64> {
+    pids.iter().map(|&pid| cpu_seconds(pid)).sum()
+}
