@@ -63,11 +63,11 @@ servers'.
   client (reimplemented over `etcd-client`), each client with one lease.
 - **Sessions and leases**: 16 clients creating sessions / granting leases (60 s TTL; a raft
   write each), then each renewing one (leader-only on both).
-- **Watch fan-out**: 10,000 idle watchers on distinct keys and 1,000 on one key, on the leader,
-  each the way its system's clients watch: Vigil one blocking query, so one HTTP connection, per
-  watcher; etcd one watch per key, all multiplexed on one gRPC stream. The leader's RSS growth
-  per watcher, the time from a write until the last of the key's 1,000 watchers woke, and the
-  proof that a write wakes only its own key's watchers.
+- **Watch fan-out**: on fresh clusters, 10,000 idle watchers on distinct keys and 1,000 on one
+  key, on the leader, each the way its system's clients watch: Vigil one blocking query, so one
+  HTTP connection, per watcher; etcd one watch per key, all multiplexed on one gRPC stream. The
+  leader's RSS growth per watcher, the time from a write until the last of the key's 1,000
+  watchers woke, and the proof that a write wakes only its own key's watchers.
 - **Failure detection**: a lock holder dies (`kill -9` of a Vigil client agent; an etcd client
   whose keep-alives stop and whose connection closes) → the lock is free for others. Vigil
   notices through gossip (`lan` profile) and invalidates the node's sessions (lock-delay 0);
