@@ -7,13 +7,11 @@ use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde_json::{Map, Value};
 use vigil_shared::catalog::HealthStatus;
-use vigil_shared::filter::Filter;
 
 use super::error::ApiError;
 use super::params::Params;
-use super::shapes::CheckJson;
+use super::shapes::{CheckJson, keyed_by_id};
 use super::{AppState, json};
 use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
 use crate::local::{LocalError, Source};
@@ -42,18 +40,6 @@ impl From<DefinitionError> for ApiError {
     }
 }
 
-/// Applies `?filter=` to an object keyed by ID: each value is matched as returned.
-pub fn filter_map(
-    params: &Params,
-    map: Map<String, Value>,
-) -> Result<Map<String, Value>, ApiError> {
-    let Some(expression) = params.get("filter").filter(|f| !f.is_empty()) else {
-        return Ok(map);
-    };
-    let filter = Filter::parse(expression).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    Ok(map.into_iter().filter(|(_, v)| filter.matches(v)).collect())
-}
-
 /// `GET /v1/agent/checks`: every local check keyed by ID, in Consul's `HealthCheck` shape.
 pub async fn list(
     State(state): State<AppState>,
@@ -61,13 +47,13 @@ pub async fn list(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let checks = state.local.checks();
-    let mut out = Map::new();
-    for check in &checks {
-        let value = serde_json::to_value(CheckJson::new(check))
-            .map_err(|e| ApiError::unexpected(e.to_string()))?;
-        out.insert(check.check_id.clone(), value);
-    }
-    Ok(json(&params, &filter_map(&params, out)?))
+    let out = keyed_by_id(
+        &params,
+        checks
+            .iter()
+            .map(|c| (c.check_id.clone(), CheckJson::new(c))),
+    )?;
+    Ok(json(&params, &out))
 }
 
 /// `PUT /v1/agent/check/register`.
@@ -99,15 +85,21 @@ async fn set_ttl(
     Ok(StatusCode::OK.into_response())
 }
 
+/// The `?note=` of a TTL update: it becomes the check's output.
+fn note(uri: &axum::http::Uri) -> String {
+    Params::parse(uri.query())
+        .get("note")
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// `PUT /v1/agent/check/pass/<id>?note=`.
 pub async fn pass(
     State(state): State<AppState>,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let note = params.get("note").unwrap_or_default();
-    set_ttl(&state, &id, HealthStatus::Passing, note).await
+    set_ttl(&state, &id, HealthStatus::Passing, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/warn/<id>?note=`.
@@ -116,9 +108,7 @@ pub async fn warn(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let note = params.get("note").unwrap_or_default();
-    set_ttl(&state, &id, HealthStatus::Warning, note).await
+    set_ttl(&state, &id, HealthStatus::Warning, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/fail/<id>?note=`.
@@ -127,9 +117,7 @@ pub async fn fail(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let note = params.get("note").unwrap_or_default();
-    set_ttl(&state, &id, HealthStatus::Critical, note).await
+    set_ttl(&state, &id, HealthStatus::Critical, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/update/<id>` with `{"Status": ..., "Output": ...}`.

@@ -12,14 +12,14 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::Map;
 use tokio::time::Instant;
 use vigil_shared::catalog::Service;
 use vigil_shared::duration::parse_go_duration;
 
-use super::agent_check::{enable_param, filter_map};
+use super::agent_check::enable_param;
 use super::error::ApiError;
 use super::params::Params;
+use super::shapes::keyed_by_id;
 use super::{AppState, json};
 use crate::local::Source;
 use crate::local::definition::parse_service_body;
@@ -118,13 +118,13 @@ pub async fn list(
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let services = state.local.services();
-    let mut out = Map::new();
-    for service in &services {
-        let value = serde_json::to_value(AgentServiceJson::new(service))
-            .map_err(|e| ApiError::unexpected(e.to_string()))?;
-        out.insert(service.id.clone(), value);
-    }
-    Ok(json(&params, &filter_map(&params, out)?))
+    let out = keyed_by_id(
+        &params,
+        services
+            .iter()
+            .map(|s| (s.id.clone(), AgentServiceJson::new(s))),
+    )?;
+    Ok(json(&params, &out))
 }
 
 /// `GET /v1/agent/service/<id>`: one service with its `ContentHash` (also in

@@ -15,7 +15,7 @@ use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Registration, Response as Se
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::{
-    NodeJson, ServiceJson, ServiceNodeJson, filtered, node_meta_matches, tags_match,
+    NodeJson, ServiceJson, ServiceNodeJson, filtered, keyed_by_id, node_meta_matches, tags_match,
 };
 use super::{AppState, json, read, with_meta};
 
@@ -296,11 +296,10 @@ pub async fn node(
     let Some((node, services)) = &found else {
         return Ok(with_meta(meta, json(&params, &Value::Null)));
     };
-    let listed = filtered(&params, services.iter().map(ServiceJson::new).collect())?;
-    let by_id: Map<String, Value> = listed
-        .into_iter()
-        .map(|s| (s["ID"].as_str().unwrap_or_default().to_owned(), s))
-        .collect();
+    let by_id = keyed_by_id(
+        &params,
+        services.iter().map(|s| (s.id.clone(), ServiceJson::new(s))),
+    )?;
     let out = serde_json::json!({"Node": NodeJson::new(node), "Services": by_id});
     Ok(with_meta(meta, json(&params, &out)))
 }

@@ -237,17 +237,38 @@ impl<'a> HealthJson<'a> {
 /// Applies `?filter=` to a list response: each item is matched as the JSON object it is
 /// returned as. Without the parameter the items pass through unchanged.
 pub fn filtered<T: Serialize>(params: &Params, items: Vec<T>) -> Result<Vec<Value>, ApiError> {
+    Ok(
+        filtered_keyed(params, items.into_iter().map(|item| ((), item)))?
+            .into_iter()
+            .map(|((), value)| value)
+            .collect(),
+    )
+}
+
+/// Applies `?filter=` to an object keyed by ID (`/v1/agent/checks`, `/v1/agent/services`,
+/// a node's services): each value is matched as it is returned.
+pub fn keyed_by_id<T: Serialize>(
+    params: &Params,
+    items: impl Iterator<Item = (String, T)>,
+) -> Result<Map<String, Value>, ApiError> {
+    Ok(filtered_keyed(params, items)?.into_iter().collect())
+}
+
+fn filtered_keyed<K, T: Serialize>(
+    params: &Params,
+    items: impl Iterator<Item = (K, T)>,
+) -> Result<Vec<(K, Value)>, ApiError> {
     let filter = params
         .get("filter")
         .filter(|f| !f.is_empty())
         .map(vigil_shared::filter::Filter::parse)
         .transpose()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
+    let mut out = Vec::new();
+    for (key, item) in items {
         let value = serde_json::to_value(item).map_err(|e| ApiError::unexpected(e.to_string()))?;
         if filter.as_ref().is_none_or(|f| f.matches(&value)) {
-            out.push(value);
+            out.push((key, value));
         }
     }
     Ok(out)
