@@ -26,6 +26,12 @@ openraft::declare_raft_types!(
         AsyncRuntime = openraft::TokioRuntime,
 );
 
+/// Most bytes of log entries one AppendEntries carries (at least one entry is always sent).
+/// openraft cuts an AppendEntries off after one heartbeat interval (100-150 ms), so a batch
+/// must be small enough to cross the network and be fsynced by a follower within it; a larger
+/// backlog goes out as a series of bounded batches instead of one that never arrives.
+pub const MAX_APPEND_BYTES: usize = 1024 * 1024;
+
 pub type NodeId = u64;
 pub type Node = crate::rpc::ServerNode;
 pub type Raft = openraft::Raft<TypeConfig>;
