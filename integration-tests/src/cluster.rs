@@ -200,6 +200,11 @@ impl Cluster {
         self.dir.path()
     }
 
+    /// The cluster CA's certificate and private key files, to sign certificates of one's own.
+    pub fn ca_files(&self) -> (&Path, &Path) {
+        (&self.ca_cert, &self.ca_key)
+    }
+
     /// A fresh certificate for `role` signed by the cluster's CA.
     fn cert(&self, role: Role, node: &str) -> (PathBuf, PathBuf) {
         create_cert(

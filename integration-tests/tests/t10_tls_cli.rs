@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use integration_tests::binary;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use vigil_server::tls::{Role, TlsMaterial};
+use vigil_server::tls::{PeerIdentity, Role, TlsMaterial};
 use vigil_server::transport::{RpcClient, RpcHandler, client_endpoint, serve, server_endpoint};
 
 fn vigil(dir: &Path, args: &[&str]) -> Output {
@@ -136,8 +136,9 @@ fn ca_and_certificates_are_written_consul_style() {
 struct WhoAmI;
 
 impl RpcHandler for WhoAmI {
-    fn handle(&self, peer: Role, _request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
-        async move { peer.as_str().as_bytes().to_vec() }.boxed()
+    fn handle(&self, peer: &PeerIdentity, _request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+        let role = peer.role;
+        async move { role.as_str().as_bytes().to_vec() }.boxed()
     }
 }
 
@@ -167,7 +168,13 @@ async fn written_certificates_carry_mutual_tls() {
     let addr = endpoint.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    serve(endpoint, Arc::new(WhoAmI), shutdown.clone(), tasks.clone());
+    serve(
+        endpoint,
+        server_tls.server_name(),
+        Arc::new(WhoAmI),
+        shutdown.clone(),
+        tasks.clone(),
+    );
     let client = RpcClient::new(
         client_endpoint(&client_tls).unwrap(),
         client_tls.server_name(),

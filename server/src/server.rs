@@ -31,7 +31,7 @@ use crate::rpc::{
     HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo, unexpected,
 };
 use crate::state::Interest;
-use crate::tls::TlsMaterial;
+use crate::tls::{PeerIdentity, Role, TlsMaterial};
 use crate::transport::{self, RpcClient, TransportError};
 
 /// Raft timing; `lan()` for real deployments, `local()` for one machine.
@@ -104,6 +104,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 const SNAPSHOT_EVERY: u64 = 10_000;
 /// Time allowed for a forwarded request beyond its own blocking wait.
 const FORWARD_SLACK: Duration = Duration::from_secs(30);
+/// How long a joining server has, as a learner, to receive the log before it would become a
+/// voter; one that cannot be reached (or is too slow) is removed again instead. Shorter than
+/// the joiner's own call timeout, so it hears the outcome.
+const JOIN_CATCH_UP: Duration = Duration::from_secs(20);
+/// The first pause after a refused join; it doubles up to [`JOIN_BACKOFF_MAX`].
+const JOIN_BACKOFF_MIN: Duration = Duration::from_millis(300);
+const JOIN_BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 pub struct Server {
     node_id: NodeId,
@@ -228,6 +235,7 @@ impl Server {
         });
         transport::serve(
             endpoint,
+            tls.server_name(),
             Arc::new(RpcService(Arc::clone(&server))),
             shutdown,
             tasks,
@@ -295,6 +303,7 @@ impl Server {
     /// Forms a new cluster with `bootstrap_expect` servers found through gossip, or joins the
     /// existing one they belong to. A server that already has raft state never bootstraps again.
     async fn form_cluster(self: Arc<Self>, bootstrap_expect: usize) {
+        let mut pause = JOIN_BACKOFF_MIN;
         loop {
             if self.is_initialized() {
                 tracing::info!("raft cluster membership known");
@@ -334,7 +343,16 @@ impl Server {
                     .await
                 {
                     Ok(RpcResponse::Join(Ok(()))) => tracing::info!(%addr, "joined the cluster"),
-                    other => tracing::info!(%addr, ?other, "join not accepted yet"),
+                    other => {
+                        // A refused joiner backs off instead of asking again every 300 ms.
+                        tracing::info!(%addr, ?other, retry_in = ?pause, "join not accepted yet");
+                        tokio::select! {
+                            _ = self.shutdown.cancelled() => return,
+                            _ = tokio::time::sleep(pause) => {}
+                        }
+                        pause = (pause * 2).min(JOIN_BACKOFF_MAX);
+                        continue;
+                    }
                 }
             } else if known.len() >= bootstrap_expect && known.keys().next() == Some(&self.node_id)
             {
@@ -345,7 +363,7 @@ impl Server {
             }
             tokio::select! {
                 _ = self.shutdown.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_millis(300)) => {}
+                _ = tokio::time::sleep(JOIN_BACKOFF_MIN) => {}
             }
         }
     }
@@ -587,7 +605,8 @@ impl Server {
         Ok(session)
     }
 
-    /// Adds a server to the cluster as a voter (leader only; followers forward).
+    /// Adds a server to the cluster: as a learner, then as a voter once it has the log
+    /// (leader only; followers forward).
     async fn join(
         &self,
         node_id: NodeId,
@@ -619,11 +638,43 @@ impl Server {
         if is_voter {
             return Ok(());
         }
-        tracing::info!(node_id, %node, "adding server to the cluster");
-        self.raft
-            .add_learner(node_id, node, true)
+        // A learner first: it receives the log but does not count for any quorum, so an
+        // unreachable or bogus address can never cost the cluster its majority.
+        tracing::info!(node_id, %node, "adding server to the cluster as a learner");
+        let added = self
+            .raft
+            .add_learner(node_id, node.clone(), false)
             .await
             .map_err(|e| ServerError::Raft(e.to_string()))?;
+        let needed = added.log_id.index;
+        let caught_up = self
+            .raft
+            .wait(Some(JOIN_CATCH_UP))
+            .metrics(
+                |m| {
+                    m.replication
+                        .as_ref()
+                        .and_then(|r| r.get(&node_id))
+                        .and_then(|matched| matched.as_ref())
+                        .is_some_and(|matched| matched.index >= needed)
+                },
+                "joining server caught up",
+            )
+            .await;
+        if caught_up.is_err() {
+            tracing::warn!(node_id, %node, "joining server did not catch up; removing it");
+            if let Err(e) = self
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([node_id])), false)
+                .await
+            {
+                tracing::warn!(node_id, error = %e, "removing the learner");
+            }
+            return Err(ServerError::Raft(format!(
+                "server {node} did not receive the log within {JOIN_CATCH_UP:?}; not added"
+            )));
+        }
+        tracing::info!(node_id, %node, "promoting caught-up server to voter");
         self.raft
             .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([node_id])), false)
             .await
@@ -684,16 +735,9 @@ impl Server {
         self.tasks.wait().await;
     }
 
-    async fn handle(&self, peer: crate::tls::Role, request: RpcRequest) -> RpcResponse {
-        let raft_message = matches!(
-            request,
-            RpcRequest::AppendEntries(_)
-                | RpcRequest::Vote(_)
-                | RpcRequest::InstallSnapshot(_)
-                | RpcRequest::Join { .. }
-        );
-        if raft_message && peer != crate::tls::Role::Server {
-            return RpcResponse::Refused("raft requests need a server certificate".to_owned());
+    async fn handle(&self, peer: &PeerIdentity, request: RpcRequest) -> RpcResponse {
+        if let Some(why) = refusal(peer, &request) {
+            return RpcResponse::Refused(why);
         }
         match request {
             RpcRequest::Hello => RpcResponse::Hello(HelloInfo {
@@ -740,13 +784,14 @@ struct RpcService(Arc<Server>);
 impl transport::RpcHandler for RpcService {
     fn handle(
         &self,
-        peer: crate::tls::Role,
+        peer: &PeerIdentity,
         request: Vec<u8>,
     ) -> futures::future::BoxFuture<'static, Vec<u8>> {
         let server = Arc::clone(&self.0);
+        let peer = peer.clone();
         Box::pin(async move {
             let response = match postcard::from_bytes::<RpcRequest>(&request) {
-                Ok(request) => server.handle(peer, request).await,
+                Ok(request) => server.handle(&peer, request).await,
                 Err(e) => RpcResponse::Refused(format!("undecodable request: {e}")),
             };
             postcard::to_allocvec(&response).unwrap_or_else(|e| {
@@ -754,6 +799,48 @@ impl transport::RpcHandler for RpcService {
                 Vec::new()
             })
         })
+    }
+}
+
+/// Why `peer` may not make `request`, if it may not. Raft messages, joins, forwarding and
+/// leader-internal writes are for servers only; a server certificate issued for a node may
+/// join only as that node.
+fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
+    if peer.role == Role::Server {
+        return match (request, &peer.node) {
+            (
+                RpcRequest::Join {
+                    node,
+                    forwarded: false,
+                    ..
+                },
+                Some(certified),
+            ) if *certified != node.name => Some(format!(
+                "the certificate is for server {certified:?}; it cannot join as {:?}",
+                node.name
+            )),
+            _ => None,
+        };
+    }
+    match request {
+        RpcRequest::AppendEntries(_)
+        | RpcRequest::Vote(_)
+        | RpcRequest::InstallSnapshot(_)
+        | RpcRequest::Join { .. } => Some("raft requests need a server certificate".to_owned()),
+        RpcRequest::Write {
+            forwarded: true, ..
+        }
+        | RpcRequest::Query {
+            forwarded: true, ..
+        }
+        | RpcRequest::Renew {
+            forwarded: true, ..
+        } => Some("only servers forward requests".to_owned()),
+        RpcRequest::Write {
+            op: Op::ReapTombstones { .. },
+            ..
+        } => Some("leader-internal operations need a server certificate".to_owned()),
+        _ => None,
     }
 }
 

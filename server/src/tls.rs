@@ -3,7 +3,10 @@
 //! configurations built from them. Invariants: every rustls config is built with the ring
 //! provider passed explicitly (never a process default), TLS 1.3 only, mutual authentication
 //! against our CA only, no session resumption and no 0-RTT. A peer's [`Role`] comes from its
-//! verified certificate: a DNS SAN starting with `server.` makes it a server.
+//! verified certificate: only the exact DNS SAN `server.<dc>.<domain>` makes it a server
+//! (Consul's `verify_server_hostname`); a node-specific name `<node>.server.<dc>.<domain>`
+//! also names the server's node, and node names never contain dots, so no client certificate
+//! can carry a server name.
 
 use std::fmt;
 use std::fs::OpenOptions;
@@ -100,6 +103,12 @@ pub enum TlsError {
     /// The private key does not belong to the certificate it was given with.
     #[error("{what}: the private key does not match the certificate")]
     KeyMismatch { what: String },
+    /// A node name that cannot be part of a certificate name: it would be read as another name
+    /// (a dot would let `--client --node server` yield `server.client.<dc>.<domain>`).
+    #[error(
+        "invalid node name {name:?} for a certificate: node names must be non-empty, contain no dots, and not be \"server\" or \"client\""
+    )]
+    InvalidNodeName { name: String },
     /// A certificate could not be generated or signed.
     #[error("generating a certificate: {0}")]
     Generate(#[from] rcgen::Error),
@@ -277,6 +286,7 @@ impl CertificateAuthority {
         let name = role_name(role, datacenter, domain);
         let mut sans = vec![name.clone()];
         if let Some(node) = node {
+            check_node_name(node)?;
             sans.push(format!("{node}.{name}"));
         }
         sans.push("localhost".to_owned());
@@ -297,6 +307,16 @@ impl CertificateAuthority {
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok((cert, key))
     }
+}
+
+/// Refuses node names that would make a certificate name read as another one.
+fn check_node_name(node: &str) -> Result<(), TlsError> {
+    if node.is_empty() || node.contains('.') || node == "server" || node == "client" {
+        return Err(TlsError::InvalidNodeName {
+            name: node.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// Writes a new CA to `dir` as [`CA_CERT_FILE`] and [`CA_KEY_FILE`] (key readable by the owner
@@ -397,9 +417,11 @@ pub struct TlsMaterial {
     /// Our certificate first, then the issuing CA, as sent to peers.
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-    role: Role,
+    /// The DNS names of our own certificate; our role is whether they include `server_name`.
+    names: Vec<String>,
     /// `server.<dc>.<domain>`: every server certificate carries it, so dialing any server
-    /// verifies against this one name (Consul's `verify_server_hostname`).
+    /// verifies against this one name (Consul's `verify_server_hostname`), and a peer is a
+    /// server only if its certificate carries exactly this name.
     server_name: String,
 }
 
@@ -409,7 +431,7 @@ impl Clone for TlsMaterial {
             roots: self.roots.clone(),
             chain: self.chain.clone(),
             key: self.key.clone_key(),
-            role: self.role,
+            names: self.names.clone(),
             server_name: self.server_name.clone(),
         }
     }
@@ -418,7 +440,7 @@ impl Clone for TlsMaterial {
 impl fmt::Debug for TlsMaterial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TlsMaterial")
-            .field("role", &self.role)
+            .field("role", &self.role())
             .field("server_name", &self.server_name)
             .field("roots", &self.roots.len())
             .finish_non_exhaustive()
@@ -473,21 +495,24 @@ impl TlsMaterial {
         check_key_matches(&chain, &key, what)?;
         let names = chain
             .first()
-            .and_then(|leaf| der::dns_names(leaf))
+            .and_then(|leaf| dns_names(leaf))
             .ok_or_else(|| TlsError::InvalidPem {
                 what: what.to_owned(),
                 reason: "cannot read the certificate's subject alternative names".to_owned(),
             })?;
-        let role = role_from_names(&names);
+        // The role name (`server.dc1.vigil`, `client.dc1.vigil`) is the shortest of the names
+        // starting with a role: node-specific names add a label in front of it.
         let server_name = names
             .iter()
-            .find_map(|name| {
-                let suffix = name
-                    .strip_prefix("server.")
-                    .or_else(|| name.strip_prefix("client."))?;
-                Some(format!("server.{suffix}"))
+            .filter_map(|name| {
+                name.strip_prefix("server.")
+                    .or_else(|| name.strip_prefix("client."))
             })
-            .unwrap_or_else(|| role_name(Role::Server, DEFAULT_DATACENTER, DEFAULT_DOMAIN));
+            .min_by_key(|suffix| suffix.len())
+            .map_or_else(
+                || role_name(Role::Server, DEFAULT_DATACENTER, DEFAULT_DOMAIN),
+                |suffix| format!("server.{suffix}"),
+            );
         if chain.len() == 1
             && let Some(root) = roots.first()
         {
@@ -497,14 +522,14 @@ impl TlsMaterial {
             roots,
             chain,
             key,
-            role,
+            names,
             server_name,
         })
     }
 
     /// The role our own certificate proves.
     pub fn role(&self) -> Role {
-        self.role
+        identity_from_names(&self.names, &self.server_name).role
     }
 
     /// The name servers we dial must present (`server.<dc>.<domain>`); pass it to
@@ -669,111 +694,65 @@ impl quinn::crypto::HmacKey for ResetKey {
     }
 }
 
-fn role_from_names(names: &[String]) -> Role {
-    if names.iter().any(|name| name.starts_with("server.")) {
-        Role::Server
-    } else {
-        Role::Client
+/// Who a verified peer certificate says its holder is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerIdentity {
+    pub role: Role,
+    /// The node a server certificate was issued for (`<node>.server.<dc>.<domain>`), if any.
+    pub node: Option<String>,
+}
+
+/// A server carries exactly `server_name` (`server.<dc>.<domain>`); anything else, including
+/// names that merely start with `server.`, is a client.
+fn identity_from_names(names: &[String], server_name: &str) -> PeerIdentity {
+    if !names.iter().any(|name| name == server_name) {
+        return PeerIdentity {
+            role: Role::Client,
+            node: None,
+        };
+    }
+    let node = names.iter().find_map(|name| {
+        let node = name.strip_suffix(server_name)?.strip_suffix('.')?;
+        (!node.is_empty() && !node.contains('.')).then(|| node.to_owned())
+    });
+    PeerIdentity {
+        role: Role::Server,
+        node,
     }
 }
 
-/// The role a certificate proves: a DNS SAN starting with `server.` makes a server, anything
-/// else a client. Only meaningful for a certificate already verified against our CA.
-pub fn certificate_role(cert: &CertificateDer<'_>) -> Option<Role> {
-    der::dns_names(cert).map(|names| role_from_names(&names))
+/// The identity a certificate proves against the expected `server_name`. Only meaningful for a
+/// certificate already verified against our CA; `None` when its names cannot be read.
+pub fn certificate_identity(cert: &CertificateDer<'_>, server_name: &str) -> Option<PeerIdentity> {
+    dns_names(cert).map(|names| identity_from_names(&names, server_name))
 }
 
-/// The role of the peer of an established connection, from the certificate chain it presented
-/// (verified by the handshake). `None` when it presented none, which our server config never
-/// allows.
-pub fn peer_role(connection: &quinn::Connection) -> Option<Role> {
+/// The identity of the peer of an established connection, from the certificate chain it
+/// presented (verified by the handshake). `None` when it presented none, which our server
+/// config never allows.
+pub fn peer_identity(connection: &quinn::Connection, server_name: &str) -> Option<PeerIdentity> {
     let identity = connection.peer_identity()?;
     let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    certificate_role(chain.first()?)
+    certificate_identity(chain.first()?, server_name)
 }
 
-/// Just enough DER to list a certificate's DNS subject alternative names (rustls verifies
-/// certificates but does not expose their names; the full X.509 parsers are not our
-/// dependencies). Returns `None` on anything malformed; never panics.
-mod der {
-    const SEQUENCE: u8 = 0x30;
-    const OBJECT_ID: u8 = 0x06;
-    const BOOLEAN: u8 = 0x01;
-    const OCTET_STRING: u8 = 0x04;
-    /// `[3] EXPLICIT Extensions` in `TBSCertificate`.
-    const EXTENSIONS: u8 = 0xa3;
-    /// `[2] IMPLICIT IA5String` in `GeneralName`.
-    const DNS_NAME: u8 = 0x82;
-    /// id-ce-subjectAltName, 2.5.29.17.
-    const SUBJECT_ALT_NAME: &[u8] = &[0x55, 0x1d, 0x11];
-
-    /// Splits one element off `input`: (tag, contents, rest).
-    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = input.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (usize::from(first), rest)
-        } else {
-            let count = usize::from(first & 0x7f);
-            if count == 0 || count > 4 || rest.len() < count {
-                return None;
-            }
-            let (len_bytes, rest) = rest.split_at(count);
-            let len = len_bytes
-                .iter()
-                .fold(0usize, |len, byte| (len << 8) | usize::from(*byte));
-            (len, rest)
-        };
-        if rest.len() < len {
-            return None;
-        }
-        let (contents, rest) = rest.split_at(len);
-        Some((tag, contents, rest))
-    }
-
-    /// Like [`element`] but requires `tag`.
-    fn expect(input: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-        match element(input)? {
-            (found, contents, rest) if found == tag => Some((contents, rest)),
-            _ => None,
-        }
-    }
-
-    /// The DNS names in the subjectAltName extension of a DER certificate.
-    pub(super) fn dns_names(cert: &[u8]) -> Option<Vec<String>> {
-        let (cert, _) = expect(cert, SEQUENCE)?;
-        let (mut tbs, _) = expect(cert, SEQUENCE)?;
-        let mut names = Vec::new();
-        while !tbs.is_empty() {
-            let (tag, contents, rest) = element(tbs)?;
-            tbs = rest;
-            if tag != EXTENSIONS {
-                continue;
-            }
-            let (mut extensions, _) = expect(contents, SEQUENCE)?;
-            while !extensions.is_empty() {
-                let (extension, rest) = expect(extensions, SEQUENCE)?;
-                extensions = rest;
-                let (oid, mut extension) = expect(extension, OBJECT_ID)?;
-                if oid != SUBJECT_ALT_NAME {
-                    continue;
-                }
-                if let Some((_, rest)) = expect(extension, BOOLEAN) {
-                    extension = rest;
-                }
-                let (value, _) = expect(extension, OCTET_STRING)?;
-                let (mut general_names, _) = expect(value, SEQUENCE)?;
-                while !general_names.is_empty() {
-                    let (tag, name, rest) = element(general_names)?;
-                    general_names = rest;
-                    if tag == DNS_NAME {
-                        names.push(std::str::from_utf8(name).ok()?.to_owned());
-                    }
-                }
-            }
-        }
-        Some(names)
-    }
+/// The DNS subject alternative names of a DER certificate; `None` on anything malformed.
+fn dns_names(cert: &[u8]) -> Option<Vec<String>> {
+    use x509_parser::extensions::GeneralName;
+    let (_, cert) = x509_parser::parse_x509_certificate(cert).ok()?;
+    let Some(san) = cert.subject_alternative_name().ok()? else {
+        return Some(Vec::new());
+    };
+    Some(
+        san.value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::DNSName(dns) => Some((*dns).to_owned()),
+                _ => None,
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -794,16 +773,29 @@ mod tests {
         let client = ca.issue(Role::Client, "dc1", "vigil", None).unwrap();
         assert_eq!(server.role(), Role::Server);
         assert_eq!(client.role(), Role::Client);
-        assert_eq!(certificate_role(leaf(&server)), Some(Role::Server));
-        assert_eq!(certificate_role(leaf(&client)), Some(Role::Client));
+        let identity = |m: &TlsMaterial| certificate_identity(leaf(m), "server.dc1.vigil");
+        assert_eq!(
+            identity(&server),
+            Some(PeerIdentity {
+                role: Role::Server,
+                node: Some("node-a".to_owned())
+            })
+        );
+        assert_eq!(
+            identity(&client),
+            Some(PeerIdentity {
+                role: Role::Client,
+                node: None
+            })
+        );
 
         // The SAN lists are the Consul ones.
         assert_eq!(
-            der::dns_names(leaf(&server)).unwrap(),
+            dns_names(leaf(&server)).unwrap(),
             ["server.dc1.vigil", "node-a.server.dc1.vigil", "localhost"]
         );
         assert_eq!(
-            der::dns_names(leaf(&client)).unwrap(),
+            dns_names(leaf(&client)).unwrap(),
             ["client.dc1.vigil", "localhost"]
         );
 
@@ -811,6 +803,57 @@ mod tests {
         assert_eq!(server.server_name(), "server.dc1.vigil");
         assert_eq!(client.server_name(), "server.dc1.vigil");
         assert_eq!(server.chain.len(), 2);
+    }
+
+    #[test]
+    fn only_the_exact_server_name_makes_a_server() {
+        // Names that merely start with `server.` (a client certificate for a node called
+        // `server`, or a server name of another datacenter) prove nothing.
+        let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
+        let client = Role::Client;
+        for list in [
+            names(&["client.dc1.vigil", "server.client.dc1.vigil", "localhost"]),
+            names(&["server.dc2.vigil", "localhost"]),
+            names(&["server.dc1.vigil.evil", "xserver.dc1.vigil"]),
+            names(&[]),
+        ] {
+            assert_eq!(
+                identity_from_names(&list, "server.dc1.vigil").role,
+                client,
+                "{list:?}"
+            );
+        }
+        // The node label of a server certificate is the one right in front of the name.
+        let server = names(&[
+            "server.dc1.vigil",
+            "a.b.server.dc1.vigil",
+            "s1.server.dc1.vigil",
+        ]);
+        assert_eq!(
+            identity_from_names(&server, "server.dc1.vigil"),
+            PeerIdentity {
+                role: Role::Server,
+                node: Some("s1".to_owned())
+            }
+        );
+    }
+
+    #[test]
+    fn node_names_that_would_forge_a_certificate_name_are_refused() {
+        let ca = CertificateAuthority::generate("vigil").unwrap();
+        for node in ["server", "client", "a.server", "", "x.y"] {
+            assert!(
+                matches!(
+                    ca.issue(Role::Client, "dc1", "vigil", Some(node)),
+                    Err(TlsError::InvalidNodeName { .. })
+                ),
+                "{node:?}"
+            );
+        }
+        let client = ca
+            .issue(Role::Client, "dc1", "vigil", Some("servers"))
+            .unwrap();
+        assert_eq!(client.role(), Role::Client);
     }
 
     #[test]
@@ -827,10 +870,10 @@ mod tests {
         let cert = TlsMaterial::dev().unwrap().chain[0].to_vec();
         for len in 0..cert.len() {
             // Every truncation is either rejected or parsed; none panics.
-            let _ = der::dns_names(&cert[..len]);
+            let _ = dns_names(&cert[..len]);
         }
-        assert_eq!(der::dns_names(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);
-        assert_eq!(der::dns_names(b"not a certificate"), None);
+        assert_eq!(dns_names(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);
+        assert_eq!(dns_names(b"not a certificate"), None);
     }
 
     #[test]

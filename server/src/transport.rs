@@ -1,5 +1,5 @@
 //! RPC over QUIC, bytes in and bytes out: the frame format, the accepting side ([`serve`] hands
-//! each request to an [`RpcHandler`] with the caller's [`Role`]) and the dialing side
+//! each request to an [`RpcHandler`] with the caller's [`PeerIdentity`]) and the dialing side
 //! ([`RpcClient`], one pooled connection per peer). Invariants: one request and one response
 //! per bidirectional stream, each a frame `[version: u8][len: u32 BE][payload]` of at most
 //! [`MAX_FRAME_LEN`] bytes; a request is sent twice only when the first attempt is known not to
@@ -19,7 +19,7 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::tls::{Role, TlsError, TlsMaterial, peer_role};
+use crate::tls::{PeerIdentity, TlsError, TlsMaterial, peer_identity};
 
 /// The frame version this node writes and the only one it reads.
 pub const FRAME_VERSION: u8 = 1;
@@ -122,23 +122,26 @@ pub fn client_endpoint(tls: &TlsMaterial) -> Result<Endpoint, EndpointError> {
     Ok(endpoint)
 }
 
-/// Answers requests. `peer` is the role proven by the caller's certificate, so handlers can
-/// refuse server-only requests (raft) from client agents. The response is always a payload:
-/// errors are part of the message types.
+/// Answers requests. `peer` is who the caller's certificate proves it is, so handlers can
+/// refuse server-only requests (raft, joins, leader-internal writes) from client agents. The
+/// response is always a payload: errors are part of the message types.
 pub trait RpcHandler: Send + Sync + 'static {
-    fn handle(&self, peer: Role, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>>;
+    fn handle(&self, peer: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>>;
 }
 
 /// Accepts connections on `endpoint` until `shutdown`, serving every bidirectional stream as
-/// one request to `handler`. All tasks go on `tasks`. On shutdown, in-flight handlers are
+/// one request to `handler`, with the caller's identity judged against `server_name`
+/// (`server.<dc>.<domain>`). All tasks go on `tasks`. On shutdown, in-flight handlers are
 /// dropped and the endpoint is closed (peers see the close at once), so an [`RpcClient`]
 /// sharing this endpoint stops working too.
 pub fn serve(
     endpoint: Endpoint,
+    server_name: &str,
     handler: Arc<dyn RpcHandler>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
+    let server_name: Arc<str> = Arc::from(server_name);
     let tracker = tasks.clone();
     tasks.spawn(async move {
         loop {
@@ -152,6 +155,7 @@ pub fn serve(
             };
             tracker.spawn(serve_connection(
                 incoming,
+                Arc::clone(&server_name),
                 Arc::clone(&handler),
                 shutdown.clone(),
                 tracker.clone(),
@@ -164,6 +168,7 @@ pub fn serve(
 
 async fn serve_connection(
     incoming: quinn::Incoming,
+    server_name: Arc<str>,
     handler: Arc<dyn RpcHandler>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -180,12 +185,13 @@ async fn serve_connection(
             }
         },
     };
-    let Some(role) = peer_role(&connection) else {
+    let Some(peer) = peer_identity(&connection, &server_name) else {
         tracing::warn!(%remote, "RPC peer certificate names no role; closing");
         connection.close(CLOSE_UNKNOWN_PEER, b"certificate names no role");
         return;
     };
-    tracing::debug!(%remote, %role, "RPC peer connected");
+    let peer = Arc::new(peer);
+    tracing::debug!(%remote, role = %peer.role, node = ?peer.node, "RPC peer connected");
     loop {
         let (send, recv) = tokio::select! {
             biased;
@@ -199,6 +205,7 @@ async fn serve_connection(
             },
         };
         let handler = Arc::clone(&handler);
+        let peer = Arc::clone(&peer);
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
             let (mut send, mut recv) = (send, recv);
@@ -209,7 +216,7 @@ async fn serve_connection(
                     // would read as a truncated response.
                     let _ = send.reset(STREAM_SHUTTING_DOWN);
                 }
-                () = serve_stream(&mut send, &mut recv, role, handler.as_ref(), remote) => {}
+                () = serve_stream(&mut send, &mut recv, &peer, handler.as_ref(), remote) => {}
             }
         });
     }
@@ -219,7 +226,7 @@ async fn serve_connection(
 async fn serve_stream(
     send: &mut SendStream,
     recv: &mut RecvStream,
-    role: Role,
+    peer: &PeerIdentity,
     handler: &dyn RpcHandler,
     remote: SocketAddr,
 ) {
@@ -233,7 +240,7 @@ async fn serve_stream(
         }
         Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown) => return,
     };
-    let response = handler.handle(role, request).await;
+    let response = handler.handle(peer, request).await;
     if response.len() > MAX_FRAME_LEN {
         tracing::error!(%remote, len = response.len(), "RPC response exceeds the frame limit");
         let _ = send.reset(STREAM_RESPONSE_TOO_LARGE);
@@ -579,7 +586,7 @@ mod tests {
     use futures::FutureExt as _;
 
     use super::*;
-    use crate::tls::CertificateAuthority;
+    use crate::tls::{CertificateAuthority, Role};
 
     const TIMEOUT: Duration = Duration::from_secs(10);
     const LOCALHOST: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
@@ -591,9 +598,9 @@ mod tests {
     }
 
     impl RpcHandler for Echo {
-        fn handle(&self, peer: Role, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+        fn handle(&self, peer: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
-            let mut response = format!("{peer}:").into_bytes();
+            let mut response = format!("{}:", peer.role).into_bytes();
             response.extend(request);
             async move { response }.boxed()
         }
@@ -617,7 +624,13 @@ mod tests {
             let handler = Arc::new(Echo::default());
             let shutdown = CancellationToken::new();
             let tasks = TaskTracker::new();
-            serve(endpoint, handler.clone(), shutdown.clone(), tasks.clone());
+            serve(
+                endpoint,
+                tls.server_name(),
+                handler.clone(),
+                shutdown.clone(),
+                tasks.clone(),
+            );
             Ok(TestServer {
                 addr,
                 handler,
@@ -949,7 +962,7 @@ mod tests {
         /// Never answers; says when it has been called.
         struct Stuck(Arc<tokio::sync::Notify>);
         impl RpcHandler for Stuck {
-            fn handle(&self, _: Role, _: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+            fn handle(&self, _: &PeerIdentity, _: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
                 self.0.notify_one();
                 futures::future::pending().boxed()
             }
@@ -962,6 +975,7 @@ mod tests {
         let called = Arc::new(tokio::sync::Notify::new());
         serve(
             endpoint,
+            server_tls.server_name(),
             Arc::new(Stuck(called.clone())),
             shutdown.clone(),
             tasks.clone(),

@@ -1,0 +1,213 @@
+//! Who may be a server: only a certificate carrying exactly `server.<dc>.<domain>` takes part in
+//! raft (a client certificate whose node name starts with `server.` used to pass), a server
+//! certificate issued for one node joins only as that node, leader-internal writes come only
+//! from servers, and a joining server becomes a voter only once it has received the log, so a
+//! join naming an unreachable address never costs the cluster its quorum.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use integration_tests::binary;
+use integration_tests::cluster::{Cluster, raft_ids};
+use openraft::Vote;
+use openraft::raft::VoteRequest;
+use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
+use reqwest::StatusCode;
+use serde_json::Value;
+use vigil_server::rpc::{RpcRequest, RpcResponse, ServerNode};
+use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_cert};
+use vigil_server::transport::{RpcClient, client_endpoint};
+use vigil_shared::rpc::Op;
+
+const CALL_TIMEOUT: Duration = Duration::from_secs(40);
+
+/// A certificate with exactly `names`, signed by the cluster's CA: what `vigil tls cert create
+/// --client --node server` produced before node names were checked.
+fn forge(cluster: &Cluster, names: &[&str]) -> (PathBuf, PathBuf) {
+    let (ca_cert, ca_key) = cluster.ca_files();
+    let ca_key = KeyPair::from_pem(&std::fs::read_to_string(ca_key).unwrap()).unwrap();
+    let issuer =
+        Issuer::from_ca_cert_pem(&std::fs::read_to_string(ca_cert).unwrap(), ca_key).unwrap();
+    let mut params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, names[0]);
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let cert_path = cluster.dir().join("forged.pem");
+    let key_path = cluster.dir().join("forged-key.pem");
+    std::fs::write(&cert_path, cert.pem()).unwrap();
+    std::fs::write(&key_path, key.serialize_pem()).unwrap();
+    (cert_path, key_path)
+}
+
+fn rpc_client(cluster: &Cluster, cert: &Path, key: &Path) -> RpcClient {
+    let tls = TlsMaterial::load(cluster.ca_files().0, cert, key).unwrap();
+    RpcClient::new(client_endpoint(&tls).unwrap(), tls.server_name())
+}
+
+async fn call(rpc: &RpcClient, addr: SocketAddr, request: &RpcRequest) -> RpcResponse {
+    rpc.call_typed::<RpcRequest, RpcResponse>(addr, request, CALL_TIMEOUT)
+        .await
+        .expect("the RPC reaches the server")
+}
+
+fn join(node_id: u64, name: &str, rpc_addr: SocketAddr) -> RpcRequest {
+    RpcRequest::Join {
+        node_id,
+        node: ServerNode {
+            name: name.to_owned(),
+            rpc_addr: rpc_addr.to_string(),
+        },
+        forwarded: false,
+    }
+}
+
+fn voters(configuration: &Value) -> Vec<String> {
+    configuration["Servers"]
+        .as_array()
+        .expect("Servers array")
+        .iter()
+        .filter(|s| s["Voter"] == Value::Bool(true))
+        .map(|s| s["Node"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
+    // Phase 1: a three-server cluster and its membership.
+    let cluster = Cluster::servers(3).start().await;
+    let leader = cluster.leader().await;
+    let before = raft_ids(&cluster.raft_configuration(leader).await);
+    assert_eq!(before.len(), 3);
+
+    // Phase 2: the CLI no longer issues a client certificate whose names read as a server's.
+    let output = Command::new(binary())
+        .current_dir(cluster.dir())
+        .args(["tls", "cert", "create", "--client", "--node", "server"])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("invalid node name"), "{stderr}");
+
+    // Phase 3: such a certificate, made by other means, proves a client, not a server.
+    let (cert, key) = forge(
+        &cluster,
+        &["client.dc1.vigil", "server.client.dc1.vigil", "localhost"],
+    );
+    let forged_tls = TlsMaterial::load(cluster.ca_files().0, &cert, &key).unwrap();
+    assert_eq!(forged_tls.role(), Role::Client);
+    let rpc = rpc_client(&cluster, &cert, &key);
+    let addr = cluster.server_rpc(leader);
+
+    // Phase 4: every server-only request from it is refused.
+    let spare = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let requests = [
+        join(4242, "rogue", spare.local_addr().unwrap()),
+        RpcRequest::Vote(VoteRequest::new(Vote::new(1_000, 4242), None)),
+        RpcRequest::Write {
+            op: Op::ReapTombstones {
+                before_ms: u64::MAX,
+            },
+            forwarded: false,
+        },
+        RpcRequest::Write {
+            op: Op::DestroySession {
+                id: "00000000-0000-0000-0000-000000000000".to_owned(),
+            },
+            forwarded: true,
+        },
+    ];
+    for request in &requests {
+        match call(&rpc, addr, request).await {
+            RpcResponse::Refused(why) => {
+                assert!(
+                    why.contains("server certificate") || why.contains("only servers"),
+                    "{why}"
+                );
+            }
+            other => panic!("{request:?} was not refused: {other:?}"),
+        }
+    }
+
+    // Phase 5: the membership is what it was, and the cluster still commits writes.
+    assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
+    let reply = cluster
+        .server(leader)
+        .put("/v1/kv/still-works", "yes")
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
+    // Phase 1: a three-server cluster and a genuine server certificate for node `ghost`.
+    let cluster = Cluster::servers(3).start().await;
+    let leader = cluster.leader().await;
+    let before = raft_ids(&cluster.raft_configuration(leader).await);
+    let (ca_cert, ca_key) = cluster.ca_files();
+    let (cert, key) = create_cert(
+        cluster.dir(),
+        ca_cert,
+        ca_key,
+        Role::Server,
+        DEFAULT_DATACENTER,
+        DEFAULT_DOMAIN,
+        Some("ghost"),
+    )
+    .unwrap();
+    let rpc = rpc_client(&cluster, &cert, &key);
+    // Bound but never answering: nothing is served at this address.
+    let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let ghost_addr = silent.local_addr().unwrap();
+
+    // Phase 2: the certificate is for `ghost`; joining under another name is refused.
+    match call(
+        &rpc,
+        cluster.server_rpc(leader),
+        &join(7, "other", ghost_addr),
+    )
+    .await
+    {
+        RpcResponse::Refused(why) => assert!(why.contains("ghost"), "{why}"),
+        other => panic!("a join under another node's name was not refused: {other:?}"),
+    }
+
+    // Phase 3: joining as itself at an unreachable address. While the join runs, the
+    // configuration never lists the ghost as a voter; the join then fails.
+    let request = join(7, "ghost", ghost_addr);
+    let joining = {
+        let rpc = rpc.clone();
+        let addr = cluster.server_rpc(leader);
+        tokio::spawn(async move { call(&rpc, addr, &request).await })
+    };
+    let mut saw_learner = false;
+    while !joining.is_finished() {
+        let configuration = cluster.raft_configuration(leader).await;
+        assert!(
+            !voters(&configuration).contains(&"ghost".to_owned()),
+            "an unreachable server became a voter: {configuration}"
+        );
+        saw_learner |= raft_ids(&configuration).len() > before.len();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    match joining.await.unwrap() {
+        RpcResponse::Join(Err(e)) => assert!(e.to_string().contains("not added"), "{e}"),
+        other => panic!("the join of an unreachable server did not fail: {other:?}"),
+    }
+    assert!(saw_learner, "the ghost was never even a learner");
+
+    // Phase 4: the learner is gone again and the three real servers still commit writes.
+    assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
+    let reply = cluster
+        .server(leader)
+        .put("/v1/kv/after-ghost", "yes")
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
