@@ -186,7 +186,9 @@ fn retryable(e: &ServerError, idempotent: bool) -> bool {
     match e {
         ServerError::NoLeader | ServerError::NotLeader { .. } | ServerError::NoServers => true,
         ServerError::Raft(_) => idempotent,
-        ServerError::SessionNotFound(_) | ServerError::ShuttingDown => false,
+        ServerError::SessionNotFound(_)
+        | ServerError::ShuttingDown
+        | ServerError::TooLarge { .. } => false,
     }
 }
 

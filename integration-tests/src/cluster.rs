@@ -390,6 +390,22 @@ impl Cluster {
         agent.kill9().await;
     }
 
+    /// Freezes server `i` (SIGSTOP) until [`Cluster::resume`]: it neither answers nor times out.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a server frozen by [`Cluster::pause`] run again (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        self.signal(i, nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, i: usize, signal: nix::sys::signal::Signal) {
+        let pid = self.server(i).pid().expect("a running server has a pid");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits in i32"));
+        nix::sys::signal::kill(pid, signal).expect("signal the server");
+    }
+
     /// `kill -9` client agent `i` and wait until the process is gone.
     pub async fn kill9_client(&mut self, i: usize) {
         let agent = self.clients[i]

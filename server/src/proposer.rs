@@ -1,5 +1,8 @@
 //! Turning an [`Op`] into a committed raft entry: stamp it with this leader's clock and
-//! `client_write` it, mapping openraft's errors to what a caller can act on.
+//! `client_write` it, mapping openraft's errors to what a caller can act on. No entry larger
+//! than [`MAX_COMMAND_BYTES`] is ever proposed: the HTTP API refuses large bodies long before,
+//! and this is the bound that holds whatever path a change comes by (every entry must cross
+//! to a follower within one AppendEntries).
 
 use openraft::error::{ClientWriteError, RaftError};
 use vigil_shared::rpc::{Command, Op, Response, ServerError};
@@ -12,6 +15,10 @@ pub fn wall_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// The largest encoded [`Command`] a raft entry may carry: above the largest request the HTTP
+/// API admits (a 512 KiB KV value or txn body) with room to spare.
+pub const MAX_COMMAND_BYTES: usize = 2 * 1024 * 1024;
 
 #[derive(Clone)]
 pub struct Proposer {
@@ -33,6 +40,14 @@ impl Proposer {
             now_ms: wall_ms(),
             op,
         };
+        let size = postcard::experimental::serialized_size(&cmd)
+            .map_err(|e| ServerError::Raft(format!("encoding a command: {e}")))?;
+        if size > MAX_COMMAND_BYTES {
+            return Err(ServerError::TooLarge {
+                size,
+                limit: MAX_COMMAND_BYTES,
+            });
+        }
         match self.raft.client_write(cmd).await {
             Ok(written) => Ok(written.data),
             Err(e) => Err(map_write_error(e)),

@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KvEntry {
     pub key: String,
-    /// Empty means "no value" and reads back as JSON `null`, as in Consul.
+    /// Empty means "no value" and reads back as JSON `null`, as in Consul. Encoded as bytes
+    /// (one copy) rather than a sequence of numbers; postcard writes both the same way.
+    #[serde(with = "serde_bytes")]
     pub value: Vec<u8>,
     pub flags: u64,
     /// The session holding the lock on this key, if any.
@@ -24,12 +26,14 @@ pub enum KvOp {
     /// 0
     Set {
         key: String,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         flags: u64,
     },
     /// 1: write only if the key's ModifyIndex equals `index` (0: only if absent).
     Cas {
         key: String,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         flags: u64,
         index: u64,
@@ -37,6 +41,7 @@ pub enum KvOp {
     /// 2
     Lock {
         key: String,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         flags: u64,
         session: String,
@@ -44,6 +49,7 @@ pub enum KvOp {
     /// 3
     Unlock {
         key: String,
+        #[serde(with = "serde_bytes")]
         value: Vec<u8>,
         flags: u64,
         session: String,

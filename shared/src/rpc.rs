@@ -231,4 +231,7 @@ pub enum ServerError {
     /// No server answered (a client agent's whole server list failed).
     #[error("No known Consul servers")]
     NoServers,
+    /// The state change is larger than one raft entry may be; nothing was proposed.
+    #[error("Request too large: the change is {size} bytes, the limit is {limit} bytes")]
+    TooLarge { size: usize, limit: usize },
 }

@@ -63,6 +63,7 @@ impl From<ServerError> for ApiError {
         let status = match &e {
             ServerError::SessionNotFound(_) => StatusCode::NOT_FOUND,
             ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ServerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ServerError::NoLeader
             | ServerError::NotLeader { .. }
             | ServerError::NoServers

@@ -25,7 +25,7 @@ use redb::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{LogId, NodeId, StorageError, TypeConfig};
+use super::{LogId, MAX_APPEND_BYTES, NodeId, StorageError, TypeConfig};
 
 type Entry = openraft::Entry<TypeConfig>;
 
@@ -237,6 +237,32 @@ impl RaftLogReader<TypeConfig> for RedbLogStore {
             for item in table.range::<u64>(bounds).map_err(|e| AnyError::new(&e))? {
                 let (_, value) = item.map_err(|e| AnyError::new(&e))?;
                 entries.push(decode_entry(value.value())?);
+            }
+            Ok(entries)
+        };
+        read().map_err(|e| StorageIOError::read_logs(e).into())
+    }
+
+    /// Entries from `start` on, at most [`MAX_APPEND_BYTES`] of them encoded (at least one):
+    /// what one AppendEntries carries, so replication never reads (or sends) a whole backlog.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        let read = || -> Result<Vec<Entry>, AnyError> {
+            let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
+            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
+            let mut entries = Vec::new();
+            let mut bytes = 0usize;
+            for item in table.range(start..end).map_err(|e| AnyError::new(&e))? {
+                let (_, value) = item.map_err(|e| AnyError::new(&e))?;
+                let encoded = value.value();
+                bytes += encoded.len();
+                if bytes > MAX_APPEND_BYTES && !entries.is_empty() {
+                    break;
+                }
+                entries.push(decode_entry(encoded)?);
             }
             Ok(entries)
         };

@@ -1,0 +1,137 @@
+//! Large raft entries never stall the cluster: a change larger than one raft entry may be is
+//! refused before it is proposed (no election follows), and a follower that was paused while
+//! the leader took hundreds of megabytes of legal writes catches up, in bounded AppendEntries
+//! batches, once it runs again.
+
+use std::time::Duration;
+
+use integration_tests::cluster::Cluster;
+use integration_tests::eventually;
+use reqwest::StatusCode;
+use serde_json::Value;
+use vigil_server::rpc::{RpcRequest, RpcResponse};
+use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_cert};
+use vigil_server::transport::{RpcClient, client_endpoint};
+use vigil_shared::kv::KvOp;
+use vigil_shared::rpc::{Op, ServerError};
+
+/// The largest KV value Consul accepts (512 KiB) is far below this; it is what a huge session
+/// name or a hand-made RPC could carry.
+const OVERSIZED: usize = 16 * 1024 * 1024;
+/// Legal KV writes (each under the 512 KiB limit) whose sum no single AppendEntries could carry.
+const BACKLOG_WRITES: usize = 250;
+const BACKLOG_VALUE: usize = 400_000;
+const CATCH_UP_LIMIT: Duration = Duration::from_secs(120);
+
+/// A server's raft figures from `/v1/agent/self` (`Stats.raft`, numbers as strings).
+async fn raft_stat(cluster: &Cluster, i: usize, name: &str) -> u64 {
+    let reply = cluster.server(i).get("/v1/agent/self").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    reply.json()["Stats"]["raft"][name]
+        .as_str()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("Stats.raft.{name} in {}", reply.text()))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_changes_are_refused_without_an_election() {
+    // Phase 1: a three-server cluster; note its leader and term.
+    let cluster = Cluster::servers(3).start().await;
+    let leader = cluster.leader().await;
+    let term = raft_stat(&cluster, leader, "term").await;
+
+    // Phase 2: a 16 MiB session name over HTTP is refused with a client error.
+    let name = "n".repeat(OVERSIZED);
+    let body = serde_json::json!({ "Name": name }).to_string();
+    let reply = cluster
+        .server(leader)
+        .put("/v1/session/create", body.into_bytes())
+        .await;
+    assert!(
+        reply.status.is_client_error(),
+        "{}: {}",
+        reply.status,
+        reply.text()
+    );
+
+    // Phase 3: the same size sent straight over RPC (as an agent would) is refused by the
+    // server as too large, before raft sees it.
+    let (ca_cert, ca_key) = cluster.ca_files();
+    let (cert, key) = create_cert(
+        cluster.dir(),
+        ca_cert,
+        ca_key,
+        Role::Client,
+        DEFAULT_DATACENTER,
+        DEFAULT_DOMAIN,
+        Some("big-writer"),
+    )
+    .unwrap();
+    let tls = TlsMaterial::load(ca_cert, &cert, &key).unwrap();
+    let rpc = RpcClient::new(client_endpoint(&tls).unwrap(), tls.server_name());
+    let write = RpcRequest::Write {
+        op: Op::Kv(vec![KvOp::Set {
+            key: "huge".to_owned(),
+            value: vec![b'x'; OVERSIZED],
+            flags: 0,
+        }]),
+        forwarded: false,
+    };
+    let response = rpc
+        .call_typed::<RpcRequest, RpcResponse>(
+            cluster.server_rpc(leader),
+            &write,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            response,
+            RpcResponse::Write(Err(ServerError::TooLarge { .. }))
+        ),
+        "{response:?}"
+    );
+
+    // Phase 4: no election happened, and the cluster commits as before.
+    assert_eq!(cluster.leader().await, leader);
+    assert_eq!(raft_stat(&cluster, leader, "term").await, term);
+    let reply = cluster.server(leader).put("/v1/kv/after", "ok").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_follower_paused_through_a_large_backlog_catches_up() {
+    // Phase 1: a three-server cluster; one follower is frozen.
+    let cluster = Cluster::servers(3).start().await;
+    let leader = cluster.leader().await;
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    cluster.pause(follower);
+
+    // Phase 2: the leader and the other follower commit 100 MB of legal writes.
+    let value = vec![b'v'; BACKLOG_VALUE];
+    for n in 0..BACKLOG_WRITES {
+        let reply = cluster
+            .server(leader)
+            .put(&format!("/v1/kv/backlog/{n:03}"), value.clone())
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "write {n}: {}", reply.text());
+    }
+    let target = raft_stat(&cluster, leader, "applied_index").await;
+
+    // Phase 3: the follower runs again and receives the whole backlog.
+    cluster.resume(follower);
+    eventually(CATCH_UP_LIMIT, "the paused follower to catch up", || async {
+        let applied = raft_stat(&cluster, follower, "applied_index").await;
+        (applied >= target).then_some(())
+    })
+    .await;
+    let last = format!("/v1/kv/backlog/{:03}?stale", BACKLOG_WRITES - 1);
+    let reply = cluster.server(follower).get(&last).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    assert!(matches!(reply.json()[0]["Value"], Value::String(_)));
+
+    // Phase 4: the cluster still has its leader and commits.
+    let reply = cluster.server(leader).put("/v1/kv/after", "ok").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
