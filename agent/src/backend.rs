@@ -29,6 +29,8 @@ const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// A server that does not answer a ping within this is taken to be gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
+type Probe = Arc<tokio::sync::Mutex<Option<(Instant, Result<(), TransportError>)>>>;
+
 pub enum Backend {
     Local(Arc<Server>),
     Remote(RemoteServers),
@@ -42,6 +44,8 @@ pub struct RemoteServers {
     preferred: Mutex<Option<SocketAddr>>,
     /// When each server last answered, so a write is not sent blind to one silent for long.
     last_answer: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Per server, the last ping's time and outcome, behind the lock a ping is sent under.
+    probes: Mutex<HashMap<SocketAddr, Probe>>,
     shutdown: CancellationToken,
 }
 
@@ -56,6 +60,7 @@ impl RemoteServers {
             members,
             preferred: Mutex::new(None),
             last_answer: Mutex::new(HashMap::new()),
+            probes: Mutex::new(HashMap::new()),
             shutdown,
         }
     }
@@ -76,13 +81,29 @@ impl RemoteServers {
             .is_some_and(|t| t.elapsed() < PROBE_AFTER)
     }
 
-    /// Pings `server`; a server that does not answer is dropped from the connection pool.
+    /// Pings `server`; a server that does not answer is dropped from the connection pool. One
+    /// ping per server at a time: callers that queued behind it take its outcome instead of
+    /// each sending their own (thousands of blocking queries wait on one server at once).
     async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
-        let ping = self
+        let asked = Instant::now();
+        let probe = Arc::clone(
+            self.probes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(server)
+                .or_default(),
+        );
+        let mut last = probe.lock().await;
+        if let Some((at, outcome)) = last.as_ref()
+            && *at >= asked
+        {
+            return outcome.clone();
+        }
+        let outcome = match self
             .rpc
             .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello, PROBE_TIMEOUT)
-            .await;
-        match ping {
+            .await
+        {
             Ok(_) => {
                 self.answered(server);
                 Ok(())
@@ -91,12 +112,15 @@ impl RemoteServers {
                 self.rpc.disconnect(server).await;
                 Err(e)
             }
-        }
+        };
+        *last = Some((Instant::now(), outcome.clone()));
+        outcome
     }
 
     /// One call to one server. While it waits (a blocking query), the server is pinged every
     /// [`PROBE_AFTER`]: QUIC notices a killed peer only after its idle timeout, and the caller
-    /// should move to another server long before that.
+    /// should move to another server long before that. Blocking queries travel on the
+    /// server's watch connections, everything else on its control connection.
     async fn call_one(
         &self,
         server: SocketAddr,
@@ -113,9 +137,18 @@ impl RemoteServers {
                     reason: format!("no answer to a ping: {e}"),
                 })?;
         }
-        let call = self
-            .rpc
-            .call_typed::<RpcRequest, RpcResponse>(server, request, timeout);
+        let blocking = matches!(request, RpcRequest::Query { opts, .. } if opts.min_index > 0);
+        let call = async {
+            if blocking {
+                self.rpc
+                    .call_blocking_typed::<RpcRequest, RpcResponse>(server, request, timeout)
+                    .await
+            } else {
+                self.rpc
+                    .call_typed::<RpcRequest, RpcResponse>(server, request, timeout)
+                    .await
+            }
+        };
         tokio::pin!(call);
         loop {
             tokio::select! {
@@ -125,7 +158,11 @@ impl RemoteServers {
                     }
                     return result;
                 }
-                () = tokio::time::sleep(PROBE_AFTER) => self.ping(server).await?,
+                () = tokio::time::sleep(PROBE_AFTER) => {
+                    if !self.recently_answered(server) {
+                        self.ping(server).await?;
+                    }
+                }
             }
         }
     }
@@ -172,6 +209,7 @@ impl RemoteServers {
         }
         match last {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
+            Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
             Some(e) => Err(ServerError::Raft(format!("server RPC: {e}"))),
         }
     }
@@ -188,7 +226,8 @@ fn retryable(e: &ServerError, idempotent: bool) -> bool {
         ServerError::Raft(_) => idempotent,
         ServerError::SessionNotFound(_)
         | ServerError::ShuttingDown
-        | ServerError::TooLarge { .. } => false,
+        | ServerError::TooLarge { .. }
+        | ServerError::TooManyBlockingQueries => false,
     }
 }
 

@@ -117,6 +117,10 @@ pub struct AgentArgs {
     /// Full anti-entropy sync period (Consul's ae_interval); lowered only by tests.
     #[arg(long, default_value = "1m", value_parser = parse_duration, hide = true)]
     pub ae_interval: Duration,
+    /// Blocking queries a server holds at once at most (its own clients' and forwarded ones);
+    /// beyond it a blocking query answers 429 at once.
+    #[arg(long, default_value_t = 8192)]
+    pub max_blocking_queries: usize,
 }
 
 fn parse_profile(s: &str) -> Result<TimingProfile, String> {
@@ -200,6 +204,7 @@ impl AgentArgs {
             session_ttl_min: self.session_ttl_min,
             enable_script_checks: self.enable_script_checks,
             ae_interval: self.ae_interval,
+            max_blocking_queries: self.max_blocking_queries,
             local: match &self.config {
                 Some(path) => crate::local::config::load(path)?,
                 None => crate::local::config::LocalDefinitions::default(),

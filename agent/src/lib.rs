@@ -84,6 +84,8 @@ pub struct AgentConfig {
     pub enable_script_checks: bool,
     /// Full anti-entropy period (Consul's `ae_interval`, 1 min); shortened only by tests.
     pub ae_interval: Duration,
+    /// Blocking queries the server role holds at once at most; more answer 429.
+    pub max_blocking_queries: usize,
     /// Services and checks declared in the config file (`--config`).
     pub local: local::config::LocalDefinitions,
 }
@@ -187,6 +189,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     raft: RaftTiming::local(),
                     mode,
                     members: Some(gossip.subscribe()),
+                    max_blocking_queries: config.max_blocking_queries,
                 },
                 &tls,
                 socket,

@@ -121,10 +121,14 @@ async fn a_follower_paused_through_a_large_backlog_catches_up() {
 
     // Phase 3: the follower runs again and receives the whole backlog.
     cluster.resume(follower);
-    eventually(CATCH_UP_LIMIT, "the paused follower to catch up", || async {
-        let applied = raft_stat(&cluster, follower, "applied_index").await;
-        (applied >= target).then_some(())
-    })
+    eventually(
+        CATCH_UP_LIMIT,
+        "the paused follower to catch up",
+        || async {
+            let applied = raft_stat(&cluster, follower, "applied_index").await;
+            (applied >= target).then_some(())
+        },
+    )
     .await;
     let last = format!("/v1/kv/backlog/{:03}?stale", BACKLOG_WRITES - 1);
     let reply = cluster.server(follower).get(&last).await;

@@ -82,6 +82,9 @@ pub struct ServerConfig {
     pub mode: ServerMode,
     /// The gossip member list the leader reconciles into the catalog (`None`: no gossip).
     pub members: Option<watch::Receiver<Vec<MemberStatus>>>,
+    /// Blocking queries this server holds at once at most (its own and forwarded ones);
+    /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
+    pub max_blocking_queries: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -122,6 +125,8 @@ pub struct Server {
     rpc: RpcClient,
     /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
     last_leader_contact: Mutex<Option<Instant>>,
+    /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
+    blocking: Arc<tokio::sync::Semaphore>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -221,6 +226,7 @@ impl Server {
             .run(),
         );
 
+        let blocking = Arc::new(tokio::sync::Semaphore::new(config.max_blocking_queries));
         let server = Arc::new(Server {
             node_id,
             raft,
@@ -230,6 +236,7 @@ impl Server {
             duties: duties_tx,
             rpc,
             last_leader_contact: Mutex::new(None),
+            blocking,
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });
@@ -404,9 +411,22 @@ impl Server {
         let leader_id = metrics.borrow_and_update().current_leader;
         let leader = self.leader_socket()?;
         let is_write = matches!(request, RpcRequest::Write { .. });
-        let call =
-            self.rpc
-                .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK);
+        let blocks = !wait.is_zero();
+        let call = async {
+            if blocks {
+                self.rpc
+                    .call_blocking_typed::<RpcRequest, RpcResponse>(
+                        leader,
+                        &request,
+                        wait + FORWARD_SLACK,
+                    )
+                    .await
+            } else {
+                self.rpc
+                    .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK)
+                    .await
+            }
+        };
         // QUIC notices a killed leader only after its idle timeout; raft notices within an
         // election timeout. Stop waiting as soon as raft names another leader or none.
         let leader_lost = async {
@@ -420,6 +440,7 @@ impl Server {
             result = call => result.map_err(|e| match e {
                 // Never delivered: the caller may safely retry.
                 TransportError::Unreachable { .. } => ServerError::NoLeader,
+                TransportError::Busy { .. } => ServerError::TooManyBlockingQueries,
                 other => ServerError::Raft(format!("forwarding to the leader {leader}: {other}")),
             }),
             // A write may have been applied before the leader went; only reads and renewals
@@ -527,7 +548,21 @@ impl Server {
                     .map_err(|_| ServerError::NoLeader)?;
             }
         }
+        let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
+            Some(
+                Arc::clone(&self.blocking)
+                    .try_acquire_owned()
+                    .map_err(|_| ServerError::TooManyBlockingQueries)?,
+            )
+        } else {
+            None
+        };
         Ok(self.local_query(opts, query).await)
+    }
+
+    /// Blocking queries this server holds now (its own and forwarded ones).
+    pub fn blocking_queries(&self) -> usize {
+        self.config.max_blocking_queries - self.blocking.available_permits()
     }
 
     async fn local_query(&self, opts: QueryOptions, query: ReadQuery) -> (QueryResult, QueryMeta) {

@@ -42,6 +42,11 @@ const CLOSE_UNKNOWN_PEER: VarInt = VarInt::from_u32(1);
 const CLOSE_DISCONNECT: VarInt = VarInt::from_u32(2);
 /// How long shutdown waits for close frames to reach the peers.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// Blocking calls one watch connection carries at most: under the peer's stream limit
+/// ([`crate::tls::MAX_CONCURRENT_STREAMS`]), so opening a stream never waits for a free one.
+const WATCH_STREAMS_PER_CONNECTION: usize = 1000;
+/// Watch connections per peer at most, which bounds blocking calls to one peer.
+const MAX_WATCH_CONNECTIONS: usize = 16;
 
 /// Why an RPC failed, in terms a caller can act on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,6 +66,10 @@ pub enum TransportError {
     /// encode or decode. Retrying will not help.
     #[error("RPC protocol error: {0}")]
     Protocol(String),
+    /// Every watch connection to the peer carries as many blocking calls as it may; the call
+    /// was not sent.
+    #[error("too many blocking calls in flight to {addr}")]
+    Busy { addr: SocketAddr },
 }
 
 /// Why a QUIC endpoint could not be created.
@@ -256,8 +265,11 @@ async fn serve_stream(
     }
 }
 
-/// Calls servers: one cached QUIC connection per address, each request on its own stream.
-/// Cheap to clone; clones share the pool.
+/// Calls servers: each request on its own stream of a cached QUIC connection. Per address there
+/// is one control connection (writes, pings, reads that answer at once, raft) and, for calls
+/// that may block for minutes, watch connections of at most [`WATCH_STREAMS_PER_CONNECTION`]
+/// calls each: however many blocking queries wait, a write or a ping never queues behind them
+/// for a stream. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct RpcClient {
     inner: Arc<ClientInner>,
@@ -267,12 +279,44 @@ struct ClientInner {
     endpoint: Endpoint,
     /// The name every server certificate carries (`server.<dc>.<domain>`).
     server_name: String,
-    /// One slot per peer. The slot's async lock is held while dialing, so concurrent callers
-    /// wait for one handshake instead of each starting their own.
-    pool: Mutex<HashMap<SocketAddr, Slot>>,
+    /// One slot per peer and lane. The slot's async lock is held while dialing, so concurrent
+    /// callers wait for one handshake instead of each starting their own.
+    pool: Mutex<HashMap<(SocketAddr, Lane), Slot>>,
+    /// Blocking calls in flight per peer and watch connection.
+    watch_load: Mutex<HashMap<SocketAddr, [usize; MAX_WATCH_CONNECTIONS]>>,
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Connection>>>;
+
+/// Which of a peer's connections a call travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Lane {
+    Control,
+    Watch(usize),
+}
+
+/// A blocking call's place on a watch connection, given back when the call ends.
+struct WatchSlot {
+    inner: Arc<ClientInner>,
+    addr: SocketAddr,
+    connection: usize,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut load = self
+            .inner
+            .watch_load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(counts) = load.get_mut(&self.addr) {
+            counts[self.connection] -= 1;
+            if counts.iter().all(|&n| n == 0) {
+                load.remove(&self.addr);
+            }
+        }
+    }
+}
 
 impl std::fmt::Debug for RpcClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -293,6 +337,7 @@ impl RpcClient {
                 endpoint,
                 server_name: server_name.into(),
                 pool: Mutex::new(HashMap::new()),
+                watch_load: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -315,18 +360,62 @@ impl RpcClient {
         request: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, TransportError> {
+        self.call_on(addr, Lane::Control, request, timeout).await
+    }
+
+    /// [`RpcClient::call`] for a call that may block for long (a blocking query): it travels
+    /// on one of the peer's watch connections, never on the control connection. Fails with
+    /// [`TransportError::Busy`] when every watch connection to `addr` is full.
+    pub async fn call_blocking(
+        &self,
+        addr: SocketAddr,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let slot = self.watch_slot(addr)?;
+        self.call_on(addr, Lane::Watch(slot.connection), request, timeout)
+            .await
+    }
+
+    async fn call_on(
+        &self,
+        addr: SocketAddr,
+        lane: Lane,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
         if request.len() > MAX_FRAME_LEN {
             return Err(TransportError::Protocol(format!(
                 "request of {} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit",
                 request.len()
             )));
         }
-        tokio::time::timeout(timeout, self.call_with_retry(addr, &request))
+        tokio::time::timeout(timeout, self.call_with_retry(addr, lane, &request))
             .await
             .unwrap_or(Err(TransportError::Timeout {
                 addr,
                 after: timeout,
             }))
+    }
+
+    /// Takes a place on the first watch connection to `addr` with room.
+    fn watch_slot(&self, addr: SocketAddr) -> Result<WatchSlot, TransportError> {
+        let mut load = self
+            .inner
+            .watch_load
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let counts = load.entry(addr).or_insert([0; MAX_WATCH_CONNECTIONS]);
+        let connection = counts
+            .iter()
+            .position(|&n| n < WATCH_STREAMS_PER_CONNECTION)
+            .ok_or(TransportError::Busy { addr })?;
+        counts[connection] += 1;
+        Ok(WatchSlot {
+            inner: Arc::clone(&self.inner),
+            addr,
+            connection,
+        })
     }
 
     /// [`RpcClient::call`] with postcard-encoded request and response.
@@ -336,24 +425,36 @@ impl RpcClient {
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, TransportError> {
-        let request = postcard::to_allocvec(request)
-            .map_err(|e| TransportError::Protocol(format!("encoding the request: {e}")))?;
-        let response = self.call(addr, request, timeout).await?;
-        postcard::from_bytes(&response)
-            .map_err(|e| TransportError::Protocol(format!("decoding the response: {e}")))
+        let request = encode(request)?;
+        decode(&self.call(addr, request, timeout).await?)
     }
 
-    /// Closes and forgets the connection to `addr` (e.g. a server that left the cluster).
+    /// [`RpcClient::call_blocking`] with postcard-encoded request and response.
+    pub async fn call_blocking_typed<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        addr: SocketAddr,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, TransportError> {
+        let request = encode(request)?;
+        decode(&self.call_blocking(addr, request, timeout).await?)
+    }
+
+    /// Closes and forgets every connection to `addr` (e.g. a server that left the cluster).
     pub async fn disconnect(&self, addr: SocketAddr) {
-        let slot = self.pool().remove(&addr);
-        if let Some(slot) = slot
-            && let Some(connection) = slot.lock().await.take()
-        {
-            connection.close(CLOSE_DISCONNECT, b"disconnect");
+        let slots: Vec<Slot> = {
+            let mut pool = self.pool();
+            let lanes: Vec<_> = pool.keys().filter(|(a, _)| *a == addr).copied().collect();
+            lanes.iter().filter_map(|key| pool.remove(key)).collect()
+        };
+        for slot in slots {
+            if let Some(connection) = slot.lock().await.take() {
+                connection.close(CLOSE_DISCONNECT, b"disconnect");
+            }
         }
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Slot>> {
+    fn pool(&self) -> std::sync::MutexGuard<'_, HashMap<(SocketAddr, Lane), Slot>> {
         self.inner
             .pool
             .lock()
@@ -363,9 +464,10 @@ impl RpcClient {
     async fn call_with_retry(
         &self,
         addr: SocketAddr,
+        lane: Lane,
         request: &[u8],
     ) -> Result<Vec<u8>, TransportError> {
-        let (connection, reused) = self.connection(addr).await?;
+        let (connection, reused) = self.connection(addr, lane).await?;
         let failure = match exchange(&connection, request).await {
             Ok(response) => return Ok(response),
             Err(failure) => failure,
@@ -373,27 +475,31 @@ impl RpcClient {
         if matches!(failure, Failure::Protocol(_) | Failure::PeerShutdown) {
             return Err(failure.into_error(addr));
         }
-        self.forget(addr, &connection).await;
+        self.forget(addr, lane, &connection).await;
         if !(reused && failure.is_stale()) {
             return Err(failure.into_error(addr));
         }
         tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
-        let (connection, _) = self.connection(addr).await?;
+        let (connection, _) = self.connection(addr, lane).await?;
         match exchange(&connection, request).await {
             Ok(response) => Ok(response),
             Err(failure) => {
                 if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
-                    self.forget(addr, &connection).await;
+                    self.forget(addr, lane, &connection).await;
                 }
                 Err(failure.into_error(addr))
             }
         }
     }
 
-    /// The cached connection to `addr` if it is still open, else a new one. The flag says
-    /// whether it was cached.
-    async fn connection(&self, addr: SocketAddr) -> Result<(Connection, bool), TransportError> {
-        let slot = Arc::clone(self.pool().entry(addr).or_default());
+    /// The cached connection to `addr` on `lane` if it is still open, else a new one. The flag
+    /// says whether it was cached.
+    async fn connection(
+        &self,
+        addr: SocketAddr,
+        lane: Lane,
+    ) -> Result<(Connection, bool), TransportError> {
+        let slot = Arc::clone(self.pool().entry((addr, lane)).or_default());
         let mut cached = slot.lock().await;
         if let Some(connection) = cached.as_ref() {
             if connection.close_reason().is_none() {
@@ -414,8 +520,8 @@ impl RpcClient {
     }
 
     /// Drops `connection` from the pool unless it was already replaced.
-    async fn forget(&self, addr: SocketAddr, connection: &Connection) {
-        let slot = self.pool().get(&addr).cloned();
+    async fn forget(&self, addr: SocketAddr, lane: Lane, connection: &Connection) {
+        let slot = self.pool().get(&(addr, lane)).cloned();
         if let Some(slot) = slot {
             let mut cached = slot.lock().await;
             if cached
@@ -426,6 +532,16 @@ impl RpcClient {
             }
         }
     }
+}
+
+fn encode<Req: Serialize>(request: &Req) -> Result<Vec<u8>, TransportError> {
+    postcard::to_allocvec(request)
+        .map_err(|e| TransportError::Protocol(format!("encoding the request: {e}")))
+}
+
+fn decode<Resp: DeserializeOwned>(response: &[u8]) -> Result<Resp, TransportError> {
+    postcard::from_bytes(response)
+        .map_err(|e| TransportError::Protocol(format!("decoding the response: {e}")))
 }
 
 /// How one exchange failed; decides whether to retry and what the caller sees.

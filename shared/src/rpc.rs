@@ -234,4 +234,8 @@ pub enum ServerError {
     /// The state change is larger than one raft entry may be; nothing was proposed.
     #[error("Request too large: the change is {size} bytes, the limit is {limit} bytes")]
     TooLarge { size: usize, limit: usize },
+    /// The server (or the path to it) already carries as many blocking queries as it may; the
+    /// query was not started. Retry later, or with a shorter wait.
+    #[error("Too many blocking queries in flight; retry later")]
+    TooManyBlockingQueries,
 }

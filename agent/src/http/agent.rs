@@ -33,6 +33,10 @@ pub async fn agent_self(
         }
         Backend::Remote(_) => json_value!({}),
     };
+    let blocking_queries = match &*state.backend {
+        Backend::Local(server) => server.blocking_queries(),
+        Backend::Remote(_) => 0,
+    };
     let body = json_value!({
         "Config": {
             "Datacenter": crate::DATACENTER,
@@ -65,6 +69,7 @@ pub async fn agent_self(
                 "leader_addr": leader_addr,
                 "known_servers": status.peers.len().to_string(),
                 "known_datacenters": "1",
+                "blocking_queries": blocking_queries.to_string(),
             },
             "raft": raft,
         },

@@ -64,6 +64,7 @@ impl From<ServerError> for ApiError {
             ServerError::SessionNotFound(_) => StatusCode::NOT_FOUND,
             ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::TooManyBlockingQueries => StatusCode::TOO_MANY_REQUESTS,
             ServerError::NoLeader
             | ServerError::NotLeader { .. }
             | ServerError::NoServers

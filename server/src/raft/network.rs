@@ -116,9 +116,9 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         if let Some(fit) = entries_that_fit(&rpc.entries)
             && fit < rpc.entries.len() as u64
         {
-            return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(
-                fit,
-            )));
+            return Err(RPCError::PayloadTooLarge(
+                PayloadTooLarge::new_entries_hint(fit),
+            ));
         }
         match self
             .call(RpcRequest::AppendEntries(rpc), option.hard_ttl())
