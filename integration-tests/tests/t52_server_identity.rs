@@ -5,6 +5,7 @@
 //! join naming an unreachable address never costs the cluster its quorum.
 
 use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -143,6 +144,12 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
         .put("/v1/kv/still-works", "yes")
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    // Phase 6: what the servers keep on disk is theirs alone (Consul's raft data is private).
+    for i in 0..3 {
+        let data = cluster.dir().join(format!("s{i}-data"));
+        let mode = std::fs::metadata(&data).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{}", data.display());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -7,7 +7,10 @@
 //! openraft then replays the committed log after it, so snapshot + log recover the full state.
 //! Invariants: a snapshot is durable before openraft hears of it (openraft purges the log up to
 //! it); the file never goes back to an older snapshot; the state and the raft position
-//! (`last_applied`, membership) always change together under the state lock.
+//! (`last_applied`, membership) always change together under the state lock. Snapshot data
+//! (as stored and as sent to followers) ends in a CRC-32 of the encoded state, and the file in
+//! one of everything before it: a changed byte is refused on load and on InstallSnapshot
+//! instead of being served. The file is readable by its owner only (0600).
 
 use std::fs::{self, File};
 use std::io::{self, Cursor, Write};
@@ -83,8 +86,12 @@ pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 /// Written, fsynced, then renamed over [`SNAPSHOT_FILE_NAME`]; a leftover one is ignored.
 const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
 /// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
-/// postcard encoding of [`StateMachine`] changes incompatibly.
-const SNAPSHOT_FORMAT: u8 = 1;
+/// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums;
+/// version 1 files (no checksums) are still read.
+const SNAPSHOT_FORMAT: u8 = 2;
+const SNAPSHOT_FORMAT_UNCHECKED: u8 = 1;
+/// Bytes of a CRC-32 trailer (little endian).
+const CRC_LEN: usize = 4;
 
 /// Why the snapshot directory could not be used at startup.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +114,44 @@ pub enum SnapshotStoreError {
         "snapshot {path} has format version {found}; this build reads version {SNAPSHOT_FORMAT}"
     )]
     UnsupportedFormat { path: PathBuf, found: u8 },
+    #[error(
+        "snapshot {path} fails its checksum: it was changed or damaged on disk (restore it from another server or remove the data directory and rejoin)"
+    )]
+    Checksum { path: PathBuf },
+}
+
+/// Why snapshot data could not be turned back into a state machine.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotDataError {
+    #[error("snapshot data fails its checksum")]
+    Checksum,
+    #[error("snapshot data does not decode: {0}")]
+    Decode(#[from] postcard::Error),
+}
+
+/// `bytes` followed by their CRC-32.
+fn with_crc(mut bytes: Vec<u8>) -> Vec<u8> {
+    let crc = crc32fast::hash(&bytes);
+    bytes.extend_from_slice(&crc.to_le_bytes());
+    bytes
+}
+
+/// The bytes before a CRC-32 trailer, if the trailer matches them.
+fn checked(bytes: &[u8]) -> Option<&[u8]> {
+    let split = bytes.len().checked_sub(CRC_LEN)?;
+    let (body, crc) = bytes.split_at(split);
+    (crc32fast::hash(body).to_le_bytes() == crc).then_some(body)
+}
+
+/// Snapshot data for `state`: its postcard encoding with a CRC-32 trailer.
+fn seal(state: &StateMachine) -> Result<Vec<u8>, postcard::Error> {
+    postcard::to_allocvec(state).map(with_crc)
+}
+
+/// The state machine in snapshot data made by [`seal`], checksum verified.
+fn unseal(data: &[u8]) -> Result<StateMachine, SnapshotDataError> {
+    let body = checked(data).ok_or(SnapshotDataError::Checksum)?;
+    Ok(postcard::from_bytes(body)?)
 }
 
 /// What `snapshot.bin` holds after its format byte (postcard).
@@ -120,10 +165,11 @@ struct SnapshotFile {
 }
 
 impl SnapshotFile {
+    /// The format byte, the postcard of `self`, and a CRC-32 of both.
     fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
         let mut bytes = vec![SNAPSHOT_FORMAT];
         postcard::to_io(self, &mut bytes)?;
-        Ok(bytes)
+        Ok(with_crc(bytes))
     }
 
     fn decode(path: &Path, bytes: &[u8]) -> Result<SnapshotFile, SnapshotStoreError> {
@@ -131,19 +177,32 @@ impl SnapshotFile {
             path: path.to_owned(),
             source,
         };
-        let Some((&format, body)) = bytes.split_first() else {
-            return Err(corrupt(postcard::Error::DeserializeUnexpectedEnd));
+        let (body, sealed) = match bytes.first() {
+            None => return Err(corrupt(postcard::Error::DeserializeUnexpectedEnd)),
+            Some(&SNAPSHOT_FORMAT) => {
+                let checked = checked(bytes).ok_or_else(|| SnapshotStoreError::Checksum {
+                    path: path.to_owned(),
+                })?;
+                (&checked[1..], true)
+            }
+            Some(&SNAPSHOT_FORMAT_UNCHECKED) => (&bytes[1..], false),
+            Some(&found) => {
+                return Err(SnapshotStoreError::UnsupportedFormat {
+                    path: path.to_owned(),
+                    found,
+                });
+            }
         };
-        if format != SNAPSHOT_FORMAT {
-            return Err(SnapshotStoreError::UnsupportedFormat {
-                path: path.to_owned(),
-                found: format,
-            });
+        let mut file = match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
+            (file, []) => file,
+            (_, _trailing) => return Err(corrupt(postcard::Error::DeserializeBadEncoding)),
+        };
+        if !sealed {
+            // A version 1 file's data has no checksum of its own yet: add it, so followers
+            // can verify what this server sends them.
+            file.data = with_crc(file.data);
         }
-        match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
-            (file, []) => Ok(file),
-            (_, _trailing) => Err(corrupt(postcard::Error::DeserializeBadEncoding)),
-        }
+        Ok(file)
     }
 }
 
@@ -166,7 +225,7 @@ impl SnapshotDir {
         let bytes = file.encode().map_err(io::Error::other)?;
         let tmp = self.dir.join(SNAPSHOT_TMP_NAME);
         {
-            let mut f = File::create(&tmp)?;
+            let mut f = private_file(&tmp)?;
             f.write_all(&bytes)?;
             f.sync_all()?;
         }
@@ -176,6 +235,18 @@ impl SnapshotDir {
         *on_disk = file.meta.last_log_id;
         Ok(())
     }
+}
+
+/// Creates (or truncates) `path`, readable and writable by its owner only.
+fn private_file(path: &Path) -> io::Result<File> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.mode(0o600);
+    }
+    options.open(path)
 }
 
 #[derive(Clone)]
@@ -236,11 +307,13 @@ impl StateStore {
         };
         let mut meta = RaftMeta::default();
         if let Some(file) = loaded {
-            let state: StateMachine =
-                postcard::from_bytes(&file.data).map_err(|source| SnapshotStoreError::Corrupt {
+            let state = unseal(&file.data).map_err(|e| match e {
+                SnapshotDataError::Checksum => SnapshotStoreError::Checksum { path: path.clone() },
+                SnapshotDataError::Decode(source) => SnapshotStoreError::Corrupt {
                     path: path.clone(),
                     source,
-                })?;
+                },
+            })?;
             *shared.state.write().unwrap_or_else(|e| e.into_inner()) = state;
             if let Some(last) = file.meta.last_log_id {
                 shared.applied.send_replace(last.index);
@@ -293,8 +366,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
         // its raft position under the state lock so they match.
         let file = {
             let state = self.shared.read();
-            let data = postcard::to_allocvec(&*state)
-                .map_err(|e| StorageIOError::read_state_machine(io_err(e)))?;
+            let data = seal(&state).map_err(|e| StorageIOError::read_state_machine(io_err(e)))?;
             let mut meta = self.meta();
             meta.snapshot_seq += 1;
             let last = meta.last_applied;
@@ -393,7 +465,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError> {
         let data = snapshot.into_inner();
-        let restored: StateMachine = postcard::from_bytes(&data)
+        let restored = unseal(&data)
             .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), io_err(e)))?;
         // Durable first: once this returns, openraft may purge the log the snapshot covers.
         let seq = self.meta().snapshot_seq;
@@ -570,7 +642,7 @@ mod tests {
                 last_membership: StoredMembership::default(),
                 snapshot_id: "3-1".to_owned(),
             },
-            data: postcard::to_allocvec(&StateMachine::default()).expect("encode"),
+            data: seal(&StateMachine::default()).expect("encode"),
         };
         follower.persist(stale).await.expect("stale persist");
         drop(follower);
@@ -638,21 +710,30 @@ mod tests {
         drop(store);
         let good = fs::read(&path).expect("read");
 
-        // Truncated (a torn write the rename protocol should make impossible).
-        fs::write(&path, &good[..good.len() / 2]).expect("truncate");
-        assert!(matches!(
-            StateStore::open(fresh_shared(), dir.path()),
-            Err(SnapshotStoreError::Corrupt { .. })
-        ));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            let mode = fs::metadata(&path).expect("stat").permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "the snapshot must be private");
+        }
 
-        // Trailing garbage.
+        // Truncated (a torn write the rename protocol should make impossible), one byte of a
+        // value changed, trailing garbage: each fails the checksum.
+        let mut changed = good.clone();
+        let at = changed
+            .windows(2)
+            .position(|w| w == b"v2")
+            .expect("a value in the snapshot");
+        changed[at + 1] = b'X';
         let mut longer = good.clone();
         longer.push(0);
-        fs::write(&path, &longer).expect("extend");
-        assert!(matches!(
-            StateStore::open(fresh_shared(), dir.path()),
-            Err(SnapshotStoreError::Corrupt { .. })
-        ));
+        for damaged in [&good[..good.len() / 2], &changed[..], &longer[..]] {
+            fs::write(&path, damaged).expect("damage");
+            assert!(matches!(
+                StateStore::open(fresh_shared(), dir.path()),
+                Err(SnapshotStoreError::Checksum { .. })
+            ));
+        }
 
         // Written by a newer build.
         let mut newer = good.clone();
@@ -669,5 +750,58 @@ mod tests {
             StateStore::open(fresh_shared(), dir.path()),
             Err(SnapshotStoreError::Corrupt { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_version_one_snapshot_without_checksums_still_loads() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::open(fresh_shared(), dir.path()).expect("open");
+        store.apply(sample_log(3)).await.expect("apply");
+        let built = store.build_snapshot().await.expect("build");
+        drop(store);
+        // Rewrite it as an older build did: no data checksum, no file checksum.
+        let path = dir.path().join(SNAPSHOT_FILE_NAME);
+        let bytes = fs::read(&path).expect("read");
+        let mut file = SnapshotFile::decode(&path, &bytes).expect("decode");
+        file.data = checked(&file.data).expect("sealed").to_vec();
+        let mut old = vec![SNAPSHOT_FORMAT_UNCHECKED];
+        postcard::to_io(&file, &mut old).expect("encode");
+        fs::write(&path, old).expect("write");
+
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("reopen");
+        assert_eq!(value(&shared, "k3").as_deref(), Some(&b"v3"[..]));
+        // What it would send a follower carries the checksum again.
+        let current = store
+            .get_current_snapshot()
+            .await
+            .expect("current")
+            .expect("loaded");
+        assert_eq!(current.meta, built.meta);
+        unseal(current.snapshot.get_ref()).expect("sealed data");
+    }
+
+    #[tokio::test]
+    async fn an_installed_snapshot_that_fails_its_checksum_is_refused() {
+        let leader_dir = tempfile::tempdir().expect("tempdir");
+        let mut leader = StateStore::open(fresh_shared(), leader_dir.path()).expect("open");
+        leader.apply(sample_log(3)).await.expect("apply");
+        let snapshot = leader.build_snapshot().await.expect("build");
+        let mut data = snapshot.snapshot.into_inner();
+        let at = data.windows(2).position(|w| w == b"v2").expect("a value");
+        data[at + 1] = b'X';
+
+        let follower_dir = tempfile::tempdir().expect("tempdir");
+        let shared = fresh_shared();
+        let mut follower =
+            StateStore::open(Arc::clone(&shared), follower_dir.path()).expect("open");
+        assert!(
+            follower
+                .install_snapshot(&snapshot.meta, Box::new(Cursor::new(data)))
+                .await
+                .is_err()
+        );
+        assert_eq!(*shared.read(), StateMachine::default());
+        assert!(!follower_dir.path().join(SNAPSHOT_FILE_NAME).exists());
     }
 }
