@@ -1,6 +1,19 @@
-//! Leader duties, run only while this server leads: session TTL timers (TTL × 2, reset on renew
-//! without a raft write, re-armed at full length when leadership is gained) and reaping old
-//! tombstones and spent lock-delays.
+//! Leader duties, run only while this server leads. Each leadership term is one unit under its
+//! own cancellation token: first a barrier (retried until it passes or the term ends), so the
+//! state read is everything earlier leaders committed; then every TTL session is armed; then the
+//! term serves: TTL timers (TTL × 2, reset on renew without a raft write), TTL checkpoints,
+//! member reconciliation, reaping old tombstones. Ending the term cancels all of it, including
+//! pending invalidation retries, so nothing of an old term acts on a session renewed on a newer
+//! leader.
+//!
+//! TTL checkpoints bound how long elections can keep a dead client's session alive: the leader
+//! commits each session's deadline (its last renewal + TTL × 2, leader wall clock) whenever it
+//! moved by more than half a TTL since the last checkpoint, batched once a second. A new
+//! leader arms an inherited session for min(TTL × 2, checkpointed deadline + one election
+//! timeout) and never re-checkpoints the slack, so however many elections follow, a session
+//! not renewed dies at most one election timeout after its deadline. The slack covers renewals
+//! the old leader took after its last checkpoint (at most half a TTL plus a second earlier),
+//! so no session expires before TTL since its last renewal.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,7 +30,7 @@ use vigil_shared::catalog::MemberStatus;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::rpc::Op;
 
-use crate::proposer::Proposer;
+use crate::proposer::{Proposer, wall_ms};
 use crate::raft::state_store::{SessionEvent, SharedState};
 use crate::reconcile;
 
@@ -29,6 +42,13 @@ const REAP_INTERVAL: Duration = Duration::from_secs(30);
 const RECONCILE_INTERVAL: Duration = Duration::from_secs(60);
 /// Attempts to commit a TTL expiry before giving up (Consul's `maxInvalidateAttempts`).
 const INVALIDATE_ATTEMPTS: u32 = 6;
+/// How often moved TTL deadlines are checkpointed.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+/// Sessions per checkpoint write at most; the rest go in the next one.
+const CHECKPOINT_BATCH: usize = 2048;
+/// The leadership barrier is retried after this, doubling up to [`BARRIER_RETRY_MAX`].
+const BARRIER_RETRY_MIN: Duration = Duration::from_millis(50);
+const BARRIER_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Requests to the leader duties from request handlers.
 #[derive(Debug)]
@@ -37,43 +57,134 @@ pub enum DutyInput {
     Renew { id: String, ttl: Duration },
 }
 
-/// One TTL timer per session, armed only on the leader.
+/// One TTL session as this term tracks it.
+struct Tracked {
+    key: delay_queue::Key,
+    ttl: Duration,
+    /// When it expires unless renewed: last renewal + TTL × 2 (leader wall clock, ms), or for
+    /// an inherited session the checkpointed deadline.
+    deadline_ms: u64,
+    /// The deadline last committed in a checkpoint, if any.
+    checkpointed_ms: Option<u64>,
+}
+
+/// One TTL timer per session, armed only on the leader, with the deadlines to checkpoint.
 #[derive(Default)]
 struct SessionTimers {
     queue: DelayQueue<String>,
-    keys: HashMap<String, delay_queue::Key>,
+    sessions: HashMap<String, Tracked>,
+}
+
+/// What a new leader arms for a session it inherits: TTL × 2 at most (what a renewal now
+/// would give), and no more than one election timeout past the checkpointed deadline.
+pub fn inherited_delay(
+    ttl: Duration,
+    checkpoint_ms: Option<u64>,
+    now_ms: u64,
+    election: Duration,
+) -> Duration {
+    let full = ttl * SESSION_TTL_MULTIPLIER;
+    match checkpoint_ms {
+        Some(deadline) => {
+            full.min(Duration::from_millis(deadline.saturating_sub(now_ms)) + election)
+        }
+        None => full,
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl SessionTimers {
-    fn arm(&mut self, id: &str, ttl: Duration) {
-        let deadline = ttl * SESSION_TTL_MULTIPLIER;
-        match self.keys.get(id) {
-            Some(key) => self.queue.reset(key, deadline),
-            None => {
-                let key = self.queue.insert(id.to_owned(), deadline);
-                self.keys.insert(id.to_owned(), key);
+    /// Arms `id` to fire after `delay`, replacing any timer it had.
+    fn arm(&mut self, id: &str, ttl: Duration, delay: Duration, deadline_ms: u64) {
+        let checkpointed_ms = match self.sessions.remove(id) {
+            Some(old) => {
+                self.queue.remove(&old.key);
+                old.checkpointed_ms
             }
+            None => None,
+        };
+        let key = self.queue.insert(id.to_owned(), delay);
+        self.sessions.insert(
+            id.to_owned(),
+            Tracked {
+                key,
+                ttl,
+                deadline_ms,
+                checkpointed_ms,
+            },
+        );
+    }
+
+    /// Created or renewed now: TTL × 2 from now.
+    fn renew(&mut self, id: &str, ttl: Duration, now_ms: u64) {
+        let full = ttl * SESSION_TTL_MULTIPLIER;
+        self.arm(id, ttl, full, now_ms.saturating_add(millis(full)));
+    }
+
+    /// Taken over from an earlier term, with its last checkpointed deadline if any.
+    fn inherit(
+        &mut self,
+        id: &str,
+        ttl: Duration,
+        checkpoint_ms: Option<u64>,
+        now_ms: u64,
+        election: Duration,
+    ) {
+        let delay = inherited_delay(ttl, checkpoint_ms, now_ms, election);
+        let deadline_ms = checkpoint_ms.unwrap_or(now_ms.saturating_add(millis(delay)));
+        self.arm(id, ttl, delay, deadline_ms);
+        if let Some(tracked) = self.sessions.get_mut(id) {
+            tracked.checkpointed_ms = checkpoint_ms;
         }
     }
 
+    fn contains(&self, id: &str) -> bool {
+        self.sessions.contains_key(id)
+    }
+
     fn clear(&mut self, id: &str) {
-        if let Some(key) = self.keys.remove(id) {
-            self.queue.remove(&key);
+        if let Some(tracked) = self.sessions.remove(id) {
+            self.queue.remove(&tracked.key);
         }
     }
 
     fn clear_all(&mut self) {
         self.queue.clear();
-        self.keys.clear();
+        self.sessions.clear();
     }
 
     fn is_empty(&self) -> bool {
-        self.keys.is_empty()
+        self.sessions.is_empty()
+    }
+
+    /// Deadlines never checkpointed, or moved by more than half a TTL since; at most `max`.
+    fn due_checkpoints(&self, max: usize) -> Vec<(String, u64)> {
+        self.sessions
+            .iter()
+            .filter(|(_, t)| {
+                t.checkpointed_ms
+                    .is_none_or(|c| t.deadline_ms > c.saturating_add(millis(t.ttl / 2)))
+            })
+            .take(max)
+            .map(|(id, t)| (id.clone(), t.deadline_ms))
+            .collect()
+    }
+
+    /// Records a committed checkpoint (sessions renewed since keep their newer deadline).
+    fn checkpointed(&mut self, done: &[(String, u64)]) {
+        for (id, deadline_ms) in done {
+            if let Some(tracked) = self.sessions.get_mut(id) {
+                tracked.checkpointed_ms = Some(*deadline_ms);
+            }
+        }
     }
 
     async fn next_expired(&mut self) -> Option<String> {
         let expired = self.queue.next().await?.into_inner();
-        self.keys.remove(&expired);
+        self.sessions.remove(&expired);
         Some(expired)
     }
 }
@@ -84,6 +195,28 @@ pub fn session_ttl(ttl: &str) -> Option<Duration> {
         return None;
     }
     parse_go_duration(ttl).ok().filter(|d| !d.is_zero())
+}
+
+/// The leadership term in progress on this server.
+struct Term {
+    /// Counts terms on this server, to tell a late message of an old term from the current.
+    number: u64,
+    token: CancellationToken,
+    /// The barrier passed and the sessions are armed.
+    serving: bool,
+    /// A checkpoint write is in flight (at most one at a time).
+    checkpointing: bool,
+}
+
+/// What tasks of a term report back to the duties loop.
+enum TermEvent {
+    BarrierPassed {
+        term: u64,
+    },
+    Checkpointed {
+        term: u64,
+        done: Option<Vec<(String, u64)>>,
+    },
 }
 
 pub struct LeaderDuties {
@@ -102,9 +235,14 @@ impl LeaderDuties {
     pub async fn run(mut self) {
         let mut metrics = self.proposer.raft().metrics();
         let mut timers = SessionTimers::default();
-        let mut leading: Option<CancellationToken> = None;
+        let mut term: Option<Term> = None;
+        let mut terms = 0u64;
+        let (term_tx, mut term_rx) = mpsc::unbounded_channel();
         let mut reap = tokio::time::interval(REAP_INTERVAL);
         reap.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut checkpoint = tokio::time::interval(CHECKPOINT_EVERY);
+        checkpoint.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let serving = |term: &Option<Term>| term.as_ref().is_some_and(|t| t.serving);
         loop {
             tokio::select! {
                 biased;
@@ -114,30 +252,50 @@ impl LeaderDuties {
                         break;
                     }
                     let is_leader = metrics.borrow_and_update().state == ServerState::Leader;
-                    match (is_leader, &leading) {
+                    match (is_leader, &term) {
                         (true, None) => {
-                            let term = self.shutdown.child_token();
-                            self.gain_leadership(&mut timers).await;
-                            self.spawn_reconcile(term.clone());
-                            leading = Some(term);
+                            terms += 1;
+                            let token = self.shutdown.child_token();
+                            self.spawn_barrier(terms, token.clone(), term_tx.clone());
+                            term = Some(Term {
+                                number: terms,
+                                token,
+                                serving: false,
+                                checkpointing: false,
+                            });
+                            tracing::info!("gained leadership: waiting for the barrier");
                         }
-                        (false, Some(term)) => {
-                            term.cancel();
-                            leading = None;
+                        (false, Some(t)) => {
+                            t.token.cancel();
+                            term = None;
                             timers.clear_all();
                             tracing::info!("lost leadership: session timers cleared");
                         }
                         _ => {}
                     }
                 }
+                Some(event) = term_rx.recv() => match (event, &mut term) {
+                    (TermEvent::BarrierPassed { term: n }, Some(t)) if t.number == n => {
+                        t.serving = true;
+                        self.arm_inherited(&mut timers);
+                        self.spawn_reconcile(t.token.clone());
+                    }
+                    (TermEvent::Checkpointed { term: n, done }, Some(t)) if t.number == n => {
+                        t.checkpointing = false;
+                        if let Some(done) = done {
+                            timers.checkpointed(&done);
+                        }
+                    }
+                    _ => {}
+                },
                 Some(event) = self.events.recv() => {
-                    if leading.is_none() {
+                    if term.is_none() {
                         continue;
                     }
                     match event {
                         SessionEvent::Created { id, ttl } => {
                             if let Some(ttl) = session_ttl(&ttl) {
-                                timers.arm(&id, ttl);
+                                timers.renew(&id, ttl, wall_ms());
                             }
                         }
                         SessionEvent::Destroyed { id } => timers.clear(&id),
@@ -145,45 +303,119 @@ impl LeaderDuties {
                 }
                 Some(input) = self.inputs.recv() => {
                     let DutyInput::Renew { id, ttl } = input;
-                    if leading.is_some() {
-                        timers.arm(&id, ttl);
+                    if term.is_some() {
+                        timers.renew(&id, ttl, wall_ms());
                     }
                 }
                 Some(expired) = timers.next_expired(), if !timers.is_empty() => {
                     tracing::info!(session = %expired, "session TTL expired");
-                    self.spawn_invalidate(expired);
+                    if let Some(t) = &term {
+                        self.spawn_invalidate(expired, t.token.clone());
+                    }
                 }
-                _ = reap.tick(), if leading.is_some() => self.spawn_reap(),
+                _ = checkpoint.tick(), if serving(&term) => {
+                    if let Some(t) = term.as_mut().filter(|t| !t.checkpointing) {
+                        let due = timers.due_checkpoints(CHECKPOINT_BATCH);
+                        if !due.is_empty() {
+                            t.checkpointing = true;
+                            self.spawn_checkpoint(t.number, due, t.token.clone(), term_tx.clone());
+                        }
+                    }
+                }
+                _ = reap.tick(), if serving(&term) => {
+                    if let Some(t) = &term {
+                        self.spawn_reap(t.token.clone());
+                    }
+                }
             }
         }
-        if let Some(term) = leading {
-            term.cancel();
+        if let Some(t) = term {
+            t.token.cancel();
         }
     }
 
-    /// Re-arms every TTL session at full length. The barrier makes
-    /// sure the state read is everything the previous leader committed.
-    async fn gain_leadership(&mut self, timers: &mut SessionTimers) {
-        if let Err(e) = self.proposer.raft().ensure_linearizable().await {
-            tracing::warn!(error = %e, "leadership barrier failed");
-            return;
-        }
-        timers.clear_all();
-        let ttls: Vec<(String, Duration)> = {
+    /// Runs the leadership barrier until it passes (then tells the loop) or the term ends: a
+    /// term never serves on a state that may miss what earlier leaders committed.
+    fn spawn_barrier(
+        &self,
+        number: u64,
+        token: CancellationToken,
+        done: mpsc::UnboundedSender<TermEvent>,
+    ) {
+        let raft = self.proposer.raft().clone();
+        self.tasks.spawn(async move {
+            let mut pause = BARRIER_RETRY_MIN;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = token.cancelled() => return,
+                    result = raft.ensure_linearizable() => match result {
+                        Ok(_) => {
+                            let _ = done.send(TermEvent::BarrierPassed { term: number });
+                            return;
+                        }
+                        Err(e) => tracing::warn!(error = %e, retry_in = ?pause, "leadership barrier failed"),
+                    },
+                }
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(BARRIER_RETRY_MAX);
+            }
+        });
+    }
+
+    /// Arms every TTL session not armed yet this term (created or renewed since it began are
+    /// armed already), from its checkpoint when there is one.
+    fn arm_inherited(&self, timers: &mut SessionTimers) {
+        let election = Duration::from_millis(self.proposer.raft().config().election_timeout_max);
+        let now = wall_ms();
+        let inherited: Vec<(String, Duration, Option<u64>)> = {
             let state = self.shared.read();
             state
                 .sessions()
                 .list()
-                .filter_map(|s| session_ttl(&s.ttl).map(|t| (s.id.clone(), t)))
+                .filter(|s| !timers.contains(&s.id))
+                .filter_map(|s| {
+                    session_ttl(&s.ttl).map(|ttl| (s.id.clone(), ttl, state.ttl_deadline(&s.id)))
+                })
                 .collect()
         };
-        for (id, ttl) in &ttls {
-            timers.arm(id, *ttl);
+        for (id, ttl, checkpoint) in &inherited {
+            timers.inherit(id, *ttl, *checkpoint, now, election);
         }
         tracing::info!(
-            sessions = ttls.len(),
+            sessions = inherited.len(),
             "gained leadership: session timers armed"
         );
+    }
+
+    /// Commits a batch of TTL deadlines and reports the outcome to the loop.
+    fn spawn_checkpoint(
+        &self,
+        number: u64,
+        deadlines: Vec<(String, u64)>,
+        token: CancellationToken,
+        report: mpsc::UnboundedSender<TermEvent>,
+    ) {
+        let proposer = self.proposer.clone();
+        self.tasks.spawn(async move {
+            let op = Op::CheckpointTtls {
+                deadlines: deadlines.clone(),
+            };
+            let done = tokio::select! {
+                _ = token.cancelled() => return,
+                result = proposer.propose(op) => match result {
+                    Ok(_) => Some(deadlines),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "TTL checkpoint failed");
+                        None
+                    }
+                },
+            };
+            let _ = report.send(TermEvent::Checkpointed { term: number, done });
+        });
     }
 
     /// Keeps the catalog in line with gossip while this term lasts: at once, on every member
@@ -223,18 +455,22 @@ impl LeaderDuties {
         });
     }
 
-    fn spawn_invalidate(&self, id: String) {
+    /// Commits a TTL expiry, retrying with backoff while this term lasts.
+    fn spawn_invalidate(&self, id: String, term: CancellationToken) {
         let proposer = self.proposer.clone();
-        let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
             let mut backoff = Duration::from_secs(1);
             for attempt in 1..=INVALIDATE_ATTEMPTS {
-                match proposer.propose(Op::DestroySession { id: id.clone() }).await {
+                let result = tokio::select! {
+                    _ = term.cancelled() => return,
+                    result = proposer.propose(Op::DestroySession { id: id.clone() }) => result,
+                };
+                match result {
                     Ok(_) => return,
                     Err(e) => tracing::warn!(session = %id, attempt, error = %e, "TTL invalidation failed"),
                 }
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = term.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff *= 2;
@@ -243,8 +479,8 @@ impl LeaderDuties {
         });
     }
 
-    fn spawn_reap(&self) {
-        let now = crate::proposer::wall_ms();
+    fn spawn_reap(&self, term: CancellationToken) {
+        let now = wall_ms();
         let cutoff = now.saturating_sub(TOMBSTONE_TTL.as_millis() as u64);
         let due = self
             .shared
@@ -257,12 +493,103 @@ impl LeaderDuties {
         }
         let proposer = self.proposer.clone();
         self.tasks.spawn(async move {
-            if let Err(e) = proposer
-                .propose(Op::ReapTombstones { before_ms: cutoff })
-                .await
-            {
-                tracing::warn!(error = %e, "tombstone reap failed");
+            tokio::select! {
+                _ = term.cancelled() => {}
+                result = proposer.propose(Op::ReapTombstones { before_ms: cutoff }) => {
+                    if let Err(e) = result {
+                        tracing::warn!(error = %e, "tombstone reap failed");
+                    }
+                }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(10);
+    const ELECTION: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn an_inherited_session_gets_what_is_left_plus_one_election_at_most_ttl_twice() {
+        let now = 100_000;
+        let cases = [
+            // (checkpointed deadline, armed for)
+            (None, TTL * 2),
+            (Some(now + 30_000), TTL * 2),
+            (Some(now + 5_000), Duration::from_secs(7)),
+            (Some(now - 60_000), ELECTION),
+        ];
+        for (checkpoint, expected) in cases {
+            assert_eq!(
+                inherited_delay(TTL, checkpoint, now, ELECTION),
+                expected,
+                "{checkpoint:?}"
+            );
+        }
+    }
+
+    /// Wall clock of the simulated leaders: `base` plus paused tokio time elapsed.
+    fn now_ms(base: u64, start: tokio::time::Instant) -> u64 {
+        base + millis(start.elapsed())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn elections_never_extend_a_session_past_its_deadline_plus_one_election() {
+        let base = 1_000_000;
+        let start = tokio::time::Instant::now();
+        // Term 1: the session is created (deadline = now + TTL × 2) and checkpointed.
+        let mut timers = SessionTimers::default();
+        timers.renew("s", TTL, now_ms(base, start));
+        let due = timers.due_checkpoints(CHECKPOINT_BATCH);
+        assert_eq!(due, vec![("s".to_owned(), base + 20_000)]);
+        timers.checkpointed(&due);
+        assert!(timers.due_checkpoints(CHECKPOINT_BATCH).is_empty());
+        let mut checkpoint = due[0].1;
+
+        // Three elections, 3 s apart: each new leader inherits the session from the last
+        // checkpoint and never checkpoints the election slack it adds.
+        for _ in 0..3 {
+            tokio::time::advance(Duration::from_secs(3)).await;
+            timers = SessionTimers::default();
+            timers.inherit("s", TTL, Some(checkpoint), now_ms(base, start), ELECTION);
+            assert!(timers.due_checkpoints(CHECKPOINT_BATCH).is_empty());
+            checkpoint = timers.sessions["s"].deadline_ms;
+        }
+
+        // It expires one election timeout after its deadline (22 s), not later.
+        let expired = timers.next_expired().await;
+        assert_eq!(expired.as_deref(), Some("s"));
+        assert_eq!(start.elapsed(), TTL * 2 + ELECTION);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_the_old_leader_did_not_checkpoint_still_gets_its_ttl() {
+        let base = 5_000_000;
+        let start = tokio::time::Instant::now();
+        let mut timers = SessionTimers::default();
+        timers.renew("s", TTL, now_ms(base, start));
+        let due = timers.due_checkpoints(CHECKPOINT_BATCH);
+        timers.checkpointed(&due);
+
+        // Renewed 4 s later: under half a TTL moved, so no checkpoint is due yet.
+        tokio::time::advance(Duration::from_secs(4)).await;
+        timers.renew("s", TTL, now_ms(base, start));
+        assert!(timers.due_checkpoints(CHECKPOINT_BATCH).is_empty());
+        // Renewed again 2 s later: moved by 6 s > TTL / 2, so due.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let renewed_at = start.elapsed();
+        timers.renew("s", TTL, now_ms(base, start));
+        assert_eq!(timers.due_checkpoints(CHECKPOINT_BATCH).len(), 1);
+
+        // The leader dies before checkpointing; the next one inherits the old checkpoint, and
+        // still keeps the session at least TTL past the last renewal it knows nothing of.
+        let checkpoint = due[0].1;
+        let mut timers = SessionTimers::default();
+        timers.inherit("s", TTL, Some(checkpoint), now_ms(base, start), ELECTION);
+        timers.next_expired().await;
+        assert!(start.elapsed() >= renewed_at + TTL, "{:?}", start.elapsed());
     }
 }

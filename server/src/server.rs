@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -127,6 +128,9 @@ pub struct Server {
     last_leader_contact: Mutex<Option<Instant>>,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
     blocking: Arc<tokio::sync::Semaphore>,
+    /// The raft term in which this server, leading, last passed a read barrier; default reads
+    /// are answered without another only in that term.
+    confirmed_term: AtomicU64,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -250,6 +254,7 @@ impl Server {
             rpc,
             last_leader_contact: Mutex::new(None),
             blocking,
+            confirmed_term: AtomicU64::new(0),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });
@@ -529,7 +534,12 @@ impl Server {
         query: ReadQuery,
         forwarded: bool,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        let local = opts.consistency == Consistency::Stale || self.is_leader() || forwarded;
+        let local = opts.consistency == Consistency::Stale || self.is_leader();
+        if !local && forwarded {
+            // The leader that forwarded this lost its place meanwhile: answering from this
+            // server's own state could go back in time. The caller retries on the new leader.
+            return Err(ServerError::NoLeader);
+        }
         if !local {
             // Only a query with an index blocks.
             let wait = if opts.min_index == 0 {
@@ -549,11 +559,7 @@ impl Server {
         }
         match opts.consistency {
             Consistency::Stale => {}
-            Consistency::Default => {
-                if !self.is_leader() {
-                    return Err(ServerError::NoLeader);
-                }
-            }
+            Consistency::Default => self.confirmed_leader().await?,
             Consistency::Consistent => {
                 self.raft
                     .ensure_linearizable()
@@ -571,6 +577,31 @@ impl Server {
             None
         };
         Ok(self.local_query(opts, query).await)
+    }
+
+    /// Checks that this server leads and, once per term, that it really does (a read-index
+    /// barrier: a quorum confirms the term, and everything committed before is applied). A new
+    /// leader's state may miss entries the previous leader committed and acknowledged, and a
+    /// server restarted as the leader of a term already over may still be replaying its log:
+    /// answering a default read from either could go back in time.
+    async fn confirmed_leader(&self) -> Result<(), ServerError> {
+        let term = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow();
+            if m.state != ServerState::Leader {
+                return Err(ServerError::NoLeader);
+            }
+            m.current_term
+        };
+        if self.confirmed_term.load(Ordering::Acquire) == term {
+            return Ok(());
+        }
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|_| ServerError::NoLeader)?;
+        self.confirmed_term.fetch_max(term, Ordering::AcqRel);
+        Ok(())
     }
 
     /// Blocking queries this server holds now (its own and forwarded ones).
@@ -885,7 +916,7 @@ fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
             forwarded: true, ..
         } => Some("only servers forward requests".to_owned()),
         RpcRequest::Write {
-            op: Op::ReapTombstones { .. },
+            op: Op::ReapTombstones { .. } | Op::CheckpointTtls { .. },
             ..
         } => Some("leader-internal operations need a server certificate".to_owned()),
         _ => None,

@@ -39,6 +39,9 @@ pub enum Op {
     SetQuery { query: PreparedQuery, update: bool },
     /// 11
     DeleteQuery { id: String },
+    /// 12: the leader's TTL deadlines of sessions (session ID, leader wall clock in ms), so a
+    /// new leader arms what is left instead of a full TTL (leader-internal).
+    CheckpointTtls { deadlines: Vec<(String, u64)> },
 }
 
 /// A check as registered; indexes and the service's name and tags are filled in by the

@@ -10,6 +10,8 @@ pub mod session;
 #[cfg(test)]
 mod tests;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
 use vigil_shared::catalog::{Check, HealthStatus};
@@ -95,6 +97,10 @@ pub struct StateMachine {
     queries: QueryStore,
     /// Latest leader clock seen; command clocks are clamped to never go backwards.
     last_now_ms: u64,
+    /// Checkpointed TTL deadlines of live sessions (leader wall clock, ms). Soft state: not in
+    /// snapshots, so a server restored from one arms full TTLs until the next checkpoint.
+    #[serde(skip)]
+    ttl_deadlines: BTreeMap<String, u64>,
 }
 
 impl StateMachine {
@@ -117,6 +123,11 @@ impl StateMachine {
     /// The leader clock of the latest applied command.
     pub fn now_ms(&self) -> u64 {
         self.last_now_ms
+    }
+
+    /// The last checkpointed TTL deadline of session `id` (leader wall clock, ms), if any.
+    pub fn ttl_deadline(&self, id: &str) -> Option<u64> {
+        self.ttl_deadlines.get(&id.to_ascii_lowercase()).copied()
     }
 
     /// Applies a committed command at raft `index`.
@@ -229,6 +240,15 @@ impl StateMachine {
                 self.kv.reap(before_ms, now_ms);
                 Response::Done
             }
+            Op::CheckpointTtls { deadlines } => {
+                for (id, deadline_ms) in deadlines {
+                    let id = id.to_ascii_lowercase();
+                    if self.sessions.get(&id).is_some() {
+                        self.ttl_deadlines.insert(id, deadline_ms);
+                    }
+                }
+                Response::Done
+            }
         };
         (response, fx)
     }
@@ -295,6 +315,7 @@ impl StateMachine {
         let Some(session) = self.sessions.remove(id, index) else {
             return;
         };
+        self.ttl_deadlines.remove(&session.id.to_ascii_lowercase());
         let keys = self.kv.invalidate_session(
             &session.id,
             session.behavior,
