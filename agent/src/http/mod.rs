@@ -11,6 +11,7 @@ mod kv;
 mod members;
 pub mod params;
 mod query;
+pub mod serve;
 mod session;
 pub mod shapes;
 mod status;
