@@ -117,8 +117,8 @@ pub fn tags(what: &str, tags: &[String]) -> Result<(), ApiError> {
 /// A check definition's ID and name within [`NAME_MAX`] (everything else in it is bounded by
 /// [`json_shape`]).
 pub fn check(check: &CheckDefinition) -> Result<(), ApiError> {
-    name("CheckID", &check.id)?;
-    name("Name", &check.name)
+    name("Name", &check.name)?;
+    name("CheckID", &check.id)
 }
 
 /// Consul's size limits on a metadata map, with its texts (`structs.validateMetadata`), after
