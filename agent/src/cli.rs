@@ -121,6 +121,14 @@ pub struct AgentArgs {
     /// beyond it a blocking query answers 429 at once.
     #[arg(long, default_value_t = 8192)]
     pub max_blocking_queries: usize,
+    /// Most open HTTP connections one client IP may have (Consul's
+    /// limits.http_max_conns_per_client); more are answered 429 and closed. 0: no cap.
+    #[arg(long, default_value_t = 200)]
+    pub http_max_conns_per_client: usize,
+    /// How long an HTTP connection may take to send a request's headers, counted from its
+    /// opening or its previous response (so also how long it may sit idle).
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub http_header_timeout: Duration,
 }
 
 fn parse_profile(s: &str) -> Result<TimingProfile, String> {
@@ -191,6 +199,10 @@ impl AgentArgs {
             !self.ae_interval.is_zero(),
             "--ae-interval must be greater than 0"
         );
+        anyhow::ensure!(
+            !self.http_header_timeout.is_zero(),
+            "--http-header-timeout must be greater than 0"
+        );
         Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
             http_addr: self.http_addr,
@@ -208,6 +220,10 @@ impl AgentArgs {
             local: match &self.config {
                 Some(path) => crate::local::config::load(path)?,
                 None => crate::local::config::LocalDefinitions::default(),
+            },
+            http_limits: crate::http::serve::ConnLimits {
+                max_conns_per_client: self.http_max_conns_per_client,
+                header_timeout: self.http_header_timeout,
             },
         })
     }

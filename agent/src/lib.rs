@@ -88,6 +88,8 @@ pub struct AgentConfig {
     pub max_blocking_queries: usize,
     /// Services and checks declared in the config file (`--config`).
     pub local: local::config::LocalDefinitions,
+    /// Per-client connection cap and header timeout of the HTTP API.
+    pub http_limits: http::serve::ConnLimits,
 }
 
 /// A running agent.
@@ -229,14 +231,12 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         session_ttl_min: config.session_ttl_min,
         shutdown: shutdown.clone(),
     });
-    let token = shutdown.clone();
-    tasks.spawn(async move {
-        let serve = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { token.cancelled().await });
-        if let Err(e) = serve.await {
-            tracing::error!(error = %e, "HTTP server failed");
-        }
-    });
+    tasks.spawn(http::serve::serve(
+        listener,
+        router,
+        config.http_limits,
+        shutdown.clone(),
+    ));
     Ok(Handle {
         http_addr,
         rpc_addr,

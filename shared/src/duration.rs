@@ -112,6 +112,29 @@ pub fn parse_go_duration(input: &str) -> Result<Duration, DurationError> {
         .map_err(|_| DurationError(format!("time: invalid duration {}", quote(input))))
 }
 
+/// A JSON number as Go turns it into a `time.Duration` (int64 nanoseconds): any fraction is
+/// dropped, and a value outside int64's range, which Go would turn into garbage and Go clients
+/// could not read back, is refused with Go's decoding text.
+pub fn duration_ns_from_json(n: &serde_json::Number) -> Result<i64, DurationError> {
+    /// 2^63: the first value past int64.
+    const I64_END: f64 = 9_223_372_036_854_775_808.0;
+    let refused = || {
+        DurationError(format!(
+            "json: cannot unmarshal number {n} into Go value of type time.Duration"
+        ))
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(i);
+    }
+    if n.is_u64() {
+        return Err(refused());
+    }
+    match n.as_f64() {
+        Some(f) if (-I64_END..I64_END).contains(&f) => Ok(f as i64),
+        _ => Err(refused()),
+    }
+}
+
 fn push_fraction(out: &mut String, value: u128, unit: u128) {
     let whole = value / unit;
     let frac = value % unit;
@@ -202,6 +225,38 @@ mod tests {
             r#"time: invalid duration "s""#
         );
         assert!(parse_go_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn json_numbers_must_fit_go_durations() {
+        let number = |text: &str| -> serde_json::Number { serde_json::from_str(text).unwrap() };
+        assert_eq!(
+            duration_ns_from_json(&number("15000000000")),
+            Ok(15 * SEC as i64)
+        );
+        assert_eq!(duration_ns_from_json(&number("2.9")), Ok(2));
+        assert_eq!(duration_ns_from_json(&number("-5")), Ok(-5));
+        assert_eq!(
+            duration_ns_from_json(&number("9223372036854775807")),
+            Ok(i64::MAX)
+        );
+        for text in [
+            "9223372036854775808",
+            "18446744073709551615",
+            "18446744073709551616",
+            "1e30",
+            "1.79e308",
+            "-1e19",
+        ] {
+            let err = duration_ns_from_json(&number(text))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("json: cannot unmarshal number ")
+                    && err.ends_with(" into Go value of type time.Duration"),
+                "{text}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -3,14 +3,15 @@
 //! the background, as Consul does), so once `fail` returns the sessions bound to the check are
 //! gone.
 
-use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use vigil_shared::catalog::HealthStatus;
 
+use super::body::RequestBody;
 use super::error::ApiError;
-use super::params::Params;
+use super::limits;
+use super::params::{Params, parse_bool};
 use super::shapes::{CheckJson, keyed_by_id};
 use super::{AppState, json};
 use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
@@ -57,8 +58,12 @@ pub async fn list(
 }
 
 /// `PUT /v1/agent/check/register`.
-pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn register(
+    State(state): State<AppState>,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
     let check = parse_check_body(&body)?;
+    limits::check(&check)?;
     state.local.add_check(check, Source::Remote)?;
     state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
@@ -124,19 +129,10 @@ pub async fn fail(
 pub async fn update(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let (status, output) = parse_check_update(&body)?;
     set_ttl(&state, &id, status, &output).await
-}
-
-/// Go's `strconv.ParseBool`.
-pub fn parse_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 /// `?enable=` of the maintenance endpoints: required, a Go bool.

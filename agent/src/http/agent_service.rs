@@ -7,7 +7,6 @@ use std::hash::{Hash as _, Hasher as _};
 use std::net::IpAddr;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -17,7 +16,9 @@ use vigil_shared::catalog::Service;
 use vigil_shared::duration::parse_go_duration;
 
 use super::agent_check::enable_param;
+use super::body::RequestBody;
 use super::error::ApiError;
+use super::limits;
 use super::params::Params;
 use super::shapes::keyed_by_id;
 use super::{AppState, json};
@@ -172,10 +173,14 @@ pub async fn get(
 pub async fn register(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
-    body: Bytes,
+    RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let service = parse_service_body(&body)?;
+    limits::name("ID", &service.id)?;
+    limits::name("Name", &service.name)?;
+    limits::tags("Tags", &service.tags)?;
+    service.checks.iter().try_for_each(limits::check)?;
     // Consul: present with an empty value or `true`.
     let replace = params
         .get("replace-existing-checks")

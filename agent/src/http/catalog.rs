@@ -3,7 +3,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
 use serde::Deserialize;
@@ -12,7 +11,9 @@ use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::catalog::{Check, HealthStatus, Service, Weights};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Registration, Response as ServerResponse};
 
+use super::body::RequestBody;
 use super::error::ApiError;
+use super::limits;
 use super::params::Params;
 use super::shapes::{
     NodeJson, ServiceJson, ServiceNodeJson, filtered, keyed_by_id, node_meta_matches, tags_match,
@@ -103,14 +104,20 @@ fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
     } else {
         body.id
     };
+    limits::name("Service.ID", &id)?;
+    limits::name("Service.Service", &body.service)?;
+    let tags = body.tags.unwrap_or_default();
+    limits::tags("Service.Tags", &tags)?;
+    let meta = body.meta.unwrap_or_default();
+    limits::meta("Invalid Service Meta: ", &meta)?;
     Ok(Service {
         node: node.to_owned(),
         id,
         name: body.service,
-        tags: body.tags.unwrap_or_default(),
+        tags,
         address: body.address,
         port: body.port,
-        meta: body.meta.unwrap_or_default(),
+        meta,
         weights: body.weights.map(WeightsBody::weights).unwrap_or_default(),
         enable_tag_override: body.enabletagoverride,
         create_index: 0,
@@ -139,6 +146,8 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
     if check_id.is_empty() {
         return Err(ApiError::bad_request("Missing check name"));
     }
+    limits::name("Check.CheckID", &check_id)?;
+    limits::name("Check.Name", &body.name)?;
     Ok(Check {
         node: node.to_owned(),
         check_id,
@@ -157,7 +166,10 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
 }
 
 /// `PUT /v1/catalog/register`: a node, optionally a service and checks; answers `true`.
-pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn register(
+    State(state): State<AppState>,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
     let body: RegisterBody = decode(&body)?;
     if body.node.is_empty() {
         return Err(ApiError::bad_request("Must provide node"));
@@ -168,6 +180,9 @@ pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Resp
         ));
     }
     let node = body.node;
+    limits::name("Node", &node)?;
+    let node_meta = body.nodemeta.unwrap_or_default();
+    limits::meta("Invalid NodeMeta: ", &node_meta)?;
     let service = body.service.map(|s| to_service(&node, s)).transpose()?;
     let checks = body
         .check
@@ -180,7 +195,7 @@ pub async fn register(State(state): State<AppState>, body: Bytes) -> Result<Resp
         node_id: body.id,
         address: body.address,
         tagged_addresses: body.taggedaddresses.unwrap_or_default(),
-        node_meta: body.nodemeta.unwrap_or_default(),
+        node_meta,
         skip_node_update: body.skipnodeupdate,
         service,
         checks,
@@ -197,7 +212,10 @@ struct DeregisterBody {
 }
 
 /// `PUT /v1/catalog/deregister`: a check, a service with its checks, or a whole node.
-pub async fn deregister(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn deregister(
+    State(state): State<AppState>,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
     let body: DeregisterBody = decode(&body)?;
     if body.node.is_empty() {
         return Err(ApiError::bad_request("Must provide node"));

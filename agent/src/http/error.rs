@@ -1,7 +1,7 @@
 //! The one place errors become HTTP responses: plain-text bodies with Consul's messages, 400 for
 //! bad input (SPEC.md), 500 only for our own faults.
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use vigil_shared::rpc::ServerError;
 
@@ -26,16 +26,6 @@ impl ApiError {
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
-
-    /// Consul's 413 text for a body over `max` bytes.
-    pub fn body_too_large(len: Option<usize>, max: usize) -> ApiError {
-        match len {
-            Some(n) => ApiError::too_large(format!(
-                "Request body({n} bytes) too large, max size: {max} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size."
-            )),
-            None => ApiError::too_large(format!("Request body too large, max size: {max} bytes")),
-        }
-    }
 }
 
 impl ApiError {
@@ -46,16 +36,6 @@ impl ApiError {
             format!("unexpected server answer: {answer:?}"),
         )
     }
-}
-
-/// A request body's size: the larger of its declared `Content-Length` and what arrived.
-pub fn body_len(headers: &HeaderMap, body: &[u8]) -> usize {
-    headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(0)
-        .max(body.len())
 }
 
 impl From<ServerError> for ApiError {

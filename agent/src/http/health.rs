@@ -87,11 +87,13 @@ pub async fn service(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
+    let passing_only = params
+        .bool("passing")
+        .map_err(|_| ApiError::bad_request("Invalid value for ?passing"))?;
     let (result, meta) = read(&state, &params, ReadQuery::HealthService { name }).await?;
     let QueryResult::Health(instances) = result else {
         return Err(ApiError::unexpected(result));
     };
-    let passing_only = params.has("passing") && params.get("passing") != Some("false");
     let out = instances
         .iter()
         .filter(|h| !passing_only || h.passing())

@@ -1,30 +1,32 @@
 //! `/v1/kv/<key>`: reads (single, `recurse`, `keys`, `raw`, blocking), writes (`flags`, `cas`,
 //! `acquire`, `release`) and deletes (`recurse`, `cas`), each a one-op KV transaction.
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
-use vigil_shared::KV_MAX_VALUE_SIZE;
 use vigil_shared::api::DirEntry;
 use vigil_shared::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
 
-use super::error::{ApiError, body_len};
+use super::body::{Limit, read};
+use super::error::ApiError;
 use super::params::{Params, decode_path};
 use super::{AppState, json, not_found_with_meta, with_meta};
 
 /// Header telling a client its acquire was refused by lock-delay, and for how much longer.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
 
-fn key_of(uri: &axum::http::Uri) -> String {
+/// The key: the path after `/v1/kv/`, percent-decoded. Keys are UTF-8; other bytes are refused
+/// (a lossy decoding would store `%FF` and `%FE` under one key).
+fn key_of(uri: &axum::http::Uri) -> Result<String, ApiError> {
     let path = uri.path();
     let raw = path
         .strip_prefix("/v1/kv/")
         .or_else(|| path.strip_prefix("/v1/kv"))
         .unwrap_or("");
-    decode_path(raw)
+    decode_path(raw).map_err(|_| ApiError::bad_request("Invalid URL: Invalid UTF-8 in `key`"))
 }
 
 pub async fn get(
@@ -32,7 +34,7 @@ pub async fn get(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let key = key_of(&uri);
+    let key = key_of(&uri)?;
     let recurse = params.has("recurse");
     let keys = params.has("keys");
     if key.is_empty() && !recurse && !keys {
@@ -89,15 +91,6 @@ pub async fn get(
     }
 }
 
-/// Rejects a body whose declared or actual size is over the KV value limit (Consul's 413 text).
-fn check_value_size(headers: &HeaderMap, body: &Bytes) -> Result<(), ApiError> {
-    let len = body_len(headers, body);
-    if len > KV_MAX_VALUE_SIZE {
-        return Err(ApiError::body_too_large(Some(len), KV_MAX_VALUE_SIZE));
-    }
-    Ok(())
-}
-
 fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
     if names.iter().filter(|n| params.has(n)).count() > 1 {
         return Err(ApiError::bad_request(format!(
@@ -112,18 +105,17 @@ pub async fn put(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let key = key_of(&uri);
+    let key = key_of(&uri)?;
     if key.is_empty() {
         return Err(ApiError::bad_request("Missing key name"));
     }
     conflicting(&params, &["cas", "acquire", "release"])?;
     let flags = params.u64("flags")?.unwrap_or(0);
     let cas = params.u64("cas")?;
-    check_value_size(&headers, &body)?;
-    let value = body.to_vec();
+    let value = read(&headers, body, Limit::KvValue).await?.to_vec();
     let op = if let Some(session) = params.get("acquire") {
         KvOp::Lock {
             key,
@@ -156,7 +148,7 @@ pub async fn delete(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let key = key_of(&uri);
+    let key = key_of(&uri)?;
     let recurse = params.has("recurse");
     conflicting(&params, &["cas", "recurse"])?;
     if key.is_empty() && !recurse {

@@ -4,13 +4,16 @@
 mod agent;
 mod agent_check;
 mod agent_service;
+mod body;
 mod catalog;
 pub mod error;
 mod health;
 mod kv;
+pub mod limits;
 mod members;
 pub mod params;
 mod query;
+pub mod serve;
 mod session;
 pub mod shapes;
 mod status;
@@ -124,12 +127,80 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
         .fallback(not_found)
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        // Handlers read bodies through `body`, which applies the limits; this bounds any
+        // extractor that would buffer a body without it.
+        .layer(axum::extract::DefaultBodyLimit::max(limits::BODY_MAX))
         .with_state(state);
-    // Outside the routes, so the 405 rewrite sees the `Allow` header axum sets per route.
+    // Outside the routes, so the 405 rewrite sees the `Allow` header axum sets per route; the
+    // path is cleaned before anything else looks at it.
     Router::new()
         .fallback_service(routes)
         .layer(middleware::from_fn(method_not_allowed))
+        .layer(middleware::from_fn(redirect_unclean_path))
+}
+
+/// Consul's router is Go's `http.ServeMux`, which answers a path with `//`, `.` or `..`
+/// segments with a 301 to the cleaned path (the query kept) before any handler sees it; so
+/// `PUT /v1/kv//x` never stores the key `/x`.
+async fn redirect_unclean_path(req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let clean = clean_path(path);
+    if clean == path || req.method() == Method::CONNECT {
+        return next.run(req).await;
+    }
+    let location = match req.uri().query().filter(|q| !q.is_empty()) {
+        Some(query) => format!("{clean}?{query}"),
+        None => clean,
+    };
+    // Made of a URI's characters, so always a valid header value.
+    match HeaderValue::from_str(&location) {
+        Ok(value) => go_redirect(req.method(), value),
+        Err(_) => next.run(req).await,
+    }
+}
+
+/// Go's `cleanPath`: `path.Clean` of the path made absolute, with a trailing slash kept.
+fn clean_path(path: &str) -> String {
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in path.split('/') {
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut clean = format!("/{}", segments.join("/"));
+    if path.ends_with('/') && clean != "/" {
+        clean.push('/');
+    }
+    clean
+}
+
+/// Go's `http.Redirect` with 301: a `Location` header; GET also gets a small HTML body and HEAD
+/// its content type.
+fn go_redirect(method: &Method, location: HeaderValue) -> Response {
+    let mut response = StatusCode::MOVED_PERMANENTLY.into_response();
+    let href = location
+        .to_str()
+        .unwrap_or_default()
+        .replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&#34;")
+        .replace('\'', "&#39;");
+    response.headers_mut().insert(header::LOCATION, location);
+    if method == Method::GET || method == Method::HEAD {
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html; charset=utf-8"),
+        );
+    }
+    if method == Method::GET {
+        *response.body_mut() = Body::from(format!("<a href=\"{href}\">Moved Permanently</a>.\n\n"));
+    }
+    response
 }
 
 async fn not_found() -> Response {
@@ -236,4 +307,30 @@ pub fn set_leader_headers(headers: &mut HeaderMap, meta: QueryMeta) {
 /// A 404 with an empty body and the read headers (a missing key).
 pub fn not_found_with_meta(meta: QueryMeta) -> Response {
     with_meta(meta, StatusCode::NOT_FOUND.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleans_paths_like_go() {
+        let cases = [
+            ("/v1/kv/app/config", "/v1/kv/app/config"),
+            ("/v1/kv//app/config", "/v1/kv/app/config"),
+            ("/v1//catalog/services", "/v1/catalog/services"),
+            ("/v1/kv/a/../b", "/v1/kv/b"),
+            ("/v1/kv/a/./b/", "/v1/kv/a/b/"),
+            ("/v1/kv/", "/v1/kv/"),
+            ("/v1/kv//", "/v1/kv/"),
+            ("/v1/kv/..", "/v1"),
+            ("/../..", "/"),
+            ("/", "/"),
+            ("//", "/"),
+            ("/v1/kv/a%2F%2Fb", "/v1/kv/a%2F%2Fb"),
+        ];
+        for (path, clean) in cases {
+            assert_eq!(clean_path(path), clean, "{path}");
+        }
+    }
 }

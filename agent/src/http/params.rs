@@ -49,6 +49,16 @@ impl Params {
             .map(|(_, v)| v.as_str())
     }
 
+    /// Consul's `getBoolQueryParam`: absent is false, present without a value is true, and
+    /// any other value must be a Go bool (`strconv.ParseBool`); `Err` carries the bad value.
+    pub fn bool(&self, name: &str) -> Result<bool, String> {
+        match self.get(name) {
+            None => Ok(false),
+            Some("") => Ok(true),
+            Some(v) => parse_bool(v).ok_or_else(|| v.to_owned()),
+        }
+    }
+
     /// A uint64 parameter; a bad one gets Go's `strconv.ParseUint` message, as Consul answers.
     pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.get(name)
@@ -142,6 +152,15 @@ pub fn parse_uint(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// Go's `strconv.ParseBool`.
+pub fn parse_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
 /// Go's `strconv.Quote`: printable characters as they are, the rest escaped.
 pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -187,8 +206,9 @@ fn query_escape(s: &str) -> String {
     out
 }
 
-/// Percent-decodes a URL path segment (`+` stays a plus, unlike in query strings).
-pub fn decode_path(raw: &str) -> String {
+/// Percent-decodes a URL path segment (`+` stays a plus, unlike in query strings). Bytes that
+/// are not UTF-8 are an error rather than U+FFFD, so two different paths never decode alike.
+pub fn decode_path(raw: &str) -> Result<String, std::string::FromUtf8Error> {
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -205,7 +225,7 @@ pub fn decode_path(raw: &str) -> String {
         out.push(bytes[i]);
         i += 1;
     }
-    String::from_utf8_lossy(&out).into_owned()
+    String::from_utf8(out)
 }
 
 #[cfg(test)]
@@ -266,6 +286,17 @@ mod tests {
     }
 
     #[test]
+    fn bools_parse_like_consuls_get_bool_query_param() {
+        let p = Params::parse(Some("a&b=true&c=0&d=maybe&e=T"));
+        assert_eq!(p.bool("a"), Ok(true));
+        assert_eq!(p.bool("b"), Ok(true));
+        assert_eq!(p.bool("c"), Ok(false));
+        assert_eq!(p.bool("d"), Err("maybe".to_owned()));
+        assert_eq!(p.bool("e"), Ok(true));
+        assert_eq!(p.bool("absent"), Ok(false));
+    }
+
+    #[test]
     fn reencodes_like_go_query_escape() {
         let p = Params::parse(Some("release=a~b*c&acquire=x%2Fy"));
         assert_eq!(p.encoded_sorted(), "acquire=x%2Fy&release=a~b%2Ac");
@@ -273,7 +304,10 @@ mod tests {
 
     #[test]
     fn decodes_paths() {
-        assert_eq!(decode_path("a%2Fb+c%20d"), "a/b+c d");
-        assert_eq!(decode_path("100%"), "100%");
+        assert_eq!(decode_path("a%2Fb+c%20d").unwrap(), "a/b+c d");
+        assert_eq!(decode_path("100%").unwrap(), "100%");
+        assert_eq!(decode_path("%EF%BF%BD").unwrap(), "\u{fffd}");
+        assert!(decode_path("%FF").is_err());
+        assert!(decode_path("%FE").is_err());
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -17,7 +16,9 @@ use vigil_shared::rpc::{
     ApplyError, Op, QueryOptions, QueryResult, ReadQuery, Response as ServerResponse,
 };
 
+use super::body::RequestBody;
 use super::error::ApiError;
+use super::limits;
 use super::params::Params;
 use super::shapes::HealthJson;
 use super::{AppState, json, read, with_meta};
@@ -69,6 +70,11 @@ fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> {
     if body.name.is_empty() && body.session.is_empty() {
         return Err(ApiError::bad_request("Must be bound to a session"));
     }
+    limits::name("Name", &body.name)?;
+    limits::name("Service.Service", &body.service.service)?;
+    limits::tags("Service.Tags", &body.service.tags)?;
+    limits::meta("Invalid NodeMeta: ", &body.service.nodemeta)?;
+    limits::meta("Invalid ServiceMeta: ", &body.service.servicemeta)?;
     if !body.dns.ttl.is_empty() {
         parse_go_duration(&body.dns.ttl)
             .map_err(|e| ApiError::bad_request(format!("Bad DNS TTL '{}': {e}", body.dns.ttl)))?;
@@ -155,7 +161,10 @@ async fn write(state: &AppState, op: Op) -> Result<(), ApiError> {
 }
 
 /// `POST /v1/query` → `{"ID":"…"}`.
-pub async fn create(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+pub async fn create(
+    State(state): State<AppState>,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
     let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
     let id = query.id.clone();
     write(
@@ -205,7 +214,7 @@ pub async fn get(
 pub async fn update(
     State(state): State<AppState>,
     Path(id): Path<String>,
-    body: Bytes,
+    RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let query = parse(id, &body)?;
     write(

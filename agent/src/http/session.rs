@@ -1,19 +1,22 @@
 //! `/v1/session/*`: create (with Consul's defaults and check-list fix-up), destroy, renew, and the
 //! blocking reads `info`, `list` and `node`.
 
-use axum::body::Bytes;
 use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
-use vigil_shared::duration::{format_go_duration, parse_go_duration, parse_go_duration_ns};
+use vigil_shared::duration::{
+    duration_ns_from_json, format_go_duration, parse_go_duration, parse_go_duration_ns,
+};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 use vigil_shared::{DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_NS};
 
+use super::body::RequestBody;
 use super::error::ApiError;
+use super::limits;
 use super::params::Params;
 use super::{AppState, json, with_meta};
 
@@ -49,22 +52,17 @@ struct CreateBody {
     servicechecks: Option<Option<Vec<ServiceCheckBody>>>,
 }
 
-/// LockDelay: a Go duration string, or a number of nanoseconds (seconds when below 1000).
+/// LockDelay: a Go duration string, or a number of nanoseconds (seconds when below 1000), as
+/// Consul's `FixupLockDelay` reads it; a number outside Go's `time.Duration` is refused.
 fn lock_delay_ns(v: &Value) -> Result<u64, String> {
     match v {
         Value::String(s) => parse_go_duration(s)
             .map(|d| d.as_nanos() as u64)
             .map_err(|e| e.to_string()),
         Value::Number(n) => {
-            let n = n
-                .as_f64()
-                .filter(|n| *n >= 0.0)
-                .ok_or("LockDelay must not be negative")?;
-            Ok(if n < 1000.0 {
-                (n * 1e9) as u64
-            } else {
-                n as u64
-            })
+            let ns = duration_ns_from_json(n).map_err(|e| e.to_string())?;
+            let ns = u64::try_from(ns).map_err(|_| "LockDelay must not be negative")?;
+            Ok(if ns < 1000 { ns * 1_000_000_000 } else { ns })
         }
         Value::Null => Ok(DEFAULT_LOCK_DELAY_NS),
         other => Err(format!("invalid LockDelay {other}")),
@@ -103,6 +101,9 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
     if node.is_empty() {
         return Err(ApiError::bad_request("Must provide Node"));
     }
+    let name = req.name.unwrap_or_default();
+    limits::name("Node", &node)?;
+    limits::name("Name", &name)?;
     let behavior_text = req.behavior.unwrap_or_default();
     let behavior = Behavior::parse(&behavior_text).ok_or_else(|| {
         ApiError::bad_request(format!("Invalid Behavior setting '{behavior_text}'"))
@@ -140,7 +141,7 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
     });
     Ok(Session {
         id: uuid::Uuid::new_v4().to_string(),
-        name: req.name.unwrap_or_default(),
+        name,
         node,
         lock_delay_ns,
         behavior,
@@ -156,7 +157,7 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
 pub async fn create(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
-    body: Bytes,
+    RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let session = build_session(&state, &body)?;
@@ -246,6 +247,20 @@ mod tests {
         assert_eq!(lock_delay_ns(&json_value!(1000)), Ok(1000));
         assert_eq!(lock_delay_ns(&json_value!(0)), Ok(0));
         assert!(lock_delay_ns(&json_value!("x")).is_err());
+        assert_eq!(lock_delay_ns(&json_value!(2.5)), Ok(2_000_000_000));
+        assert_eq!(
+            lock_delay_ns(&json_value!(i64::MAX)),
+            Ok(i64::MAX as u64),
+            "the largest Go duration"
+        );
+        let over: Value = serde_json::from_str("18446744073709551616").unwrap();
+        assert_eq!(
+            lock_delay_ns(&over).unwrap_err(),
+            "json: cannot unmarshal number 1.8446744073709552e+19 into Go value of type time.Duration"
+        );
+        assert!(lock_delay_ns(&json_value!(u64::MAX)).is_err());
+        assert!(lock_delay_ns(&json_value!(1e30)).is_err());
+        assert!(lock_delay_ns(&json_value!(-1)).is_err());
     }
 
     #[test]

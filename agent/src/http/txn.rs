@@ -1,7 +1,7 @@
 //! `PUT /v1/txn`: up to 128 KV ops applied all-or-nothing through raft, or answered from state
 //! without raft when every op is a read.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,9 +12,10 @@ use serde_json::{Value, json as json_value};
 use vigil_shared::api::{DirEntry, decode_case_insensitive};
 use vigil_shared::kv::{KvOp, TxnOutcome};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
-use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS, TXN_MAX_REQ_LEN};
+use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS};
 
-use super::error::{ApiError, body_len};
+use super::body::{Limit, read};
+use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json, set_leader_headers};
 
@@ -176,16 +177,10 @@ pub async fn txn(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let len = body_len(&headers, &body);
-    if len > TXN_MAX_REQ_LEN {
-        // Consul's text for the transaction limit points at `txn_max_req_len`.
-        return Err(ApiError::too_large(format!(
-            "Request body({len} bytes) too large, max size: {TXN_MAX_REQ_LEN} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#txn_max_req_len."
-        )));
-    }
+    let body = read(&headers, body, Limit::Txn).await?;
     let ops = match parse_ops(&body)? {
         Ok(ops) => ops,
         Err(errors) => {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use vigil_shared::catalog::{HealthStatus, Weights};
-use vigil_shared::duration::{format_go_duration, parse_go_duration_ns};
+use vigil_shared::duration::{duration_ns_from_json, format_go_duration, parse_go_duration_ns};
 
 /// Checks never run more often than this (Consul's `checks.MinInterval`).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
@@ -383,10 +383,9 @@ fn duration_ns(value: Option<&Value>) -> Result<i64, DefinitionError> {
         Some(Value::String(s)) => {
             parse_go_duration_ns(s).map_err(|e| DefinitionError::Decode(e.to_string()))
         }
-        Some(Value::Number(n)) => n
-            .as_i64()
-            .or_else(|| n.as_f64().map(|f| f as i64))
-            .ok_or_else(|| DefinitionError::Decode(format!("invalid duration {n}"))),
+        Some(Value::Number(n)) => {
+            duration_ns_from_json(n).map_err(|e| DefinitionError::Decode(e.to_string()))
+        }
         Some(other) => Err(DefinitionError::Decode(format!(
             "json: cannot unmarshal {} into a duration",
             json_kind(other)

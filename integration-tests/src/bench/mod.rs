@@ -157,9 +157,12 @@ pub struct Leaders {
 impl Systems {
     /// Starts both clusters (3 servers each), Vigil's with `clients` client agents.
     pub async fn start(clients: usize) -> Result<Systems> {
+        // The fan-out workload opens 11,000 connections from 127.0.0.1: no per-client cap.
         let vigil = Cluster::servers(3)
             .clients(clients)
             .gossip_profile("lan")
+            .arg("--http-max-conns-per-client")
+            .arg("0")
             .start()
             .await;
         let etcd = EtcdCluster::start(3).await?;

@@ -86,10 +86,10 @@ pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 /// Written, fsynced, then renamed over [`SNAPSHOT_FILE_NAME`]; a leftover one is ignored.
 const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
 /// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
-/// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums;
-/// version 1 files (no checksums) are still read.
+/// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums
+/// and the KV table's LockIndex floor; a version 1 file is refused (the server is then rebuilt
+/// from its peers: remove its data directory and let it rejoin).
 const SNAPSHOT_FORMAT: u8 = 2;
-const SNAPSHOT_FORMAT_UNCHECKED: u8 = 1;
 /// Bytes of a CRC-32 trailer (little endian).
 const CRC_LEN: usize = 4;
 
@@ -177,15 +177,14 @@ impl SnapshotFile {
             path: path.to_owned(),
             source,
         };
-        let (body, sealed) = match bytes.first() {
+        let body = match bytes.first() {
             None => return Err(corrupt(postcard::Error::DeserializeUnexpectedEnd)),
             Some(&SNAPSHOT_FORMAT) => {
                 let checked = checked(bytes).ok_or_else(|| SnapshotStoreError::Checksum {
                     path: path.to_owned(),
                 })?;
-                (&checked[1..], true)
+                &checked[1..]
             }
-            Some(&SNAPSHOT_FORMAT_UNCHECKED) => (&bytes[1..], false),
             Some(&found) => {
                 return Err(SnapshotStoreError::UnsupportedFormat {
                     path: path.to_owned(),
@@ -193,15 +192,10 @@ impl SnapshotFile {
                 });
             }
         };
-        let mut file = match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
+        let file = match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
             (file, []) => file,
             (_, _trailing) => return Err(corrupt(postcard::Error::DeserializeBadEncoding)),
         };
-        if !sealed {
-            // A version 1 file's data has no checksum of its own yet: add it, so followers
-            // can verify what this server sends them.
-            file.data = with_crc(file.data);
-        }
         Ok(file)
     }
 }
@@ -750,35 +744,6 @@ mod tests {
             StateStore::open(fresh_shared(), dir.path()),
             Err(SnapshotStoreError::Corrupt { .. })
         ));
-    }
-
-    #[tokio::test]
-    async fn a_version_one_snapshot_without_checksums_still_loads() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::open(fresh_shared(), dir.path()).expect("open");
-        store.apply(sample_log(3)).await.expect("apply");
-        let built = store.build_snapshot().await.expect("build");
-        drop(store);
-        // Rewrite it as an older build did: no data checksum, no file checksum.
-        let path = dir.path().join(SNAPSHOT_FILE_NAME);
-        let bytes = fs::read(&path).expect("read");
-        let mut file = SnapshotFile::decode(&path, &bytes).expect("decode");
-        file.data = checked(&file.data).expect("sealed").to_vec();
-        let mut old = vec![SNAPSHOT_FORMAT_UNCHECKED];
-        postcard::to_io(&file, &mut old).expect("encode");
-        fs::write(&path, old).expect("write");
-
-        let shared = fresh_shared();
-        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("reopen");
-        assert_eq!(value(&shared, "k3").as_deref(), Some(&b"v3"[..]));
-        // What it would send a follower carries the checksum again.
-        let current = store
-            .get_current_snapshot()
-            .await
-            .expect("current")
-            .expect("loaded");
-        assert_eq!(current.meta, built.meta);
-        unseal(current.snapshot.get_ref()).expect("sealed data");
     }
 
     #[tokio::test]

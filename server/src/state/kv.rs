@@ -1,6 +1,17 @@
 //! The KV table: entries in key order, tombstones that keep prefix indexes from going backwards,
 //! the keys each session holds, and lock-delay deadlines. Writes run as transactions over an
 //! overlay, so a failing op leaves the table untouched.
+//!
+//! LockIndex never goes backwards (SPEC.md, difference 1), whatever deletes it: every way a key
+//! disappears (a delete, a tree delete, a delete-behaviour session) leaves a tombstone holding
+//! the key's LockIndex, and a key created again continues from it. A tree delete also writes one
+//! tombstone for its prefix (as Consul does, for the prefix's index), and a tombstone never
+//! lowers the LockIndex another one already holds for the same key. Tombstones are reaped after
+//! 15 minutes (`Op::ReapTombstones`), so the table keeps one number past them: the highest
+//! LockIndex any reaped tombstone held. Every acquire grants more than that floor, so a key
+//! whose history was reaped still never hands out a LockIndex it handed out before. The price
+//! is that a fresh key's first LockIndex can be above 1 once tombstones with locks have been
+//! reaped; clients only ever compare LockIndexes of one key, so that is harmless.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -31,6 +42,9 @@ pub struct KvStore {
     held: HashMap<String, BTreeSet<String>>,
     /// Key → end of its lock-delay (leader's clock, ms).
     lock_delays: HashMap<String, u64>,
+    /// Highest LockIndex held by a reaped tombstone: every acquire grants more than this, so
+    /// reaping a key's history never lets its LockIndex start again from 1.
+    lock_index_floor: u64,
 }
 
 /// Everything a transaction needs from outside the KV table.
@@ -45,8 +59,8 @@ pub struct TxnContext<'a> {
 struct Overlay<'a> {
     base: &'a KvStore,
     writes: BTreeMap<String, Option<KvEntry>>,
-    /// (key or prefix, its LockIndex when deleted).
-    tombstones: Vec<(String, u64)>,
+    /// Key or prefix deleted → the highest LockIndex it had when deleted.
+    tombstones: BTreeMap<String, u64>,
 }
 
 impl Overlay<'_> {
@@ -102,19 +116,21 @@ impl Overlay<'_> {
     fn delete(&mut self, key: &str) {
         if let Some(e) = self.get(key) {
             self.writes.insert(key.to_owned(), None);
-            self.tombstones.push((key.to_owned(), e.lock_index));
+            self.bury(key, e.lock_index);
         }
+    }
+
+    /// Records a tombstone for `key`, keeping the higher LockIndex if it already has one.
+    fn bury(&mut self, key: &str, lock_index: u64) {
+        let held = self.tombstones.entry(key.to_owned()).or_default();
+        *held = (*held).max(lock_index);
     }
 
     /// LockIndex a deleted key had, for a key created again (0 for a key never seen).
     fn previous_lock_index(&self, key: &str) -> u64 {
-        self.tombstones
-            .iter()
-            .rev()
-            .find(|(k, _)| k == key)
-            .map(|(_, l)| *l)
-            .or_else(|| self.base.tombstones.get(key).map(|t| t.lock_index))
-            .unwrap_or(0)
+        let here = self.tombstones.get(key).copied().unwrap_or(0);
+        let before = self.base.tombstones.get(key).map_or(0, |t| t.lock_index);
+        here.max(before)
     }
 }
 
@@ -202,16 +218,26 @@ impl KvStore {
             self.commit_write(key, write);
         }
         for (key, lock_index) in tombstones {
-            self.tombstones.insert(
-                key,
-                Tombstone {
-                    index: ctx.index,
-                    at_ms: ctx.now_ms,
-                    lock_index,
-                },
-            );
+            self.bury(key, ctx.index, ctx.now_ms, lock_index);
         }
         (outcome, touched)
+    }
+
+    /// Writes the tombstone of a key or prefix deleted at `index`; a LockIndex an earlier
+    /// tombstone of the same key holds is never lowered.
+    fn bury(&mut self, key: String, index: u64, at_ms: u64, lock_index: u64) {
+        let lock_index = self
+            .tombstones
+            .get(&key)
+            .map_or(lock_index, |t| t.lock_index.max(lock_index));
+        self.tombstones.insert(
+            key,
+            Tombstone {
+                index,
+                at_ms,
+                lock_index,
+            },
+        );
     }
 
     /// Runs a read-only transaction against the current table.
@@ -253,12 +279,12 @@ impl KvStore {
     ) -> (
         TxnOutcome,
         BTreeMap<String, Option<KvEntry>>,
-        Vec<(String, u64)>,
+        BTreeMap<String, u64>,
     ) {
         let mut view = Overlay {
             base: self,
             writes: BTreeMap::new(),
-            tombstones: Vec::new(),
+            tombstones: BTreeMap::new(),
         };
         let mut results = Vec::new();
         let mut errors = Vec::new();
@@ -274,7 +300,11 @@ impl KvStore {
             } = view;
             (TxnOutcome::Committed(results), writes, tombstones)
         } else {
-            (TxnOutcome::RolledBack(errors), BTreeMap::new(), Vec::new())
+            (
+                TxnOutcome::RolledBack(errors),
+                BTreeMap::new(),
+                BTreeMap::new(),
+            )
         }
     }
 
@@ -297,6 +327,9 @@ impl KvStore {
         } else {
             0
         };
+        // An acquire grants more than any LockIndex this key had, including one whose
+        // tombstone has been reaped (the floor).
+        let granted = |current: u64| current.max(self.lock_index_floor) + 1;
         let set = |view: &mut Overlay<'_>, value: &[u8], flags: u64| {
             let new = match &existing {
                 // Vigil keeps LockIndex on plain writes: the sequencer must never go backwards.
@@ -368,7 +401,7 @@ impl KvStore {
                         value: value.clone(),
                         flags: *flags,
                         session: Some(session.clone()),
-                        lock_index: e.lock_index + 1,
+                        lock_index: granted(e.lock_index),
                         modify_index: idx,
                         ..e.clone()
                     },
@@ -377,7 +410,7 @@ impl KvStore {
                         value: value.clone(),
                         flags: *flags,
                         session: Some(session.clone()),
-                        lock_index: reborn_lock_index + 1,
+                        lock_index: granted(reborn_lock_index),
                         create_index: idx,
                         modify_index: idx,
                     },
@@ -457,9 +490,14 @@ impl KvStore {
                 let doomed = view.tree(prefix);
                 for e in &doomed {
                     view.writes.insert(e.key.clone(), None);
+                    // Only a key that was ever locked has a LockIndex to keep; the prefix
+                    // tombstone below holds the index for all of them.
+                    if e.lock_index > 0 {
+                        view.bury(&e.key, e.lock_index);
+                    }
                 }
                 if !doomed.is_empty() && !prefix.is_empty() {
-                    view.tombstones.push((prefix.clone(), 0));
+                    view.bury(prefix, 0);
                 }
                 Ok(Vec::new())
             }
@@ -502,14 +540,8 @@ impl KvStore {
                 }
                 Behavior::Delete => {
                     let removed = self.entries.remove(key);
-                    self.tombstones.insert(
-                        key.clone(),
-                        Tombstone {
-                            index,
-                            at_ms: now_ms,
-                            lock_index: removed.map_or(0, |e| e.lock_index),
-                        },
-                    );
+                    let lock_index = removed.map_or(0, |e| e.lock_index);
+                    self.bury(key.clone(), index, now_ms, lock_index);
                 }
             }
             if delay_ms > 0 {
@@ -523,11 +555,25 @@ impl KvStore {
     }
 
     /// Drops tombstones written before `before_ms` and lock-delays that ended before `now_ms`.
+    /// The LockIndexes the dropped tombstones held raise the floor every acquire grants above.
     pub fn reap(&mut self, before_ms: u64, now_ms: u64) -> usize {
         let before = self.tombstones.len();
-        self.tombstones.retain(|_, t| t.at_ms >= before_ms);
+        let mut floor = self.lock_index_floor;
+        self.tombstones.retain(|_, t| {
+            let keep = t.at_ms >= before_ms;
+            if !keep {
+                floor = floor.max(t.lock_index);
+            }
+            keep
+        });
+        self.lock_index_floor = floor;
         self.lock_delays.retain(|_, until| *until > now_ms);
         before - self.tombstones.len()
+    }
+
+    /// Every acquire grants a LockIndex above this (the highest a reaped tombstone held).
+    pub fn lock_index_floor(&self) -> u64 {
+        self.lock_index_floor
     }
 
     /// The oldest tombstone's deletion time, so the leader knows when a reap is due.
