@@ -191,8 +191,15 @@ impl RemoteServers {
         timeout: Duration,
     ) -> Result<RpcResponse, ServerError> {
         let mut last = None;
+        let mut leaderless = None;
         for server in self.servers() {
             match self.call_one(server, request, timeout).await {
+                // A server that answers but knows no leader (cut off from the others, or its
+                // raft stopped) did nothing with the request: another one may have a leader.
+                Ok(response) if knows_no_leader(&response) => {
+                    tracing::debug!(%server, "server knows no leader; trying the next");
+                    leaderless = Some(response);
+                }
                 Ok(response) => {
                     *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
                     return Ok(response);
@@ -207,12 +214,26 @@ impl RemoteServers {
                 }
             }
         }
+        if let Some(response) = leaderless {
+            return Ok(response);
+        }
         match last {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
             Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
             Some(e) => Err(ServerError::Raft(format!("server RPC: {e}"))),
         }
     }
+}
+
+/// Whether a server's answer says it has no leader to serve the request with (so it did not
+/// apply it).
+fn knows_no_leader(response: &RpcResponse) -> bool {
+    matches!(
+        response,
+        RpcResponse::Write(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+            | RpcResponse::Query(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+            | RpcResponse::Renew(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+    )
 }
 
 fn idempotent(request: &RpcRequest) -> bool {

@@ -106,12 +106,33 @@ pub struct Handle {
 
 impl Handle {
     /// Waits for shutdown to be requested, then drains the HTTP server and stops the server role.
-    pub async fn wait(self) {
-        self.shutdown.cancelled().await;
+    /// A server whose raft stops on a fatal error (a failed log write, e.g. a full disk) shuts
+    /// the agent down and returns that error, so the process exits non-zero and a supervisor
+    /// restarts it once the cause is gone (as etcd does on a failed WAL write); meanwhile the
+    /// other servers elect a leader without it.
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let failed = async {
+            match &*self.backend {
+                Backend::Local(server) => server.failed().await,
+                Backend::Remote(_) => std::future::pending().await,
+            }
+        };
+        let failure = tokio::select! {
+            () = self.shutdown.cancelled() => None,
+            fatal = failed => {
+                tracing::error!(error = %fatal, "raft stopped on this server; shutting down");
+                self.shutdown.cancel();
+                Some(fatal)
+            }
+        };
         self.tasks.close();
         self.tasks.wait().await;
         if let Backend::Local(server) = &*self.backend {
             server.shutdown().await;
+        }
+        match failure {
+            Some(fatal) => Err(anyhow::anyhow!("raft stopped on this server: {fatal}")),
+            None => Ok(()),
         }
     }
 }

@@ -50,8 +50,7 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         }
         token.cancel();
     });
-    handle.wait().await;
-    Ok(())
+    handle.wait().await
 }
 
 /// Entry point shared by the `vigil` binary and the test binary that runs the same code.

@@ -390,6 +390,14 @@ impl Cluster {
         agent.kill9().await;
     }
 
+    /// If server `i` has exited on its own, takes it out of the running set and returns its
+    /// exit status; `None` while it runs.
+    pub fn exited(&mut self, i: usize) -> Option<std::process::ExitStatus> {
+        let status = self.servers[i].agent.as_mut()?.try_exit()?;
+        self.servers[i].agent = None;
+        Some(status)
+    }
+
     /// Freezes server `i` (SIGSTOP) until [`Cluster::resume`]: it neither answers nor times out.
     pub fn pause(&self, i: usize) {
         self.signal(i, nix::sys::signal::Signal::SIGSTOP);

@@ -287,6 +287,11 @@ impl Agent {
             .code()
     }
 
+    /// The exit status if the process has exited on its own (`None` while it runs).
+    pub fn try_exit(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().expect("poll the agent process")
+    }
+
     /// Sends SIGTERM and waits for the process to exit; returns its exit code.
     pub async fn terminate(mut self) -> Option<i32> {
         self.signal("-TERM");

@@ -66,6 +66,15 @@ fn map_write_error(
             None => ServerError::NoLeader,
         },
         RaftError::Fatal(openraft::error::Fatal::Stopped) => ServerError::ShuttingDown,
+        // The entry may have reached other servers before the log failed here: the outcome is
+        // unknown. The cause goes to this server's log, not to the client.
+        RaftError::Fatal(fatal) => {
+            tracing::error!(error = %fatal, "raft has stopped on this server");
+            ServerError::Raft(
+                "the raft log on this server failed; the change may or may not have been applied"
+                    .to_owned(),
+            )
+        }
         other => ServerError::Raft(other.to_string()),
     }
 }

@@ -398,14 +398,35 @@ impl Server {
         self.shutdown.is_cancelled()
     }
 
+    /// Leading, with raft running: a server whose raft stopped (a storage failure) keeps the
+    /// last state in its metrics, and must not claim anything from it.
     fn is_leader(&self) -> bool {
-        self.raft.metrics().borrow().state == ServerState::Leader
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.running_state.is_ok() && m.state == ServerState::Leader
     }
 
-    /// The leader's RPC address, if a leader is known.
+    /// Resolves when raft on this server has stopped for good on a fatal error (a failed log
+    /// write, e.g. a full disk), with what happened; never while it runs or after a shutdown.
+    pub async fn failed(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state
+                && !matches!(fatal, openraft::error::Fatal::Stopped)
+            {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The leader's RPC address, if a leader is known (never once raft has stopped).
     pub fn leader_addr(&self) -> Option<String> {
         let metrics = self.raft.metrics();
         let m = metrics.borrow();
+        m.running_state.as_ref().ok()?;
         let leader = m.current_leader?;
         m.membership_config
             .membership()
@@ -772,12 +793,13 @@ impl Server {
             .map(|(id, node)| PeerInfo {
                 node_id: *id,
                 node: node.clone(),
-                leader: m.current_leader == Some(*id),
+                leader: m.running_state.is_ok() && m.current_leader == Some(*id),
                 voter: voters.contains(id),
             })
             .collect();
         let leader = m
             .current_leader
+            .filter(|_| m.running_state.is_ok())
             .and_then(|l| membership.get_node(&l))
             .map(|n| n.rpc_addr.clone());
         StatusInfo {
