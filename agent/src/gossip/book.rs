@@ -3,6 +3,14 @@
 //! members of our datacenter are ever recorded; a row never goes back to an older generation; a
 //! down member is Left exactly when a leave notice for that address and generation was seen
 //! (before or after the `MemberDown`), Failed otherwise. Pure and clock-free: callers pass `now`.
+//!
+//! Node names are unique in what the book reports: foca keys members by address, so two
+//! processes started with the same `--node` are two foca members, but [`MemberBook::snapshot`]
+//! reports one row per name, the name's *holder* (see [`holds_name_over`]). A live member keeps
+//! its name against a newcomer at another address (Serf refuses the newcomer the same way), and
+//! while a name has a live holder, down rows of that name elsewhere are not reported: a member
+//! that took a live node's name and then left or crashed must never make the leader deregister
+//! or fail the live node.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -20,6 +28,17 @@ struct Row {
     state: MemberState,
     /// When the row last changed state; down rows are reaped some time after it.
     since: Duration,
+    /// The member held its node name while live (see [`MemberBook::mark_holders`]): a member
+    /// refused for taking a live node's name never speaks for that name, even once both are down.
+    held: bool,
+}
+
+/// One member's claim to its node name, as [`holds_name_over`] weighs it.
+#[derive(Debug, Clone, Copy)]
+pub struct Claim<'a> {
+    pub id: &'a Member,
+    pub state: MemberState,
+    pub held: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -68,14 +87,17 @@ impl MemberBook {
     }
 
     fn set(&mut self, id: Member, state: MemberState, now: Duration) {
-        let row = Row {
+        let mut row = Row {
             id,
             state,
             since: now,
+            held: false,
         };
         match self.rows.get(&row.id.addr) {
             Some(old) if old.id == row.id && old.state == row.state => {}
-            _ => {
+            old => {
+                // A renewed identity at the same address is the same process.
+                row.held = old.is_some_and(|o| o.held && o.id.name == row.id.name);
                 self.rows.insert(row.id.addr, row);
                 self.changed = true;
             }
@@ -213,13 +235,67 @@ impl MemberBook {
             .retain(|addr, i| rows.contains_key(addr) || !expired(i.since));
     }
 
-    /// The member list with `me` in `my_state`, sorted by name then address.
-    pub fn snapshot(&self, me: &Member, my_state: MemberState) -> Vec<MemberStatus> {
-        let mut list: Vec<MemberStatus> = std::iter::once(me.status(my_state))
-            .chain(self.rows.values().map(|r| r.id.status(r.state)))
+    /// Marks every live row that holds its name now (ourselves, `me`, competing), once the rows
+    /// changed. Call after every batch of notifications.
+    pub fn mark_holders(&mut self, me: &Member) {
+        if !self.changed {
+            return;
+        }
+        // Among live claims to a name, the lowest (generation, address) holds it.
+        let mut lowest: BTreeMap<&str, (u64, SocketAddr)> = BTreeMap::new();
+        lowest.insert(&me.name, (me.generation, me.addr));
+        for row in self.rows.values().filter(|r| is_live(r.state)) {
+            let key = (row.id.generation, row.id.addr);
+            lowest
+                .entry(&row.id.name)
+                .and_modify(|k| *k = (*k).min(key))
+                .or_insert(key);
+        }
+        let holders: Vec<SocketAddr> = self
+            .rows
+            .values()
+            .filter(|r| {
+                is_live(r.state) && lowest.get(&*r.id.name) == Some(&(r.id.generation, r.id.addr))
+            })
+            .map(|r| r.id.addr)
             .collect();
-        list.sort_by(|a, b| (&a.name, a.gossip_addr).cmp(&(&b.name, b.gossip_addr)));
-        list
+        for addr in holders {
+            if let Some(row) = self.rows.get_mut(&addr) {
+                row.held = true;
+            }
+        }
+    }
+
+    /// The member list with `me` in `my_state`: the holder of each name (see
+    /// [`holds_name_over`]), sorted by name. A node that lost its name to a live member at
+    /// another address is not in its own list either: it is not admitted.
+    pub fn snapshot(&self, me: &Member, my_state: MemberState) -> Vec<MemberStatus> {
+        let mine = Claim {
+            id: me,
+            state: my_state,
+            held: true,
+        };
+        let rows = self.rows.values().map(|r| Claim {
+            id: &r.id,
+            state: r.state,
+            held: r.held,
+        });
+        let mut holders: BTreeMap<&str, Claim<'_>> = BTreeMap::new();
+        for claim in std::iter::once(mine).chain(rows) {
+            let holder = holders.entry(&claim.id.name).or_insert(claim);
+            if holds_name_over(claim, *holder) {
+                *holder = claim;
+            }
+        }
+        holders.values().map(|c| c.id.status(c.state)).collect()
+    }
+
+    /// A live member other than `id`, at another address, that claims `id`'s name.
+    pub fn rival(&self, id: &Member) -> Option<&Member> {
+        self.rows
+            .values()
+            .find(|r| r.id.name == id.name && r.id.addr != id.addr && is_live(r.state))
+            .map(|r| &r.id)
     }
 
     /// Gossip addresses of live members (Alive or Leaving).
@@ -236,9 +312,7 @@ impl MemberBook {
     }
 
     pub fn is_live(&self, addr: &SocketAddr) -> bool {
-        self.rows
-            .get(addr)
-            .is_some_and(|r| matches!(r.state, MemberState::Alive | MemberState::Leaving))
+        self.rows.get(addr).is_some_and(|r| is_live(r.state))
     }
 
     /// The state of the member at `addr`, if we know it.
@@ -250,6 +324,27 @@ impl MemberBook {
     /// Whether the list changed since the last call.
     pub fn take_changed(&mut self) -> bool {
         std::mem::take(&mut self.changed)
+    }
+}
+
+fn is_live(state: MemberState) -> bool {
+    matches!(state, MemberState::Alive | MemberState::Leaving)
+}
+
+/// Whether claim `a` holds a node name over claim `b` (two members with the same name at
+/// different addresses). A live member beats a down one. Between live members the older one (the
+/// lower generation: generations start at the process start time) keeps the name: the newcomer
+/// is refused, as Serf refuses a member whose name conflicts with a live one. Between down
+/// members, one that held the name beats one that never did (a refused impostor), then the newer
+/// one speaks for the name (the last process that held it). Addresses break ties, so every
+/// member picks the same holder from the same rows.
+pub fn holds_name_over(a: Claim<'_>, b: Claim<'_>) -> bool {
+    let (ak, bk) = ((a.id.generation, a.id.addr), (b.id.generation, b.id.addr));
+    match (is_live(a.state), is_live(b.state)) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => ak < bk,
+        (false, false) => (b.held, bk.0, ak.1) < (a.held, ak.0, bk.1),
     }
 }
 
@@ -360,6 +455,109 @@ mod tests {
         book.apply(&OwnedNotification::MemberUp(foreign.clone()), T0);
         assert_eq!(book.state_of(&foreign.addr), None);
         assert!(!book.take_changed());
+    }
+
+    fn named(port: u16, generation: u64, name: &str) -> Member {
+        Member {
+            name: name.into(),
+            ..id(port, generation)
+        }
+    }
+
+    /// Folds a notification in the way the node does (then marks the name holders).
+    fn fold(book: &mut MemberBook, me: &Member, n: OwnedNotification<Member>) {
+        book.apply(&n, T0);
+        book.mark_holders(me);
+    }
+
+    /// The rows named `name` in `book`'s member list, as (address, state).
+    fn rows_named(book: &MemberBook, me: &Member, name: &str) -> Vec<(SocketAddr, MemberState)> {
+        book.snapshot(me, MemberState::Alive)
+            .into_iter()
+            .filter(|s| s.name == name)
+            .map(|s| (s.gossip_addr, s.state))
+            .collect()
+    }
+
+    #[test]
+    fn a_live_member_keeps_its_name_against_a_newcomer_elsewhere() {
+        let me = id(9, 1);
+        let (real, impostor) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1");
+        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
+        fold(
+            &mut book,
+            &me,
+            OwnedNotification::MemberUp(impostor.clone()),
+        );
+        assert_eq!(book.rival(&impostor).map(|m| m.addr), Some(real.addr));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+
+        // The impostor leaves (or crashes): nothing about it is reported while c1 lives.
+        book.leave_notice(notice(&impostor, false), T0);
+        fold(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(impostor.clone()),
+        );
+        assert_eq!(book.state_of(&impostor.addr), Some(MemberState::Left));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+
+        // Both down: the one that held the name speaks for it, not the newer impostor.
+        fold(&mut book, &me, OwnedNotification::MemberDown(real.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Failed)]
+        );
+    }
+
+    #[test]
+    fn a_newcomer_with_a_taken_name_is_not_in_its_own_list() {
+        let (real, me) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1");
+        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+        // The other way round, the older node keeps its own name.
+        let (me, newcomer) = (real, named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1");
+        fold(&mut book, &me, OwnedNotification::MemberUp(newcomer));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(me.addr, MemberState::Alive)]
+        );
+    }
+
+    #[test]
+    fn a_restart_elsewhere_takes_the_name_once_the_old_process_is_down() {
+        let me = id(9, 1);
+        let (old, new) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1");
+        fold(&mut book, &me, OwnedNotification::MemberUp(old.clone()));
+        fold(&mut book, &me, OwnedNotification::MemberUp(new.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Alive)]
+        );
+        fold(&mut book, &me, OwnedNotification::MemberDown(old.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Alive)]
+        );
+        // Both held the name in turn: the newer one speaks for it.
+        fold(&mut book, &me, OwnedNotification::MemberDown(new.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Failed)]
+        );
     }
 
     #[test]

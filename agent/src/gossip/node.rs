@@ -29,7 +29,7 @@ use rand_foca::{RngExt as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use vigil_shared::catalog::{MemberState, MemberStatus};
 
-use super::book::{ForceLeaveRefusal, MemberBook};
+use super::book::{Claim, ForceLeaveRefusal, MemberBook, holds_name_over};
 use super::identity::{Member, peek_datacenter};
 use super::leave::{LeaveHandler, LeaveNotice};
 use super::profile::{MAX_PACKET, TimingProfile};
@@ -522,9 +522,11 @@ impl GossipNode {
             self.reannounce.observe(&n, now);
             if !self.about_ourselves(&n) {
                 self.book.apply(&n, now);
+                self.log_name_conflict(&n);
             }
             out.notifications.push(n);
         }
+        self.book.mark_holders(self.foca.identity());
         while let Some((to, data)) = self.runtime.to_send() {
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -559,6 +561,38 @@ impl GossipNode {
             }
         }
         out
+    }
+
+    /// Serf's name-conflict log lines, when a member comes up with a name a live member at
+    /// another address (we, or someone else) already claims. Which one keeps the name is
+    /// [`holds_name_over`]'s rule; the member list only ever reports that one.
+    fn log_name_conflict(&self, n: &OwnedNotification<Member>) {
+        let OwnedNotification::MemberUp(id) = n else {
+            return;
+        };
+        let me = self.identity();
+        let claim = |id| Claim {
+            id,
+            state: MemberState::Alive,
+            held: false,
+        };
+        if id.name == me.name {
+            if holds_name_over(claim(me), claim(id)) {
+                tracing::error!(node = %me.name, other = %id.addr,
+                    "node name conflict: another member claims this node's name; it is not admitted (names must be unique)");
+            } else {
+                tracing::error!(node = %me.name, holder = %id.addr,
+                    "node name conflict: a live member that started earlier holds this node's name; this node is not admitted while it lives (names must be unique)");
+            }
+        } else if let Some(rival) = self.book.rival(id) {
+            let (holder, refused) = if holds_name_over(claim(rival), claim(id)) {
+                (rival, id)
+            } else {
+                (id, rival)
+            };
+            tracing::warn!(node = %id.name, holder = %holder.addr, refused = %refused.addr,
+                "node name conflict: two members claim the name; the one that started first keeps it");
+        }
     }
 
     /// A member notification naming our own address (an identity of ours from before a renew).
