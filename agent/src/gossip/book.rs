@@ -6,14 +6,19 @@
 //!
 //! Node names are unique in what the book reports: foca keys members by address, so two
 //! processes started with the same `--node` are two foca members, but [`MemberBook::snapshot`]
-//! reports one row per name, the name's *holder* (see [`holds_name_over`]). A live member keeps
-//! its name against a newcomer at another address (Serf refuses the newcomer the same way), and
-//! while a name has a live holder, down rows of that name elsewhere are not reported: a member
-//! that took a live node's name and then left or crashed must never make the leader deregister
-//! or fail the live node.
+//! reports one row per name, the name's *holder* ([`MemberBook::refresh`] decides). A live member
+//! keeps its name against a newcomer at another address (Serf refuses the newcomer the same way),
+//! and while a name has a live holder, down rows of that name elsewhere are not reported: a
+//! member that took a live node's name and then left or crashed must never make the leader
+//! deregister or fail the live node. A holder that goes down keeps the name for the profile's
+//! reclaim time (memberlist's `DeadNodeReclaimTime`) before a newcomer may take it, so the leader
+//! sees the failure or the leave (and invalidates the old process's sessions) even when the node
+//! was restarted at another address before anyone noticed the crash.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use foca::OwnedNotification;
@@ -28,17 +33,9 @@ struct Row {
     state: MemberState,
     /// When the row last changed state; down rows are reaped some time after it.
     since: Duration,
-    /// The member held its node name while live (see [`MemberBook::mark_holders`]): a member
-    /// refused for taking a live node's name never speaks for that name, even once both are down.
+    /// The member held its node name while live (see [`MemberBook::refresh`]): a member refused
+    /// for taking a live node's name never speaks for that name, even once both are down.
     held: bool,
-}
-
-/// One member's claim to its node name, as [`holds_name_over`] weighs it.
-#[derive(Debug, Clone, Copy)]
-pub struct Claim<'a> {
-    pub id: &'a Member,
-    pub state: MemberState,
-    pub held: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -62,15 +59,26 @@ pub struct MemberBook {
     /// Newest leave notice per address, kept even before (or without) a matching row because
     /// the notice and the `MemberDown` may arrive in either order.
     intents: BTreeMap<SocketAddr, Intent>,
+    /// The gossip address holding each node name (ours included), as of the last
+    /// [`MemberBook::refresh`].
+    holders: BTreeMap<Arc<str>, SocketAddr>,
+    /// How long a holder that went down keeps its name against a newcomer.
+    reclaim_after: Duration,
+    /// When the next such grace ends (the holders must be recomputed then).
+    next_reclaim: Option<Duration>,
     changed: bool,
 }
 
 impl MemberBook {
-    pub fn new(datacenter: impl Into<String>) -> MemberBook {
+    /// An empty book; [`MemberBook::refresh`] it before the first snapshot.
+    pub fn new(datacenter: impl Into<String>, reclaim_after: Duration) -> MemberBook {
         MemberBook {
             datacenter: datacenter.into(),
             rows: BTreeMap::new(),
             intents: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            reclaim_after,
+            next_reclaim: None,
             changed: false,
         }
     }
@@ -112,12 +120,13 @@ impl MemberBook {
                 if !self.ours(id) || self.is_stale(id) {
                     return;
                 }
-                // A node that restarted on another port: its old down row is history.
+                // A node that restarted on another port: its old down row is history, once the
+                // leader had time to see it go.
                 let moved: Vec<SocketAddr> = self
                     .rows
                     .values()
                     .filter(|r| r.id.name == id.name && r.id.addr != id.addr)
-                    .filter(|r| matches!(r.state, MemberState::Left | MemberState::Failed))
+                    .filter(|r| !is_live(r.state) && r.since + self.reclaim_after <= now)
                     .map(|r| r.id.addr)
                     .collect();
                 for addr in moved {
@@ -235,59 +244,79 @@ impl MemberBook {
             .retain(|addr, i| rows.contains_key(addr) || !expired(i.since));
     }
 
-    /// Marks every live row that holds its name now (ourselves, `me`, competing), once the rows
-    /// changed. Call after every batch of notifications.
-    pub fn mark_holders(&mut self, me: &Member) {
-        if !self.changed {
+    /// Decides who holds each node name, after the rows changed or when a holder's grace ends;
+    /// call after every batch of changes. For each name: a holder that went down within the
+    /// reclaim time keeps it; otherwise the oldest live claim, `me` included (the lowest
+    /// generation: generations start at the process start time), and it is marked as having
+    /// held it; otherwise, among down rows, one that held the name, the newest first.
+    /// Addresses break ties, so members with the same rows pick the same holder.
+    pub fn refresh(&mut self, me: &Member, now: Duration) {
+        let due = self.holders.is_empty() || self.next_reclaim.is_some_and(|t| now >= t);
+        if !self.changed && !due {
             return;
         }
-        // Among live claims to a name, the lowest (generation, address) holds it.
-        let mut lowest: BTreeMap<&str, (u64, SocketAddr)> = BTreeMap::new();
-        lowest.insert(&me.name, (me.generation, me.addr));
-        for row in self.rows.values().filter(|r| is_live(r.state)) {
-            let key = (row.id.generation, row.id.addr);
-            lowest
-                .entry(&row.id.name)
-                .and_modify(|k| *k = (*k).min(key))
-                .or_insert(key);
+        let mut by_name: BTreeMap<&Arc<str>, Vec<&Row>> = BTreeMap::new();
+        by_name.insert(&me.name, Vec::new());
+        for row in self.rows.values() {
+            by_name.entry(&row.id.name).or_default().push(row);
         }
-        let holders: Vec<SocketAddr> = self
-            .rows
-            .values()
-            .filter(|r| {
-                is_live(r.state) && lowest.get(&*r.id.name) == Some(&(r.id.generation, r.id.addr))
-            })
-            .map(|r| r.id.addr)
-            .collect();
-        for addr in holders {
+        let grace_end = |r: &Row| r.since.saturating_add(self.reclaim_after);
+        let mut holders = BTreeMap::new();
+        let mut newly_held = Vec::new();
+        let mut next_reclaim: Option<Duration> = None;
+        for (name, rows) in by_name {
+            let departed = rows
+                .iter()
+                .filter(|r| r.held && !is_live(r.state) && now < grace_end(r))
+                .max_by_key(|r| (r.since, r.id.generation, Reverse(r.id.addr)));
+            let oldest_live = rows
+                .iter()
+                .filter(|r| is_live(r.state))
+                .map(|r| (r.id.generation, r.id.addr))
+                .chain((*name == me.name).then_some((me.generation, me.addr)))
+                .min();
+            let holder = if let Some(r) = departed {
+                let end = grace_end(r);
+                next_reclaim = Some(next_reclaim.map_or(end, |t| t.min(end)));
+                r.id.addr
+            } else if let Some((_, addr)) = oldest_live {
+                if addr != me.addr {
+                    newly_held.push(addr);
+                }
+                addr
+            } else if let Some(r) = rows
+                .iter()
+                .max_by_key(|r| (r.held, r.id.generation, Reverse(r.id.addr)))
+            {
+                r.id.addr
+            } else {
+                continue;
+            };
+            holders.insert(Arc::clone(name), holder);
+        }
+        for addr in newly_held {
             if let Some(row) = self.rows.get_mut(&addr) {
                 row.held = true;
             }
         }
+        if holders != self.holders {
+            self.holders = holders;
+            self.changed = true;
+        }
+        self.next_reclaim = next_reclaim;
     }
 
-    /// The member list with `me` in `my_state`: the holder of each name (see
-    /// [`holds_name_over`]), sorted by name. A node that lost its name to a live member at
-    /// another address is not in its own list either: it is not admitted.
+    /// The member list with `me` in `my_state`: the holder of each name, sorted by name. A node
+    /// whose name is held by another member is not in its own list either: it is not admitted.
     pub fn snapshot(&self, me: &Member, my_state: MemberState) -> Vec<MemberStatus> {
-        let mine = Claim {
-            id: me,
-            state: my_state,
-            held: true,
-        };
-        let rows = self.rows.values().map(|r| Claim {
-            id: &r.id,
-            state: r.state,
-            held: r.held,
-        });
-        let mut holders: BTreeMap<&str, Claim<'_>> = BTreeMap::new();
-        for claim in std::iter::once(mine).chain(rows) {
-            let holder = holders.entry(&claim.id.name).or_insert(claim);
-            if holds_name_over(claim, *holder) {
-                *holder = claim;
-            }
-        }
-        holders.values().map(|c| c.id.status(c.state)).collect()
+        self.holders
+            .values()
+            .filter_map(|addr| match self.rows.get(addr) {
+                _ if *addr == me.addr => Some(me.status(my_state)),
+                Some(row) => Some(row.id.status(row.state)),
+                None => None,
+            })
+            .collect()
     }
 
     /// A live member other than `id`, at another address, that claims `id`'s name.
@@ -331,21 +360,10 @@ fn is_live(state: MemberState) -> bool {
     matches!(state, MemberState::Alive | MemberState::Leaving)
 }
 
-/// Whether claim `a` holds a node name over claim `b` (two members with the same name at
-/// different addresses). A live member beats a down one. Between live members the older one (the
-/// lower generation: generations start at the process start time) keeps the name: the newcomer
-/// is refused, as Serf refuses a member whose name conflicts with a live one. Between down
-/// members, one that held the name beats one that never did (a refused impostor), then the newer
-/// one speaks for the name (the last process that held it). Addresses break ties, so every
-/// member picks the same holder from the same rows.
-pub fn holds_name_over(a: Claim<'_>, b: Claim<'_>) -> bool {
-    let (ak, bk) = ((a.id.generation, a.id.addr), (b.id.generation, b.id.addr));
-    match (is_live(a.state), is_live(b.state)) {
-        (true, false) => true,
-        (false, true) => false,
-        (true, true) => ak < bk,
-        (false, false) => (b.held, bk.0, ak.1) < (a.held, ak.0, bk.1),
-    }
+/// Whether `a` started before `b` (two live members claiming one name): the lower generation,
+/// then the lower address. The one that started first holds the name.
+pub fn starts_before(a: &Member, b: &Member) -> bool {
+    (a.generation, a.addr) < (b.generation, b.addr)
 }
 
 #[cfg(test)]
@@ -355,6 +373,7 @@ mod tests {
     use super::*;
 
     const T0: Duration = Duration::ZERO;
+    const RECLAIM: Duration = Duration::from_secs(1);
 
     fn id(port: u16, generation: u64) -> Member {
         Member {
@@ -376,7 +395,7 @@ mod tests {
     }
 
     fn book_with(m: &Member) -> MemberBook {
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         book.apply(&OwnedNotification::MemberUp(m.clone()), T0);
         book
     }
@@ -451,7 +470,7 @@ mod tests {
     fn other_datacenters_are_ignored() {
         let mut foreign = id(1, 1);
         foreign.datacenter = "dc2".into();
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         book.apply(&OwnedNotification::MemberUp(foreign.clone()), T0);
         assert_eq!(book.state_of(&foreign.addr), None);
         assert!(!book.take_changed());
@@ -464,10 +483,14 @@ mod tests {
         }
     }
 
-    /// Folds a notification in the way the node does (then marks the name holders).
+    /// Folds a notification in at T0 the way the node does (then decides the name holders).
     fn fold(book: &mut MemberBook, me: &Member, n: OwnedNotification<Member>) {
-        book.apply(&n, T0);
-        book.mark_holders(me);
+        fold_at(book, me, n, T0);
+    }
+
+    fn fold_at(book: &mut MemberBook, me: &Member, n: OwnedNotification<Member>, now: Duration) {
+        book.apply(&n, now);
+        book.refresh(me, now);
     }
 
     /// The rows named `name` in `book`'s member list, as (address, state).
@@ -483,7 +506,7 @@ mod tests {
     fn a_live_member_keeps_its_name_against_a_newcomer_elsewhere() {
         let me = id(9, 1);
         let (real, impostor) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
         fold(
             &mut book,
@@ -520,7 +543,7 @@ mod tests {
     #[test]
     fn a_newcomer_with_a_taken_name_is_not_in_its_own_list() {
         let (real, me) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
         assert_eq!(
             rows_named(&book, &me, "c1"),
@@ -528,7 +551,7 @@ mod tests {
         );
         // The other way round, the older node keeps its own name.
         let (me, newcomer) = (real, named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(newcomer));
         assert_eq!(
             rows_named(&book, &me, "c1"),
@@ -537,23 +560,56 @@ mod tests {
     }
 
     #[test]
-    fn a_restart_elsewhere_takes_the_name_once_the_old_process_is_down() {
+    fn a_restart_elsewhere_takes_the_name_once_the_old_process_was_seen_down() {
         let me = id(9, 1);
         let (old, new) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(old.clone()));
         fold(&mut book, &me, OwnedNotification::MemberUp(new.clone()));
         assert_eq!(
             rows_named(&book, &me, "c1"),
             [(old.addr, MemberState::Alive)]
         );
-        fold(&mut book, &me, OwnedNotification::MemberDown(old.clone()));
+
+        // The old process is declared down: its name is reported Failed (so the leader
+        // invalidates its sessions) for the reclaim time before the new process takes it.
+        let down_at = Duration::from_secs(3);
+        fold_at(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(old.clone()),
+            down_at,
+        );
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Failed)]
+        );
+        book.refresh(&me, down_at + RECLAIM - Duration::from_millis(1));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Failed)]
+        );
+        book.take_changed();
+        book.refresh(&me, down_at + RECLAIM);
+        assert!(book.take_changed(), "the handover is published");
         assert_eq!(
             rows_named(&book, &me, "c1"),
             [(new.addr, MemberState::Alive)]
         );
-        // Both held the name in turn: the newer one speaks for it.
-        fold(&mut book, &me, OwnedNotification::MemberDown(new.clone()));
+
+        // Both held the name in turn: once both are down, the newer one speaks for it.
+        let later = down_at + RECLAIM * 10;
+        fold_at(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(new.clone()),
+            later,
+        );
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Failed)]
+        );
+        book.refresh(&me, later + RECLAIM);
         assert_eq!(
             rows_named(&book, &me, "c1"),
             [(new.addr, MemberState::Failed)]
@@ -577,9 +633,10 @@ mod tests {
         book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
         let mut moved = id(2, 5);
         moved.name = m.name.clone();
-        book.apply(&OwnedNotification::MemberUp(moved.clone()), T0);
+        book.apply(&OwnedNotification::MemberUp(moved.clone()), RECLAIM);
         assert_eq!(book.state_of(&m.addr), None);
         let me = id(9, 1);
+        book.refresh(&me, RECLAIM);
         let names: Vec<_> = book
             .snapshot(&me, MemberState::Alive)
             .into_iter()

@@ -29,7 +29,7 @@ use rand_foca::{RngExt as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use vigil_shared::catalog::{MemberState, MemberStatus};
 
-use super::book::{Claim, ForceLeaveRefusal, MemberBook, holds_name_over};
+use super::book::{ForceLeaveRefusal, MemberBook, starts_before};
 use super::identity::{Member, peek_datacenter};
 use super::leave::{LeaveHandler, LeaveNotice};
 use super::profile::{MAX_PACKET, TimingProfile};
@@ -120,7 +120,8 @@ impl GossipNode {
         let first_sync = jitter(&mut own_rng, profile.sync_interval(), 0.0, 1.0);
         let (handler, notices) = LeaveHandler::new();
         let reannounce = Reannouncer::new(identity.addr, join, profile);
-        let book = MemberBook::new(identity.datacenter.to_string());
+        let mut book = MemberBook::new(identity.datacenter.to_string(), profile.reclaim_after());
+        book.refresh(&identity, Duration::ZERO);
         GossipNode {
             foca: Foca::with_custom_broadcast(
                 identity,
@@ -526,7 +527,7 @@ impl GossipNode {
             }
             out.notifications.push(n);
         }
-        self.book.mark_holders(self.foca.identity());
+        self.book.refresh(self.foca.identity(), now);
         while let Some((to, data)) = self.runtime.to_send() {
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -564,20 +565,15 @@ impl GossipNode {
     }
 
     /// Serf's name-conflict log lines, when a member comes up with a name a live member at
-    /// another address (we, or someone else) already claims. Which one keeps the name is
-    /// [`holds_name_over`]'s rule; the member list only ever reports that one.
+    /// another address (we, or someone else) already claims. The one that started first keeps
+    /// the name (see [`MemberBook::refresh`]); the member list only ever reports the holder.
     fn log_name_conflict(&self, n: &OwnedNotification<Member>) {
         let OwnedNotification::MemberUp(id) = n else {
             return;
         };
         let me = self.identity();
-        let claim = |id| Claim {
-            id,
-            state: MemberState::Alive,
-            held: false,
-        };
         if id.name == me.name {
-            if holds_name_over(claim(me), claim(id)) {
+            if starts_before(me, id) {
                 tracing::error!(node = %me.name, other = %id.addr,
                     "node name conflict: another member claims this node's name; it is not admitted (names must be unique)");
             } else {
@@ -585,7 +581,7 @@ impl GossipNode {
                     "node name conflict: a live member that started earlier holds this node's name; this node is not admitted while it lives (names must be unique)");
             }
         } else if let Some(rival) = self.book.rival(id) {
-            let (holder, refused) = if holds_name_over(claim(rival), claim(id)) {
+            let (holder, refused) = if starts_before(rival, id) {
                 (rival, id)
             } else {
                 (id, rival)

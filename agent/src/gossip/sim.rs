@@ -158,8 +158,9 @@ impl Sim {
     }
 
     /// Starts a new node at a new address under node `of`'s name (a later start: a higher
-    /// generation), joining node 0 like everyone; returns its index.
-    pub fn add_impostor(&mut self, of: usize) -> usize {
+    /// generation), joining node 0 like everyone; returns its index. With `of` still running it
+    /// is an impostor; with `of` crashed, a restart of `of` elsewhere.
+    pub fn start_as(&mut self, of: usize) -> usize {
         let i = self.nodes.len();
         let real = self.nodes[of].node.identity();
         let id = Member {
@@ -575,7 +576,7 @@ mod tests {
 
         for crash in [false, true] {
             // An impostor joins: every member knows it at the SWIM level, none admits it.
-            let impostor = sim.add_impostor(real);
+            let impostor = sim.start_as(real);
             sim.wait_for(secs(10), CHECK, |s| {
                 s.all_see(impostor, MemberState::Alive)
                     && s.view(impostor, real) == Some(MemberState::Alive)
@@ -601,6 +602,52 @@ mod tests {
             );
             assert_eq!(sim.wait_for(secs(10), CHECK, |s| !only_real(s)), None);
         }
+    }
+
+    #[test]
+    fn a_node_restarted_elsewhere_is_reported_failed_before_it_is_back() {
+        let n = 10;
+        let mut sim = Sim::new(n, TimingProfile::Local, SEED);
+        sim.wait_for(secs(30), CHECK, Sim::converged)
+            .expect("converged");
+        let old = 4;
+        let name = sim.name(old);
+
+        // A crash and a restart at another address, before anyone noticed the crash.
+        sim.crash(old);
+        let new = sim.start_as(old);
+        let listed = |s: &Sim, i: usize| {
+            s.members(i)
+                .into_iter()
+                .find(|m| m.name == name)
+                .map(|m| (m.gossip_addr, m.state))
+        };
+        let watchers: Vec<usize> = sim.up().collect();
+        let mut saw_failed = vec![false; sim.len()];
+        let back = |s: &Sim| {
+            watchers
+                .iter()
+                .all(|&i| listed(s, i) == Some((addr(new), MemberState::Alive)))
+        };
+        let deadline = sim.now() + secs(30);
+        while !back(&sim) && sim.now() < deadline {
+            for &i in &watchers {
+                saw_failed[i] |= listed(&sim, i) == Some((addr(old), MemberState::Failed));
+            }
+            sim.run_for(CHECK);
+        }
+        assert!(back(&sim), "the restarted node is back everywhere");
+        // Every member, the leader whoever it is, reported the old process failed on the way:
+        // that is what invalidates its sessions.
+        let missed: Vec<usize> = watchers
+            .iter()
+            .copied()
+            .filter(|&i| !saw_failed[i])
+            .collect();
+        assert!(
+            missed.is_empty(),
+            "never saw the old process fail: {missed:?}"
+        );
     }
 
     #[test]
