@@ -305,6 +305,51 @@ async fn an_impostor_with_the_gossip_key_cannot_take_a_live_nodes_name() {
 }
 
 #[tokio::test]
+async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
+    let mut cluster = Cluster::servers(1).clients(1).start().await;
+    let server = cluster.server(0).http();
+    let client = cluster.client(0).http();
+    let session = create_session(&client, r#"{"Name":"old","LockDelay":"0s"}"#).await;
+    let reply = client
+        .put(&format!("/v1/kv/t71/restart?acquire={session}"), "held")
+        .await;
+    assert_eq!(reply.text(), "true", "acquire");
+
+    // kill -9, then the same node name again at once on a new gossip port, before the crash
+    // is detected: the new process may not take the name until the old one was seen failed.
+    cluster.kill9_client(0).await;
+    cluster.restart_client(0).await;
+    eventually(
+        CONVERGE_LIMIT,
+        "the old process's lock to be released",
+        || async { holder(&server, "t71/restart").await.is_none().then_some(()) },
+    )
+    .await;
+    assert!(
+        !session_exists(&server, &session).await,
+        "old session invalidated"
+    );
+
+    // Then the restarted node is admitted and works.
+    let client = cluster.client(0).http();
+    let fresh = create_session(&client, r#"{"Name":"new","LockDelay":"0s"}"#).await;
+    let reply = client
+        .put(&format!("/v1/kv/t71/restart?acquire={fresh}"), "held")
+        .await;
+    assert_eq!(reply.text(), "true", "acquire after the restart");
+    let port = own_member(&client).await["Port"].as_u64().expect("Port");
+    eventually(
+        CONVERGE_LIMIT,
+        "the server to list the new process",
+        || async {
+            let listed = named(&server, "c0").await;
+            (listed.len() == 1 && listed[0].1 == port && listed[0].2 == 1).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn the_gossip_key_can_come_from_the_config_file() {
     let key = keygen();
     let secrets = tempfile::tempdir().expect("temporary directory");
