@@ -98,7 +98,8 @@ pub struct AgentArgs {
     /// HTTP API address.
     #[arg(long, default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
-    /// RPC address (port 0 picks a free port).
+    /// RPC address of a server (port 0 picks a free port); a client agent serves no RPC and
+    /// ignores it.
     #[arg(long, default_value = "127.0.0.1:8300")]
     pub rpc_addr: SocketAddr,
     /// Log level filter (e.g. info, debug, vigil_server=debug).
