@@ -74,13 +74,15 @@ pub struct AgentArgs {
     /// Gossip (Serf) address, UDP (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8301")]
     pub serf_addr: SocketAddr,
-    /// Gossip encryption key from `vigil keygen` (base64, 32 bytes).
+    /// Gossip encryption key from `vigil keygen` (base64, 32 bytes). Every local user can read
+    /// a command line: prefer `encrypt` in the --config file.
     #[arg(long)]
     pub encrypt: Option<String>,
-    /// Gossip timing profile: `lan` (default; tolerates multi-second pauses) or `local`
-    /// (fast failure detection on one machine, for tests).
-    #[arg(long, default_value = "lan", value_parser = parse_profile)]
-    pub gossip_profile: TimingProfile,
+    /// Timing of gossip and raft: `lan` (default; tolerates multi-second pauses and slow
+    /// heartbeats) or `local` (fast failure detection and elections on one machine, for tests).
+    /// `--gossip-profile` is the old spelling.
+    #[arg(long, alias = "gossip-profile", default_value = "lan", value_parser = parse_profile)]
+    pub timing_profile: TimingProfile,
     /// CA certificate (PEM) that signs every agent's certificate.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
@@ -96,7 +98,8 @@ pub struct AgentArgs {
     /// HTTP API address.
     #[arg(long, default_value = "127.0.0.1:8500")]
     pub http_addr: SocketAddr,
-    /// RPC address (port 0 picks a free port).
+    /// RPC address of a server (port 0 picks a free port); a client agent serves no RPC and
+    /// ignores it.
     #[arg(long, default_value = "127.0.0.1:8300")]
     pub rpc_addr: SocketAddr,
     /// Log level filter (e.g. info, debug, vigil_server=debug).
@@ -129,6 +132,9 @@ pub struct AgentArgs {
     /// opening or its previous response (so also how long it may sit idle).
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub http_header_timeout: Duration,
+    /// Allow script checks declared in the config file, not those registered over HTTP.
+    #[arg(long)]
+    pub enable_local_script_checks: bool,
 }
 
 fn parse_profile(s: &str) -> Result<TimingProfile, String> {
@@ -178,12 +184,17 @@ impl AgentArgs {
         } else {
             AgentMode::Client
         };
-        let encrypt = self
-            .encrypt
-            .as_deref()
-            .map(Keyring::from_base64)
-            .transpose()
-            .map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?;
+        let file = match &self.config {
+            Some(path) => crate::local::config::load(path)?,
+            None => crate::local::config::ConfigFile::default(),
+        };
+        // A flag wins over the config file, as in Consul.
+        let encrypt = match self.encrypt.as_deref() {
+            Some(key) => {
+                Some(Keyring::from_base64(key).map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?)
+            }
+            None => file.encrypt,
+        };
         let tls = match (&self.ca_file, &self.cert_file, &self.key_file) {
             (Some(ca), Some(cert), Some(key)) => TlsSource::Files {
                 ca: ca.clone(),
@@ -210,21 +221,70 @@ impl AgentArgs {
             serf_addr: self.serf_addr,
             join: self.join.clone(),
             encrypt,
-            gossip_profile: self.gossip_profile,
+            profile: self.timing_profile,
             mode,
             tls,
             session_ttl_min: self.session_ttl_min,
             enable_script_checks: self.enable_script_checks,
+            enable_local_script_checks: self.enable_local_script_checks,
             ae_interval: self.ae_interval,
             max_blocking_queries: self.max_blocking_queries,
-            local: match &self.config {
-                Some(path) => crate::local::config::load(path)?,
-                None => crate::local::config::LocalDefinitions::default(),
-            },
+            local: file.local,
             http_limits: crate::http::serve::ConnLimits {
                 max_conns_per_client: self.http_max_conns_per_client,
                 header_timeout: self.http_header_timeout,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(args: &[&str]) -> AgentArgs {
+        let argv = ["vigil", "agent", "--dev"].iter().chain(args);
+        match Cli::try_parse_from(argv)
+            .expect("valid command line")
+            .command
+        {
+            Command::Agent(args) => args,
+            other => panic!("not an agent command: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_timing_profile_flag_with_the_old_spelling_kept() {
+        assert_eq!(agent(&[]).timing_profile, TimingProfile::Lan);
+        for flag in ["--timing-profile", "--gossip-profile"] {
+            assert_eq!(agent(&[flag, "local"]).timing_profile, TimingProfile::Local);
+            assert_eq!(agent(&[flag, "lan"]).timing_profile, TimingProfile::Lan);
+        }
+        assert!(Cli::try_parse_from(["vigil", "agent", "--timing-profile", "wan"]).is_err());
+    }
+
+    #[test]
+    fn the_gossip_key_comes_from_the_flag_or_else_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            format!("encrypt = \"{}\"\n", crate::gossip::generate_key()),
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+        assert!(
+            agent(&["--config", path])
+                .config()
+                .unwrap()
+                .encrypt
+                .is_some()
+        );
+        assert!(agent(&[]).config().unwrap().encrypt.is_none());
+        // The flag wins: a bad flag is an error even with a good key in the file.
+        let err = agent(&["--config", path, "--encrypt", "c2hvcnQ="])
+            .config()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("--encrypt: "), "{err}");
     }
 }

@@ -23,7 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use vigil_server::tls::TlsMaterial;
-use vigil_server::transport::{self, RpcClient};
+use vigil_server::transport::RpcClient;
 use vigil_server::{RaftTiming, Server, ServerConfig, ServerMode};
 use vigil_shared::catalog::{HealthStatus, MemberRole, SERF_HEALTH};
 use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
@@ -75,13 +75,17 @@ pub struct AgentConfig {
     pub join: Vec<SocketAddr>,
     /// The cluster's gossip key (`vigil keygen`).
     pub encrypt: Option<Keyring>,
-    pub gossip_profile: TimingProfile,
+    /// Gossip and raft timing (`--timing-profile`); a dev agent's raft is always `local`.
+    pub profile: TimingProfile,
     pub mode: AgentMode,
     pub tls: TlsSource,
     /// Smallest session TTL accepted; lowered only by tests.
     pub session_ttl_min: Duration,
-    /// Whether script checks may run (`--enable-script-checks`).
+    /// Whether script checks may run, from the config file and over HTTP
+    /// (`--enable-script-checks`).
     pub enable_script_checks: bool,
+    /// Whether script checks of the config file may run (`--enable-local-script-checks`).
+    pub enable_local_script_checks: bool,
     /// Full anti-entropy period (Consul's `ae_interval`, 1 min); shortened only by tests.
     pub ae_interval: Duration,
     /// Blocking queries the server role holds at once at most; more answer 429.
@@ -157,9 +161,11 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     } else {
         None
     };
+    // A client agent serves no RPC: it advertises port 0 (servers are found by role, never by
+    // this address), and dials from its own IP rather than from every interface.
     let rpc_addr = match &rpc_socket {
         Some(socket) => socket.local_addr()?,
-        None => config.rpc_addr,
+        None => SocketAddr::new(config.serf_addr.ip(), 0),
     };
 
     let tasks = TaskTracker::new();
@@ -177,7 +183,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             datacenter: DATACENTER.to_owned(),
             join: config.join.clone(),
             keyring: config.encrypt.clone(),
-            profile: config.gossip_profile,
+            profile: config.profile,
         },
         shutdown.clone(),
         &tasks,
@@ -186,7 +192,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
 
     let backend = match (rpc_socket, &config.mode) {
         (None, _) => {
-            let endpoint = transport::client_endpoint(&tls)?;
+            let endpoint = client_endpoint(&tls, rpc_addr)?;
             let rpc = RpcClient::new(endpoint, tls.server_name());
             Backend::Remote(RemoteServers::new(
                 rpc,
@@ -205,11 +211,22 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                 },
                 _ => ServerMode::Dev,
             };
+            let raft = match &mode {
+                // One node: no election to ride out, and a dev agent should be ready at once.
+                ServerMode::Dev => RaftTiming::local(),
+                ServerMode::Cluster { .. } => raft_timing(config.profile),
+            };
+            tracing::info!(
+                profile = ?config.profile,
+                heartbeat_ms = raft.heartbeat_ms,
+                election_timeout_ms = %format!("{}-{}", raft.election_min_ms, raft.election_max_ms),
+                "raft timing"
+            );
             let server = Server::start(
                 ServerConfig {
                     node_name: config.node_name.clone(),
                     rpc_addr,
-                    raft: RaftTiming::local(),
+                    raft,
                     mode,
                     members: Some(gossip.subscribe()),
                     max_blocking_queries: config.max_blocking_queries,
@@ -233,6 +250,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             node: config.node_name.clone(),
             address: gossip.gossip_addr().ip().to_string(),
             enable_script_checks: config.enable_script_checks,
+            enable_local_script_checks: config.enable_local_script_checks,
             ae_interval: config.ae_interval,
             definitions: config.local.clone(),
         },
@@ -270,6 +288,27 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     })
 }
 
+/// The raft timing of a timing profile: `lan` rides out slow heartbeats (150 ms heartbeats,
+/// 1-2 s election timeout), `local` elects fast on one machine (100 ms, 0.5-1 s).
+pub fn raft_timing(profile: TimingProfile) -> RaftTiming {
+    match profile {
+        TimingProfile::Lan => RaftTiming::lan(),
+        TimingProfile::Local => RaftTiming::local(),
+    }
+}
+
+/// A client agent's dial-only QUIC endpoint, bound to `bind` (its own IP, port 0) rather than to
+/// every interface; with no server config it accepts no connection.
+fn client_endpoint(tls: &TlsMaterial, bind: SocketAddr) -> anyhow::Result<quinn::Endpoint> {
+    let socket = UdpSocket::bind(bind)
+        .with_context(|| format!("binding the outgoing RPC socket on {bind}"))?;
+    let runtime = quinn::default_runtime().context("no tokio runtime for the QUIC endpoint")?;
+    let mut endpoint = quinn::Endpoint::new(tls.endpoint_config(), None, socket, runtime)
+        .context("setting up the outgoing RPC endpoint")?;
+    endpoint.set_default_client_config(tls.client_config()?);
+    Ok(endpoint)
+}
+
 /// Waits until the leader has registered this node with a passing `serfHealth` check.
 async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
     let deadline = Instant::now() + DEV_READY_TIMEOUT;
@@ -293,5 +332,28 @@ async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
             "this node was not registered within {DEV_READY_TIMEOUT:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timing_profile_sets_raft_timing_too() {
+        let lan = raft_timing(TimingProfile::Lan);
+        assert_eq!(
+            (lan.heartbeat_ms, lan.election_min_ms, lan.election_max_ms),
+            (150, 1000, 2000)
+        );
+        let local = raft_timing(TimingProfile::Local);
+        assert_eq!(
+            (
+                local.heartbeat_ms,
+                local.election_min_ms,
+                local.election_max_ms
+            ),
+            (100, 500, 1000)
+        );
     }
 }

@@ -1,5 +1,7 @@
 //! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
 
+use std::io::IsTerminal as _;
+
 use crate::cli::{AgentArgs, Cli, Command};
 use crate::cmd::members::{OperatorCommand, RaftCommand};
 use clap::Parser;
@@ -10,8 +12,11 @@ use tracing_subscriber::EnvFilter;
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(format!("{level},openraft=warn")));
+    // Colours only for a terminal: a log file or pipe gets plain text (NO_COLOR also works).
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     if json {
         builder.json().init();

@@ -51,7 +51,7 @@ impl Spec {
         self
     }
 
-    /// The gossip timing profile of every agent (`local` unless set).
+    /// The timing profile (gossip and raft) of every agent (`local` unless set).
     pub fn gossip_profile(mut self, profile: &str) -> Spec {
         self.profile = Some(profile.to_owned());
         self
@@ -233,7 +233,7 @@ impl Cluster {
         args.extend(strings(&[
             "--log-level",
             "info",
-            "--gossip-profile",
+            "--timing-profile",
             &self.profile,
         ]));
         args.extend(self.args.iter().map(OsString::from));
@@ -248,8 +248,8 @@ impl Cluster {
         cert: &Path,
         key: &Path,
     ) -> Vec<OsString> {
-        let mut args = strings(&["agent", "--rpc-addr", "127.0.0.1:0"]);
-        args.extend(strings(&["--serf-addr", "127.0.0.1:0"]));
+        // No --rpc-addr: a client agent serves no RPC.
+        let mut args = strings(&["agent", "--serf-addr", "127.0.0.1:0"]);
         for &i in join {
             args.extend(["--join".into(), self.server_serf(i).to_string().into()]);
         }

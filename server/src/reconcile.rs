@@ -2,6 +2,13 @@
 //! `leader_registrator_v1`). Alive → node registered with `serfHealth` passing; failed →
 //! `serfHealth` critical (which invalidates the sessions bound to it); left → node deregistered
 //! (which invalidates all of its sessions). Pure: member list and catalog in, commands out.
+//!
+//! Members are keyed by name *and* address: one decision per node name, taken from a live
+//! record of that name if there is one; a failed or left record only speaks for the catalog
+//! node when it is at the node's catalog address. So a member that took a live node's name from
+//! another address and then left or crashed never deregisters or fails the live node.
+
+use std::collections::BTreeMap;
 
 use vigil_shared::catalog::{HealthStatus, MemberState, MemberStatus, SERF_HEALTH};
 use vigil_shared::rpc::{CheckRegistration, Op};
@@ -22,14 +29,45 @@ fn serf_check(node: &str, status: HealthStatus, output: &str) -> Op {
     })
 }
 
+fn is_live(state: MemberState) -> bool {
+    matches!(state, MemberState::Alive | MemberState::Leaving)
+}
+
+/// The record that speaks for node `name` among `records` (all named `name`): a live one (the
+/// one at the catalog address first), else a down one at the catalog address; a down record
+/// elsewhere is about another process and says nothing about the catalog's node. A name the
+/// catalog does not have takes its first record.
+fn deciding<'a>(
+    records: &[&'a MemberStatus],
+    catalog_address: Option<&str>,
+) -> Option<&'a MemberStatus> {
+    let at_node =
+        |m: &&&MemberStatus| catalog_address == Some(m.gossip_addr.ip().to_string().as_str());
+    let live = || records.iter().filter(|m| is_live(m.state));
+    live()
+        .find(at_node)
+        .or_else(|| live().next())
+        .or_else(|| match catalog_address {
+            Some(_) => records.iter().find(at_node),
+            None => records.first(),
+        })
+        .copied()
+}
+
 /// The commands that make the catalog agree with `members`. `leader` is this server's node
 /// name: the leader never marks itself failed or deregisters itself.
 pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op> {
-    let mut ops = Vec::new();
+    let mut by_name: BTreeMap<&str, Vec<&MemberStatus>> = BTreeMap::new();
     for member in members {
-        let name = member.name.as_str();
-        let address = member.gossip_addr.ip().to_string();
+        by_name.entry(&member.name).or_default().push(member);
+    }
+    let mut ops = Vec::new();
+    for (name, records) in by_name {
         let node = catalog.node(name);
+        let Some(member) = deciding(&records, node.map(|n| n.address.as_str())) else {
+            continue;
+        };
+        let address = member.gossip_addr.ip().to_string();
         let check = catalog.check(name, SERF_HEALTH);
         let state = if name == leader {
             MemberState::Alive
@@ -198,6 +236,59 @@ mod tests {
                 Vec::new()
             );
         }
+    }
+
+    fn at(name: &str, state: MemberState, gossip_addr: &str) -> MemberStatus {
+        MemberStatus {
+            gossip_addr: gossip_addr.parse().unwrap(),
+            ..member(name, state)
+        }
+    }
+
+    #[test]
+    fn an_impostors_down_record_never_touches_the_live_node() {
+        // A member took c1's name from another address (another host, or another port of the
+        // same host) and then left or crashed, while the real c1 lives.
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        let real = member("c1", MemberState::Alive);
+        converge(&mut sm, std::slice::from_ref(&real), &mut next);
+        for impostor_addr in ["127.0.0.9:8301", "127.0.0.7:9301"] {
+            for state in [MemberState::Left, MemberState::Failed] {
+                let impostor = at("c1", state, impostor_addr);
+                for list in [
+                    vec![real.clone(), impostor.clone()],
+                    vec![impostor.clone(), real.clone()],
+                ] {
+                    assert_eq!(plan(&list, sm.catalog(), "leader"), Vec::new(), "{list:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_down_record_at_another_address_says_nothing_about_the_node() {
+        // Only the impostor's record is known (the real c1 is registered at .7).
+        let mut sm = StateMachine::default();
+        let mut next = 0;
+        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        for state in [MemberState::Left, MemberState::Failed] {
+            let impostor = at("c1", state, "127.0.0.9:8301");
+            assert_eq!(plan(&[impostor], sm.catalog(), "leader"), Vec::new());
+        }
+        // The record at the node's address still decides.
+        let ops = converge(
+            &mut sm,
+            &[
+                at("c1", MemberState::Left, "127.0.0.9:8301"),
+                member("c1", MemberState::Failed),
+            ],
+            &mut next,
+        );
+        assert_eq!(
+            ops,
+            vec![serf_check("c1", HealthStatus::Critical, FAILED_OUTPUT)]
+        );
     }
 
     #[test]

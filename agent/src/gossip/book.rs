@@ -3,9 +3,22 @@
 //! members of our datacenter are ever recorded; a row never goes back to an older generation; a
 //! down member is Left exactly when a leave notice for that address and generation was seen
 //! (before or after the `MemberDown`), Failed otherwise. Pure and clock-free: callers pass `now`.
+//!
+//! Node names are unique in what the book reports: foca keys members by address, so two
+//! processes started with the same `--node` are two foca members, but [`MemberBook::snapshot`]
+//! reports one row per name, the name's *holder* ([`MemberBook::refresh`] decides). A live member
+//! keeps its name against a newcomer at another address (Serf refuses the newcomer the same way),
+//! and while a name has a live holder, down rows of that name elsewhere are not reported: a
+//! member that took a live node's name and then left or crashed must never make the leader
+//! deregister or fail the live node. A holder that goes down keeps the name for the profile's
+//! reclaim time (memberlist's `DeadNodeReclaimTime`) before a newcomer may take it, so the leader
+//! sees the failure or the leave (and invalidates the old process's sessions) even when the node
+//! was restarted at another address before anyone noticed the crash.
 
+use std::cmp::Reverse;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use foca::OwnedNotification;
@@ -20,6 +33,9 @@ struct Row {
     state: MemberState,
     /// When the row last changed state; down rows are reaped some time after it.
     since: Duration,
+    /// The member held its node name while live (see [`MemberBook::refresh`]): a member refused
+    /// for taking a live node's name never speaks for that name, even once both are down.
+    held: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,15 +59,26 @@ pub struct MemberBook {
     /// Newest leave notice per address, kept even before (or without) a matching row because
     /// the notice and the `MemberDown` may arrive in either order.
     intents: BTreeMap<SocketAddr, Intent>,
+    /// The gossip address holding each node name (ours included), as of the last
+    /// [`MemberBook::refresh`].
+    holders: BTreeMap<Arc<str>, SocketAddr>,
+    /// How long a holder that went down keeps its name against a newcomer.
+    reclaim_after: Duration,
+    /// When the next such grace ends (the holders must be recomputed then).
+    next_reclaim: Option<Duration>,
     changed: bool,
 }
 
 impl MemberBook {
-    pub fn new(datacenter: impl Into<String>) -> MemberBook {
+    /// An empty book; [`MemberBook::refresh`] it before the first snapshot.
+    pub fn new(datacenter: impl Into<String>, reclaim_after: Duration) -> MemberBook {
         MemberBook {
             datacenter: datacenter.into(),
             rows: BTreeMap::new(),
             intents: BTreeMap::new(),
+            holders: BTreeMap::new(),
+            reclaim_after,
+            next_reclaim: None,
             changed: false,
         }
     }
@@ -68,14 +95,17 @@ impl MemberBook {
     }
 
     fn set(&mut self, id: Member, state: MemberState, now: Duration) {
-        let row = Row {
+        let mut row = Row {
             id,
             state,
             since: now,
+            held: false,
         };
         match self.rows.get(&row.id.addr) {
             Some(old) if old.id == row.id && old.state == row.state => {}
-            _ => {
+            old => {
+                // A renewed identity at the same address is the same process.
+                row.held = old.is_some_and(|o| o.held && o.id.name == row.id.name);
                 self.rows.insert(row.id.addr, row);
                 self.changed = true;
             }
@@ -90,12 +120,13 @@ impl MemberBook {
                 if !self.ours(id) || self.is_stale(id) {
                     return;
                 }
-                // A node that restarted on another port: its old down row is history.
+                // A node that restarted on another port: its old down row is history, once the
+                // leader had time to see it go.
                 let moved: Vec<SocketAddr> = self
                     .rows
                     .values()
                     .filter(|r| r.id.name == id.name && r.id.addr != id.addr)
-                    .filter(|r| matches!(r.state, MemberState::Left | MemberState::Failed))
+                    .filter(|r| !is_live(r.state) && r.since + self.reclaim_after <= now)
                     .map(|r| r.id.addr)
                     .collect();
                 for addr in moved {
@@ -213,13 +244,87 @@ impl MemberBook {
             .retain(|addr, i| rows.contains_key(addr) || !expired(i.since));
     }
 
-    /// The member list with `me` in `my_state`, sorted by name then address.
+    /// Decides who holds each node name, after the rows changed or when a holder's grace ends;
+    /// call after every batch of changes. For each name: a holder that went down within the
+    /// reclaim time keeps it; otherwise the oldest live claim, `me` included (the lowest
+    /// generation: generations start at the process start time), and it is marked as having
+    /// held it; otherwise, among down rows, one that held the name, the newest first.
+    /// Addresses break ties, so members with the same rows pick the same holder.
+    pub fn refresh(&mut self, me: &Member, now: Duration) {
+        let due = self.holders.is_empty() || self.next_reclaim.is_some_and(|t| now >= t);
+        if !self.changed && !due {
+            return;
+        }
+        let mut by_name: BTreeMap<&Arc<str>, Vec<&Row>> = BTreeMap::new();
+        by_name.insert(&me.name, Vec::new());
+        for row in self.rows.values() {
+            by_name.entry(&row.id.name).or_default().push(row);
+        }
+        let grace_end = |r: &Row| r.since.saturating_add(self.reclaim_after);
+        let mut holders = BTreeMap::new();
+        let mut newly_held = Vec::new();
+        let mut next_reclaim: Option<Duration> = None;
+        for (name, rows) in by_name {
+            let departed = rows
+                .iter()
+                .filter(|r| r.held && !is_live(r.state) && now < grace_end(r))
+                .max_by_key(|r| (r.since, r.id.generation, Reverse(r.id.addr)));
+            let oldest_live = rows
+                .iter()
+                .filter(|r| is_live(r.state))
+                .map(|r| (r.id.generation, r.id.addr))
+                .chain((*name == me.name).then_some((me.generation, me.addr)))
+                .min();
+            let holder = if let Some(r) = departed {
+                let end = grace_end(r);
+                next_reclaim = Some(next_reclaim.map_or(end, |t| t.min(end)));
+                r.id.addr
+            } else if let Some((_, addr)) = oldest_live {
+                if addr != me.addr {
+                    newly_held.push(addr);
+                }
+                addr
+            } else if let Some(r) = rows
+                .iter()
+                .max_by_key(|r| (r.held, r.id.generation, Reverse(r.id.addr)))
+            {
+                r.id.addr
+            } else {
+                continue;
+            };
+            holders.insert(Arc::clone(name), holder);
+        }
+        for addr in newly_held {
+            if let Some(row) = self.rows.get_mut(&addr) {
+                row.held = true;
+            }
+        }
+        if holders != self.holders {
+            self.holders = holders;
+            self.changed = true;
+        }
+        self.next_reclaim = next_reclaim;
+    }
+
+    /// The member list with `me` in `my_state`: the holder of each name, sorted by name. A node
+    /// whose name is held by another member is not in its own list either: it is not admitted.
     pub fn snapshot(&self, me: &Member, my_state: MemberState) -> Vec<MemberStatus> {
-        let mut list: Vec<MemberStatus> = std::iter::once(me.status(my_state))
-            .chain(self.rows.values().map(|r| r.id.status(r.state)))
-            .collect();
-        list.sort_by(|a, b| (&a.name, a.gossip_addr).cmp(&(&b.name, b.gossip_addr)));
-        list
+        self.holders
+            .values()
+            .filter_map(|addr| match self.rows.get(addr) {
+                _ if *addr == me.addr => Some(me.status(my_state)),
+                Some(row) => Some(row.id.status(row.state)),
+                None => None,
+            })
+            .collect()
+    }
+
+    /// A live member other than `id`, at another address, that claims `id`'s name.
+    pub fn rival(&self, id: &Member) -> Option<&Member> {
+        self.rows
+            .values()
+            .find(|r| r.id.name == id.name && r.id.addr != id.addr && is_live(r.state))
+            .map(|r| &r.id)
     }
 
     /// Gossip addresses of live members (Alive or Leaving).
@@ -236,9 +341,7 @@ impl MemberBook {
     }
 
     pub fn is_live(&self, addr: &SocketAddr) -> bool {
-        self.rows
-            .get(addr)
-            .is_some_and(|r| matches!(r.state, MemberState::Alive | MemberState::Leaving))
+        self.rows.get(addr).is_some_and(|r| is_live(r.state))
     }
 
     /// The state of the member at `addr`, if we know it.
@@ -253,6 +356,16 @@ impl MemberBook {
     }
 }
 
+fn is_live(state: MemberState) -> bool {
+    matches!(state, MemberState::Alive | MemberState::Leaving)
+}
+
+/// Whether `a` started before `b` (two live members claiming one name): the lower generation,
+/// then the lower address. The one that started first holds the name.
+pub fn starts_before(a: &Member, b: &Member) -> bool {
+    (a.generation, a.addr) < (b.generation, b.addr)
+}
+
 #[cfg(test)]
 mod tests {
     use vigil_shared::catalog::MemberRole;
@@ -260,6 +373,7 @@ mod tests {
     use super::*;
 
     const T0: Duration = Duration::ZERO;
+    const RECLAIM: Duration = Duration::from_secs(1);
 
     fn id(port: u16, generation: u64) -> Member {
         Member {
@@ -281,7 +395,7 @@ mod tests {
     }
 
     fn book_with(m: &Member) -> MemberBook {
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         book.apply(&OwnedNotification::MemberUp(m.clone()), T0);
         book
     }
@@ -356,10 +470,150 @@ mod tests {
     fn other_datacenters_are_ignored() {
         let mut foreign = id(1, 1);
         foreign.datacenter = "dc2".into();
-        let mut book = MemberBook::new("dc1");
+        let mut book = MemberBook::new("dc1", RECLAIM);
         book.apply(&OwnedNotification::MemberUp(foreign.clone()), T0);
         assert_eq!(book.state_of(&foreign.addr), None);
         assert!(!book.take_changed());
+    }
+
+    fn named(port: u16, generation: u64, name: &str) -> Member {
+        Member {
+            name: name.into(),
+            ..id(port, generation)
+        }
+    }
+
+    /// Folds a notification in at T0 the way the node does (then decides the name holders).
+    fn fold(book: &mut MemberBook, me: &Member, n: OwnedNotification<Member>) {
+        fold_at(book, me, n, T0);
+    }
+
+    fn fold_at(book: &mut MemberBook, me: &Member, n: OwnedNotification<Member>, now: Duration) {
+        book.apply(&n, now);
+        book.refresh(me, now);
+    }
+
+    /// The rows named `name` in `book`'s member list, as (address, state).
+    fn rows_named(book: &MemberBook, me: &Member, name: &str) -> Vec<(SocketAddr, MemberState)> {
+        book.snapshot(me, MemberState::Alive)
+            .into_iter()
+            .filter(|s| s.name == name)
+            .map(|s| (s.gossip_addr, s.state))
+            .collect()
+    }
+
+    #[test]
+    fn a_live_member_keeps_its_name_against_a_newcomer_elsewhere() {
+        let me = id(9, 1);
+        let (real, impostor) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1", RECLAIM);
+        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
+        fold(
+            &mut book,
+            &me,
+            OwnedNotification::MemberUp(impostor.clone()),
+        );
+        assert_eq!(book.rival(&impostor).map(|m| m.addr), Some(real.addr));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+
+        // The impostor leaves (or crashes): nothing about it is reported while c1 lives.
+        book.leave_notice(notice(&impostor, false), T0);
+        fold(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(impostor.clone()),
+        );
+        assert_eq!(book.state_of(&impostor.addr), Some(MemberState::Left));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+
+        // Both down: the one that held the name speaks for it, not the newer impostor.
+        fold(&mut book, &me, OwnedNotification::MemberDown(real.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Failed)]
+        );
+    }
+
+    #[test]
+    fn a_newcomer_with_a_taken_name_is_not_in_its_own_list() {
+        let (real, me) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1", RECLAIM);
+        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(real.addr, MemberState::Alive)]
+        );
+        // The other way round, the older node keeps its own name.
+        let (me, newcomer) = (real, named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1", RECLAIM);
+        fold(&mut book, &me, OwnedNotification::MemberUp(newcomer));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(me.addr, MemberState::Alive)]
+        );
+    }
+
+    #[test]
+    fn a_restart_elsewhere_takes_the_name_once_the_old_process_was_seen_down() {
+        let me = id(9, 1);
+        let (old, new) = (named(1, 10, "c1"), named(2, 20, "c1"));
+        let mut book = MemberBook::new("dc1", RECLAIM);
+        fold(&mut book, &me, OwnedNotification::MemberUp(old.clone()));
+        fold(&mut book, &me, OwnedNotification::MemberUp(new.clone()));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Alive)]
+        );
+
+        // The old process is declared down: its name is reported Failed (so the leader
+        // invalidates its sessions) for the reclaim time before the new process takes it.
+        let down_at = Duration::from_secs(3);
+        fold_at(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(old.clone()),
+            down_at,
+        );
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Failed)]
+        );
+        book.refresh(&me, down_at + RECLAIM - Duration::from_millis(1));
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(old.addr, MemberState::Failed)]
+        );
+        book.take_changed();
+        book.refresh(&me, down_at + RECLAIM);
+        assert!(book.take_changed(), "the handover is published");
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Alive)]
+        );
+
+        // Both held the name in turn: once both are down, the newer one speaks for it.
+        let later = down_at + RECLAIM * 10;
+        fold_at(
+            &mut book,
+            &me,
+            OwnedNotification::MemberDown(new.clone()),
+            later,
+        );
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Failed)]
+        );
+        book.refresh(&me, later + RECLAIM);
+        assert_eq!(
+            rows_named(&book, &me, "c1"),
+            [(new.addr, MemberState::Failed)]
+        );
     }
 
     #[test]
@@ -379,9 +633,10 @@ mod tests {
         book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
         let mut moved = id(2, 5);
         moved.name = m.name.clone();
-        book.apply(&OwnedNotification::MemberUp(moved.clone()), T0);
+        book.apply(&OwnedNotification::MemberUp(moved.clone()), RECLAIM);
         assert_eq!(book.state_of(&m.addr), None);
         let me = id(9, 1);
+        book.refresh(&me, RECLAIM);
         let names: Vec<_> = book
             .snapshot(&me, MemberState::Alive)
             .into_iter()

@@ -29,7 +29,7 @@ use rand_foca::{RngExt as _, SeedableRng as _};
 use serde::{Deserialize, Serialize};
 use vigil_shared::catalog::{MemberState, MemberStatus};
 
-use super::book::{ForceLeaveRefusal, MemberBook};
+use super::book::{ForceLeaveRefusal, MemberBook, starts_before};
 use super::identity::{Member, peek_datacenter};
 use super::leave::{LeaveHandler, LeaveNotice};
 use super::profile::{MAX_PACKET, TimingProfile};
@@ -120,7 +120,8 @@ impl GossipNode {
         let first_sync = jitter(&mut own_rng, profile.sync_interval(), 0.0, 1.0);
         let (handler, notices) = LeaveHandler::new();
         let reannounce = Reannouncer::new(identity.addr, join, profile);
-        let book = MemberBook::new(identity.datacenter.to_string());
+        let mut book = MemberBook::new(identity.datacenter.to_string(), profile.reclaim_after());
+        book.refresh(&identity, Duration::ZERO);
         GossipNode {
             foca: Foca::with_custom_broadcast(
                 identity,
@@ -522,9 +523,11 @@ impl GossipNode {
             self.reannounce.observe(&n, now);
             if !self.about_ourselves(&n) {
                 self.book.apply(&n, now);
+                self.log_name_conflict(&n);
             }
             out.notifications.push(n);
         }
+        self.book.refresh(self.foca.identity(), now);
         while let Some((to, data)) = self.runtime.to_send() {
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -559,6 +562,33 @@ impl GossipNode {
             }
         }
         out
+    }
+
+    /// Serf's name-conflict log lines, when a member comes up with a name a live member at
+    /// another address (we, or someone else) already claims. The one that started first keeps
+    /// the name (see [`MemberBook::refresh`]); the member list only ever reports the holder.
+    fn log_name_conflict(&self, n: &OwnedNotification<Member>) {
+        let OwnedNotification::MemberUp(id) = n else {
+            return;
+        };
+        let me = self.identity();
+        if id.name == me.name {
+            if starts_before(me, id) {
+                tracing::error!(node = %me.name, other = %id.addr,
+                    "node name conflict: another member claims this node's name; it is not admitted (names must be unique)");
+            } else {
+                tracing::error!(node = %me.name, holder = %id.addr,
+                    "node name conflict: a live member that started earlier holds this node's name; this node is not admitted while it lives (names must be unique)");
+            }
+        } else if let Some(rival) = self.book.rival(id) {
+            let (holder, refused) = if starts_before(rival, id) {
+                (rival, id)
+            } else {
+                (id, rival)
+            };
+            tracing::warn!(node = %id.name, holder = %holder.addr, refused = %refused.addr,
+                "node name conflict: two members claim the name; the one that started first keeps it");
+        }
     }
 
     /// A member notification naming our own address (an identity of ours from before a renew).

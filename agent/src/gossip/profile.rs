@@ -46,6 +46,9 @@ pub enum TimingProfile {
     /// * while not connected, re-announce to the join list every **3 s** (retry-join); while
     ///   connected, every **30 s** to join addresses that are not members.
     /// * a graceful leave lingers at most **2 s** so the leave reaches enough members.
+    /// * a node name whose holder failed or left is held for it **5 s** before another member
+    ///   (a restart of that node at another address) may take it: time for the leader to see
+    ///   the departure and invalidate the old process's sessions.
     Lan,
     /// Loopback tests and simulations: the same shape, about 5x faster, still with margins a
     /// busy 2-core CI machine needs.
@@ -59,7 +62,7 @@ pub enum TimingProfile {
     /// * announce to down members every **2 s**: a healed partition merges within seconds.
     /// * remember down members **5 min**: longer than any test, so Failed/Left stay visible.
     /// * re-announce while not connected every **1 s**; to missing join addresses every **2 s**.
-    /// * a graceful leave lingers at most **500 ms**.
+    /// * a graceful leave lingers at most **500 ms**; a departed holder keeps its name **1 s**.
     Local,
 }
 
@@ -154,6 +157,17 @@ impl TimingProfile {
         match self {
             TimingProfile::Lan => Duration::from_secs(2),
             TimingProfile::Local => Duration::from_millis(500),
+        }
+    }
+
+    /// How long a node name stays with a holder that failed or left before another member at
+    /// another address may take it (memberlist's `DeadNodeReclaimTime`, which Consul sets to
+    /// 30 s; ours only has to outlast the leader's reaction, since a member wrongly declared
+    /// down comes back at its own address, not as a rival).
+    pub fn reclaim_after(self) -> Duration {
+        match self {
+            TimingProfile::Lan => Duration::from_secs(5),
+            TimingProfile::Local => Duration::from_secs(1),
         }
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use foca::{OwnedNotification, Timer};
 use rand_foca::rngs::StdRng;
 use rand_foca::{RngExt as _, SeedableRng as _};
-use vigil_shared::catalog::{MemberRole, MemberState};
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 
 use super::identity::Member;
 use super::node::{GossipNode, Output};
@@ -149,8 +149,41 @@ impl Sim {
     }
 
     fn boot(&self, i: usize, generation: u64) -> GossipNode {
+        self.boot_as(i, identity(i, generation))
+    }
+
+    fn boot_as(&self, i: usize, id: Member) -> GossipNode {
         let rng = StdRng::seed_from_u64(self.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
-        GossipNode::new(identity(i, generation), &[addr(0)], self.profile, rng)
+        GossipNode::new(id, &[addr(0)], self.profile, rng)
+    }
+
+    /// Starts a new node at a new address under node `of`'s name (a later start: a higher
+    /// generation), joining node 0 like everyone; returns its index. With `of` still running it
+    /// is an impostor; with `of` crashed, a restart of `of` elsewhere.
+    pub fn start_as(&mut self, of: usize) -> usize {
+        let i = self.nodes.len();
+        let real = self.nodes[of].node.identity();
+        let id = Member {
+            name: real.name.clone(),
+            generation: real.generation + 1_000,
+            ..identity(i, 0)
+        };
+        self.by_addr.insert(addr(i), i);
+        let node = self.boot_as(i, id);
+        self.nodes.push(SimNode {
+            node,
+            up: true,
+            life: 0,
+            paused_until: None,
+            leave_deadline: None,
+        });
+        self.push(self.now, i, Kind::Tick);
+        i
+    }
+
+    /// Node `i`'s member list, as its agent would report it.
+    pub fn members(&self, i: usize) -> Vec<MemberStatus> {
+        self.nodes[i].node.members()
     }
 
     fn jitter(&mut self, below: Duration) -> Duration {
@@ -517,6 +550,103 @@ mod tests {
             .expect("force-leave spreads");
         eprintln!(
             "sim: graceful leave reported Left by all after {left:?}; force-leave spread in {forced:?}"
+        );
+    }
+
+    #[test]
+    fn an_impostor_never_takes_a_live_members_name() {
+        let n = 10;
+        let mut sim = Sim::new(n, TimingProfile::Local, SEED);
+        sim.wait_for(secs(30), CHECK, Sim::converged)
+            .expect("converged");
+        let real = 4;
+        let name = sim.name(real);
+        // Every running node (the impostors too) lists `name` once: the real member, alive.
+        let only_real = |s: &Sim| {
+            s.up().all(|i| {
+                let rows: Vec<_> = s
+                    .members(i)
+                    .into_iter()
+                    .filter(|m| m.name == name)
+                    .map(|m| (m.gossip_addr, m.state))
+                    .collect();
+                rows == [(addr(real), MemberState::Alive)]
+            })
+        };
+
+        for crash in [false, true] {
+            // An impostor joins: every member knows it at the SWIM level, none admits it.
+            let impostor = sim.start_as(real);
+            sim.wait_for(secs(10), CHECK, |s| {
+                s.all_see(impostor, MemberState::Alive)
+                    && s.view(impostor, real) == Some(MemberState::Alive)
+            })
+            .expect("the impostor joined the SWIM layer");
+            assert!(only_real(&sim), "the impostor was admitted");
+
+            // It leaves (or crashes): the real member's name is never reported left or failed.
+            let gone = if crash {
+                sim.crash(impostor);
+                MemberState::Failed
+            } else {
+                sim.leave(impostor);
+                MemberState::Left
+            };
+            let seen = sim.wait_for(secs(20), CHECK, |s| {
+                !only_real(s) || s.all_see(impostor, gone)
+            });
+            assert!(seen.is_some(), "the impostor is never seen {gone:?}");
+            assert!(
+                only_real(&sim),
+                "the impostor's {gone:?} reached the real member"
+            );
+            assert_eq!(sim.wait_for(secs(10), CHECK, |s| !only_real(s)), None);
+        }
+    }
+
+    #[test]
+    fn a_node_restarted_elsewhere_is_reported_failed_before_it_is_back() {
+        let n = 10;
+        let mut sim = Sim::new(n, TimingProfile::Local, SEED);
+        sim.wait_for(secs(30), CHECK, Sim::converged)
+            .expect("converged");
+        let old = 4;
+        let name = sim.name(old);
+
+        // A crash and a restart at another address, before anyone noticed the crash.
+        sim.crash(old);
+        let new = sim.start_as(old);
+        let listed = |s: &Sim, i: usize| {
+            s.members(i)
+                .into_iter()
+                .find(|m| m.name == name)
+                .map(|m| (m.gossip_addr, m.state))
+        };
+        let watchers: Vec<usize> = sim.up().collect();
+        let mut saw_failed = vec![false; sim.len()];
+        let back = |s: &Sim| {
+            watchers
+                .iter()
+                .all(|&i| listed(s, i) == Some((addr(new), MemberState::Alive)))
+        };
+        let deadline = sim.now() + secs(30);
+        while !back(&sim) && sim.now() < deadline {
+            for &i in &watchers {
+                saw_failed[i] |= listed(&sim, i) == Some((addr(old), MemberState::Failed));
+            }
+            sim.run_for(CHECK);
+        }
+        assert!(back(&sim), "the restarted node is back everywhere");
+        // Every member, the leader whoever it is, reported the old process failed on the way:
+        // that is what invalidates its sessions.
+        let missed: Vec<usize> = watchers
+            .iter()
+            .copied()
+            .filter(|&i| !saw_failed[i])
+            .collect();
+        assert!(
+            missed.is_empty(),
+            "never saw the old process fail: {missed:?}"
         );
     }
 

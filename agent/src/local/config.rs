@@ -1,9 +1,14 @@
-//! Services and checks declared in the agent's config file (`--config FILE`, TOML), registered
-//! every time the agent starts. Each `[[service]]` and `[[check]]` table takes the same fields as
-//! the HTTP API's JSON body, in Consul's config-file spelling (snake_case) or the API's:
+//! The agent's config file (`--config FILE`, TOML): the gossip key, the script-check switches,
+//! and the services and checks registered every time the agent starts. Each `[[service]]` and
+//! `[[check]]` table takes the same fields as the HTTP API's JSON body, in Consul's config-file
+//! spelling (snake_case) or the API's:
 //!
 //! ```toml
+//! # The gossip key (`vigil keygen`), as Consul's `encrypt`: here, in a file only the agent's user
+//! # can read, it stays out of the command line that every local user sees in /proc.
+//! encrypt = "cg8StVXbQJ0gPvMd9o7yrg1Ttd/ZCXtSFKgSbtXaV2k="
 //! enable_script_checks = false
+//! enable_local_script_checks = true
 //!
 //! [[service]]
 //! name = "web"
@@ -26,12 +31,25 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
+use crate::gossip::Keyring;
+
+/// Everything a config file sets.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigFile {
+    /// The gossip key (Consul's `encrypt`; `--encrypt` wins over it).
+    pub encrypt: Option<Keyring>,
+    pub local: LocalDefinitions,
+}
 
 /// What a config file declares for the agent's local state.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LocalDefinitions {
-    /// Lets script checks run (the same as `--enable-script-checks`).
+    /// Lets script checks run, from the config file and over HTTP (the same as
+    /// `--enable-script-checks`).
     pub enable_script_checks: bool,
+    /// Lets script checks of the config file run, not those registered over HTTP (the same as
+    /// `--enable-local-script-checks`).
+    pub enable_local_script_checks: bool,
     pub services: Vec<ServiceDefinition>,
     pub checks: Vec<CheckDefinition>,
 }
@@ -56,34 +74,58 @@ fn tables(value: Value, key: &str) -> Result<Vec<Value>, String> {
     }
 }
 
+/// A TOML syntax error without the quoted source line toml's `Display` adds: that line may hold
+/// the gossip key, and the error ends up in the log.
+fn syntax_error(text: &str, e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => {
+            let line = text
+                .get(..span.start)
+                .map_or(0, |t| t.matches('\n').count())
+                + 1;
+            format!("line {line}: {}", e.message())
+        }
+        None => e.message().to_owned(),
+    }
+}
+
+fn flag(value: &Value, key: &str) -> Result<bool, String> {
+    value
+        .as_bool()
+        .ok_or_else(|| format!("`{key}` must be true or false"))
+}
+
 /// Parses a config file's text.
-pub fn parse(text: &str) -> Result<LocalDefinitions, String> {
-    let doc: toml::Table = toml::from_str(text).map_err(|e| e.to_string())?;
-    let mut out = LocalDefinitions::default();
+pub fn parse(text: &str) -> Result<ConfigFile, String> {
+    let doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+    let mut out = ConfigFile::default();
+    let local = &mut out.local;
     for (key, value) in doc {
         let value = serde_json::to_value(&value).map_err(|e| e.to_string())?;
         match key.as_str() {
-            "enable_script_checks" => {
-                out.enable_script_checks = value
-                    .as_bool()
-                    .ok_or("`enable_script_checks` must be true or false")?;
+            "encrypt" => {
+                let key = value.as_str().ok_or("`encrypt` must be a string")?;
+                out.encrypt = Some(Keyring::from_base64(key).map_err(|e| format!("encrypt: {e}"))?);
             }
+            "enable_script_checks" => local.enable_script_checks = flag(&value, &key)?,
+            "enable_local_script_checks" => local.enable_local_script_checks = flag(&value, &key)?,
             "service" | "services" => {
                 for (i, table) in tables(value, &key)?.into_iter().enumerate() {
                     let service =
                         parse_service(table).map_err(|e| format!("{key} #{}: {e}", i + 1))?;
-                    out.services.push(service);
+                    local.services.push(service);
                 }
             }
             "check" | "checks" => {
                 for (i, table) in tables(value, &key)?.into_iter().enumerate() {
                     let check = parse_check(table).map_err(|e| format!("{key} #{}: {e}", i + 1))?;
-                    out.checks.push(check);
+                    local.checks.push(check);
                 }
             }
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (expected enable_script_checks, service or check)"
+                    "unknown key `{other}` (expected encrypt, enable_script_checks, \
+                     enable_local_script_checks, service or check)"
                 ));
             }
         }
@@ -92,7 +134,7 @@ pub fn parse(text: &str) -> Result<LocalDefinitions, String> {
 }
 
 /// Reads and parses the config file at `path`.
-pub fn load(path: &Path) -> Result<LocalDefinitions, ConfigError> {
+pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
@@ -111,7 +153,9 @@ mod tests {
 
     #[test]
     fn the_shipped_example_config_parses() {
-        let defs = parse(include_str!("../../../docs/vigil.example.toml")).unwrap();
+        let defs = parse(include_str!("../../../docs/vigil.example.toml"))
+            .unwrap()
+            .local;
         assert!(!defs.enable_script_checks);
         assert_eq!(defs.services.len(), 1);
         assert_eq!(defs.checks.len(), 2);
@@ -144,7 +188,8 @@ mod tests {
             interval = "1m"
             "#,
         )
-        .unwrap();
+        .unwrap()
+        .local;
         assert!(defs.enable_script_checks);
         assert_eq!(defs.services.len(), 1);
         let web = &defs.services[0];
@@ -176,5 +221,46 @@ mod tests {
                 .contains("unknown key `servce`")
         );
         assert!(parse("[[check]\n").is_err(), "TOML syntax error");
+    }
+
+    #[test]
+    fn the_gossip_key_and_the_script_switches() {
+        let key = crate::gossip::generate_key();
+        let file = parse(&format!(
+            "encrypt = \"{key}\"\nenable_local_script_checks = true\n"
+        ))
+        .unwrap();
+        assert!(file.encrypt.is_some());
+        assert!(file.local.enable_local_script_checks);
+        assert!(!file.local.enable_script_checks);
+        assert!(parse("").unwrap().encrypt.is_none());
+        assert_eq!(
+            parse("enable_local_script_checks = 1").unwrap_err(),
+            "`enable_local_script_checks` must be true or false"
+        );
+        let err = parse("encrypt = \"c2hvcnQ=\"").unwrap_err();
+        assert!(
+            err.starts_with("encrypt: the gossip key must decode to exactly 32 bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn errors_never_quote_the_gossip_key() {
+        let key = crate::gossip::generate_key();
+        for text in [
+            format!("encrypt = \"{key}"),
+            format!("encrypt = \"{key}\" x"),
+            format!("encrypt = \"{key}!\""),
+        ] {
+            let err = parse(&text).unwrap_err();
+            assert!(!err.contains(&key), "{err}");
+            assert!(!err.contains(&key[..8]), "{err}");
+        }
+        assert!(
+            parse(&format!("[[check]]\nname = \"x\"\nencrypt = \"{key}\" x\n"))
+                .unwrap_err()
+                .starts_with("line 3: "),
+        );
     }
 }

@@ -60,9 +60,10 @@ pub enum LocalError {
         "Scripts are disabled on this agent from remote calls; to enable, configure 'enable_script_checks' to true"
     )]
     ScriptsDisabledRemote,
-    /// A script check in the config file of an agent started without `--enable-script-checks`.
+    /// A script check in the config file of an agent started without `--enable-script-checks`
+    /// or `--enable-local-script-checks`.
     #[error(
-        "Scripts are disabled on this agent; to enable, start it with --enable-script-checks (or set enable_script_checks = true in its config file)"
+        "Scripts are disabled on this agent; to enable, configure 'enable_script_checks' or 'enable_local_script_checks' to true"
     )]
     ScriptsDisabledLocal,
 }
@@ -83,7 +84,10 @@ pub struct LocalOptions {
     /// This node's address in the catalog: the IP of its gossip address, which the leader's
     /// member reconciliation also writes, so the two never undo each other.
     pub address: String,
+    /// Script checks allowed from the config file and over HTTP (`--enable-script-checks`).
     pub enable_script_checks: bool,
+    /// Script checks allowed from the config file only (`--enable-local-script-checks`).
+    pub enable_local_script_checks: bool,
     /// Full anti-entropy period (Consul's 1 min); shortened by tests.
     pub ae_interval: Duration,
     /// Services and checks from the config file, registered at start.
@@ -176,7 +180,10 @@ impl Inner {
 pub struct LocalState {
     node: String,
     address: String,
-    enable_script_checks: bool,
+    /// Script checks may come over HTTP (Consul's `EnableRemoteScriptChecks`).
+    remote_scripts: bool,
+    /// Script checks may come from the config file (Consul's `EnableLocalScriptChecks`).
+    local_scripts: bool,
     backend: Arc<Backend>,
     inner: Mutex<Inner>,
     /// Bumped on every change, for blocking reads of local state.
@@ -195,11 +202,15 @@ impl LocalState {
         tasks: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Result<Arc<LocalState>, LocalError> {
+        let defs = &options.definitions;
+        let remote_scripts = options.enable_script_checks || defs.enable_script_checks;
+        let local_scripts =
+            remote_scripts || options.enable_local_script_checks || defs.enable_local_script_checks;
         let local = Arc::new(LocalState {
             node: options.node,
             address: options.address,
-            enable_script_checks: options.enable_script_checks
-                || options.definitions.enable_script_checks,
+            remote_scripts,
+            local_scripts,
             backend,
             inner: Mutex::new(Inner::default()),
             changes: watch::channel(0).0,
@@ -251,13 +262,13 @@ impl LocalState {
         check: &CheckDefinition,
         source: Source,
     ) -> Result<(), LocalError> {
-        if !check.is_script() || self.enable_script_checks {
-            return Ok(());
+        match source {
+            _ if !check.is_script() => Ok(()),
+            Source::Remote if self.remote_scripts => Ok(()),
+            Source::Config if self.local_scripts => Ok(()),
+            Source::Remote => Err(LocalError::ScriptsDisabledRemote),
+            Source::Config => Err(LocalError::ScriptsDisabledLocal),
         }
-        Err(match source {
-            Source::Remote => LocalError::ScriptsDisabledRemote,
-            Source::Config => LocalError::ScriptsDisabledLocal,
-        })
     }
 
     /// Inserts (or replaces) a check and starts its runner. A replaced check keeps its status
