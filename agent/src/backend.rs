@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_server::Server;
 use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo, unexpected};
-use vigil_server::transport::{RpcClient, TransportError};
+use vigil_server::transport::{CallKind, RpcClient, TransportError};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
     Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
@@ -137,18 +137,13 @@ impl RemoteServers {
                     reason: format!("no answer to a ping: {e}"),
                 })?;
         }
-        let blocking = matches!(request, RpcRequest::Query { opts, .. } if opts.min_index > 0);
-        let call = async {
-            if blocking {
-                self.rpc
-                    .call_blocking_typed::<RpcRequest, RpcResponse>(server, request, timeout)
-                    .await
-            } else {
-                self.rpc
-                    .call_typed::<RpcRequest, RpcResponse>(server, request, timeout)
-                    .await
-            }
+        let kind = match request {
+            RpcRequest::Query { opts, .. } if opts.min_index > 0 => CallKind::Blocking,
+            _ => CallKind::Prompt,
         };
+        let call = self
+            .rpc
+            .call_typed_as::<RpcRequest, RpcResponse>(kind, server, request, timeout);
         tokio::pin!(call);
         loop {
             tokio::select! {

@@ -33,7 +33,7 @@ use crate::rpc::{
 };
 use crate::state::Interest;
 use crate::tls::{PeerIdentity, Role, TlsMaterial};
-use crate::transport::{self, RpcClient, TransportError};
+use crate::transport::{self, CallKind, RpcClient, TransportError};
 
 /// Raft timing; `lan()` for real deployments, `local()` for one machine.
 #[derive(Debug, Clone, Copy)]
@@ -450,22 +450,17 @@ impl Server {
         let leader_id = metrics.borrow_and_update().current_leader;
         let leader = self.leader_socket()?;
         let is_write = matches!(request, RpcRequest::Write { .. });
-        let blocks = !wait.is_zero();
-        let call = async {
-            if blocks {
-                self.rpc
-                    .call_blocking_typed::<RpcRequest, RpcResponse>(
-                        leader,
-                        &request,
-                        wait + FORWARD_SLACK,
-                    )
-                    .await
-            } else {
-                self.rpc
-                    .call_typed::<RpcRequest, RpcResponse>(leader, &request, wait + FORWARD_SLACK)
-                    .await
-            }
+        let kind = if wait.is_zero() {
+            CallKind::Prompt
+        } else {
+            CallKind::Blocking
         };
+        let call = self.rpc.call_typed_as::<RpcRequest, RpcResponse>(
+            kind,
+            leader,
+            &request,
+            wait + FORWARD_SLACK,
+        );
         // QUIC notices a killed leader only after its idle timeout; raft notices within an
         // election timeout. Stop waiting as soon as raft names another leader or none.
         let leader_lost = async {

@@ -288,6 +288,14 @@ struct ClientInner {
 
 type Slot = Arc<tokio::sync::Mutex<Option<Connection>>>;
 
+/// Whether a call answers promptly or may wait at the server for long (a blocking query),
+/// which decides the connection it travels on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallKind {
+    Prompt,
+    Blocking,
+}
+
 /// Which of a peer's connections a call travels on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Lane {
@@ -429,15 +437,21 @@ impl RpcClient {
         decode(&self.call(addr, request, timeout).await?)
     }
 
-    /// [`RpcClient::call_blocking`] with postcard-encoded request and response.
-    pub async fn call_blocking_typed<Req: Serialize, Resp: DeserializeOwned>(
+    /// [`RpcClient::call`] or [`RpcClient::call_blocking`], as `kind` says, with
+    /// postcard-encoded request and response.
+    pub async fn call_typed_as<Req: Serialize, Resp: DeserializeOwned>(
         &self,
+        kind: CallKind,
         addr: SocketAddr,
         request: &Req,
         timeout: Duration,
     ) -> Result<Resp, TransportError> {
         let request = encode(request)?;
-        decode(&self.call_blocking(addr, request, timeout).await?)
+        let response = match kind {
+            CallKind::Prompt => self.call(addr, request, timeout).await?,
+            CallKind::Blocking => self.call_blocking(addr, request, timeout).await?,
+        };
+        decode(&response)
     }
 
     /// Closes and forgets every connection to `addr` (e.g. a server that left the cluster).
