@@ -454,7 +454,9 @@ impl RpcClient {
         decode(&response)
     }
 
-    /// Closes and forgets every connection to `addr` (e.g. a server that left the cluster).
+    /// Closes and forgets every connection to `addr` (e.g. a server that left the cluster, or
+    /// one that stopped answering pings). Never waits: a slot still dialing is only forgotten,
+    /// so its dial serves the one call that started it and nothing after.
     pub async fn disconnect(&self, addr: SocketAddr) {
         let slots: Vec<Slot> = {
             let mut pool = self.pool();
@@ -462,7 +464,9 @@ impl RpcClient {
             lanes.iter().filter_map(|key| pool.remove(key)).collect()
         };
         for slot in slots {
-            if let Some(connection) = slot.lock().await.take() {
+            if let Ok(mut cached) = slot.try_lock()
+                && let Some(connection) = cached.take()
+            {
                 connection.close(CLOSE_DISCONNECT, b"disconnect");
             }
         }
