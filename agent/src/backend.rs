@@ -243,7 +243,8 @@ fn retryable(e: &ServerError, idempotent: bool) -> bool {
         ServerError::SessionNotFound(_)
         | ServerError::ShuttingDown
         | ServerError::TooLarge { .. }
-        | ServerError::TooManyBlockingQueries => false,
+        | ServerError::TooManyBlockingQueries
+        | ServerError::InvalidSessionTtl(_) => false,
     }
 }
 

@@ -230,6 +230,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     mode,
                     members: Some(gossip.subscribe()),
                     max_blocking_queries: config.max_blocking_queries,
+                    session_ttl_min: config.session_ttl_min,
                 },
                 &tls,
                 socket,
@@ -267,7 +268,6 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         node_name: config.node_name.clone(),
         http_addr,
         rpc_addr,
-        session_ttl_min: config.session_ttl_min,
         shutdown: shutdown.clone(),
     });
     tasks.spawn(http::serve::serve(

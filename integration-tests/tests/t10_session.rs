@@ -1,6 +1,7 @@
 //! Sessions over HTTP against a real dev agent: create defaults and Consul's check-list fix-up,
-//! case-insensitive bodies, LockDelay and TTL inputs, exact error texts (400, index unmoved),
-//! destroy / info / renew / list / node, invalidation of held keys, and blocking reads.
+//! case-insensitive bodies, LockDelay and TTL inputs, exact error codes and texts (Consul's 500
+//! for what servers refuse, 400 for undecodable bodies; index unmoved), destroy / info / renew /
+//! list / node, invalidation of held keys, and blocking reads.
 //! Mirrors CONSUL-SEMANTICS.md §1, §11.1, §11.6 and §11.11.
 
 use std::time::{Duration, Instant};
@@ -27,7 +28,17 @@ async fn info(agent: &Agent, id: &str) -> Value {
 
 /// Asserts a plain-text 400 with exactly `message`.
 fn assert_bad_request(reply: &Reply, message: &str) {
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
+    assert_error(reply, StatusCode::BAD_REQUEST, message);
+}
+
+/// Asserts a plain-text 500 with exactly `message`: what Consul answers for everything its
+/// servers refuse, and what real clients match on.
+fn assert_server_error(reply: &Reply, message: &str) {
+    assert_error(reply, StatusCode::INTERNAL_SERVER_ERROR, message);
+}
+
+fn assert_error(reply: &Reply, status: StatusCode, message: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text());
     assert_eq!(reply.text(), message);
     assert_eq!(
         reply.header("Content-Type").as_deref(),
@@ -148,7 +159,7 @@ async fn check_lists_follow_consul_fixup_rules() {
         r#"{"NodeChecks":["serfHealth","x"]}"#,
     ] {
         let reply = agent.put("/v1/session/create", body).await;
-        assert_bad_request(&reply, "apply failed: Missing check 'x' registration");
+        assert_server_error(&reply, "apply failed: Missing check 'x' registration");
     }
     assert_eq!(sessions_index(&agent).await, before);
 }
@@ -244,8 +255,8 @@ async fn ttl_inputs_within_bounds_are_stored_as_given() {
 }
 
 #[tokio::test]
-async fn bad_create_inputs_are_400_with_consul_text_and_leave_the_index_alone() {
-    // Every rejected create answers 400 with Consul's message and creates nothing.
+async fn bad_create_inputs_are_500_with_consul_text_and_leave_the_index_alone() {
+    // Every rejected create answers Consul's 500 and message, and creates nothing.
     let agent = Agent::dev().await;
     let before = sessions_index(&agent).await;
     let cases = [
@@ -282,7 +293,7 @@ async fn bad_create_inputs_are_400_with_consul_text_and_leave_the_index_alone() 
     ];
     for (body, message) in cases {
         let reply = agent.put("/v1/session/create", body).await;
-        assert_bad_request(&reply, message);
+        assert_server_error(&reply, message);
         assert_eq!(sessions_index(&agent).await, before, "after {body}");
     }
 

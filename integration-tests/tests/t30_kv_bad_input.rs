@@ -1,6 +1,6 @@
 //! Bad input to the KV and txn endpoints: each is refused with Consul's status and text (400
-//! instead of Consul's 500 for input errors, 413 above the size limits, SPEC.md), and each
-//! leaves the store exactly as it was.
+//! where Consul answers 400, 500 for what its servers refuse, 413 above the size limits), and
+//! each leaves the store exactly as it was.
 
 use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};
@@ -44,7 +44,7 @@ fn assert_error(reply: &Reply, status: StatusCode, text: &str, what: &str) {
 }
 
 #[tokio::test]
-async fn unparsable_flags_and_cas_are_400_with_go_parse_errors_and_change_nothing() {
+async fn unparsable_flags_and_cas_are_500_with_go_parse_errors_and_change_nothing() {
     let (agent, _) = seeded_agent().await;
     let before = kv_state(&agent).await;
 
@@ -66,7 +66,7 @@ async fn unparsable_flags_and_cas_are_400_with_go_parse_errors_and_change_nothin
         let reply = agent.put(path, "changed").await;
         assert_error(
             &reply,
-            StatusCode::BAD_REQUEST,
+            StatusCode::INTERNAL_SERVER_ERROR,
             &format!("strconv.ParseUint: {parse_error}"),
             path,
         );
@@ -77,7 +77,7 @@ async fn unparsable_flags_and_cas_are_400_with_go_parse_errors_and_change_nothin
     let reply = agent.delete("/v1/kv/seed?cas=x").await;
     assert_error(
         &reply,
-        StatusCode::BAD_REQUEST,
+        StatusCode::INTERNAL_SERVER_ERROR,
         r#"strconv.ParseUint: parsing "x": invalid syntax"#,
         "DELETE cas=x",
     );
@@ -132,12 +132,13 @@ async fn delete_with_recurse_and_cas_is_400_and_deletes_nothing() {
 }
 
 #[tokio::test]
-async fn acquire_with_an_unknown_or_empty_session_is_400_and_writes_nothing() {
+async fn acquire_with_an_unknown_or_empty_session_is_500_and_writes_nothing() {
     let (agent, session) = seeded_agent().await;
     let before = kv_state(&agent).await;
     let unknown = "9f2d7e3c-1111-2222-3333-444455556666";
 
-    // Consul's server-side texts with the RPC prefix, as 400s (SPEC.md: not 500).
+    // Consul's server-side texts with the RPC prefix, as 500s: an HA manager that adapts to
+    // them looks for a 500 containing `invalid session`.
     let cases = [
         (
             format!("/v1/kv/new?acquire={unknown}"),
@@ -158,7 +159,7 @@ async fn acquire_with_an_unknown_or_empty_session_is_400_and_writes_nothing() {
     ];
     for (path, text) in cases {
         let reply = agent.put(&path, "changed").await;
-        assert_error(&reply, StatusCode::BAD_REQUEST, &text, &path);
+        assert_error(&reply, StatusCode::INTERNAL_SERVER_ERROR, &text, &path);
         assert_eq!(kv_state(&agent).await, before, "{path}");
     }
 

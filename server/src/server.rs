@@ -19,7 +19,7 @@ use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
-use vigil_shared::session::Session;
+use vigil_shared::session::{Session, check_ttl};
 
 use crate::leader::{DutyInput, LeaderDuties, session_ttl};
 use crate::proposer::Proposer;
@@ -83,6 +83,9 @@ pub struct ServerConfig {
     pub mode: ServerMode,
     /// The gossip member list the leader reconciles into the catalog (`None`: no gossip).
     pub members: Option<watch::Receiver<Vec<MemberStatus>>>,
+    /// Smallest session TTL this server accepts (Consul's `session_ttl_min`, a server setting:
+    /// checked where sessions are created, whichever agent the request came through).
+    pub session_ttl_min: Duration,
     /// Blocking queries this server holds at once at most (its own and forwarded ones);
     /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
     pub max_blocking_queries: usize,
@@ -498,6 +501,10 @@ impl Server {
 
     async fn write_inner(&self, op: Op, forwarded: bool) -> Result<Response, ServerError> {
         if self.is_leader() || forwarded {
+            if let Op::CreateSession(session) = &op {
+                check_ttl(&session.ttl, self.config.session_ttl_min)
+                    .map_err(ServerError::InvalidSessionTtl)?;
+            }
             return self.proposer.propose(op).await;
         }
         match self

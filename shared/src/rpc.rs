@@ -241,4 +241,8 @@ pub enum ServerError {
     /// query was not started. Retry later, or with a shorter wait.
     #[error("Too many blocking queries in flight; retry later")]
     TooManyBlockingQueries,
+    /// A session's TTL outside the servers' `[session_ttl_min, 24h]`, or not a duration; the
+    /// text is Consul's.
+    #[error("{0}")]
+    InvalidSessionTtl(String),
 }

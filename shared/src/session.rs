@@ -1,7 +1,34 @@
 //! Session domain types: what a session binds (node, checks, TTL, behaviour, lock-delay)
 //! and the request that creates one.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
+
+use crate::SESSION_TTL_MAX_NS;
+use crate::duration::{format_go_duration, parse_go_duration_ns};
+
+/// Checks a session's TTL as Consul's servers do, against `[min, 24h]` (empty or zero: no TTL),
+/// with Consul's texts: `Session TTL '10z' invalid: ...` or
+/// `Invalid Session TTL '5000000000', must be between [10s=24h0m0s]` (the TTL in nanoseconds).
+pub fn check_ttl(ttl: &str, min: Duration) -> Result<(), String> {
+    if ttl.is_empty() {
+        return Ok(());
+    }
+    let ns = parse_go_duration_ns(ttl).map_err(|e| format!("Session TTL '{ttl}' invalid: {e}"))?;
+    if ns == 0 {
+        return Ok(());
+    }
+    let min_ns = i64::try_from(min.as_nanos()).unwrap_or(i64::MAX);
+    if ns < min_ns || ns > SESSION_TTL_MAX_NS as i64 {
+        return Err(format!(
+            "Invalid Session TTL '{ns}', must be between [{}={}]",
+            format_go_duration(min),
+            format_go_duration(Duration::from_nanos(SESSION_TTL_MAX_NS)),
+        ));
+    }
+    Ok(())
+}
 
 /// What happens to the keys a session holds when it is invalidated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -69,5 +96,27 @@ impl Session {
         all.sort();
         all.dedup();
         all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_messages_match_consul() {
+        let min = Duration::from_secs(10);
+        assert_eq!(
+            check_ttl("5s", min).unwrap_err(),
+            "Invalid Session TTL '5000000000', must be between [10s=24h0m0s]"
+        );
+        assert_eq!(
+            check_ttl("10z", min).unwrap_err(),
+            r#"Session TTL '10z' invalid: time: unknown unit "z" in duration "10z""#
+        );
+        assert!(check_ttl("100000s", min).is_err());
+        for ok in ["10s", "24h", "0s", ""] {
+            assert_eq!(check_ttl(ok, min), Ok(()), "{ok}");
+        }
     }
 }

@@ -262,6 +262,11 @@ pub async fn nodes(
     Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
 }
 
+/// `GET /v1/catalog/datacenters`: the one datacenter this cluster is.
+pub async fn datacenters(OriginalUri(uri): OriginalUri) -> Response {
+    json(&Params::parse(uri.query()), &[crate::DATACENTER])
+}
+
 /// `GET /v1/catalog/services`: each service name with the union of its instances' tags.
 pub async fn services(
     State(state): State<AppState>,

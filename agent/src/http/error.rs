@@ -23,6 +23,13 @@ impl ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, message)
     }
 
+    /// Consul's answer to every error that is not an explicit HTTP error: 500 with the text.
+    /// Server-side validation failures (a bad TTL, an invalid session) are such errors, and
+    /// real clients match on exactly that code and text.
+    pub fn server(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, message)
+    }
+
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
@@ -44,6 +51,7 @@ impl From<ServerError> for ApiError {
             ServerError::SessionNotFound(_) => StatusCode::NOT_FOUND,
             ServerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ServerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ServerError::InvalidSessionTtl(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ServerError::TooManyBlockingQueries => StatusCode::TOO_MANY_REQUESTS,
             ServerError::NoLeader
             | ServerError::NotLeader { .. }

@@ -185,7 +185,7 @@ async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Respo
             Ok(response)
         }
         KvOpError::MissingSession | KvOpError::InvalidSession(_) => {
-            Err(ApiError::bad_request(format!("raft apply failed: {error}")))
+            Err(ApiError::server(format!("raft apply failed: {error}")))
         }
         KvOpError::MissingKey => Err(ApiError::bad_request(error.to_string())),
         _ => Ok(json(params, &false)),

@@ -18,6 +18,7 @@ mod session;
 pub mod shapes;
 mod status;
 mod txn;
+mod ui;
 mod vigil;
 
 use std::sync::Arc;
@@ -46,8 +47,6 @@ pub struct AppState {
     pub node_name: String,
     pub http_addr: std::net::SocketAddr,
     pub rpc_addr: std::net::SocketAddr,
-    /// Smallest session TTL accepted.
-    pub session_ttl_min: std::time::Duration,
     /// Cancelled by `/v1/agent/leave` to stop the agent.
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -110,6 +109,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/catalog/deregister", put(catalog::deregister))
         .route("/v1/catalog/nodes", get(catalog::nodes))
         .route("/v1/catalog/services", get(catalog::services))
+        .route("/v1/catalog/datacenters", get(catalog::datacenters))
         .route("/v1/catalog/service/{name}", get(catalog::service))
         .route("/v1/catalog/node/{node}", get(catalog::node))
         .route("/v1/health/node/{node}", get(health::node))
@@ -126,6 +126,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/query/{id}/explain", get(query::explain))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
+        .route("/", get(ui::root))
+        .route("/ui/", get(ui::index))
         .fallback(not_found)
         // Handlers read bodies through `body`, which applies the limits; this bounds any
         // extractor that would buffer a body without it.
@@ -136,7 +138,22 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .fallback_service(routes)
         .layer(middleware::from_fn(method_not_allowed))
+        .layer(middleware::from_fn(other_datacenter))
         .layer(middleware::from_fn(redirect_unclean_path))
+}
+
+/// One datacenter: a request for another (`?dc=`, or `?datacenter=`, which wins) gets Consul's
+/// answer for a datacenter it has no route to, instead of this one's data.
+async fn other_datacenter(req: Request, next: Next) -> Response {
+    let params = Params::parse(req.uri().query());
+    let asked = params
+        .get("datacenter")
+        .or_else(|| params.get("dc"))
+        .filter(|dc| !dc.is_empty());
+    if asked.is_some_and(|dc| dc != crate::DATACENTER) {
+        return error::ApiError::server("No path to datacenter").into_response();
+    }
+    next.run(req).await
 }
 
 /// Consul's router is Go's `http.ServeMux`, which answers a path with `//`, `.` or `..`

@@ -59,10 +59,11 @@ impl Params {
         }
     }
 
-    /// A uint64 parameter; a bad one gets Go's `strconv.ParseUint` message, as Consul answers.
+    /// A uint64 parameter; a bad one gets Go's `strconv.ParseUint` message with a 500, as
+    /// Consul answers.
     pub fn u64(&self, name: &str) -> Result<Option<u64>, ApiError> {
         self.get(name)
-            .map(|v| parse_uint(v).map_err(ApiError::bad_request))
+            .map(|v| parse_uint(v).map_err(ApiError::server))
             .transpose()
     }
 

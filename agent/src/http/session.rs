@@ -5,14 +5,12 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
+use vigil_shared::DEFAULT_LOCK_DELAY_NS;
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
-use vigil_shared::duration::{
-    duration_ns_from_json, format_go_duration, parse_go_duration, parse_go_duration_ns,
-};
+use vigil_shared::duration::{duration_ns_from_json, parse_go_duration};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
-use vigil_shared::{DEFAULT_LOCK_DELAY_NS, SESSION_TTL_MAX_NS};
 
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -69,27 +67,6 @@ fn lock_delay_ns(v: &Value) -> Result<u64, String> {
     }
 }
 
-/// Validates a TTL string against `[min, 24h]`; empty or zero means no TTL.
-fn validate_ttl(ttl: &str, min: std::time::Duration) -> Result<(), ApiError> {
-    if ttl.is_empty() {
-        return Ok(());
-    }
-    let ns = parse_go_duration_ns(ttl)
-        .map_err(|e| ApiError::bad_request(format!("Session TTL '{ttl}' invalid: {e}")))?;
-    if ns == 0 {
-        return Ok(());
-    }
-    let min_ns = min.as_nanos() as i64;
-    if ns < min_ns || ns > SESSION_TTL_MAX_NS as i64 {
-        return Err(ApiError::bad_request(format!(
-            "Invalid Session TTL '{ns}', must be between [{}={}]",
-            format_go_duration(min),
-            format_go_duration(std::time::Duration::from_nanos(SESSION_TTL_MAX_NS)),
-        )));
-    }
-    Ok(())
-}
-
 fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
     let req: CreateBody = if body.is_empty() {
         CreateBody::default()
@@ -99,22 +76,21 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
     };
     let node = req.node.unwrap_or_else(|| state.node_name.clone());
     if node.is_empty() {
-        return Err(ApiError::bad_request("Must provide Node"));
+        return Err(ApiError::server("Must provide Node"));
     }
     let name = req.name.unwrap_or_default();
     limits::name("Node", &node)?;
     limits::name("Name", &name)?;
     let behavior_text = req.behavior.unwrap_or_default();
-    let behavior = Behavior::parse(&behavior_text).ok_or_else(|| {
-        ApiError::bad_request(format!("Invalid Behavior setting '{behavior_text}'"))
-    })?;
+    let behavior = Behavior::parse(&behavior_text)
+        .ok_or_else(|| ApiError::server(format!("Invalid Behavior setting '{behavior_text}'")))?;
     let lock_delay_ns = match &req.lockdelay {
         Some(v) => lock_delay_ns(v)
             .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?,
         None => DEFAULT_LOCK_DELAY_NS,
     };
+    // The TTL is checked by the servers, against their `session_ttl_min`, as in Consul.
     let ttl = req.ttl.unwrap_or_default();
-    validate_ttl(&ttl, state.session_ttl_min)?;
 
     // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
     let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
@@ -163,7 +139,7 @@ pub async fn create(
     let session = build_session(&state, &body)?;
     match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
-        ServerResponse::Rejected(e) => Err(ApiError::bad_request(format!("apply failed: {e}"))),
+        ServerResponse::Rejected(e) => Err(ApiError::server(format!("apply failed: {e}"))),
         other => Err(ApiError::unexpected(other)),
     }
 }
@@ -237,7 +213,6 @@ pub async fn node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn lock_delay_inputs() {
@@ -261,23 +236,5 @@ mod tests {
         assert!(lock_delay_ns(&json_value!(u64::MAX)).is_err());
         assert!(lock_delay_ns(&json_value!(1e30)).is_err());
         assert!(lock_delay_ns(&json_value!(-1)).is_err());
-    }
-
-    #[test]
-    fn ttl_messages_match_consul() {
-        let min = Duration::from_secs(10);
-        assert_eq!(
-            validate_ttl("5s", min).unwrap_err().message,
-            "Invalid Session TTL '5000000000', must be between [10s=24h0m0s]"
-        );
-        assert_eq!(
-            validate_ttl("10z", min).unwrap_err().message,
-            r#"Session TTL '10z' invalid: time: unknown unit "z" in duration "10z""#
-        );
-        assert!(validate_ttl("100000s", min).is_err());
-        assert!(validate_ttl("10s", min).is_ok());
-        assert!(validate_ttl("24h", min).is_ok());
-        assert!(validate_ttl("0s", min).is_ok());
-        assert!(validate_ttl("", min).is_ok());
     }
 }
