@@ -15,6 +15,8 @@ const MS: u128 = 1_000_000;
 const SEC: u128 = 1_000_000_000;
 const MIN: u128 = 60 * SEC;
 const HOUR: u128 = 60 * MIN;
+/// Fraction digits read (Go's `leadingFraction` stops where its uint64 would overflow).
+const MAX_FRACTION_DIGITS: usize = 19;
 
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
@@ -87,14 +89,18 @@ pub fn parse_go_duration_ns(input: &str) -> Result<i64, DurationError> {
         } else {
             int_part.parse().map_err(|_| invalid())?
         };
-        let mut value = whole.checked_mul(scale).ok_or_else(invalid)?;
+        // Like Go, only the first 19 fraction digits count; that also keeps the fraction
+        // times the largest unit (an hour in ns) far inside a u128.
         let mut divisor = 1u128;
         let mut frac_value = 0u128;
-        for digit in frac_part.bytes().take(30) {
+        for digit in frac_part.bytes().take(MAX_FRACTION_DIGITS) {
             divisor *= 10;
             frac_value = frac_value * 10 + u128::from(digit - b'0');
         }
-        value += frac_value * scale / divisor;
+        let value = whole
+            .checked_mul(scale)
+            .and_then(|v| v.checked_add(frac_value * scale / divisor))
+            .ok_or_else(invalid)?;
         total = total.checked_add(value).ok_or_else(invalid)?;
         if total > i64::MAX as u128 {
             return Err(invalid());
@@ -225,6 +231,22 @@ mod tests {
             r#"time: invalid duration "s""#
         );
         assert!(parse_go_duration("-1s").is_err());
+    }
+
+    /// Regression: a fraction of 30 digits times the unit, or a fraction added to the largest
+    /// whole number of hours a u128 holds, overflowed (a panic in debug builds, a wrong
+    /// duration in release builds) instead of parsing or being refused.
+    #[test]
+    fn long_fractions_and_huge_values_do_not_overflow() {
+        assert_eq!(
+            parse_go_duration_ns("0.999999999999999999999999999999h"),
+            Ok(3_599_999_999_999)
+        );
+        assert_eq!(
+            parse_go_duration_ns("0.9999999999999999999999999999999s"),
+            Ok(999_999_999)
+        );
+        assert!(parse_go_duration_ns("94522879700260684295381835.9999999h").is_err());
     }
 
     #[test]
