@@ -1110,3 +1110,7 @@ mod tests {
         assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
     }
 }
+
+#[cfg(test)]
+#[path = "transport_fuzz.rs"]
+mod fuzz;
