@@ -281,6 +281,49 @@ mod tests {
         }
     }
 
+    /// Go-shaped durations (sign, digits, fraction, unit; up to three parts) of any length,
+    /// with now and then a piece Go has no place for, or any characters at all.
+    fn duration_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+        use proptest::sample::select;
+        let digits = || vec(select(b"0123456789".to_vec()), 0..40);
+        let unit = select(vec![
+            "h", "m", "s", "ms", "us", "µs", "μs", "ns", "", "z", "mss", ".",
+        ]);
+        let part =
+            (digits(), proptest::option::of(digits()), unit).prop_map(|(int, frac, unit)| {
+                let mut text = String::from_utf8(int).expect("ASCII digits");
+                if let Some(frac) = frac {
+                    text.push('.');
+                    text.push_str(&String::from_utf8(frac).expect("ASCII digits"));
+                }
+                text + unit
+            });
+        let sign = select(vec!["", "", "-", "+"]);
+        prop_oneof![
+            4 => (sign, vec(part, 1..4)).prop_map(|(sign, parts)| format!("{sign}{}", parts.concat())),
+            1 => vec(any::<char>(), 0..12).prop_map(String::from_iter),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any text parses to a duration or is refused with Go's kind of message, never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(text in duration_text()) {
+            if let Err(e) = parse_go_duration_ns(&text) {
+                proptest::prop_assert!(e.to_string().starts_with("time: "), "{}", e);
+            }
+        }
+
+        /// What we print reads back as the same duration, across Go's whole range.
+        #[test]
+        fn printed_durations_read_back(ns in 0..=i64::MAX as u64) {
+            let printed = format_go_duration(Duration::from_nanos(ns));
+            proptest::prop_assert_eq!(parse_go_duration_ns(&printed), Ok(ns as i64), "{}", printed);
+        }
+    }
+
     #[test]
     fn formats_like_go() {
         let cases = [
