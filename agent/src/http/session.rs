@@ -90,14 +90,19 @@ fn validate_ttl(ttl: &str, min: std::time::Duration) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
+/// Decodes and validates a create body; `node_name` is the node when the body names none.
+pub(super) fn build_session(
+    node_name: &str,
+    ttl_min: std::time::Duration,
+    body: &[u8],
+) -> Result<Session, ApiError> {
     let req: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
         decode_case_insensitive(body, &[])
             .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
     };
-    let node = req.node.unwrap_or_else(|| state.node_name.clone());
+    let node = req.node.unwrap_or_else(|| node_name.to_owned());
     if node.is_empty() {
         return Err(ApiError::bad_request("Must provide Node"));
     }
@@ -114,7 +119,7 @@ fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
         None => DEFAULT_LOCK_DELAY_NS,
     };
     let ttl = req.ttl.unwrap_or_default();
-    validate_ttl(&ttl, state.session_ttl_min)?;
+    validate_ttl(&ttl, ttl_min)?;
 
     // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
     let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
@@ -160,7 +165,7 @@ pub async fn create(
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let session = build_session(&state, &body)?;
+    let session = build_session(&state.node_name, state.session_ttl_min, &body)?;
     match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
         ServerResponse::Rejected(e) => Err(ApiError::bad_request(format!("apply failed: {e}"))),
