@@ -1128,3 +1128,7 @@ mod tests {
         assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
     }
 }
+
+#[cfg(test)]
+#[path = "transport_fuzz.rs"]
+mod fuzz;

@@ -15,6 +15,8 @@ const MS: u128 = 1_000_000;
 const SEC: u128 = 1_000_000_000;
 const MIN: u128 = 60 * SEC;
 const HOUR: u128 = 60 * MIN;
+/// Fraction digits read (Go's `leadingFraction` stops where its uint64 would overflow).
+const MAX_FRACTION_DIGITS: usize = 19;
 
 fn quote(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| format!("\"{s}\""))
@@ -87,14 +89,18 @@ pub fn parse_go_duration_ns(input: &str) -> Result<i64, DurationError> {
         } else {
             int_part.parse().map_err(|_| invalid())?
         };
-        let mut value = whole.checked_mul(scale).ok_or_else(invalid)?;
+        // Like Go, only the first 19 fraction digits count; that also keeps the fraction
+        // times the largest unit (an hour in ns) far inside a u128.
         let mut divisor = 1u128;
         let mut frac_value = 0u128;
-        for digit in frac_part.bytes().take(30) {
+        for digit in frac_part.bytes().take(MAX_FRACTION_DIGITS) {
             divisor *= 10;
             frac_value = frac_value * 10 + u128::from(digit - b'0');
         }
-        value += frac_value * scale / divisor;
+        let value = whole
+            .checked_mul(scale)
+            .and_then(|v| v.checked_add(frac_value * scale / divisor))
+            .ok_or_else(invalid)?;
         total = total.checked_add(value).ok_or_else(invalid)?;
         if total > i64::MAX as u128 {
             return Err(invalid());
@@ -227,6 +233,22 @@ mod tests {
         assert!(parse_go_duration("-1s").is_err());
     }
 
+    /// Regression: a fraction of 30 digits times the unit, or a fraction added to the largest
+    /// whole number of hours a u128 holds, overflowed (a panic in debug builds, a wrong
+    /// duration in release builds) instead of parsing or being refused.
+    #[test]
+    fn long_fractions_and_huge_values_do_not_overflow() {
+        assert_eq!(
+            parse_go_duration_ns("0.999999999999999999999999999999h"),
+            Ok(3_599_999_999_999)
+        );
+        assert_eq!(
+            parse_go_duration_ns("0.9999999999999999999999999999999s"),
+            Ok(999_999_999)
+        );
+        assert!(parse_go_duration_ns("94522879700260684295381835.9999999h").is_err());
+    }
+
     #[test]
     fn json_numbers_must_fit_go_durations() {
         let number = |text: &str| -> serde_json::Number { serde_json::from_str(text).unwrap() };
@@ -256,6 +278,49 @@ mod tests {
                     && err.ends_with(" into Go value of type time.Duration"),
                 "{text}: {err}"
             );
+        }
+    }
+
+    /// Go-shaped durations (sign, digits, fraction, unit; up to three parts) of any length,
+    /// with now and then a piece Go has no place for, or any characters at all.
+    fn duration_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::collection::vec;
+        use proptest::prelude::*;
+        use proptest::sample::select;
+        let digits = || vec(select(b"0123456789".to_vec()), 0..40);
+        let unit = select(vec![
+            "h", "m", "s", "ms", "us", "µs", "μs", "ns", "", "z", "mss", ".",
+        ]);
+        let part =
+            (digits(), proptest::option::of(digits()), unit).prop_map(|(int, frac, unit)| {
+                let mut text = String::from_utf8(int).expect("ASCII digits");
+                if let Some(frac) = frac {
+                    text.push('.');
+                    text.push_str(&String::from_utf8(frac).expect("ASCII digits"));
+                }
+                text + unit
+            });
+        let sign = select(vec!["", "", "-", "+"]);
+        prop_oneof![
+            4 => (sign, vec(part, 1..4)).prop_map(|(sign, parts)| format!("{sign}{}", parts.concat())),
+            1 => vec(any::<char>(), 0..12).prop_map(String::from_iter),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Any text parses to a duration or is refused with Go's kind of message, never a panic.
+        #[test]
+        fn any_text_parses_or_is_refused(text in duration_text()) {
+            if let Err(e) = parse_go_duration_ns(&text) {
+                proptest::prop_assert!(e.to_string().starts_with("time: "), "{}", e);
+            }
+        }
+
+        /// What we print reads back as the same duration, across Go's whole range.
+        #[test]
+        fn printed_durations_read_back(ns in 0..=i64::MAX as u64) {
+            let printed = format_go_duration(Duration::from_nanos(ns));
+            proptest::prop_assert_eq!(parse_go_duration_ns(&printed), Ok(ns as i64), "{}", printed);
         }
     }
 

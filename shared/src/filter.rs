@@ -56,6 +56,8 @@
 //! - bexpr's later additions that Consul does not use (JSON-pointer selectors, `.0` indexes)
 //!   are not supported.
 
+#[cfg(test)]
+mod fuzz;
 mod parse;
 #[cfg(test)]
 mod tests;

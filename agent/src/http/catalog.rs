@@ -170,7 +170,13 @@ pub async fn register(
     State(state): State<AppState>,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    let body: RegisterBody = decode(&body)?;
+    let registration = registration(&body)?;
+    done(&state, Op::CatalogRegister(registration)).await
+}
+
+/// Decodes and validates a `/v1/catalog/register` body.
+pub(super) fn registration(body: &[u8]) -> Result<Registration, ApiError> {
+    let body: RegisterBody = decode(body)?;
     if body.node.is_empty() {
         return Err(ApiError::bad_request("Must provide node"));
     }
@@ -190,7 +196,7 @@ pub async fn register(
         .chain(body.checks)
         .map(|c| to_check(&node, c))
         .collect::<Result<Vec<_>, _>>()?;
-    let op = Op::CatalogRegister(Registration {
+    Ok(Registration {
         node,
         node_id: body.id,
         address: body.address,
@@ -199,8 +205,7 @@ pub async fn register(
         skip_node_update: body.skipnodeupdate,
         service,
         checks,
-    });
-    done(&state, op).await
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -7,6 +7,8 @@ mod agent_service;
 mod body;
 mod catalog;
 pub mod error;
+#[cfg(test)]
+mod fuzz;
 mod health;
 mod kv;
 pub mod limits;

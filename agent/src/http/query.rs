@@ -59,7 +59,7 @@ struct QueryBody {
 }
 
 /// Decodes and validates a create or update body into a query with the given ID.
-fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> {
+pub(super) fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> {
     let body: QueryBody = decode_case_insensitive(body, &["nodemeta", "servicemeta"])
         .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?;
     if body.service.service.is_empty() {

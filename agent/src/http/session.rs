@@ -67,14 +67,16 @@ fn lock_delay_ns(v: &Value) -> Result<u64, String> {
     }
 }
 
-fn build_session(state: &AppState, body: &[u8]) -> Result<Session, ApiError> {
+/// Decodes and validates a create body; `node_name` is the node when the body names none. The
+/// TTL is left to the servers, which check it against their `session_ttl_min` (as Consul's do).
+pub(super) fn build_session(node_name: &str, body: &[u8]) -> Result<Session, ApiError> {
     let req: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
         decode_case_insensitive(body, &[])
             .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
     };
-    let node = req.node.unwrap_or_else(|| state.node_name.clone());
+    let node = req.node.unwrap_or_else(|| node_name.to_owned());
     if node.is_empty() {
         return Err(ApiError::server("Must provide Node"));
     }
@@ -136,7 +138,7 @@ pub async fn create(
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let session = build_session(&state, &body)?;
+    let session = build_session(&state.node_name, &body)?;
     match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
         ServerResponse::Rejected(e) => Err(ApiError::server(format!("apply failed: {e}"))),

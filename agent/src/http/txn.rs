@@ -50,7 +50,7 @@ struct TxnKvBody {
 }
 
 /// One op's pre-check failure (reported like an apply failure, before raft is touched).
-struct PreError {
+pub(super) struct PreError {
     op_index: usize,
     what: String,
 }
@@ -97,7 +97,8 @@ fn to_op(body: TxnKvBody, value: Vec<u8>) -> Result<KvOp, String> {
     })
 }
 
-fn parse_ops(body: &[u8]) -> Result<Result<Vec<KvOp>, Vec<PreError>>, ApiError> {
+/// Decodes a txn body: the ops, or the ops' pre-check failures (a 409), or a 400 or 413.
+pub(super) fn parse_ops(body: &[u8]) -> Result<Result<Vec<KvOp>, Vec<PreError>>, ApiError> {
     let parse_err = |e: String| ApiError::bad_request(format!("Failed to parse body: {e}"));
     let raw: Vec<TxnOpBody> =
         decode_case_insensitive(body, &[]).map_err(|e| parse_err(e.to_string()))?;

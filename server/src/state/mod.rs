@@ -8,6 +8,8 @@ pub mod query;
 pub mod session;
 
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,559 @@
+//! Fuzzing of what a peer's bytes go through before any handler sees them: the frame header
+//! ([`decode_header`]) and the postcard decoding of [`RpcRequest`] (the server side,
+//! `RpcService`) and [`RpcResponse`] (the client side). proptest feeds arbitrary bytes and
+//! mutated valid encodings (bits flipped, bytes replaced, inserted or removed, the message
+//! truncated, a varint of 2^32 - 1 planted where a length or count may be) of a corpus that
+//! holds every request variant, every `Op` and the KV verbs.
+//!
+//! Decoding must never panic, and whatever decodes must be no larger than its input: postcard
+//! checks each string and byte-string length against the bytes left, every other element costs
+//! at least one input byte, and serde preallocates at most 1 MiB for a sequence whatever count
+//! it announces, so a decoded value's own encoding never outgrows the bytes it came from (a
+//! global allocator counting bytes would say it more directly, but needs `unsafe`). A decoded
+//! value must also encode to a canonical form that decodes to itself.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::LazyLock;
+
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
+};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote,
+};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::sample::Index;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use vigil_shared::catalog::{Check, HealthStatus, Service};
+use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::query::{PreparedQuery, ServiceQuery};
+use vigil_shared::rpc::{
+    Command, Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Registration,
+    Response, ServerError,
+};
+use vigil_shared::session::{Behavior, ServiceCheck, Session};
+
+use super::{FRAME_VERSION, HEADER_LEN, MAX_FRAME_LEN, decode_header, encode_header};
+use crate::raft::TypeConfig;
+use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
+
+// ---------------------------------------------------------------------------------------------
+// Frame headers
+// ---------------------------------------------------------------------------------------------
+
+fn header() -> impl Strategy<Value = [u8; HEADER_LEN]> {
+    let version = prop_oneof![Just(FRAME_VERSION), any::<u8>()];
+    let max = u32::try_from(MAX_FRAME_LEN).expect("the frame limit fits a u32");
+    let len = prop_oneof![0..=max, max - 2..=max + 2, any::<u32>()];
+    (version, len).prop_map(|(version, len)| {
+        let [a, b, c, d] = len.to_be_bytes();
+        [version, a, b, c, d]
+    })
+}
+
+proptest! {
+    /// A header is accepted exactly when it has our version and a length within the limit,
+    /// and then it announces that length.
+    #[test]
+    fn a_header_is_accepted_only_with_our_version_within_the_limit(header in header()) {
+        let [version, len @ ..] = header;
+        let len = u32::from_be_bytes(len) as usize;
+        match decode_header(header) {
+            Ok(announced) => {
+                prop_assert_eq!(version, FRAME_VERSION);
+                prop_assert_eq!(announced, len);
+                prop_assert!(announced <= MAX_FRAME_LEN);
+            }
+            Err(reason) => {
+                prop_assert!(version != FRAME_VERSION || len > MAX_FRAME_LEN, "{}", reason);
+            }
+        }
+    }
+
+    /// What one side writes the other reads back; a frame over the limit is never written.
+    #[test]
+    fn headers_round_trip_up_to_the_limit(len in prop_oneof![0..=MAX_FRAME_LEN, MAX_FRAME_LEN..]) {
+        match encode_header(len) {
+            Ok(header) => prop_assert_eq!(decode_header(header), Ok(len)),
+            Err(_) => prop_assert!(len > MAX_FRAME_LEN),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The corpus: valid requests and responses
+// ---------------------------------------------------------------------------------------------
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn server(name: &str) -> ServerNode {
+    ServerNode {
+        name: name.to_owned(),
+        rpc_addr: "127.0.0.1:8300".to_owned(),
+    }
+}
+
+fn membership() -> Membership<u64, ServerNode> {
+    let voters = BTreeSet::from([1, 2, 3]);
+    let nodes = BTreeMap::from([(1, server("s1")), (2, server("s2")), (3, server("s3"))]);
+    Membership::new(vec![voters], nodes)
+}
+
+fn session() -> Session {
+    Session {
+        id: "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a01".to_owned(),
+        name: "lock".to_owned(),
+        node: "node1".to_owned(),
+        lock_delay_ns: 15_000_000_000,
+        behavior: Behavior::Delete,
+        ttl: "15s".to_owned(),
+        node_checks: vec!["serfHealth".to_owned()],
+        service_checks: Some(vec![ServiceCheck {
+            id: "web".to_owned(),
+            namespace: String::new(),
+        }]),
+        checks: vec!["disk".to_owned()],
+        create_index: 7,
+        modify_index: 7,
+    }
+}
+
+fn check() -> Check {
+    Check {
+        node: "node1".to_owned(),
+        check_id: "web".to_owned(),
+        name: "web".to_owned(),
+        status: HealthStatus::Warning,
+        service_id: "web1".to_owned(),
+        kind: "http".to_owned(),
+        interval: "10s".to_owned(),
+        definition: r#"{"HTTP":"http://127.0.0.1/"}"#.to_owned(),
+        ..Check::default()
+    }
+}
+
+fn entry() -> KvEntry {
+    KvEntry {
+        key: "a/lock".to_owned(),
+        value: b"holder".to_vec(),
+        flags: 3304740253564472344,
+        session: Some(session().id),
+        lock_index: 4,
+        create_index: 10,
+        modify_index: 17,
+    }
+}
+
+/// One of each KV verb, with values, flags, indexes and sessions set.
+fn kv_ops() -> Vec<KvOp> {
+    let (key, value, session) = ("a/lock".to_owned(), b"v".to_vec(), session().id);
+    vec![
+        KvOp::Set {
+            key: key.clone(),
+            value: value.clone(),
+            flags: 1,
+        },
+        KvOp::Cas {
+            key: key.clone(),
+            value: value.clone(),
+            flags: 2,
+            index: 300,
+        },
+        KvOp::Lock {
+            key: key.clone(),
+            value: value.clone(),
+            flags: 3,
+            session: session.clone(),
+        },
+        KvOp::Unlock {
+            key: key.clone(),
+            value,
+            flags: 4,
+            session: session.clone(),
+        },
+        KvOp::Get { key: key.clone() },
+        KvOp::GetOrEmpty { key: key.clone() },
+        KvOp::GetTree {
+            prefix: "a/".to_owned(),
+        },
+        KvOp::CheckIndex {
+            key: key.clone(),
+            index: 5,
+        },
+        KvOp::CheckSession {
+            key: key.clone(),
+            session,
+        },
+        KvOp::CheckNotExists { key: key.clone() },
+        KvOp::Delete { key: key.clone() },
+        KvOp::DeleteTree {
+            prefix: "a".to_owned(),
+        },
+        KvOp::DeleteCas { key, index: 9 },
+    ]
+}
+
+/// Every `Op` variant.
+fn ops() -> Vec<Op> {
+    let node = "node1".to_owned();
+    vec![
+        Op::Kv(kv_ops()),
+        Op::CreateSession(session()),
+        Op::DestroySession { id: session().id },
+        Op::RegisterNode {
+            name: node.clone(),
+            address: "10.0.0.1".to_owned(),
+        },
+        Op::RegisterCheck(check()),
+        Op::DeregisterCheck {
+            node: node.clone(),
+            check_id: "web".to_owned(),
+        },
+        Op::DeregisterNode { name: node.clone() },
+        Op::ReapTombstones {
+            before_ms: 1_700_000_000_000,
+        },
+        Op::CatalogRegister(Registration {
+            node: node.clone(),
+            node_id: "e0a1b2c3-0000-4000-8000-000000000001".to_owned(),
+            address: "10.0.0.1".to_owned(),
+            tagged_addresses: BTreeMap::from([("lan".to_owned(), "10.0.0.1".to_owned())]),
+            node_meta: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
+            skip_node_update: false,
+            service: Some(Service {
+                node: node.clone(),
+                id: "web1".to_owned(),
+                name: "web".to_owned(),
+                tags: vec!["primary".to_owned(), "v2".to_owned()],
+                port: 8080,
+                ..Service::default()
+            }),
+            checks: vec![check(), check()],
+        }),
+        Op::DeregisterService {
+            node,
+            service_id: "web1".to_owned(),
+        },
+        Op::SetQuery {
+            query: PreparedQuery {
+                id: "q1".to_owned(),
+                name: "web".to_owned(),
+                service: ServiceQuery {
+                    service: "web".to_owned(),
+                    tags: vec!["!v1".to_owned()],
+                    node_meta: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
+                    failover_nearest_n: -3,
+                    failover_datacenters: vec!["dc2".to_owned()],
+                    ..ServiceQuery::default()
+                },
+                dns_ttl: "10s".to_owned(),
+                ..PreparedQuery::default()
+            },
+            update: true,
+        },
+        Op::DeleteQuery {
+            id: "q1".to_owned(),
+        },
+        Op::CheckpointTtls {
+            deadlines: vec![(session().id, 1_700_000_030_000), ("b".to_owned(), 1)],
+        },
+    ]
+}
+
+fn requests() -> Vec<RpcRequest> {
+    let entries = ops()
+        .into_iter()
+        .enumerate()
+        .map(|(i, op)| Entry::<TypeConfig> {
+            log_id: log_id(2, 40 + i as u64),
+            payload: EntryPayload::Normal(Command {
+                now_ms: 1_700_000_000_000 + i as u64,
+                op,
+            }),
+        })
+        .chain([
+            Entry {
+                log_id: log_id(3, 60),
+                payload: EntryPayload::Blank,
+            },
+            Entry {
+                log_id: log_id(3, 61),
+                payload: EntryPayload::Membership(membership()),
+            },
+        ])
+        .collect();
+    let mut requests = vec![
+        RpcRequest::Hello,
+        RpcRequest::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: Some(log_id(2, 39)),
+            entries,
+            leader_commit: Some(log_id(2, 38)),
+        }),
+        RpcRequest::Vote(VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 61)))),
+        RpcRequest::InstallSnapshot(InstallSnapshotRequest {
+            vote: Vote::new_committed(3, 1),
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(3, 61)),
+                last_membership: StoredMembership::new(Some(log_id(3, 61)), membership()),
+                snapshot_id: "3-61-1".to_owned(),
+            },
+            offset: 0,
+            data: (0..=255).collect(),
+            done: true,
+        }),
+        RpcRequest::Renew {
+            id: session().id,
+            forwarded: false,
+        },
+        RpcRequest::Join {
+            node_id: 4,
+            node: server("s4"),
+            forwarded: true,
+        },
+        RpcRequest::Status,
+    ];
+    requests.extend(ops().into_iter().map(|op| RpcRequest::Write {
+        op,
+        forwarded: false,
+    }));
+    let queries = [
+        ReadQuery::KvGet {
+            key: "a/lock".to_owned(),
+        },
+        ReadQuery::KvKeys {
+            prefix: "a/".to_owned(),
+            separator: Some("/".to_owned()),
+        },
+        ReadQuery::Txn(kv_ops()),
+        ReadQuery::Sequencer {
+            key: "a/lock".to_owned(),
+            lock_index: 4,
+            session: session().id,
+        },
+        ReadQuery::ChecksInState {
+            state: Some(HealthStatus::Critical),
+        },
+        ReadQuery::QueryExecute {
+            id_or_name: "web".to_owned(),
+        },
+    ];
+    requests.extend(queries.into_iter().map(|query| RpcRequest::Query {
+        opts: QueryOptions {
+            consistency: Consistency::Consistent,
+            min_index: 1_000_000,
+            wait_ms: 300_000,
+        },
+        query,
+        forwarded: true,
+    }));
+    requests
+}
+
+fn responses() -> Vec<RpcResponse> {
+    let meta = QueryMeta {
+        index: 17,
+        known_leader: true,
+        last_contact_ms: 3,
+    };
+    vec![
+        RpcResponse::Hello(HelloInfo {
+            node_id: 2,
+            node: server("s2"),
+            initialized: true,
+            leader: Some("127.0.0.1:8300".to_owned()),
+        }),
+        RpcResponse::AppendEntries(Ok(AppendEntriesResponse::Success)),
+        RpcResponse::AppendEntries(Ok(AppendEntriesResponse::PartialSuccess(Some(log_id(
+            3, 50,
+        ))))),
+        RpcResponse::Vote(Ok(VoteResponse {
+            vote: Vote::new(4, 2),
+            vote_granted: true,
+            last_log_id: Some(log_id(3, 61)),
+        })),
+        RpcResponse::Write(Ok(Response::Txn(TxnOutcome::Committed(vec![entry()])))),
+        RpcResponse::Write(Ok(Response::Txn(TxnOutcome::RolledBack(vec![TxnError {
+            op_index: 1,
+            error: KvOpError::CheckIndexFailed {
+                key: "a/lock".to_owned(),
+                current: 17,
+                expected: 5,
+            },
+        }])))),
+        RpcResponse::Write(Err(ServerError::NotLeader {
+            leader: Some("127.0.0.1:8301".to_owned()),
+        })),
+        RpcResponse::Query(Ok((QueryResult::Entries(vec![entry(), entry()]), meta))),
+        RpcResponse::Query(Ok((QueryResult::Sessions(vec![session()]), meta))),
+        RpcResponse::Query(Ok((QueryResult::Checks(vec![check()]), meta))),
+        RpcResponse::Query(Ok((
+            QueryResult::Keys(vec!["a/".to_owned(), "b".to_owned()]),
+            meta,
+        ))),
+        RpcResponse::Renew(Ok(session())),
+        RpcResponse::Join(Err(ServerError::TooLarge {
+            size: 1 << 20,
+            limit: 1 << 19,
+        })),
+        RpcResponse::Status(StatusInfo {
+            leader: Some("127.0.0.1:8300".to_owned()),
+            peers: vec![PeerInfo {
+                node_id: 1,
+                node: server("s1"),
+                leader: true,
+                voter: true,
+            }],
+            config_index: 61,
+        }),
+        RpcResponse::Refused("raft messages are for servers only".to_owned()),
+    ]
+}
+
+fn encode_all<T: Serialize>(values: Vec<T>) -> Vec<Vec<u8>> {
+    values
+        .iter()
+        .map(|v| postcard::to_allocvec(v).expect("the corpus encodes"))
+        .collect()
+}
+
+static REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(requests()));
+static RESPONSES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(responses()));
+
+// ---------------------------------------------------------------------------------------------
+// Mutations and the property
+// ---------------------------------------------------------------------------------------------
+
+/// The varint postcard writes for 2^32 - 1, a length or count far beyond any input.
+const HUGE_VARINT: [u8; 5] = [0xff, 0xff, 0xff, 0xff, 0x0f];
+
+#[derive(Debug, Clone)]
+enum Mutation {
+    FlipBit(Index, u8),
+    SetByte(Index, u8),
+    Insert(Index, Vec<u8>),
+    Remove(Index, usize),
+    Truncate(Index),
+    /// [`HUGE_VARINT`] written over the bytes at the position.
+    HugeCount(Index),
+}
+
+fn mutation() -> impl Strategy<Value = Mutation> {
+    prop_oneof![
+        (any::<Index>(), 0..8u8).prop_map(|(at, bit)| Mutation::FlipBit(at, bit)),
+        (any::<Index>(), any::<u8>()).prop_map(|(at, byte)| Mutation::SetByte(at, byte)),
+        (any::<Index>(), vec(any::<u8>(), 1..8)).prop_map(|(at, b)| Mutation::Insert(at, b)),
+        (any::<Index>(), 1..16usize).prop_map(|(at, n)| Mutation::Remove(at, n)),
+        any::<Index>().prop_map(Mutation::Truncate),
+        any::<Index>().prop_map(Mutation::HugeCount),
+    ]
+}
+
+fn mutate(bytes: &mut Vec<u8>, mutation: &Mutation) {
+    if bytes.is_empty() {
+        return;
+    }
+    let len = bytes.len();
+    match mutation {
+        Mutation::FlipBit(at, bit) => bytes[at.index(len)] ^= 1 << bit,
+        Mutation::SetByte(at, byte) => bytes[at.index(len)] = *byte,
+        Mutation::Insert(at, new) => {
+            let at = at.index(len + 1);
+            bytes.splice(at..at, new.iter().copied());
+        }
+        Mutation::Remove(at, n) => {
+            let at = at.index(len);
+            bytes.drain(at..(at + n).min(len));
+        }
+        Mutation::Truncate(at) => bytes.truncate(at.index(len)),
+        Mutation::HugeCount(at) => plant_huge_count(bytes, at.index(len)),
+    }
+}
+
+fn plant_huge_count(bytes: &mut Vec<u8>, at: usize) {
+    let end = (at + HUGE_VARINT.len()).min(bytes.len());
+    bytes.splice(at..end, HUGE_VARINT);
+}
+
+/// Decoding `bytes` as `T` does not panic; a value that decodes is no larger than its input
+/// and re-encodes canonically.
+fn decodes_safely<T: Serialize + DeserializeOwned>(bytes: &[u8]) -> Result<(), TestCaseError> {
+    let Ok(value) = postcard::from_bytes::<T>(bytes) else {
+        return Ok(());
+    };
+    let encoded = postcard::to_allocvec(&value).expect("a decoded value encodes");
+    prop_assert!(
+        encoded.len() <= bytes.len(),
+        "{} input bytes decoded to a value of {} bytes",
+        bytes.len(),
+        encoded.len()
+    );
+    let again = postcard::from_bytes::<T>(&encoded).expect("a canonical encoding decodes");
+    prop_assert_eq!(postcard::to_allocvec(&again).expect("encodes"), encoded);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn arbitrary_bytes_never_break_request_decoding(bytes in vec(any::<u8>(), 0..512)) {
+        decodes_safely::<RpcRequest>(&bytes)?;
+    }
+
+    #[test]
+    fn arbitrary_bytes_never_break_response_decoding(bytes in vec(any::<u8>(), 0..512)) {
+        decodes_safely::<RpcResponse>(&bytes)?;
+    }
+
+    #[test]
+    fn mutated_requests_never_break_decoding(
+        which in any::<Index>(),
+        mutations in vec(mutation(), 1..5),
+    ) {
+        let mut bytes = which.get(&REQUESTS).clone();
+        for m in &mutations {
+            mutate(&mut bytes, m);
+        }
+        decodes_safely::<RpcRequest>(&bytes)?;
+    }
+
+    #[test]
+    fn mutated_responses_never_break_decoding(
+        which in any::<Index>(),
+        mutations in vec(mutation(), 1..5),
+    ) {
+        let mut bytes = which.get(&RESPONSES).clone();
+        for m in &mutations {
+            mutate(&mut bytes, m);
+        }
+        decodes_safely::<RpcResponse>(&bytes)?;
+    }
+}
+
+/// Every valid message decodes, and a 2^32 - 1 count planted at any offset of it is refused
+/// (or read as a value no larger than the input) rather than allocated.
+#[test]
+fn a_huge_count_at_any_offset_is_not_believed() {
+    for (i, bytes) in REQUESTS.iter().enumerate() {
+        assert!(
+            postcard::from_bytes::<RpcRequest>(bytes).is_ok(),
+            "request {i}"
+        );
+        for at in 0..bytes.len() {
+            let mut planted = bytes.clone();
+            plant_huge_count(&mut planted, at);
+            decodes_safely::<RpcRequest>(&planted).unwrap();
+        }
+    }
+    for (i, bytes) in RESPONSES.iter().enumerate() {
+        assert!(
+            postcard::from_bytes::<RpcResponse>(bytes).is_ok(),
+            "response {i}"
+        );
+    }
+}
