@@ -658,7 +658,7 @@ async fn maintenance_mode_adds_and_removes_its_check() {
         .await;
     assert_eq!(
         refused.status,
-        StatusCode::BAD_REQUEST,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "{}",
         refused.text()
     );

@@ -14,7 +14,7 @@ use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
 use vigil_shared::session::Session;
 
 use super::error::ApiError;
-use super::params::Params;
+use super::params::{Params, parse_uint};
 use super::{AppState, json, with_meta};
 
 /// `GET /v1/vigil/sequencer?key=K&lock-index=N&session=S` → `{"Valid":true}` while S holds K at
@@ -32,8 +32,11 @@ pub async fn sequencer(
         .get("session")
         .filter(|s| !s.is_empty())
         .ok_or_else(|| ApiError::bad_request("Missing session"))?;
+    // A Vigil endpoint: every input error is a 400.
     let lock_index = params
-        .u64("lock-index")?
+        .get("lock-index")
+        .map(|v| parse_uint(v).map_err(ApiError::bad_request))
+        .transpose()?
         .ok_or_else(|| ApiError::bad_request("Missing lock-index"))?;
     let opts = QueryOptions {
         consistency: Consistency::Consistent,
