@@ -23,7 +23,6 @@ use vigil_shared::session::{Session, check_ttl};
 
 use crate::leader::{DutyInput, LeaderDuties, session_ttl};
 use crate::proposer::Proposer;
-use crate::raft::log_store::MemLogStore;
 use crate::raft::network::QuicNetwork;
 use crate::raft::redb_log::RedbLogStore;
 use crate::raft::state_store::{SharedState, StateStore};
@@ -205,11 +204,12 @@ impl Server {
         let shared = SharedState::new(events_tx);
         let (node_id, raft) = match &config.mode {
             ServerMode::Dev => {
+                let log = RedbLogStore::in_memory().map_err(data_dir_error)?;
                 let raft = Raft::new(
                     1,
                     raft_config,
                     network,
-                    MemLogStore::default(),
+                    log,
                     StateStore::new(Arc::clone(&shared)),
                 )
                 .await;

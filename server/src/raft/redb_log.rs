@@ -1,30 +1,49 @@
-//! The durable raft log of a server set: one redb file (`<data_dir>/raft.redb`) holding the log
+//! The raft log of a server: one redb file (`<data_dir>/raft.redb`, mode 0600) holding the log
 //! entries (index → postcard `Entry`) and the raft metadata (vote, committed log id, last purged
-//! log id, file format version).
+//! log id, file format version). `--dev` runs the same store on redb's in-memory backend, where
+//! each call commits its own change at once (see [`Writer::inline`]).
+//!
+//! Writes do not wait for the disk. Each call queues its change for one writer thread
+//! ([`writer`]), which drains the queue into one write transaction and one fsync (group
+//! commit), and only then calls the `LogFlushed` of each append. Until the file holds a change,
+//! the [`overlay`] holds it, and every read sees the overlay laid over the file.
 //!
 //! Invariants openraft relies on:
-//! * every write transaction commits with `Durability::Immediate` (fsync) before the call that
-//!   made it returns, and `append` reports the flush to openraft only after that commit;
-//! * `append` writes a whole batch in one transaction: one fsync per batch (group commit);
-//! * writes are serialized: each trait method awaits its own commit, and redb admits one
-//!   writer at a time anyway. Commits run on tokio's blocking pool so an fsync never stalls a
-//!   runtime worker; reads are short range scans and run inline.
+//! * changes reach the file in the order openraft made them: one queue, one writer, applied in
+//!   queue order inside each transaction;
+//! * an append is readable when `append` returns, and its `LogFlushed` fires only after a
+//!   commit with fsync holds it and every change queued before it;
+//! * `save_vote` returns only once its commit is durable;
+//! * a truncated or purged entry is unreadable once the call returns, even while the file or
+//!   the queue still holds it;
+//! * `limited_get_log_entries` returns at most [`MAX_APPEND_BYTES`] of encoded entries, and one
+//!   entry at least when the range holds any.
+//!
+//! A crash loses only changes nobody was told are durable: redb commits atomically, and a file
+//! is checked for integrity on every open, so a damaged one is refused rather than trusted.
+
+mod overlay;
+mod writer;
 
 use std::fmt::Debug;
+use std::fs::{File, OpenOptions, Permissions};
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, RaftLogReader, StorageIOError, Vote};
+use redb::backends::{FileBackend, InMemoryBackend};
 use redb::{
-    Database, DatabaseError, Durability, ReadableDatabase, ReadableTable, TableDefinition,
-    WriteTransaction,
+    Database, DatabaseError, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
 };
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use self::overlay::Overlay;
+use self::writer::{Change, OnDurable, Request, Writer};
 use super::{LogId, MAX_APPEND_BYTES, NodeId, StorageError, TypeConfig};
 
 type Entry = openraft::Entry<TypeConfig>;
@@ -49,6 +68,13 @@ const KEY_FORMAT: &str = "format";
 /// Bump when the tables or value encodings change; an old binary then refuses a newer file.
 const FORMAT_VERSION: u8 = 1;
 
+/// What errors name instead of a path for the in-memory store.
+const IN_MEMORY: &str = "(in memory)";
+
+/// The in-memory store flushes one commit in this many (see [`Writer::inline`]): a flush costs
+/// about twice an unflushed commit's time, and the pages freed meanwhile stay few.
+const IN_MEMORY_FLUSH_EVERY: u32 = 64;
+
 /// Why the raft log could not be opened.
 #[derive(Debug, thiserror::Error)]
 pub enum LogStoreError {
@@ -56,11 +82,25 @@ pub enum LogStoreError {
         "raft log {path} is locked by another process; is another server using this data directory?"
     )]
     AlreadyOpen { path: PathBuf },
+    #[error("cannot create raft log {path}: {source}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     #[error("cannot open raft log {path}: {source}")]
     Open {
         path: PathBuf,
         #[source]
         source: DatabaseError,
+    },
+    #[error(
+        "raft log {path} is corrupt (remove the data directory and rejoin the cluster, or restore it from a backup): {source}"
+    )]
+    Corrupt {
+        path: PathBuf,
+        #[source]
+        source: AnyError,
     },
     #[error("cannot initialise raft log {path}: {source}")]
     Init {
@@ -72,29 +112,195 @@ pub enum LogStoreError {
         "raft log {path} has format version {found}; this build reads version {FORMAT_VERSION}"
     )]
     UnsupportedFormat { path: PathBuf, found: u8 },
+    #[error("cannot start the raft log writer for {path}: {source}")]
+    Writer {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
 }
 
-/// The durable raft log. Cloning shares the same database (the reader handed to openraft is a
-/// clone).
-#[derive(Clone)]
+/// What the store, its readers and the writer thread share.
+struct Shared {
+    db: Database,
+    overlay: Mutex<Overlay>,
+}
+
+impl Shared {
+    fn overlay(&self) -> MutexGuard<'_, Overlay> {
+        self.overlay.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The overlay and a file snapshot taken together. The writer forgets a change only after
+    /// committing it, so under the lock the file holds every change the overlay has forgotten.
+    fn snapshot<T>(
+        &self,
+        take: impl FnOnce(&Overlay) -> T,
+    ) -> Result<(ReadTransaction, T), AnyError> {
+        let overlay = self.overlay();
+        let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
+        Ok((tx, take(&overlay)))
+    }
+
+    /// The entries in `range` of the log as openraft last wrote it, stopping before the entry
+    /// that would take their encoded size above `budget` (never before the first).
+    fn read(&self, range: impl RangeBounds<u64>, budget: usize) -> Result<Vec<Entry>, AnyError> {
+        let (start, end) = half_open(&range);
+        let (tx, (pending, (file_start, file_end))) =
+            self.snapshot(|o| (o.encoded(start, end, budget), o.file_window()))?;
+        let mut batch = Batch::new(budget);
+        let mut pending = pending.into_iter().peekable();
+        let (from, to) = (start.max(file_start), end.min(file_end));
+        if from < to {
+            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
+            for item in table.range(from..to).map_err(|e| AnyError::new(&e))? {
+                let (index, value) = item.map_err(|e| AnyError::new(&e))?;
+                let index = index.value();
+                // Overlay entries sort in; one at the same index replaces the file's.
+                let mut replaced = false;
+                while let Some((i, encoded)) = pending.next_if(|(i, _)| *i <= index) {
+                    replaced |= i == index;
+                    if !batch.push(&encoded)? {
+                        return Ok(batch.entries);
+                    }
+                }
+                if !replaced && !batch.push(value.value())? {
+                    return Ok(batch.entries);
+                }
+            }
+        }
+        for (_, encoded) in pending {
+            if !batch.push(&encoded)? {
+                break;
+            }
+        }
+        Ok(batch.entries)
+    }
+
+    fn log_state(&self) -> Result<LogState<TypeConfig>, AnyError> {
+        let (tx, (pending_last, (file_start, file_end), last_purged)) =
+            self.snapshot(|o| (o.last(), o.file_window(), o.last_purged()))?;
+        let mut file_last = None;
+        if file_start < file_end {
+            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
+            let mut range = table
+                .range(file_start..file_end)
+                .map_err(|e| AnyError::new(&e))?;
+            if let Some(item) = range.next_back() {
+                let (_, value) = item.map_err(|e| AnyError::new(&e))?;
+                file_last = Some(decode_entry(value.value())?.log_id);
+            }
+        }
+        let last = match (pending_last, file_last) {
+            (Some(p), Some(f)) => Some(if p.index >= f.index { p } else { f }),
+            (p, f) => p.or(f),
+        };
+        Ok(LogState {
+            last_purged_log_id: last_purged,
+            last_log_id: last.or(last_purged),
+        })
+    }
+}
+
+/// Entries read so far, within a byte budget.
+struct Batch {
+    entries: Vec<Entry>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Batch {
+    fn new(budget: usize) -> Batch {
+        Batch {
+            entries: Vec::new(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    /// Decodes and keeps `encoded`, unless it would take the batch above its budget (the first
+    /// entry is always kept); returns whether it was kept.
+    fn push(&mut self, encoded: &[u8]) -> Result<bool, AnyError> {
+        let bytes = self.bytes.saturating_add(encoded.len());
+        if !self.entries.is_empty() && bytes > self.budget {
+            return Ok(false);
+        }
+        self.entries.push(decode_entry(encoded)?);
+        self.bytes = bytes;
+        Ok(true)
+    }
+}
+
+/// The raft log; see the module documentation. Dropping it commits whatever is still queued
+/// and stops the writer thread.
 pub struct RedbLogStore {
-    db: Arc<Database>,
+    shared: Arc<Shared>,
+    writer: Writer,
+    /// Sequence number of the last request queued.
+    seq: u64,
+    /// The vote as last saved (durable: `save_vote` waits for its commit).
+    vote: Option<Vote<NodeId>>,
+    /// The committed log id as openraft last saved it; its commit may still be queued.
+    committed: Option<LogId>,
+}
+
+/// Reads the log for openraft's replication streams: the overlay first, then the file.
+#[derive(Clone)]
+pub struct RedbLogReader {
+    shared: Arc<Shared>,
 }
 
 impl RedbLogStore {
-    /// Opens (creating if missing) the log at `path`, normally `<data_dir>/`[`LOG_FILE_NAME`].
-    /// The parent directory must exist. Blocks briefly (one fsync for a new file).
+    /// Opens (creating if missing, with mode 0600) the log at `path`, normally
+    /// `<data_dir>/`[`LOG_FILE_NAME`]. The parent directory must exist. Blocks while it checks
+    /// the file's integrity (a read of the whole file) and, for a new file, for one fsync.
     pub fn open(path: impl AsRef<Path>) -> Result<RedbLogStore, LogStoreError> {
         let path = path.as_ref();
-        let db = Database::create(path).map_err(|e| match e {
+        let file = create_private(path).map_err(|source| LogStoreError::Create {
+            path: path.to_owned(),
+            source,
+        })?;
+        let open_error = |e: DatabaseError| match e {
             DatabaseError::DatabaseAlreadyOpen => LogStoreError::AlreadyOpen {
                 path: path.to_owned(),
+            },
+            DatabaseError::Storage(redb::StorageError::Corrupted(_)) => LogStoreError::Corrupt {
+                path: path.to_owned(),
+                source: AnyError::new(&e),
             },
             e => LogStoreError::Open {
                 path: path.to_owned(),
                 source: e,
             },
-        })?;
+        };
+        let backend = FileBackend::new(file).map_err(open_error)?;
+        let db = Database::builder()
+            .set_check_integrity_on_open(true)
+            .create_with_backend(backend)
+            .map_err(open_error)?;
+        let writer = Writer::thread;
+        RedbLogStore::start(db, path, writer)
+    }
+
+    /// A log that lives in memory and dies with the process, for `--dev`.
+    pub fn in_memory() -> Result<RedbLogStore, LogStoreError> {
+        let path = Path::new(IN_MEMORY);
+        let db = Database::builder()
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(|source| LogStoreError::Open {
+                path: path.to_owned(),
+                source,
+            })?;
+        let writer = |shared| Ok(Writer::inline(shared, IN_MEMORY_FLUSH_EVERY));
+        RedbLogStore::start(db, path, writer)
+    }
+
+    /// Checks the format, loads the metadata and starts the writer.
+    fn start(
+        db: Database,
+        path: &Path,
+        writer: impl FnOnce(Arc<Shared>) -> io::Result<Writer>,
+    ) -> Result<RedbLogStore, LogStoreError> {
         let found = init_tables(&db).map_err(|source| LogStoreError::Init {
             path: path.to_owned(),
             source,
@@ -105,121 +311,157 @@ impl RedbLogStore {
                 found,
             });
         }
-        Ok(RedbLogStore { db: Arc::new(db) })
+        let corrupt = |source| LogStoreError::Corrupt {
+            path: path.to_owned(),
+            source,
+        };
+        let vote: Option<Vote<NodeId>> = read_meta(&db, KEY_VOTE).map_err(corrupt)?;
+        let committed: Option<Option<LogId>> = read_meta(&db, KEY_COMMITTED).map_err(corrupt)?;
+        let last_purged: Option<LogId> = read_meta(&db, KEY_LAST_PURGED).map_err(corrupt)?;
+        let shared = Arc::new(Shared {
+            db,
+            overlay: Mutex::new(Overlay::new(last_purged)),
+        });
+        let writer = writer(Arc::clone(&shared)).map_err(|source| LogStoreError::Writer {
+            path: path.to_owned(),
+            source,
+        })?;
+        Ok(RedbLogStore {
+            shared,
+            writer,
+            seq: 0,
+            vote,
+            committed: committed.flatten(),
+        })
     }
 
-    /// Runs `write` in one write transaction on the blocking pool and commits it with fsync.
-    async fn commit<F>(&self, write: F) -> Result<(), AnyError>
-    where
-        F: FnOnce(&WriteTransaction) -> Result<(), redb::Error> + Send + 'static,
-    {
-        let db = Arc::clone(&self.db);
-        tokio::task::spawn_blocking(move || commit_durably(&db, write))
-            .await
-            .map_err(|e| AnyError::new(&e))?
+    /// Queues `change`, after `update` has shown it to readers under the overlay's lock.
+    fn queue(
+        &mut self,
+        change: Change,
+        done: Option<OnDurable>,
+        update: impl FnOnce(&mut Overlay, u64),
+    ) -> Result<(), AnyError> {
+        self.seq += 1;
+        let seq = self.seq;
+        update(&mut self.shared.overlay(), seq);
+        self.writer
+            .send(Request { seq, change, done })
             .map_err(|e| AnyError::new(&e))
     }
 
-    /// Writes a batch of entries in one transaction: one fsync for the whole batch.
-    async fn write_entries(
-        &self,
-        entries: impl IntoIterator<Item = Entry, IntoIter: Send> + Send,
+    /// `append` with any completion: `done` is told once a commit with fsync holds `entries`.
+    fn append_then(
+        &mut self,
+        entries: impl IntoIterator<Item = Entry>,
+        done: OnDurable,
     ) -> Result<(), AnyError> {
         let encoded = entries
             .into_iter()
-            .map(|e| postcard::to_allocvec(&e).map(|bytes| (e.log_id.index, bytes)))
+            .map(|e| postcard::to_allocvec(&e).map(|bytes| (e.log_id, Bytes::from(bytes))))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| AnyError::new(&e))?;
-        self.commit(move |tx| {
-            let mut logs = tx.open_table(LOGS)?;
-            for (index, bytes) in &encoded {
-                logs.insert(*index, bytes.as_slice())?;
-            }
-            Ok(())
+        let change = Change::Append(
+            encoded
+                .iter()
+                .map(|(id, b)| (id.index, b.clone()))
+                .collect(),
+        );
+        self.queue(change, Some(done), |overlay, seq| {
+            overlay.append(seq, &encoded)
         })
-        .await
     }
+}
 
-    /// Reads and decodes one metadata value.
-    fn read_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, AnyError> {
-        let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
-        let table = tx.open_table(META).map_err(|e| AnyError::new(&e))?;
-        let Some(bytes) = table.get(key).map_err(|e| AnyError::new(&e))? else {
-            return Ok(None);
-        };
-        postcard::from_bytes(bytes.value())
-            .map(Some)
-            .map_err(|e| AnyError::new(&e))
+/// Opens `path` for redb, creating it with mode 0600 and taking group and other access away
+/// from a file an older build created.
+fn create_private(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    let mode = file.metadata()?.permissions().mode();
+    if mode & 0o077 != 0 {
+        file.set_permissions(Permissions::from_mode(mode & 0o700))?;
     }
-
-    /// Commits one metadata value durably.
-    async fn write_meta<T: Serialize>(&self, key: &'static str, value: &T) -> Result<(), AnyError> {
-        let bytes = postcard::to_allocvec(value).map_err(|e| AnyError::new(&e))?;
-        self.commit(move |tx| {
-            tx.open_table(META)?.insert(key, bytes.as_slice())?;
-            Ok(())
-        })
-        .await
-    }
+    Ok(file)
 }
 
 /// Creates both tables if missing and stamps a new file with [`FORMAT_VERSION`]; returns the
 /// file's format version.
 fn init_tables(db: &Database) -> Result<u8, redb::Error> {
-    let mut found = FORMAT_VERSION;
-    commit_durably(db, |tx| {
+    let tx = db.begin_write()?;
+    let found = {
         tx.open_table(LOGS)?;
         let mut meta = tx.open_table(META)?;
         let stamped = meta.get(KEY_FORMAT)?.map(|v| v.value().first().copied());
         match stamped {
             // An empty format value cannot be ours: report it as version 0.
-            Some(version) => found = version.unwrap_or(0),
+            Some(version) => version.unwrap_or(0),
             None => {
                 meta.insert(KEY_FORMAT, [FORMAT_VERSION].as_slice())?;
+                FORMAT_VERSION
             }
         }
-        Ok(())
-    })?;
+    };
+    tx.commit()?;
     Ok(found)
 }
 
-/// One write transaction, committed with fsync. On error the transaction is dropped (aborted).
-fn commit_durably<F>(db: &Database, write: F) -> Result<(), redb::Error>
-where
-    F: FnOnce(&WriteTransaction) -> Result<(), redb::Error>,
-{
-    commit_with(db, Durability::Immediate, write)
-}
-
-fn commit_with<F>(db: &Database, durability: Durability, write: F) -> Result<(), redb::Error>
-where
-    F: FnOnce(&WriteTransaction) -> Result<(), redb::Error>,
-{
-    let mut tx = db.begin_write()?;
-    tx.set_durability(durability)?;
-    write(&tx)?;
-    tx.commit()?;
-    Ok(())
+/// Reads and decodes one metadata value.
+fn read_meta<T: DeserializeOwned>(db: &Database, key: &str) -> Result<Option<T>, AnyError> {
+    let tx = db.begin_read().map_err(|e| AnyError::new(&e))?;
+    let table = tx.open_table(META).map_err(|e| AnyError::new(&e))?;
+    let Some(bytes) = table.get(key).map_err(|e| AnyError::new(&e))? else {
+        return Ok(None);
+    };
+    postcard::from_bytes(bytes.value())
+        .map(Some)
+        .map_err(|e| AnyError::new(&e))
 }
 
 fn decode_entry(bytes: &[u8]) -> Result<Entry, AnyError> {
     postcard::from_bytes(bytes).map_err(|e| AnyError::new(&e))
 }
 
-/// `range` as owned bounds, or `None` when it cannot contain any index.
-fn owned_bounds<RB: RangeBounds<u64>>(range: &RB) -> Option<(Bound<u64>, Bound<u64>)> {
+/// `range` as `[start, end)`; empty when `start >= end`.
+fn half_open(range: &impl RangeBounds<u64>) -> (u64, u64) {
     let start = match range.start_bound() {
         Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.checked_add(1)?,
+        Bound::Excluded(&s) => s.saturating_add(1),
         Bound::Unbounded => 0,
     };
-    let end = range.end_bound().cloned();
-    let empty = match end {
-        Bound::Included(e) => e < start,
-        Bound::Excluded(e) => e <= start,
-        Bound::Unbounded => false,
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => u64::MAX,
     };
-    (!empty).then_some((Bound::Included(start), end))
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for RedbLogReader {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.shared
+            .read(range, usize::MAX)
+            .map_err(|e| StorageIOError::read_logs(e).into())
+    }
+
+    /// At most [`MAX_APPEND_BYTES`] of encoded entries: one AppendEntries' worth.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, StorageError> {
+        self.shared
+            .read(start..end, MAX_APPEND_BYTES)
+            .map_err(|e| StorageIOError::read_logs(e).into())
+    }
 }
 
 impl RaftLogReader<TypeConfig> for RedbLogStore {
@@ -227,108 +469,78 @@ impl RaftLogReader<TypeConfig> for RedbLogStore {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        let Some(bounds) = owned_bounds(&range) else {
-            return Ok(Vec::new());
-        };
-        let read = || -> Result<Vec<Entry>, AnyError> {
-            let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
-            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
-            let mut entries = Vec::new();
-            for item in table.range::<u64>(bounds).map_err(|e| AnyError::new(&e))? {
-                let (_, value) = item.map_err(|e| AnyError::new(&e))?;
-                entries.push(decode_entry(value.value())?);
-            }
-            Ok(entries)
-        };
-        read().map_err(|e| StorageIOError::read_logs(e).into())
+        self.shared
+            .read(range, usize::MAX)
+            .map_err(|e| StorageIOError::read_logs(e).into())
     }
 
-    /// Entries from `start` on, at most [`MAX_APPEND_BYTES`] of them encoded (at least one):
-    /// what one AppendEntries carries, so replication never reads (or sends) a whole backlog.
     async fn limited_get_log_entries(
         &mut self,
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        let read = || -> Result<Vec<Entry>, AnyError> {
-            let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
-            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
-            let mut entries = Vec::new();
-            let mut bytes = 0usize;
-            for item in table.range(start..end).map_err(|e| AnyError::new(&e))? {
-                let (_, value) = item.map_err(|e| AnyError::new(&e))?;
-                let encoded = value.value();
-                bytes += encoded.len();
-                if bytes > MAX_APPEND_BYTES && !entries.is_empty() {
-                    break;
-                }
-                entries.push(decode_entry(encoded)?);
-            }
-            Ok(entries)
-        };
-        read().map_err(|e| StorageIOError::read_logs(e).into())
+        self.shared
+            .read(start..end, MAX_APPEND_BYTES)
+            .map_err(|e| StorageIOError::read_logs(e).into())
     }
 }
 
 impl RaftLogStorage<TypeConfig> for RedbLogStore {
-    type LogReader = Self;
+    type LogReader = RedbLogReader;
 
     async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
-        let last_log = || -> Result<Option<LogId>, AnyError> {
-            let tx = self.db.begin_read().map_err(|e| AnyError::new(&e))?;
-            let table = tx.open_table(LOGS).map_err(|e| AnyError::new(&e))?;
-            match table.last().map_err(|e| AnyError::new(&e))? {
-                Some((_, value)) => Ok(Some(decode_entry(value.value())?.log_id)),
-                None => Ok(None),
-            }
-        };
-        let last = last_log().map_err(StorageIOError::read_logs)?;
-        let last_purged: Option<LogId> = self
-            .read_meta(KEY_LAST_PURGED)
-            .map_err(StorageIOError::read_logs)?;
-        Ok(LogState {
-            last_purged_log_id: last_purged,
-            last_log_id: last.or(last_purged),
-        })
+        self.shared
+            .log_state()
+            .map_err(|e| StorageIOError::read_logs(e).into())
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        self.clone()
+        RedbLogReader {
+            shared: Arc::clone(&self.shared),
+        }
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
-        self.write_meta(KEY_VOTE, vote)
+        let value = postcard::to_allocvec(vote).map_err(|e| StorageIOError::write_vote(&e))?;
+        let (durable, committed) = tokio::sync::oneshot::channel();
+        let done: OnDurable = Box::new(move |result| {
+            // The caller stopped waiting only if openraft is shutting down.
+            let _ = durable.send(result);
+        });
+        let change = Change::Meta {
+            key: KEY_VOTE,
+            value,
+        };
+        self.queue(change, Some(done), |_, _| {})
+            .map_err(StorageIOError::write_vote)?;
+        committed
             .await
-            .map_err(|e| StorageIOError::write_vote(e).into())
+            .map_err(|e| StorageIOError::write_vote(&e))?
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        self.vote = Some(*vote);
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        self.read_meta(KEY_VOTE)
-            .map_err(|e| StorageIOError::read_vote(e).into())
+        Ok(self.vote)
     }
 
-    /// The committed index is only a hint for how far to replay on restart, so it is written
-    /// without its own fsync (on openraft's commit path); the next durable commit carries it.
+    /// The committed index is only a hint for how far to replay on restart, so nobody waits for
+    /// it: its commit goes without fsync unless it shares one with a waiting change.
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
-        let bytes = postcard::to_allocvec(&committed).map_err(|e| StorageIOError::write(&e))?;
-        let db = Arc::clone(&self.db);
-        tokio::task::spawn_blocking(move || {
-            commit_with(&db, Durability::None, |tx| {
-                tx.open_table(META)?
-                    .insert(KEY_COMMITTED, bytes.as_slice())?;
-                Ok(())
-            })
-        })
-        .await
-        .map_err(|e| StorageIOError::write(&e))?
-        .map_err(|e| StorageIOError::write(&e).into())
+        let value = postcard::to_allocvec(&committed).map_err(|e| StorageIOError::write(&e))?;
+        let change = Change::Meta {
+            key: KEY_COMMITTED,
+            value,
+        };
+        self.queue(change, None, |_, _| {})
+            .map_err(StorageIOError::write)?;
+        self.committed = committed;
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
-        let committed: Option<Option<LogId>> = self
-            .read_meta(KEY_COMMITTED)
-            .map_err(StorageIOError::read)?;
-        Ok(committed.flatten())
+        Ok(self.committed)
     }
 
     async fn append<I>(
@@ -340,223 +552,31 @@ impl RaftLogStorage<TypeConfig> for RedbLogStore {
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
-        let written = self.write_entries(entries).await;
-        match written {
-            Ok(()) => {
-                callback.log_io_completed(Ok(()));
-                Ok(())
-            }
-            Err(e) => {
-                callback.log_io_completed(Err(io::Error::other(e.to_string())));
-                Err(StorageIOError::write_logs(e).into())
-            }
-        }
+        self.append_then(
+            entries,
+            Box::new(|result| callback.log_io_completed(result)),
+        )
+        .map_err(|e| StorageIOError::write_logs(e).into())
     }
 
     async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.commit(move |tx| {
-            tx.open_table(LOGS)?
-                .retain_in::<u64, _>(log_id.index.., |_, _| false)?;
-            Ok(())
+        let from = log_id.index;
+        self.queue(Change::Truncate { from }, None, |overlay, seq| {
+            overlay.truncate(seq, from)
         })
-        .await
         .map_err(|e| StorageIOError::write_logs(e).into())
     }
 
     async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        let purged = postcard::to_allocvec(&log_id)
-            .map_err(|e| StorageIOError::write_logs(AnyError::new(&e)))?;
-        self.commit(move |tx| {
-            tx.open_table(META)?
-                .insert(KEY_LAST_PURGED, purged.as_slice())?;
-            tx.open_table(LOGS)?
-                .retain_in::<u64, _>(..=log_id.index, |_, _| false)?;
-            Ok(())
-        })
-        .await
-        .map_err(|e| StorageIOError::write_logs(e).into())
+        let encoded = postcard::to_allocvec(&log_id).map_err(|e| StorageIOError::write_logs(&e))?;
+        let change = Change::Purge {
+            upto: log_id.index,
+            log_id: encoded,
+        };
+        self.queue(change, None, |overlay, _| overlay.purge(log_id))
+            .map_err(|e| StorageIOError::write_logs(e).into())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
-
-    use crate::rpc::ServerNode;
-    use openraft::{EntryPayload, Membership};
-    use vigil_shared::kv::KvOp;
-    use vigil_shared::rpc::{Command, Op};
-
-    use super::*;
-
-    fn log_id(term: u64, index: u64) -> LogId {
-        openraft::testing::log_id(term, 1, index)
-    }
-
-    fn set(term: u64, index: u64, key: &str) -> Entry {
-        Entry {
-            log_id: log_id(term, index),
-            payload: EntryPayload::Normal(Command {
-                now_ms: 1_700_000_000_000 + index,
-                op: Op::Kv(vec![KvOp::Set {
-                    key: key.to_owned(),
-                    value: format!("value at {index}").into_bytes(),
-                    flags: index,
-                }]),
-            }),
-        }
-    }
-
-    /// Blank, membership, then KV writes: the three payload kinds.
-    fn sample_log(upto: u64) -> Vec<Entry> {
-        let membership = Membership::new(
-            vec![BTreeSet::from([1])],
-            BTreeMap::from([(
-                1,
-                ServerNode {
-                    name: "s1".into(),
-                    rpc_addr: "127.0.0.1:8300".into(),
-                },
-            )]),
-        );
-        let mut entries = vec![
-            Entry {
-                log_id: log_id(1, 1),
-                payload: EntryPayload::Blank,
-            },
-            Entry {
-                log_id: log_id(1, 2),
-                payload: EntryPayload::Membership(membership),
-            },
-        ];
-        entries.extend((3..=upto).map(|i| set(2, i, &format!("k{i}"))));
-        entries
-    }
-
-    #[tokio::test]
-    async fn log_vote_and_committed_survive_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(LOG_FILE_NAME);
-        let vote = Vote::new_committed(2, 1);
-
-        // Write a log, then shape it the way openraft does: purge a prefix, truncate a tail.
-        {
-            let mut store = RedbLogStore::open(&path).expect("open");
-            store.write_entries(sample_log(20)).await.expect("append");
-            store.save_vote(&vote).await.expect("vote");
-            store
-                .save_committed(Some(log_id(2, 15)))
-                .await
-                .expect("committed");
-            store.purge(log_id(1, 2)).await.expect("purge");
-            store.truncate(log_id(2, 18)).await.expect("truncate");
-        }
-
-        // A reopened store answers exactly as the first one did before it was dropped.
-        let mut store = RedbLogStore::open(&path).expect("reopen");
-        let state = store.get_log_state().await.expect("log state");
-        assert_eq!(state.last_purged_log_id, Some(log_id(1, 2)));
-        assert_eq!(state.last_log_id, Some(log_id(2, 17)));
-        assert_eq!(store.read_vote().await.expect("vote"), Some(vote));
-        assert_eq!(
-            store.read_committed().await.expect("committed"),
-            Some(log_id(2, 15))
-        );
-        let entries = store.try_get_log_entries(0..100).await.expect("entries");
-        assert_eq!(entries, sample_log(17)[2..].to_vec());
-
-        // The reader openraft gets shares the same database.
-        let mut reader = store.get_log_reader().await;
-        store
-            .write_entries([set(3, 18, "k18")])
-            .await
-            .expect("append");
-        let tail = reader.try_get_log_entries(17..).await.expect("tail");
-        assert_eq!(tail, vec![set(2, 17, "k17"), set(3, 18, "k18")]);
-    }
-
-    #[tokio::test]
-    async fn empty_and_fully_purged_logs() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(LOG_FILE_NAME);
-
-        // A new file: nothing at all.
-        let mut store = RedbLogStore::open(&path).expect("open");
-        let state = store.get_log_state().await.expect("log state");
-        assert_eq!((state.last_purged_log_id, state.last_log_id), (None, None));
-        assert_eq!(store.read_vote().await.expect("vote"), None);
-        assert_eq!(store.read_committed().await.expect("committed"), None);
-
-        // Everything purged: the last log id falls back to the last purged one.
-        store.write_entries(sample_log(5)).await.expect("append");
-        store.purge(log_id(2, 5)).await.expect("purge");
-        drop(store);
-        let mut store = RedbLogStore::open(&path).expect("reopen");
-        let state = store.get_log_state().await.expect("log state");
-        assert_eq!(state.last_purged_log_id, Some(log_id(2, 5)));
-        assert_eq!(state.last_log_id, Some(log_id(2, 5)));
-
-        // Empty and inverted ranges read nothing instead of failing.
-        store
-            .write_entries([set(2, 6, "k6")])
-            .await
-            .expect("append");
-        assert!(
-            store
-                .try_get_log_entries(6..6)
-                .await
-                .expect("empty")
-                .is_empty()
-        );
-        #[allow(clippy::reversed_empty_ranges)]
-        let inverted = 7..6;
-        assert!(
-            store
-                .try_get_log_entries(inverted)
-                .await
-                .expect("inverted")
-                .is_empty()
-        );
-        assert_eq!(
-            store.try_get_log_entries(6..=6).await.expect("one").len(),
-            1
-        );
-    }
-
-    #[tokio::test]
-    async fn second_open_of_the_same_file_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(LOG_FILE_NAME);
-        let _first = RedbLogStore::open(&path).expect("open");
-        match RedbLogStore::open(&path) {
-            Err(LogStoreError::AlreadyOpen { path: p }) => assert_eq!(p, path),
-            Err(e) => panic!("unexpected error: {e}"),
-            Ok(_) => panic!("a second open of a locked log succeeded"),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_newer_format_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join(LOG_FILE_NAME);
-
-        // Stamp the file as if a future build wrote it.
-        {
-            let store = RedbLogStore::open(&path).expect("open");
-            commit_durably(&store.db, |tx| {
-                tx.open_table(META)?
-                    .insert(KEY_FORMAT, [FORMAT_VERSION + 1].as_slice())?;
-                Ok(())
-            })
-            .expect("stamp");
-        }
-
-        match RedbLogStore::open(&path) {
-            Err(LogStoreError::UnsupportedFormat { found, .. }) => {
-                assert_eq!(found, FORMAT_VERSION + 1)
-            }
-            Err(e) => panic!("unexpected error: {e}"),
-            Ok(_) => panic!("a newer format was accepted"),
-        }
-    }
-}
+mod tests;
