@@ -122,7 +122,7 @@ pub struct AgentArgs {
     pub ae_interval: Duration,
     /// Blocking queries a server holds at once at most (its own clients' and forwarded ones);
     /// beyond it a blocking query answers 429 at once.
-    #[arg(long, default_value_t = 8192)]
+    #[arg(long, default_value_t = 16384)]
     pub max_blocking_queries: usize,
     /// Most open HTTP connections one client IP may have (Consul's
     /// limits.http_max_conns_per_client); more are answered 429 and closed. 0: no cap.
