@@ -22,7 +22,10 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tempfile::TempDir;
-use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, create_ca, create_cert};
+use vigil_server::tls::{
+    DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_ca, create_cert,
+};
+use vigil_server::transport::{RpcClient, client_endpoint};
 
 use crate::{Agent, Http, eventually, log_tail};
 
@@ -217,6 +220,22 @@ impl Cluster {
             Some(node),
         )
         .expect("create a certificate")
+    }
+
+    /// An RPC client presenting `cert` and `key` (signed by the cluster's CA, or forged by a
+    /// test), dialing the servers as an agent does.
+    pub fn rpc_client_with(&self, cert: &Path, key: &Path) -> RpcClient {
+        let tls = TlsMaterial::load(&self.ca_cert, cert, key).expect("load the certificate");
+        RpcClient::new(
+            client_endpoint(&tls).expect("a QUIC endpoint"),
+            tls.server_name(),
+        )
+    }
+
+    /// An RPC client with a fresh certificate for `role` and `node` from the cluster's CA.
+    pub fn rpc_client(&self, role: Role, node: &str) -> RpcClient {
+        let (cert, key) = self.cert(role, node);
+        self.rpc_client_with(&cert, &key)
     }
 
     /// Flags every agent gets: node name, HTTP on a free port, TLS files, logging, extras.

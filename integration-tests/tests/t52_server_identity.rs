@@ -6,7 +6,7 @@
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -18,8 +18,8 @@ use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair}
 use reqwest::StatusCode;
 use serde_json::Value;
 use vigil_server::rpc::{RpcRequest, RpcResponse, ServerNode};
-use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_cert};
-use vigil_server::transport::{RpcClient, client_endpoint};
+use vigil_server::tls::{Role, TlsMaterial};
+use vigil_server::transport::RpcClient;
 use vigil_shared::rpc::Op;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(40);
@@ -45,11 +45,6 @@ fn forge(cluster: &Cluster, names: &[&str]) -> (PathBuf, PathBuf) {
     std::fs::write(&cert_path, cert.pem()).unwrap();
     std::fs::write(&key_path, key.serialize_pem()).unwrap();
     (cert_path, key_path)
-}
-
-fn rpc_client(cluster: &Cluster, cert: &Path, key: &Path) -> RpcClient {
-    let tls = TlsMaterial::load(cluster.ca_files().0, cert, key).unwrap();
-    RpcClient::new(client_endpoint(&tls).unwrap(), tls.server_name())
 }
 
 async fn call(rpc: &RpcClient, addr: SocketAddr, request: &RpcRequest) -> RpcResponse {
@@ -104,7 +99,7 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
     );
     let forged_tls = TlsMaterial::load(cluster.ca_files().0, &cert, &key).unwrap();
     assert_eq!(forged_tls.role(), Role::Client);
-    let rpc = rpc_client(&cluster, &cert, &key);
+    let rpc = cluster.rpc_client_with(&cert, &key);
     let addr = cluster.server_rpc(leader);
 
     // Phase 4: every server-only request from it is refused.
@@ -158,18 +153,7 @@ async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
     let cluster = Cluster::servers(3).start().await;
     let leader = cluster.leader().await;
     let before = raft_ids(&cluster.raft_configuration(leader).await);
-    let (ca_cert, ca_key) = cluster.ca_files();
-    let (cert, key) = create_cert(
-        cluster.dir(),
-        ca_cert,
-        ca_key,
-        Role::Server,
-        DEFAULT_DATACENTER,
-        DEFAULT_DOMAIN,
-        Some("ghost"),
-    )
-    .unwrap();
-    let rpc = rpc_client(&cluster, &cert, &key);
+    let rpc = cluster.rpc_client(Role::Server, "ghost");
     // Bound but never answering: nothing is served at this address.
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
     let ghost_addr = silent.local_addr().unwrap();

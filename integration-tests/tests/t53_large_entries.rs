@@ -10,8 +10,7 @@ use integration_tests::eventually;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_server::rpc::{RpcRequest, RpcResponse};
-use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_cert};
-use vigil_server::transport::{RpcClient, client_endpoint};
+use vigil_server::tls::Role;
 use vigil_shared::kv::KvOp;
 use vigil_shared::rpc::{Op, ServerError};
 
@@ -59,19 +58,7 @@ async fn oversized_changes_are_refused_without_an_election() {
 
     // Phase 3: the same size sent straight over RPC (as an agent would) is refused by the
     // server as too large, before raft sees it.
-    let (ca_cert, ca_key) = cluster.ca_files();
-    let (cert, key) = create_cert(
-        cluster.dir(),
-        ca_cert,
-        ca_key,
-        Role::Client,
-        DEFAULT_DATACENTER,
-        DEFAULT_DOMAIN,
-        Some("big-writer"),
-    )
-    .unwrap();
-    let tls = TlsMaterial::load(ca_cert, &cert, &key).unwrap();
-    let rpc = RpcClient::new(client_endpoint(&tls).unwrap(), tls.server_name());
+    let rpc = cluster.rpc_client(Role::Client, "big-writer");
     let write = RpcRequest::Write {
         op: Op::Kv(vec![KvOp::Set {
             key: "huge".to_owned(),

@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use integration_tests::cluster::Cluster;
-use integration_tests::eventually;
+use integration_tests::{Http, eventually};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
@@ -52,6 +52,18 @@ fn used_bytes(dir: &Path) -> u64 {
         .nth(1)
         .and_then(|l| l.trim().parse().ok())
         .expect("df output")
+}
+
+/// Waits until a PUT of `path` through `agent` succeeds, within [`FAILOVER_LIMIT`].
+async fn write_eventually(agent: &Http, path: &str, what: &str) {
+    eventually(FAILOVER_LIMIT, what, || async {
+        let reply = agent
+            .try_request(reqwest::Method::PUT, path, Some(b"x".to_vec()))
+            .await
+            .ok()?;
+        (reply.status == StatusCode::OK).then_some(())
+    })
+    .await;
 }
 
 /// Unmounts the tmpfs data directories when the test ends, however it ends.
@@ -104,18 +116,7 @@ async fn a_leader_with_a_full_disk_gives_way() {
         cluster.restart(i).await;
     }
     let agent = cluster.client(0).http();
-    eventually(
-        FAILOVER_LIMIT,
-        "a write through the client agent",
-        || async {
-            let reply = agent
-                .try_request(reqwest::Method::PUT, "/v1/kv/before", Some(b"x".to_vec()))
-                .await
-                .ok()?;
-            (reply.status == StatusCode::OK).then_some(())
-        },
-    )
-    .await;
+    write_eventually(&agent, "/v1/kv/before", "a write through the client agent").await;
 
     // Phase 2: the leader's disk is made all but full.
     let full = cluster.leader().await;
@@ -147,14 +148,7 @@ async fn a_leader_with_a_full_disk_gives_way() {
     };
     assert_eq!(status.code(), Some(1), "{status}");
     let failed_at = Instant::now();
-    eventually(FAILOVER_LIMIT, "a write on the new leader", || async {
-        let reply = agent
-            .try_request(reqwest::Method::PUT, "/v1/kv/after", Some(b"y".to_vec()))
-            .await
-            .ok()?;
-        (reply.status == StatusCode::OK).then_some(())
-    })
-    .await;
+    write_eventually(&agent, "/v1/kv/after", "a write on the new leader").await;
     eprintln!(
         "t57: writes through the client agent succeed {:?} after the full leader stopped",
         failed_at.elapsed()

@@ -251,6 +251,13 @@ pub struct RedbLogReader {
 }
 
 impl RedbLogStore {
+    /// A reader over this store's log (the overlay, then the file).
+    fn reader(&self) -> RedbLogReader {
+        RedbLogReader {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Opens (creating if missing, with mode 0600) the log at `path`, normally
     /// `<data_dir>/`[`LOG_FILE_NAME`]. The parent directory must exist. Blocks while it checks
     /// the file's integrity (a read of the whole file) and, for a new file, for one fsync.
@@ -464,14 +471,13 @@ impl RaftLogReader<TypeConfig> for RedbLogReader {
     }
 }
 
+/// The store reads exactly as its readers do.
 impl RaftLogReader<TypeConfig> for RedbLogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, StorageError> {
-        self.shared
-            .read(range, usize::MAX)
-            .map_err(|e| StorageIOError::read_logs(e).into())
+        self.reader().try_get_log_entries(range).await
     }
 
     async fn limited_get_log_entries(
@@ -479,9 +485,7 @@ impl RaftLogReader<TypeConfig> for RedbLogStore {
         start: u64,
         end: u64,
     ) -> Result<Vec<Entry>, StorageError> {
-        self.shared
-            .read(start..end, MAX_APPEND_BYTES)
-            .map_err(|e| StorageIOError::read_logs(e).into())
+        self.reader().limited_get_log_entries(start, end).await
     }
 }
 
@@ -495,9 +499,7 @@ impl RaftLogStorage<TypeConfig> for RedbLogStore {
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
-        RedbLogReader {
-            shared: Arc::clone(&self.shared),
-        }
+        self.reader()
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
