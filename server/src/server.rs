@@ -129,7 +129,7 @@ pub struct Server {
     /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
     last_leader_contact: Mutex<Option<Instant>>,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
-    blocking: Arc<tokio::sync::Semaphore>,
+    blocking: tokio::sync::Semaphore,
     /// The raft term in which this server, leading, last passed a read barrier; default reads
     /// are answered without another only in that term.
     confirmed_term: AtomicU64,
@@ -246,7 +246,7 @@ impl Server {
             .run(),
         );
 
-        let blocking = Arc::new(tokio::sync::Semaphore::new(config.max_blocking_queries));
+        let blocking = tokio::sync::Semaphore::new(config.max_blocking_queries);
         let server = Arc::new(Server {
             node_id,
             raft,
@@ -592,8 +592,8 @@ impl Server {
         }
         let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
             Some(
-                Arc::clone(&self.blocking)
-                    .try_acquire_owned()
+                self.blocking
+                    .try_acquire()
                     .map_err(|_| ServerError::TooManyBlockingQueries)?,
             )
         } else {
@@ -608,14 +608,10 @@ impl Server {
     /// server restarted as the leader of a term already over may still be replaying its log:
     /// answering a default read from either could go back in time.
     async fn confirmed_leader(&self) -> Result<(), ServerError> {
-        let term = {
-            let metrics = self.raft.metrics();
-            let m = metrics.borrow();
-            if m.state != ServerState::Leader {
-                return Err(ServerError::NoLeader);
-            }
-            m.current_term
-        };
+        if !self.is_leader() {
+            return Err(ServerError::NoLeader);
+        }
+        let term = self.raft.metrics().borrow().current_term;
         if self.confirmed_term.load(Ordering::Acquire) == term {
             return Ok(());
         }
