@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds everything the docker-compose demo needs, without pulling any image:
-#   1. a statically linked `vigil` (crt-static glibc, release) -> docker/rootfs/bin/vigil
+#   1. statically linked `vigil` and `vigil-demo` (the fencing demo's bank and worker;
+#      crt-static glibc, release)                             -> docker/rootfs/bin/
 #   2. Debian's static busybox (package busybox-static)         -> docker/rootfs/bin/busybox
 #   3. the gossip key and the TLS CA and certificates (s1-s3, c1-c3) -> docker/secrets/ (kept
 #      if they exist; VIGIL_NEW_SECRETS=1 makes new ones)
@@ -19,13 +20,15 @@ is_static() { # an ELF file with no program interpreter is statically linked
   [ -f "$1" ] && ! LC_ALL=C readelf -l "$1" 2>/dev/null | grep -q 'program interpreter'
 }
 
-echo "==> 1/4 static vigil ($TARGET, release)"
+echo "==> 1/4 static vigil and vigil-demo ($TARGET, release)"
 RUSTFLAGS='-C target-feature=+crt-static' \
-  cargo build --release --target "$TARGET" -p vigil-agent --bin vigil
-BIN=target/$TARGET/release/vigil
-is_static "$BIN" || { echo "build.sh: $BIN is not statically linked" >&2; exit 1; }
-# Without debug sections the image is several times smaller.
-strip -o "$ROOTFS/vigil" "$BIN"
+  cargo build --release --target "$TARGET" -p vigil-agent --bin vigil -p vigil-demo --bin vigil-demo
+for name in vigil vigil-demo; do
+  BIN=target/$TARGET/release/$name
+  is_static "$BIN" || { echo "build.sh: $BIN is not statically linked" >&2; exit 1; }
+  # Without debug sections the image is several times smaller.
+  strip -o "$ROOTFS/$name" "$BIN"
+done
 
 echo "==> 2/4 static busybox (Debian's busybox-static)"
 if ! is_static "$ROOTFS/busybox"; then

@@ -1,7 +1,7 @@
 #!/bin/sh
 # One node of the demo cluster (docker-compose.yml). `vigil-node server` runs a server agent.
 # `vigil-node client` runs a client agent and beside it the demo worker: an endless loop of
-# `vigil lock --fair demo/leader -- vigil demo worker ...`, each round one turn of holding the
+# `vigil lock --fair demo/leader -- vigil-demo worker ...`, each round one turn of holding the
 # lock and writing its fencing token to the bank, then back to the end of the queue.
 # Settings come from the environment docker-compose.yml sets; the gossip key and the TLS files
 # from /secrets (written by docker/build.sh).
@@ -32,11 +32,11 @@ trap stop TERM INT
 
 # Health checks through the agent's API: demo-bank (HTTP, the bank answers) and demo-worker
 # (TTL, passed by the worker at each turn). Retried until the agent answers.
-until vigil demo checks --bank "${BANK:?}" >/dev/null 2>&1; do sleep 1; done
+until vigil-demo checks --bank "${BANK:?}" >/dev/null 2>&1; do sleep 1; done
 while :; do
   vigil lock --fair --ttl "${LOCK_TTL:-10s}" --lock-delay "${LOCK_DELAY:-5s}" \
     --name "demo worker on $NODE" demo/leader -- \
-    vigil demo worker --bank "$BANK" --name "$NODE" --check demo-worker \
+    vigil-demo worker --bank "$BANK" --name "$NODE" --check demo-worker \
     --writes "${WORKER_WRITES:-10}" --interval "${WORKER_INTERVAL:-1s}" &
   lock=$!
   status=0

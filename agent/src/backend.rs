@@ -5,18 +5,23 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt as _;
+use futures::stream::FuturesUnordered;
+use parking_lot::Mutex;
+use rand::Rng as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_server::Server;
-use vigil_server::rpc::{RpcRequest, RpcResponse, StatusInfo, unexpected};
+use vigil_server::operator::{self, OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::rpc::{Call, Prepared, RpcRequest, RpcResponse, StatusInfo, calls, reply};
 use vigil_server::transport::{CallKind, RpcClient, TransportError};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{
-    Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+    Consistency, Op, Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
 use vigil_shared::session::Session;
 
@@ -66,17 +71,13 @@ impl RemoteServers {
     }
 
     fn answered(&self, server: SocketAddr) {
-        self.last_answer
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(server, Instant::now());
+        self.last_answer.lock().insert(server, Instant::now());
     }
 
     /// Whether `server` answered within [`PROBE_AFTER`].
     fn recently_answered(&self, server: SocketAddr) -> bool {
         self.last_answer
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get(&server)
             .is_some_and(|t| t.elapsed() < PROBE_AFTER)
     }
@@ -86,13 +87,7 @@ impl RemoteServers {
     /// each sending their own (thousands of blocking queries wait on one server at once).
     async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
         let asked = Instant::now();
-        let probe = Arc::clone(
-            self.probes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .entry(server)
-                .or_default(),
-        );
+        let probe = Arc::clone(self.probes.lock().entry(server).or_default());
         let mut last = probe.lock().await;
         if let Some((at, outcome)) = last.as_ref()
             && *at >= asked
@@ -101,7 +96,7 @@ impl RemoteServers {
         }
         let outcome = match self
             .rpc
-            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello, PROBE_TIMEOUT)
+            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello {}, PROBE_TIMEOUT)
             .await
         {
             Ok(_) => {
@@ -171,7 +166,7 @@ impl RemoteServers {
             .filter(|m| m.role == MemberRole::Server && m.state == MemberState::Alive)
             .map(|m| m.rpc_addr)
             .collect();
-        let preferred = *self.preferred.lock().unwrap_or_else(|e| e.into_inner());
+        let preferred = *self.preferred.lock();
         if let Some(at) = preferred.and_then(|p| servers.iter().position(|s| *s == p)) {
             servers.swap(0, at);
         }
@@ -180,7 +175,16 @@ impl RemoteServers {
 
     /// Sends `request` to the preferred server, moving on to the next one when a server cannot
     /// be reached. `Err` only when every server failed.
-    async fn call(
+    async fn call<C: Call>(
+        &self,
+        request: &Prepared<C>,
+        timeout: Duration,
+    ) -> Result<C::Reply, ServerError> {
+        let response = self.call_any(request.request(), timeout).await?;
+        reply::<C>(response)
+    }
+
+    async fn call_any(
         &self,
         request: &RpcRequest,
         timeout: Duration,
@@ -196,7 +200,7 @@ impl RemoteServers {
                     leaderless = Some(response);
                 }
                 Ok(response) => {
-                    *self.preferred.lock().unwrap_or_else(|e| e.into_inner()) = Some(server);
+                    *self.preferred.lock() = Some(server);
                     return Ok(response);
                 }
                 Err(e) => {
@@ -215,7 +219,13 @@ impl RemoteServers {
         match last {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
             Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
-            Some(e) => Err(ServerError::Raft(format!("server RPC: {e}"))),
+            Some(e) => Err(if idempotent(request) {
+                ServerError::Unavailable(format!("server RPC: {e}"))
+            } else {
+                ServerError::Indeterminate(format!(
+                    "server RPC: {e}; the change may or may not have been applied"
+                ))
+            }),
         }
     }
 }
@@ -232,19 +242,13 @@ fn knows_no_leader(response: &RpcResponse) -> bool {
 }
 
 fn idempotent(request: &RpcRequest) -> bool {
-    !matches!(request, RpcRequest::Write { .. })
-}
-
-/// Whether an error means the request was not applied and a retry is safe.
-fn retryable(e: &ServerError, idempotent: bool) -> bool {
-    match e {
-        ServerError::NoLeader | ServerError::NotLeader { .. } | ServerError::NoServers => true,
-        ServerError::Raft(_) => idempotent,
-        ServerError::SessionNotFound(_)
-        | ServerError::ShuttingDown
-        | ServerError::TooLarge { .. }
-        | ServerError::TooManyBlockingQueries
-        | ServerError::InvalidSessionTtl(_) => false,
+    match request {
+        RpcRequest::Write { .. } => false,
+        RpcRequest::Operator { request, .. } => matches!(
+            request,
+            OperatorRequest::AutopilotHealth | OperatorRequest::SnapshotSave
+        ),
+        _ => true,
     }
 }
 
@@ -264,7 +268,7 @@ where
     loop {
         match attempt().await {
             Err(e)
-                if retryable(&e, idempotent)
+                if e.safe_to_retry(idempotent)
                     && Instant::now() + backoff < deadline
                     && !backend.shutting_down() =>
             {
@@ -296,70 +300,201 @@ impl Backend {
             }
             // Over RPC the request is only serialized: build it once, copy nothing.
             Backend::Remote(remote) => {
-                let request = RpcRequest::Write {
+                let request = Prepared::new(calls::Write {
                     op,
                     forwarded: false,
-                };
+                });
                 with_retries(self, deadline, false, || async {
-                    match remote.call(&request, CALL_SLACK).await? {
-                        RpcResponse::Write(result) => result,
-                        other => Err(unexpected(other)),
-                    }
+                    remote.call(&request, CALL_SLACK).await?
                 })
                 .await
             }
         }
     }
 
-    /// Reads, blocking on the server; a lost server is retried on another within the wait.
-    pub async fn query(
+    /// A typed read: [`Backend::query`] with the answer taken out of its wire form.
+    pub async fn read<Q: Query>(
+        &self,
+        opts: QueryOptions,
+        query: Q,
+    ) -> Result<(Q::Output, QueryMeta), ServerError> {
+        let (result, meta) = self.query(opts, query.into()).await?;
+        let output = Q::output(result).map_err(|other| {
+            ServerError::Internal(format!("a read was answered with {other:?}"))
+        })?;
+        Ok((output, meta))
+    }
+
+    /// Reads, blocking on the server; a lost server is retried on another within the wait. A
+    /// blocking query answers by its deadline whatever the servers do (see
+    /// [`Backend::blocking_query`]).
+    async fn query(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
         // Only a query with an index blocks; the HTTP layer sets a default wait on every read,
         // which must not stretch the retry window of a plain read to minutes.
-        let wait = if opts.min_index == 0 {
+        if opts.min_index > 0 && opts.wait_ms > 0 {
+            return self.blocking_query(opts, query).await;
+        }
+        let deadline = Instant::now() + RETRY_FOR;
+        let opts = QueryOptions { wait_ms: 0, ..opts };
+        with_retries(self, deadline, true, || {
+            self.query_once(opts, query.clone())
+        })
+        .await
+    }
+
+    /// A blocking query that answers by its deadline, Consul's `wait + wait/16`, also while the
+    /// servers elect a leader or one of them is lost. The servers are asked to block for `wait`
+    /// plus a jitter of at most `wait/32` (Consul's is up to `wait/16`; the rest of it is this
+    /// agent's margin), with retries until then. If none has answered shortly after, a stale
+    /// read from any server runs beside; if it is not behind the index the caller knows, it is
+    /// the answer, with `X-Consul-KnownLeader: false`, when by the deadline the servers have not
+    /// answered. Otherwise the deadline brings Consul's `No cluster leader`.
+    async fn blocking_query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let wait = Duration::from_millis(opts.wait_ms);
+        let spread = wait / 32;
+        let jitter = if spread.is_zero() {
             Duration::ZERO
         } else {
-            Duration::from_millis(opts.wait_ms)
+            rand::thread_rng().gen_range(Duration::ZERO..spread)
         };
-        let deadline = Instant::now() + wait + RETRY_FOR;
         let started = Instant::now();
-        with_retries(self, deadline, true, || {
-            let query = query.clone();
-            // A retry blocks only for what is left of the caller's wait.
-            let left = wait.saturating_sub(started.elapsed());
+        let due = started + wait + jitter;
+        let deadline = started + wait + wait / 16;
+        // Half the margin lets a quiet query's answer, due at `due`, arrive.
+        let grace = (deadline - due) / 2;
+        let primary = with_retries(self, due, true, || {
+            // A retry blocks only for what is left of the wait.
+            let left = due.saturating_duration_since(Instant::now());
             let opts = QueryOptions {
                 wait_ms: left.as_millis() as u64,
                 ..opts
             };
-            async move {
-                match self {
-                    Backend::Local(server) => server.query(opts, query).await,
-                    Backend::Remote(remote) => {
-                        let request = RpcRequest::Query {
-                            opts,
-                            query,
-                            forwarded: false,
-                        };
-                        let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
-                        // A blocking query must not hold up the agent's shutdown.
-                        let response = tokio::select! {
-                            response = remote.call(&request, timeout) => response?,
-                            () = remote.shutdown.cancelled() => {
-                                return Err(ServerError::ShuttingDown);
-                            }
-                        };
-                        match response {
-                            RpcResponse::Query(result) => result,
-                            other => Err(unexpected(other)),
+            self.query_once(opts, query.clone())
+        });
+        tokio::pin!(primary);
+        let mut failed = None;
+        match tokio::time::timeout_at(due + grace, &mut primary).await {
+            Ok(Err(e)) if e.safe_to_retry(true) => failed = Some(e),
+            Ok(result) => return result,
+            Err(_) => {}
+        }
+        // From now on a stale read runs beside: the answer if the servers give none in time. A
+        // server behind what the caller has seen (a lower index) has nothing to tell it: its
+        // data could say a held lock is free.
+        let fallback = async {
+            let (result, meta) = self.stale_read(query.clone()).await?;
+            if meta.index < opts.min_index {
+                return Err(ServerError::NoLeader);
+            }
+            let meta = QueryMeta {
+                known_leader: false,
+                ..meta
+            };
+            Ok((result, meta))
+        };
+        tokio::pin!(fallback);
+        let expiry = tokio::time::sleep_until(deadline);
+        tokio::pin!(expiry);
+        let mut stale = None;
+        let mut fallback_done = false;
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut primary, if failed.is_none() => match result {
+                    Err(e) if e.safe_to_retry(true) => {
+                        if let Some(answer) = stale.take() {
+                            return Ok(answer);
                         }
+                        if fallback_done {
+                            return Err(e);
+                        }
+                        failed = Some(e);
+                    }
+                    result => return result,
+                },
+                answer = &mut fallback, if !fallback_done => {
+                    fallback_done = true;
+                    match (answer, failed.take()) {
+                        (Ok(answer), None) => stale = Some(answer),
+                        (Ok(answer), Some(_)) => return Ok(answer),
+                        (Err(_), Some(e)) => return Err(e),
+                        (Err(_), None) => {}
                     }
                 }
+                () = &mut expiry => {
+                    return match stale {
+                        Some(answer) => Ok(answer),
+                        None => Err(failed.unwrap_or(ServerError::NoLeader)),
+                    };
+                }
             }
-        })
-        .await
+        }
+    }
+
+    /// One attempt at a read: the in-process server, or the servers over RPC in turn.
+    async fn query_once(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        match self {
+            Backend::Local(server) => server.query(opts, query).await,
+            Backend::Remote(remote) => {
+                let request = Prepared::new(calls::Query {
+                    opts,
+                    query,
+                    forwarded: false,
+                });
+                let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
+                // A blocking query must not hold up the agent's shutdown.
+                tokio::select! {
+                    answer = remote.call(&request, timeout) => answer?,
+                    () = remote.shutdown.cancelled() => Err(ServerError::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    /// The query answered at once from a server's own state, without a leader: this agent's
+    /// server, or whichever live server answers first.
+    async fn stale_read(&self, query: ReadQuery) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let opts = QueryOptions {
+            consistency: Consistency::Stale,
+            min_index: 0,
+            wait_ms: 0,
+        };
+        match self {
+            Backend::Local(server) => server.query(opts, query).await,
+            Backend::Remote(remote) => {
+                let request = Prepared::new(calls::Query {
+                    opts,
+                    query,
+                    forwarded: false,
+                });
+                let mut asked: FuturesUnordered<_> = remote
+                    .servers()
+                    .into_iter()
+                    .map(|server| remote.call_one(server, request.request(), PROBE_TIMEOUT))
+                    .collect();
+                let mut last = ServerError::NoServers;
+                while let Some(response) = asked.next().await {
+                    match response.map(reply::<calls::Query>) {
+                        Ok(Ok(Ok(answer))) => return Ok(answer),
+                        Ok(Ok(Err(e)) | Err(e)) => last = e,
+                        Err(e) => last = ServerError::Unavailable(format!("server RPC: {e}")),
+                    }
+                }
+                Err(last)
+            }
+        }
     }
 
     /// Renews a session on the leader, retrying through an election.
@@ -369,14 +504,11 @@ impl Backend {
             match self {
                 Backend::Local(server) => server.renew_session(id).await,
                 Backend::Remote(remote) => {
-                    let request = RpcRequest::Renew {
+                    let request = Prepared::new(calls::Renew {
                         id: id.to_owned(),
                         forwarded: false,
-                    };
-                    match remote.call(&request, CALL_SLACK).await? {
-                        RpcResponse::Renew(result) => result,
-                        other => Err(unexpected(other)),
-                    }
+                    });
+                    remote.call(&request, CALL_SLACK).await?
                 }
             }
         })
@@ -384,17 +516,26 @@ impl Backend {
     }
 
     /// The leader and the raft members, as this agent's server (or the first to answer) sees it.
+    /// Operates the server set (`/v1/operator/*`) on the leader.
+    pub async fn operator(&self, request: OperatorRequest) -> Result<OperatorReply, OperatorError> {
+        match self {
+            Backend::Local(server) => operator::handle(server, request, false).await,
+            Backend::Remote(remote) => {
+                let request = Prepared::new(calls::Operator {
+                    request,
+                    forwarded: false,
+                });
+                remote.call(&request, CALL_SLACK).await?
+            }
+        }
+    }
+
     pub async fn status(&self) -> Result<StatusInfo, ServerError> {
         match self {
             Backend::Local(server) => Ok(server.status()),
             Backend::Remote(remote) => {
-                match remote
-                    .call(&RpcRequest::Status, Duration::from_secs(5))
-                    .await?
-                {
-                    RpcResponse::Status(status) => Ok(status),
-                    other => Err(unexpected(other)),
-                }
+                let request = Prepared::new(calls::Status {});
+                remote.call(&request, Duration::from_secs(5)).await
             }
         }
     }

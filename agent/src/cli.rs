@@ -7,7 +7,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use vigil_shared::duration::parse_go_duration;
 
-use crate::gossip::{Keyring, TimingProfile};
+use crate::gossip::{Key, KeyringFile, TimingProfile};
+use crate::local::config::LocalDefinitions;
 use crate::{AgentConfig, AgentMode, TlsSource};
 
 #[derive(Debug, Parser)]
@@ -33,10 +34,16 @@ pub enum Command {
     Elect(crate::cmd::elect::ElectArgs),
     /// Read and write the KV store.
     Kv(crate::cmd::kv::KvCommand),
+    /// Watch a key, a prefix, services, nodes, a service or checks, running a handler on every
+    /// change (`consul watch`).
+    Watch(crate::cmd::watch::WatchArgs),
     /// List, create, destroy and renew sessions.
     Session(crate::cmd::session::SessionCommand),
     /// Print a new gossip encryption key for `--encrypt`.
     Keygen,
+    /// List, install, use (make primary) and remove gossip encryption keys on every member
+    /// (`consul keyring`).
+    Keyring(crate::cmd::keyring::KeyringArgs),
     /// List the gossip members the local agent knows.
     Members(crate::cmd::members::MembersArgs),
     /// Ask the local agent to join a member's gossip address.
@@ -45,13 +52,20 @@ pub enum Command {
     Leave(crate::cmd::AgentAddr),
     /// Mark a failed member as left (the leader then deregisters it).
     ForceLeave(crate::cmd::members::ForceLeaveArgs),
-    /// Cluster operations (`operator raft list-peers`).
+    /// Cluster operations (`operator raft list-peers|remove-peer|transfer-leader`, `operator autopilot get-config|set-config|state`).
     #[command(subcommand)]
     Operator(crate::cmd::members::OperatorCommand),
-    /// The fencing demo's programs: `demo bank` (a resource that checks tokens) and
-    /// `demo worker` (run under `vigil lock`).
+    /// Gather the agent's log, metrics and cluster view for a bug report into `<output>.tar.gz`.
+    Debug(crate::cmd::debug::DebugArgs),
+    /// Follow the local agent's log.
+    Monitor(crate::cmd::monitor::MonitorArgs),
+    /// Print the local agent's figures (raft, agent, consul sections).
+    Info(crate::cmd::AgentAddr),
+    /// Re-read the local agent's config file (its services and checks).
+    Reload(crate::cmd::AgentAddr),
+    /// Save, restore and inspect snapshots of the cluster's state.
     #[command(subcommand)]
-    Demo(crate::cmd::demo::DemoCommand),
+    Snapshot(crate::cmd::snapshot::SnapshotCommand),
 }
 
 #[derive(Debug, Args)]
@@ -65,7 +79,9 @@ pub struct AgentArgs {
     /// Number of servers to wait for before bootstrapping the cluster (1, 3 or 5).
     #[arg(long, value_parser = parse_bootstrap_expect)]
     pub bootstrap_expect: Option<usize>,
-    /// Directory for the raft log, snapshots and this server's ID.
+    /// Directory for the raft log, snapshots and this server's ID, and for the gossip keyring
+    /// (`serf/local.keyring`, kept across restarts; a client agent keeps it here too when
+    /// given one).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Gossip address of a member to join (repeatable); retried until connected.
@@ -135,6 +151,19 @@ pub struct AgentArgs {
     /// Allow script checks declared in the config file, not those registered over HTTP.
     #[arg(long)]
     pub enable_local_script_checks: bool,
+    /// This node's metadata in the catalog, `key:value` (repeatable; over the config file's
+    /// `node_meta`), as Consul's `-node-meta`.
+    #[arg(long = "node-meta", value_parser = parse_meta_pair)]
+    pub node_meta: Vec<(String, String)>,
+}
+
+/// Consul's `-node-meta key:value` (no `:`: an empty value).
+fn parse_meta_pair(s: &str) -> Result<(String, String), String> {
+    let (key, value) = s.split_once(':').unwrap_or((s, ""));
+    if key.is_empty() {
+        return Err(format!("{s:?} has no key (expected key:value)"));
+    }
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 fn parse_profile(s: &str) -> Result<TimingProfile, String> {
@@ -191,7 +220,7 @@ impl AgentArgs {
         // A flag wins over the config file, as in Consul.
         let encrypt = match self.encrypt.as_deref() {
             Some(key) => {
-                Some(Keyring::from_base64(key).map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?)
+                Some(Key::from_base64(key).map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?)
             }
             None => file.encrypt,
         };
@@ -221,6 +250,7 @@ impl AgentArgs {
             serf_addr: self.serf_addr,
             join: self.join.clone(),
             encrypt,
+            keyring_file: self.data_dir.as_deref().map(KeyringFile::in_data_dir),
             profile: self.timing_profile,
             mode,
             tls,
@@ -229,7 +259,16 @@ impl AgentArgs {
             enable_local_script_checks: self.enable_local_script_checks,
             ae_interval: self.ae_interval,
             max_blocking_queries: self.max_blocking_queries,
-            local: file.local,
+            local: LocalDefinitions {
+                node_meta: file
+                    .local
+                    .node_meta
+                    .into_iter()
+                    .chain(self.node_meta.iter().cloned())
+                    .collect(),
+                ..file.local
+            },
+            config_file: self.config.clone(),
             http_limits: crate::http::serve::ConnLimits {
                 max_conns_per_client: self.http_max_conns_per_client,
                 header_timeout: self.http_header_timeout,
@@ -251,6 +290,23 @@ mod tests {
             Command::Agent(args) => args,
             other => panic!("not an agent command: {other:?}"),
         }
+    }
+
+    #[test]
+    fn node_meta_flags_repeat_and_split_at_the_first_colon() {
+        let args = agent(&[
+            "--node-meta",
+            "rack:r1",
+            "--node-meta",
+            "url:http://x",
+            "--node-meta",
+            "bare",
+        ]);
+        let meta = args.config().expect("valid").local.node_meta;
+        let pairs: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        assert_eq!(pairs, [("bare", ""), ("rack", "r1"), ("url", "http://x")]);
+        let refused = Cli::try_parse_from(["vigil", "agent", "--dev", "--node-meta", ":v"]);
+        assert!(refused.is_err());
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod cmd;
 pub mod gossip;
 pub mod http;
 pub mod local;
+pub mod monitor;
 pub mod run;
 pub mod tls_cmd;
 
@@ -26,10 +27,10 @@ use vigil_server::tls::TlsMaterial;
 use vigil_server::transport::RpcClient;
 use vigil_server::{RaftTiming, Server, ServerConfig, ServerMode};
 use vigil_shared::catalog::{HealthStatus, MemberRole, SERF_HEALTH};
-use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
+use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 
 use backend::{Backend, RemoteServers};
-use gossip::{Gossip, GossipConfig, Keyring, TimingProfile};
+use gossip::{Gossip, GossipConfig, Key, Keyring, KeyringFile, TimingProfile};
 
 /// The only datacenter a Vigil cluster has.
 pub const DATACENTER: &str = "dc1";
@@ -73,8 +74,11 @@ pub struct AgentConfig {
     pub serf_addr: SocketAddr,
     /// Gossip addresses of members to join (retried while not connected).
     pub join: Vec<SocketAddr>,
-    /// The cluster's gossip key (`vigil keygen`).
-    pub encrypt: Option<Keyring>,
+    /// The cluster's gossip key (`vigil keygen`); it seeds an empty keyring.
+    pub encrypt: Option<Key>,
+    /// Where the gossip keyring is kept across restarts (`<data-dir>/serf/local.keyring`);
+    /// None (a dev agent, or a client without `--data-dir`) keeps it in memory.
+    pub keyring_file: Option<KeyringFile>,
     /// Gossip and raft timing (`--timing-profile`); a dev agent's raft is always `local`.
     pub profile: TimingProfile,
     pub mode: AgentMode,
@@ -92,6 +96,8 @@ pub struct AgentConfig {
     pub max_blocking_queries: usize,
     /// Services and checks declared in the config file (`--config`).
     pub local: local::config::LocalDefinitions,
+    /// The config file, re-read by `PUT /v1/agent/reload`.
+    pub config_file: Option<PathBuf>,
     /// Per-client connection cap and header timeout of the HTTP API.
     pub http_limits: http::serve::ConnLimits,
 }
@@ -148,6 +154,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         TlsSource::Files { ca, cert, key } => TlsMaterial::load(ca, cert, key)
             .with_context(|| "loading the TLS files (--ca-file, --cert-file, --key-file)")?,
     };
+    vigil_server::telemetry::Sink::install();
     let listener = TcpListener::bind(config.http_addr)
         .await
         .with_context(|| format!("binding the HTTP address {}", config.http_addr))?;
@@ -182,7 +189,8 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             rpc_addr,
             datacenter: DATACENTER.to_owned(),
             join: config.join.clone(),
-            keyring: config.encrypt.clone(),
+            keyring: config.encrypt.clone().map(Keyring::new),
+            keyring_file: config.keyring_file.clone(),
             profile: config.profile,
         },
         shutdown.clone(),
@@ -190,6 +198,10 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     )
     .await?;
 
+    tasks.spawn(vigil_server::telemetry::count_member_flaps(
+        gossip.subscribe(),
+        shutdown.clone(),
+    ));
     let backend = match (rpc_socket, &config.mode) {
         (None, _) => {
             let endpoint = client_endpoint(&tls, rpc_addr)?;
@@ -261,6 +273,10 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     )
     .with_context(|| "registering the services and checks of the config file")?;
 
+    let reloader = Arc::new(local::reload::Reloader::new(
+        config.config_file.clone(),
+        config.local.clone(),
+    ));
     let router = http::router(http::AppState {
         backend: Arc::clone(&backend),
         local: Arc::clone(&local),
@@ -268,7 +284,9 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         node_name: config.node_name.clone(),
         http_addr,
         rpc_addr,
+        session_ttl_min: config.session_ttl_min,
         shutdown: shutdown.clone(),
+        reloader,
     });
     tasks.spawn(http::serve::serve(
         listener,
@@ -317,13 +335,13 @@ async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
         ..QueryOptions::default()
     };
     loop {
-        let query = ReadQuery::NodeChecks {
+        let query = reads::NodeChecks {
             node: node.to_owned(),
         };
-        if let (QueryResult::Checks(checks), _) = backend.query(opts, query).await?
-            && checks
-                .iter()
-                .any(|c| c.check_id == SERF_HEALTH && c.status == HealthStatus::Passing)
+        let (checks, _) = backend.read(opts, query).await?;
+        if checks
+            .iter()
+            .any(|c| c.check_id == SERF_HEALTH && c.status == HealthStatus::Passing)
         {
             return Ok(());
         }

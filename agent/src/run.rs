@@ -3,11 +3,14 @@
 use std::io::IsTerminal as _;
 
 use crate::cli::{AgentArgs, Cli, Command};
-use crate::cmd::members::{OperatorCommand, RaftCommand};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+
+use crate::monitor::MonitorLayer;
 
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
@@ -18,10 +21,11 @@ fn init_logging(level: &str, json: bool) {
         .with_env_filter(filter)
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
+    // Every line also goes to `/v1/agent/monitor` while someone follows it.
     if json {
-        builder.json().init();
+        builder.json().finish().with(MonitorLayer).init();
     } else {
-        builder.compact().init();
+        builder.compact().finish().with(MonitorLayer).init();
     }
 }
 
@@ -61,13 +65,18 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 /// Entry point shared by the `vigil` binary and the test binary that runs the same code.
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    let argv = crate::cmd::lock::consul_argv(std::env::args_os().collect());
+    let argv = crate::cmd::watch::consul_argv(argv);
+    let argv = crate::cmd::go_flags_argv(argv);
+    match Cli::parse_from(argv).command {
         Command::Agent(args) => run_agent(args).await,
         Command::Tls(cmd) => crate::tls_cmd::run(cmd),
         Command::Lock(cmd) => crate::cmd::exit(crate::cmd::lock::run(cmd).await),
         Command::Elect(args) => crate::cmd::exit(crate::cmd::elect::run(args).await),
         Command::Kv(cmd) => crate::cmd::exit(crate::cmd::kv::run(cmd).await),
+        Command::Watch(args) => crate::cmd::exit(crate::cmd::watch::run(args).await),
         Command::Session(cmd) => crate::cmd::exit(crate::cmd::session::run(cmd).await),
+        Command::Keyring(args) => crate::cmd::exit(crate::cmd::keyring::run(args).await),
         Command::Keygen => {
             println!("{}", crate::gossip::generate_key());
             Ok(())
@@ -76,9 +85,11 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Join(args) => crate::cmd::exit(crate::cmd::members::join(args).await),
         Command::Leave(agent) => crate::cmd::exit(crate::cmd::members::leave(agent).await),
         Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
-        Command::Demo(cmd) => crate::cmd::exit(crate::cmd::demo::run(cmd).await),
-        Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers(agent))) => {
-            crate::cmd::exit(crate::cmd::members::list_peers(agent).await)
-        }
+        Command::Operator(cmd) => crate::cmd::exit(crate::cmd::operator::run(cmd).await),
+        Command::Snapshot(cmd) => crate::cmd::exit(crate::cmd::snapshot::run(cmd).await),
+        Command::Debug(args) => crate::cmd::exit(crate::cmd::debug::run(args).await),
+        Command::Monitor(args) => crate::cmd::exit(crate::cmd::monitor::monitor(args).await),
+        Command::Info(agent) => crate::cmd::exit(crate::cmd::monitor::info(agent).await),
+        Command::Reload(agent) => crate::cmd::exit(crate::cmd::monitor::reload(agent).await),
     }
 }

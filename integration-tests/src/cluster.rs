@@ -476,6 +476,52 @@ impl Cluster {
         member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
     }
 
+    /// Starts one more server (`s<n>`, a fresh data directory and ports) joined to the others'
+    /// gossip addresses: it finds the running cluster and joins it (a learner, then a voter),
+    /// as a replacement for a removed server does. Returns its index. Flags given with
+    /// [`Spec::server_arg`] are not repeated for it.
+    pub async fn add_server(&mut self) -> usize {
+        let i = self.servers.len();
+        let name = format!("s{i}");
+        let ports = free_udp_ports(2);
+        let rpc_addr = SocketAddr::from(([127, 0, 0, 1], ports[0]));
+        let serf_addr = SocketAddr::from(([127, 0, 0, 1], ports[1]));
+        let expect = self.servers[0]
+            .args
+            .iter()
+            .skip_while(|a| *a != "--bootstrap-expect")
+            .nth(1)
+            .cloned()
+            .unwrap_or_else(|| "3".into());
+        let (cert, key) = self.cert(Role::Server, &name);
+        let data_dir = self.dir.path().join(format!("{name}-data"));
+        let mut args = strings(&["agent", "--server", "--bootstrap-expect"]);
+        args.push(expect);
+        args.extend([
+            "--data-dir".into(),
+            data_dir.into(),
+            "--rpc-addr".into(),
+            rpc_addr.to_string().into(),
+            "--serf-addr".into(),
+            serf_addr.to_string().into(),
+        ]);
+        for j in 0..i {
+            args.extend(["--join".into(), self.server_serf(j).to_string().into()]);
+        }
+        args.extend(self.common_args(&name, &self.ca_cert, &cert, &key));
+        let log = self.dir.path().join(format!("{name}.log"));
+        let agent = Agent::spawn(&args, Some(&log)).await;
+        self.servers.push(Member {
+            log,
+            name,
+            rpc_addr: Some(rpc_addr),
+            serf_addr: Some(serf_addr),
+            args,
+            agent: Some(agent),
+        });
+        i
+    }
+
     /// The raft configuration as server `i` reports it (Consul's shape).
     pub async fn raft_configuration(&self, i: usize) -> Value {
         let reply = self.server(i).get("/v1/operator/raft/configuration").await;

@@ -3,7 +3,6 @@
 //! process from any arguments (a dev agent with [`Agent::dev`]); [`cluster`] builds server sets
 //! and client agents out of them.
 
-pub mod bench;
 pub mod cluster;
 pub mod safety;
 
@@ -55,16 +54,26 @@ impl Reply {
     }
 }
 
-/// The agent binary built for these tests: Cargo names it in the environment of test processes;
-/// otherwise it sits next to the `deps/` directory holding the test executable.
+/// The agent binary built for these tests (`vigil`'s code).
 pub fn binary() -> std::path::PathBuf {
-    if let Some(path) = std::env::var_os("CARGO_BIN_EXE_vigil-under-test") {
+    built_binary("vigil-under-test")
+}
+
+/// The demo binary built for these tests (`vigil-demo`'s code: the bank and the worker).
+pub fn demo_binary() -> std::path::PathBuf {
+    built_binary("vigil-demo-under-test")
+}
+
+/// A binary of this crate: `CARGO_BIN_EXE_<name>` names it when set (`vigil-bench` sets it for
+/// the agent); otherwise it sits next to the `deps/` directory holding the test executable.
+fn built_binary(name: &str) -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os(format!("CARGO_BIN_EXE_{name}")) {
         return path.into();
     }
     let exe = std::env::current_exe().expect("test executable path");
     exe.parent()
         .and_then(|deps| deps.parent())
-        .map(|dir| dir.join("vigil-under-test"))
+        .map(|dir| dir.join(name))
         .expect("target directory")
 }
 

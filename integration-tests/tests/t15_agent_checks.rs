@@ -259,7 +259,7 @@ async fn ttl_check_pass_warn_fail_update_and_expiry() {
         &agent
             .put("/v1/agent/check/pass/_node_maintenance", "")
             .await,
-        StatusCode::BAD_REQUEST,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "CheckID \"_node_maintenance\" does not have associated TTL",
     );
     let get = agent.get("/v1/agent/check/pass/heartbeat").await;
@@ -452,7 +452,7 @@ async fn script_checks_refused_without_the_flag() {
                 json!({"Name": "s", "Args": ["/bin/true"], "Interval": "1s"}).to_string(),
             )
             .await,
-        StatusCode::BAD_REQUEST,
+        StatusCode::INTERNAL_SERVER_ERROR,
         refused,
     );
     assert_error(
@@ -463,7 +463,7 @@ async fn script_checks_refused_without_the_flag() {
                     .to_string(),
             )
             .await,
-        StatusCode::BAD_REQUEST,
+        StatusCode::INTERNAL_SERVER_ERROR,
         refused,
     );
     assert_eq!(agent_checks(&agent).await, json!({}));

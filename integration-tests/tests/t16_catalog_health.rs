@@ -19,6 +19,17 @@ fn bad_request(reply: &Reply, message: &str) {
     assert_eq!(reply.text(), message);
 }
 
+/// Consul's 500 for what its servers refuse, with its text.
+fn server_error(reply: &Reply, message: &str) {
+    assert_eq!(
+        reply.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(reply.text(), message);
+}
+
 /// Registers `web` instance `id` on `node` with one HTTP-style check in `status`.
 async fn register_web(agent: &Agent, node: &str, id: &str, tags: &[&str], status: &str) {
     let body = json!({
@@ -159,17 +170,17 @@ async fn catalog_and_health_reads_in_consul_shapes() {
 #[tokio::test]
 async fn catalog_register_refuses_bad_input() {
     let agent = Agent::dev().await;
-    bad_request(
+    server_error(
         &agent
             .put("/v1/catalog/register", r#"{"Address":"1.2.3.4"}"#)
             .await,
         "Must provide node",
     );
-    bad_request(
+    server_error(
         &agent.put("/v1/catalog/register", r#"{"Node":"x"}"#).await,
         "Must provide address if SkipNodeUpdate is not set",
     );
-    bad_request(
+    server_error(
         &agent
             .put(
                 "/v1/catalog/register",
@@ -178,7 +189,7 @@ async fn catalog_register_refuses_bad_input() {
             .await,
         "Must provide service name (Service.Service) when service ID is provided",
     );
-    bad_request(
+    server_error(
         &agent
             .put(
                 "/v1/catalog/register",
@@ -289,17 +300,17 @@ async fn prepared_queries_run_and_go_with_their_session() {
     register_web(&agent, "ext3", "web3", &["dev"], "critical").await;
 
     // Input errors.
-    bad_request(
+    server_error(
         &agent.post_json("/v1/query", json!({"Name": "q"})).await,
-        "Must provide a Service name to query",
+        "Invalid prepared query: Must provide a Service name to query",
     );
-    bad_request(
+    server_error(
         &agent
             .post_json("/v1/query", json!({"Service": {"Service": "web"}}))
             .await,
-        "Must be bound to a session",
+        "Invalid prepared query: Must be bound to a session",
     );
-    bad_request(
+    server_error(
         &agent
             .post_json(
                 "/v1/query",
@@ -307,7 +318,7 @@ async fn prepared_queries_run_and_go_with_their_session() {
                        "Service": {"Service": "web"}}),
             )
             .await,
-        "invalid session \"00000000-0000-0000-0000-000000000000\"",
+        "raft apply failed: invalid session \"00000000-0000-0000-0000-000000000000\"",
     );
 
     // A named query: execute by name skips critical instances, OnlyPassing skips warning.

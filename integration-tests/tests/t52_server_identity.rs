@@ -106,7 +106,9 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
     let spare = UdpSocket::bind("127.0.0.1:0").unwrap();
     let requests = [
         join(4242, "rogue", spare.local_addr().unwrap()),
-        RpcRequest::Vote(VoteRequest::new(Vote::new(1_000, 4242), None)),
+        RpcRequest::Vote {
+            request: VoteRequest::new(Vote::new(1_000, 4242), None),
+        },
         RpcRequest::Write {
             op: Op::ReapTombstones {
                 before_ms: u64::MAX,

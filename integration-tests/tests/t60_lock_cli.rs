@@ -161,23 +161,33 @@ async fn eight_fair_locks_run_in_order_of_arrival() {
         ));
         eventually(PROMPT, "the contender to queue", || async {
             let report = locks(&agent, "fq").await;
-            let queued = report["FairQueues"][0]["Queue"]
-                .as_array()
-                .map_or(0, Vec::len);
+            let lock = &report["Queues"][0];
+            let queued = [&lock["Holders"], &lock["Waiters"]]
+                .iter()
+                .map(|v| v.as_array().map_or(0, Vec::len))
+                .sum::<usize>();
             (queued == i + 1).then_some(())
         })
         .await;
     }
 
-    // The queue is observable, owner first, in arrival order; so is `vigil lock status`.
+    // The queue is observable, holder first, then the waiters in arrival order; so is `vigil
+    // lock status`.
     let report = locks(&agent, "fq").await;
-    let queue = report["FairQueues"][0]["Queue"].as_array().unwrap().clone();
-    let created: Vec<u64> = queue
+    let lock = &report["Queues"][0];
+    assert_eq!(lock["Name"], json!("fq"));
+    assert_eq!(lock["Holders"][0]["Node"], json!("test-node"));
+    let waiters = lock["Waiters"].as_array().unwrap();
+    let positions: Vec<u64> = waiters
         .iter()
-        .map(|c| c["CreateIndex"].as_u64().unwrap())
+        .map(|w| w["Position"].as_u64().unwrap())
         .collect();
-    assert!(created.windows(2).all(|w| w[0] < w[1]), "{created:?}");
-    assert_eq!(queue[0]["Node"], json!("test-node"));
+    assert_eq!(positions, (1..=7).collect::<Vec<u64>>());
+    let since: Vec<&str> = waiters
+        .iter()
+        .map(|w| w["WaitingSince"].as_str().unwrap())
+        .collect();
+    assert!(since.windows(2).all(|w| w[0] <= w[1]), "{since:?}");
     let status = Command::new(binary())
         .args(["lock", "status", "fq"])
         .env("VIGIL_HTTP_ADDR", &agent.base)
@@ -185,8 +195,8 @@ async fn eight_fair_locks_run_in_order_of_arrival() {
         .await
         .expect("vigil lock status");
     let text = String::from_utf8_lossy(&status.stdout);
-    assert!(text.contains("fair lock fq:"), "{text}");
-    assert_eq!(text.matches("queued session").count(), 7, "{text}");
+    assert!(text.contains("queued lock fq"), "{text}");
+    assert_eq!(text.matches("exclusive session").count(), 8, "{text}");
 
     // Open the barrier: the sections run one at a time, first come first served.
     run.open_barrier();
@@ -198,7 +208,7 @@ async fn eight_fair_locks_run_in_order_of_arrival() {
     let expected: Vec<String> = (0..8).map(|i| i.to_string()).collect();
     assert_eq!(order, expected);
     assert_eq!(
-        agent.get("/v1/kv/fq?recurse").await.status,
+        agent.get("/v1/vigil/lock/fq").await.status,
         404,
         "queue left behind"
     );

@@ -14,8 +14,9 @@ use futures::stream::BoxStream;
 use integration_tests::{Agent, Http, eventually};
 use serde_json::{Value, json};
 use vigil_shared::client::{
-    Client, ClientError, Election, FairMutex, FairOptions, Held, LOCK_FLAG_VALUE, Leader, Lock,
-    LockOptions, LossReason, SEMAPHORE_FLAG_VALUE, Semaphore, SemaphoreLock, SemaphoreOptions,
+    Client, ClientError, Election, FairMutex, Held, LOCK_FLAG_VALUE, Leader, Lock, LockOptions,
+    LossReason, QueueOptions, ReadOpts, SEMAPHORE_FLAG_VALUE, Semaphore, SemaphoreLock,
+    SemaphoreOptions, SessionKeeper, SessionRequest,
 };
 
 const PROMPT: Duration = Duration::from_secs(30);
@@ -37,7 +38,7 @@ async fn acquire(client: &Client, kind: Kind, prefix: &str) -> Held {
             .acquire()
             .await
             .unwrap(),
-        Kind::Fair => FairMutex::new(client, FairOptions::new(prefix))
+        Kind::Fair => FairMutex::new(client, QueueOptions::new(prefix))
             .unwrap()
             .acquire()
             .await
@@ -76,9 +77,11 @@ async fn contend(agent: &Agent, kind: Kind, prefix: &str, waiters: usize) -> Con
     eventually(PROMPT, "all contenders waiting", || async {
         let (sessions, _) = client.session_list(Default::default()).await.ok()?;
         let report = client.vigil_locks(prefix).await.ok()?;
-        let queued = report["FairQueues"][0]["Queue"]
-            .as_array()
-            .map_or(0, Vec::len);
+        let queue = &report["Queues"][0];
+        let queued = [&queue["Holders"], &queue["Waiters"]]
+            .iter()
+            .map(|v| v.as_array().map_or(0, Vec::len))
+            .sum::<usize>();
         let ready = match kind {
             Kind::Plain => sessions.len() == waiters + 1,
             Kind::Fair => queued == waiters + 1,
@@ -101,6 +104,15 @@ async fn contend(agent: &Agent, kind: Kind, prefix: &str, waiters: usize) -> Con
         wakeups_per_release: returns as f64 / waiters as f64,
         handoffs,
     }
+}
+
+/// The first queued lock of a `/v1/vigil/locks` report: its holders, then its waiters.
+fn queue_of(report: &Value) -> Vec<Value> {
+    let lock = &report["Queues"][0];
+    [&lock["Holders"], &lock["Waiters"]]
+        .into_iter()
+        .flat_map(|v| v.as_array().cloned().unwrap_or_default())
+        .collect()
 }
 
 fn mean(d: &[Duration]) -> Duration {
@@ -435,7 +447,7 @@ async fn fair_waiter_fails_at_once_when_its_session_dies_and_honours_a_dead_owne
     let agent = Agent::dev().await;
     let client = client(&agent);
     let fair = |delay: u64| {
-        let mut opts = FairOptions::new("fd");
+        let mut opts = QueueOptions::new("fd");
         opts.lock_delay = Some(Duration::from_secs(delay));
         FairMutex::new(&client, opts).unwrap()
     };
@@ -449,7 +461,7 @@ async fn fair_waiter_fails_at_once_when_its_session_dies_and_honours_a_dead_owne
         async move {
             eventually(PROMPT, "the queue", || async {
                 let report = client.vigil_locks("fd").await.ok()?;
-                let queue = report["FairQueues"][0]["Queue"].as_array()?.clone();
+                let queue = queue_of(&report);
                 (queue.len() == n).then_some(queue)
             })
             .await
@@ -481,7 +493,7 @@ async fn fair_waiter_fails_at_once_when_its_session_dies_and_honours_a_dead_owne
     });
     eventually(PROMPT, "the new waiter", || async {
         let report = client.vigil_locks("fd").await.ok()?;
-        let queue = report["FairQueues"][0]["Queue"].as_array()?.clone();
+        let queue = queue_of(&report);
         (queue.len() == 2
             && queue[1]["Session"] != queue[0]["Session"]
             && queue[1]["Session"].as_str() != Some(session))
@@ -599,4 +611,74 @@ async fn first_finished<T>(
         .await
         .expect("a task finished in time");
     (output.expect("task"), rest)
+}
+
+#[tokio::test]
+async fn every_recipe_can_reuse_the_callers_session() {
+    // One session, kept by the caller, for every acquisition of every recipe: each holds it,
+    // releases, and leaves the session alive for the next.
+    let agent = Agent::dev().await;
+    let client = client(&agent);
+    let request = SessionRequest {
+        name: "long-lived".to_owned(),
+        lock_delay: Some(Duration::ZERO),
+        ..SessionRequest::default()
+    };
+    let keeper = SessionKeeper::create(&client, &request).await.unwrap();
+    let id = keeper.id().to_owned();
+    let lock = Lock::new(
+        &client,
+        LockOptions {
+            session: Some(id.clone()),
+            ..LockOptions::new("reuse/lock/.lock")
+        },
+    )
+    .unwrap();
+    let sem = Semaphore::new(
+        &client,
+        SemaphoreOptions {
+            session: Some(id.clone()),
+            ..SemaphoreOptions::new("reuse/sem", 2)
+        },
+    )
+    .unwrap();
+    let fair = FairMutex::new(
+        &client,
+        QueueOptions {
+            session: Some(id.clone()),
+            ..QueueOptions::new("reuse/fair")
+        },
+    )
+    .unwrap();
+    let election = Election::new(
+        &client,
+        LockOptions {
+            session: Some(id.clone()),
+            ..LockOptions::new("reuse/leader")
+        },
+    )
+    .unwrap();
+    for round in 0..2 {
+        let holds = [
+            lock.acquire().await.unwrap(),
+            sem.acquire().await.unwrap(),
+            fair.acquire().await.unwrap(),
+            election.campaign().await.unwrap(),
+        ];
+        for held in holds {
+            assert_eq!(held.session(), id, "round {round}");
+            held.release().await.unwrap();
+        }
+        let (info, _) = client.session_info(&id, ReadOpts::default()).await.unwrap();
+        assert!(
+            info.is_some(),
+            "the caller's session survives round {round}"
+        );
+    }
+    let (lock_entry, _) = client
+        .kv_get("reuse/lock/.lock", ReadOpts::default())
+        .await
+        .unwrap();
+    assert_eq!(lock_entry.unwrap().session, None, "released");
+    keeper.close().await.unwrap();
 }

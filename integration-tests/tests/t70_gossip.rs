@@ -273,6 +273,21 @@ async fn members_crash_and_graceful_leave() {
     assert!(catalog_nodes(&server).await.iter().any(|n| n == "c1"));
     assert_eq!(server.serf_health("c1").await.as_deref(), Some("critical"));
     assert_eq!(member_status(&server, "c1").await, Some(4), "c1 is failed");
+
+    // Phase 4: force-leave?prune of the crashed c1 on a server: the leader deregisters it
+    // (Left), and no agent lists it any more.
+    let reply = server.put("/v1/agent/force-leave/c1?prune", "").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    eventually(CONVERGE_LIMIT, "c1 to be deregistered", || async {
+        (!catalog_nodes(&server).await.iter().any(|n| n == "c1")).then_some(())
+    })
+    .await;
+    for agent in [&server, &cluster.server(1).http()] {
+        eventually(CONVERGE_LIMIT, "c1 no longer listed", || async {
+            member_status(agent, "c1").await.is_none().then_some(())
+        })
+        .await;
+    }
     println!(
         "t70 graceful leave: /v1/agent/leave→deregistered {deregistered:?}, \
          SIGTERM→deregistered {deregistered2:?}"

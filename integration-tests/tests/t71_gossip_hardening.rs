@@ -514,7 +514,11 @@ async fn local_script_checks_run_from_the_config_file_only() {
         let agent = Agent::dev_with(&extra).await;
         wait_passing(&agent, "local-script").await;
         for (status, body) in register_scripts(&agent).await {
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{extra:?}: {body}");
+            assert_eq!(
+                status,
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{extra:?}: {body}"
+            );
             assert!(body.contains(remote_refused), "{extra:?}: {body}");
         }
         assert!(

@@ -14,8 +14,12 @@
 //! not renewed dies at most one election timeout after its deadline. The slack covers renewals
 //! the old leader took after its last checkpoint (at most half a TTL plus a second earlier),
 //! so no session expires before TTL since its last renewal.
+//!
+//! Native locks in their lock-delay with contenders waiting get a timer too: when it ends, the
+//! leader commits `LockOp::Wake`, whose apply grants whoever is due. A new leader arms these
+//! timers from the state once its barrier passes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,11 +32,13 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use vigil_shared::SESSION_TTL_MULTIPLIER;
 use vigil_shared::catalog::MemberStatus;
 use vigil_shared::duration::parse_go_duration;
+use vigil_shared::lock::LockOp;
 use vigil_shared::rpc::Op;
 
 use crate::proposer::{Proposer, wall_ms};
 use crate::raft::state_store::{SessionEvent, SharedState};
 use crate::reconcile;
+use crate::telemetry::{self, InvalidationCause};
 
 /// Tombstones older than this are reaped (Consul's `tombstone_ttl`).
 const TOMBSTONE_TTL: Duration = Duration::from_secs(15 * 60);
@@ -189,6 +195,42 @@ impl SessionTimers {
     }
 }
 
+/// One timer per native lock whose lock-delay holds up waiters, armed only on the leader.
+#[derive(Default)]
+struct LockDelayTimers {
+    queue: DelayQueue<String>,
+    locks: HashMap<String, delay_queue::Key>,
+}
+
+impl LockDelayTimers {
+    /// Wakes `name` at `until_ms` (leader wall clock); a later deadline replaces an earlier one.
+    fn arm(&mut self, name: &str, until_ms: u64, now_ms: u64) {
+        let delay = Duration::from_millis(until_ms.saturating_sub(now_ms));
+        match self.locks.get(name) {
+            Some(key) => self.queue.reset(key, delay),
+            None => {
+                let key = self.queue.insert(name.to_owned(), delay);
+                self.locks.insert(name.to_owned(), key);
+            }
+        }
+    }
+
+    fn clear_all(&mut self) {
+        self.queue.clear();
+        self.locks.clear();
+    }
+
+    fn is_empty(&self) -> bool {
+        self.locks.is_empty()
+    }
+
+    async fn next_due(&mut self) -> Option<String> {
+        let due = self.queue.next().await?.into_inner();
+        self.locks.remove(&due);
+        Some(due)
+    }
+}
+
 /// Parses a stored TTL; `None` for sessions without one.
 pub fn session_ttl(ttl: &str) -> Option<Duration> {
     if ttl.is_empty() {
@@ -235,6 +277,10 @@ impl LeaderDuties {
     pub async fn run(mut self) {
         let mut metrics = self.proposer.raft().metrics();
         let mut timers = SessionTimers::default();
+        let mut lock_delays = LockDelayTimers::default();
+        // Sessions whose TTL expired and whose destroy this term proposed: their invalidation
+        // is counted as a TTL expiry, not a destroy.
+        let mut expiring: HashSet<String> = HashSet::new();
         let mut term: Option<Term> = None;
         let mut terms = 0u64;
         let (term_tx, mut term_rx) = mpsc::unbounded_channel();
@@ -263,12 +309,15 @@ impl LeaderDuties {
                                 serving: false,
                                 checkpointing: false,
                             });
+                            telemetry::became_leader();
                             tracing::info!("gained leadership: waiting for the barrier");
                         }
                         (false, Some(t)) => {
                             t.token.cancel();
                             term = None;
                             timers.clear_all();
+                            lock_delays.clear_all();
+                            expiring.clear();
                             tracing::info!("lost leadership: session timers cleared");
                         }
                         _ => {}
@@ -278,6 +327,10 @@ impl LeaderDuties {
                     (TermEvent::BarrierPassed { term: n }, Some(t)) if t.number == n => {
                         t.serving = true;
                         self.arm_inherited(&mut timers);
+                        let now = wall_ms();
+                        for (name, until_ms) in self.shared.read().locks().pending_delays() {
+                            lock_delays.arm(name, until_ms, now);
+                        }
                         self.spawn_reconcile(t.token.clone());
                     }
                     (TermEvent::Checkpointed { term: n, done }, Some(t)) if t.number == n => {
@@ -298,7 +351,14 @@ impl LeaderDuties {
                                 timers.renew(&id, ttl, wall_ms());
                             }
                         }
-                        SessionEvent::Destroyed { id } => timers.clear(&id),
+                        SessionEvent::LockDelay { name, until_ms } => {
+                            lock_delays.arm(&name, until_ms, wall_ms());
+                        }
+                        SessionEvent::Destroyed { id, cause } => {
+                            timers.clear(&id);
+                            let cause = if expiring.remove(&id) { InvalidationCause::Ttl } else { cause };
+                            telemetry::session_invalidated(cause);
+                        }
                     }
                 }
                 Some(input) = self.inputs.recv() => {
@@ -310,7 +370,13 @@ impl LeaderDuties {
                 Some(expired) = timers.next_expired(), if !timers.is_empty() => {
                     tracing::info!(session = %expired, "session TTL expired");
                     if let Some(t) = &term {
+                        expiring.insert(expired.clone());
                         self.spawn_invalidate(expired, t.token.clone());
+                    }
+                }
+                Some(name) = lock_delays.next_due(), if !lock_delays.is_empty() => {
+                    if let Some(t) = &term {
+                        self.spawn_wake(name, t.token.clone());
                     }
                 }
                 _ = checkpoint.tick(), if serving(&term) => {
@@ -476,6 +542,31 @@ impl LeaderDuties {
                 backoff *= 2;
             }
             tracing::error!(session = %id, "giving up invalidating expired session");
+        });
+    }
+
+    /// Commits a wake-up of a lock whose lock-delay has ended, retrying until it commits or the
+    /// term ends (a new leader re-arms the timer from the state).
+    fn spawn_wake(&self, name: String, term: CancellationToken) {
+        let proposer = self.proposer.clone();
+        self.tasks.spawn(async move {
+            let mut backoff = BARRIER_RETRY_MIN;
+            loop {
+                let wake = proposer.propose(Op::Lock(LockOp::Wake { name: name.clone() }));
+                let result = tokio::select! {
+                    _ = term.cancelled() => return,
+                    result = wake => result,
+                };
+                match result {
+                    Ok(_) => return,
+                    Err(e) => tracing::warn!(lock = %name, error = %e, "waking a lock after its lock-delay failed"),
+                }
+                tokio::select! {
+                    _ = term.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(BARRIER_RETRY_MAX);
+            }
         });
     }
 

@@ -2,12 +2,15 @@
 //! wakeups.
 
 pub mod leader;
+pub mod operator;
 pub mod proposer;
 pub mod raft;
 pub mod reconcile;
 pub mod rpc;
 pub mod server;
+pub mod snapshot;
 pub mod state;
+pub mod telemetry;
 pub mod tls;
 pub mod transport;
 pub mod watch;

@@ -125,6 +125,7 @@ mod tests {
             role: MemberRole::Client,
             datacenter: "dc1".to_owned(),
             state,
+            pruned: false,
         }
     }
 

@@ -1,6 +1,6 @@
 //! The server RPC protocol carried by the QUIC transport: raft's own messages between servers,
 //! and the requests agents (and followers) send to servers. Both enums are append-only
-//! (postcard encodes the variant index); each request names its response variant.
+//! (postcard encodes the variant index); each request names its reply (see [`Call`]).
 
 use openraft::error::{InstallSnapshotError, RaftError};
 use openraft::raft::{
@@ -13,38 +13,109 @@ use vigil_shared::rpc::{
 };
 use vigil_shared::session::Session;
 
-use crate::raft::{NodeId, TypeConfig};
+use std::marker::PhantomData;
+use std::net::SocketAddr;
+use std::time::Duration;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum RpcRequest {
+use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
+use crate::raft::{NodeId, TypeConfig};
+use crate::transport::{CallKind, RpcClient, TransportError};
+
+/// A request that names its answer: `Self::Reply` is what the [`RpcResponse`] variant that
+/// answers it carries. The server builds the answer with [`Call::answer`] and a caller takes it
+/// out with [`reply`], so the compiler pairs every request with its answer.
+pub trait Call: Into<RpcRequest> {
+    type Reply;
+    fn answer(reply: Self::Reply) -> RpcResponse;
+    /// The reply out of its response, or the response back when it answers something else.
+    fn reply(response: RpcResponse) -> Result<Self::Reply, RpcResponse>;
+}
+
+/// Declares every request once: the wire enum [`RpcRequest`] (a struct variant each, in wire
+/// order: append only) and, in [`calls`], a struct per request implementing [`Call`].
+macro_rules! calls {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident { $($field:ident: $ty:ty),* $(,)? } => $answer:ident($out:ty);
+    )*) => {
+        #[derive(Debug, Clone, Serialize, Deserialize)]
+        pub enum RpcRequest {
+            $($(#[$doc])* $name { $($field: $ty),* },)*
+        }
+
+        /// The requests as types, each naming its reply.
+        pub mod calls {
+            use super::*;
+
+            $(
+                $(#[$doc])*
+                #[derive(Debug, Clone)]
+                pub struct $name { $(pub $field: $ty),* }
+
+                impl From<$name> for RpcRequest {
+                    fn from(call: $name) -> RpcRequest {
+                        let $name { $($field),* } = call;
+                        RpcRequest::$name { $($field),* }
+                    }
+                }
+
+                impl Call for $name {
+                    type Reply = $out;
+
+                    fn answer(reply: $out) -> RpcResponse {
+                        RpcResponse::$answer(reply)
+                    }
+
+                    fn reply(response: RpcResponse) -> Result<$out, RpcResponse> {
+                        match response {
+                            RpcResponse::$answer(reply) => Ok(reply),
+                            other => Err(other),
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+calls! {
     /// 0: who are you? (cluster formation)
-    Hello,
+    Hello {} => Hello(HelloInfo);
     /// 1: raft, server to server only.
-    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    AppendEntries { request: AppendEntriesRequest<TypeConfig> }
+        => AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>);
     /// 2: raft, server to server only.
-    Vote(VoteRequest<NodeId>),
+    Vote { request: VoteRequest<NodeId> } => Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>);
     /// 3: raft, server to server only.
-    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    InstallSnapshot { request: InstallSnapshotRequest<TypeConfig> } => InstallSnapshot(
+        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>
+    );
     /// 4: commit a state change; `forwarded` stops a second hop.
-    Write { op: Op, forwarded: bool },
+    Write { op: Op, forwarded: bool } => Write(Result<Response, ServerError>);
     /// 5: a read, possibly blocking.
     Query {
         opts: QueryOptions,
         query: ReadQuery,
         forwarded: bool,
-    },
+    } => Query(Result<(QueryResult, QueryMeta), ServerError>);
     /// 6: renew a session's TTL (leader only).
-    Renew { id: String, forwarded: bool },
+    Renew { id: String, forwarded: bool } => Renew(Result<Session, ServerError>);
     /// 7: add this server to an existing cluster as a voter.
     Join {
         node_id: NodeId,
         node: ServerNode,
         forwarded: bool,
-    },
+    } => Join(Result<(), ServerError>);
     /// 8: leader, peers and raft figures.
-    Status,
+    Status {} => Status(StatusInfo);
+    /// 9: operate the server set (`/v1/operator/*`); `forwarded` stops a second hop.
+    Operator {
+        request: OperatorRequest,
+        forwarded: bool,
+    } => Operator(Result<OperatorReply, OperatorError>);
 }
 
+/// What answers an [`RpcRequest`]. [`RpcResponse::Refused`] may answer any of them.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum RpcResponse {
     /// 0
@@ -69,6 +140,8 @@ pub enum RpcResponse {
     Status(StatusInfo),
     /// 9: the request is not allowed from this peer (e.g. raft from a client certificate).
     Refused(String),
+    /// 10
+    Operator(Result<OperatorReply, OperatorError>),
 }
 
 /// A raft member: what other servers and agents need to reach it and name it.
@@ -111,7 +184,45 @@ pub struct StatusInfo {
     pub config_index: u64,
 }
 
-/// A response of the wrong variant for its request: a protocol bug, reported rather than hidden.
-pub fn unexpected(response: RpcResponse) -> ServerError {
-    ServerError::Raft(format!("unexpected RPC answer: {response:?}"))
+/// The reply to a `C` out of its response. A refusal is the server's word on why (a request
+/// this peer may not make); an answer of another kind is a protocol bug. Neither is retried.
+pub fn reply<C: Call>(response: RpcResponse) -> Result<C::Reply, ServerError> {
+    C::reply(response).map_err(|other| match other {
+        RpcResponse::Refused(why) => ServerError::Internal(format!("refused: {why}")),
+        other => ServerError::Internal(format!("an answer of the wrong kind: {other:?}")),
+    })
+}
+
+/// A request built once for as many sends as retries need, that still names its reply.
+pub struct Prepared<C> {
+    request: RpcRequest,
+    call: PhantomData<fn() -> C>,
+}
+
+impl<C: Call> Prepared<C> {
+    pub fn new(call: C) -> Prepared<C> {
+        Prepared {
+            request: call.into(),
+            call: PhantomData,
+        }
+    }
+
+    pub fn request(&self) -> &RpcRequest {
+        &self.request
+    }
+}
+
+/// Sends `request` to the server at `addr` and takes its reply out of the answer: the
+/// transport's failure, or the server's answer ([`reply`]).
+pub async fn send<C: Call>(
+    rpc: &RpcClient,
+    kind: CallKind,
+    addr: SocketAddr,
+    request: &Prepared<C>,
+    timeout: Duration,
+) -> Result<Result<C::Reply, ServerError>, TransportError> {
+    let response = rpc
+        .call_typed_as::<RpcRequest, RpcResponse>(kind, addr, request.request(), timeout)
+        .await?;
+    Ok(reply::<C>(response))
 }

@@ -9,10 +9,11 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use parking_lot::Mutex;
 use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -312,11 +313,7 @@ struct WatchSlot {
 
 impl Drop for WatchSlot {
     fn drop(&mut self) {
-        let mut load = self
-            .inner
-            .watch_load
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut load = self.inner.watch_load.lock();
         if let Some(counts) = load.get_mut(&self.addr) {
             counts[self.connection] -= 1;
             if counts.iter().all(|&n| n == 0) {
@@ -408,11 +405,7 @@ impl RpcClient {
 
     /// Takes a place on the first watch connection to `addr` with room.
     fn watch_slot(&self, addr: SocketAddr) -> Result<WatchSlot, TransportError> {
-        let mut load = self
-            .inner
-            .watch_load
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut load = self.inner.watch_load.lock();
         let counts = load.entry(addr).or_insert([0; MAX_WATCH_CONNECTIONS]);
         let connection = counts
             .iter()
@@ -472,11 +465,8 @@ impl RpcClient {
         }
     }
 
-    fn pool(&self) -> std::sync::MutexGuard<'_, HashMap<(SocketAddr, Lane), Slot>> {
-        self.inner
-            .pool
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+    fn pool(&self) -> parking_lot::MutexGuard<'_, HashMap<(SocketAddr, Lane), Slot>> {
+        self.inner.pool.lock()
     }
 
     async fn call_with_retry(

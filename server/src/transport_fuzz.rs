@@ -36,6 +36,7 @@ use vigil_shared::rpc::{
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
 use super::{FRAME_VERSION, HEADER_LEN, MAX_FRAME_LEN, decode_header, encode_header};
+use crate::operator::OperatorRequest;
 use crate::raft::TypeConfig;
 use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
 
@@ -287,25 +288,31 @@ fn requests() -> Vec<RpcRequest> {
         ])
         .collect();
     let mut requests = vec![
-        RpcRequest::Hello,
-        RpcRequest::AppendEntries(AppendEntriesRequest {
-            vote: Vote::new_committed(3, 1),
-            prev_log_id: Some(log_id(2, 39)),
-            entries,
-            leader_commit: Some(log_id(2, 38)),
-        }),
-        RpcRequest::Vote(VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 61)))),
-        RpcRequest::InstallSnapshot(InstallSnapshotRequest {
-            vote: Vote::new_committed(3, 1),
-            meta: SnapshotMeta {
-                last_log_id: Some(log_id(3, 61)),
-                last_membership: StoredMembership::new(Some(log_id(3, 61)), membership()),
-                snapshot_id: "3-61-1".to_owned(),
+        RpcRequest::Hello {},
+        RpcRequest::AppendEntries {
+            request: AppendEntriesRequest {
+                vote: Vote::new_committed(3, 1),
+                prev_log_id: Some(log_id(2, 39)),
+                entries,
+                leader_commit: Some(log_id(2, 38)),
             },
-            offset: 0,
-            data: (0..=255).collect(),
-            done: true,
-        }),
+        },
+        RpcRequest::Vote {
+            request: VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 61))),
+        },
+        RpcRequest::InstallSnapshot {
+            request: InstallSnapshotRequest {
+                vote: Vote::new_committed(3, 1),
+                meta: SnapshotMeta {
+                    last_log_id: Some(log_id(3, 61)),
+                    last_membership: StoredMembership::new(Some(log_id(3, 61)), membership()),
+                    snapshot_id: "3-61-1".to_owned(),
+                },
+                offset: 0,
+                data: (0..=255).collect(),
+                done: true,
+            },
+        },
         RpcRequest::Renew {
             id: session().id,
             forwarded: false,
@@ -315,7 +322,7 @@ fn requests() -> Vec<RpcRequest> {
             node: server("s4"),
             forwarded: true,
         },
-        RpcRequest::Status,
+        RpcRequest::Status {},
     ];
     requests.extend(ops().into_iter().map(|op| RpcRequest::Write {
         op,
@@ -329,7 +336,7 @@ fn requests() -> Vec<RpcRequest> {
             prefix: "a/".to_owned(),
             separator: Some("/".to_owned()),
         },
-        ReadQuery::Txn(kv_ops()),
+        ReadQuery::Txn { ops: kv_ops() },
         ReadQuery::Sequencer {
             key: "a/lock".to_owned(),
             lock_index: 4,
@@ -351,6 +358,10 @@ fn requests() -> Vec<RpcRequest> {
         query,
         forwarded: true,
     }));
+    requests.push(RpcRequest::Operator {
+        request: OperatorRequest::TransferLeader { to: Some(2) },
+        forwarded: false,
+    });
     requests
 }
 
@@ -556,4 +567,27 @@ fn a_huge_count_at_any_offset_is_not_believed() {
             "response {i}"
         );
     }
+}
+
+/// Golden variant indexes: a peer of another build reads a request by its position.
+#[test]
+fn requests_keep_their_variant_indexes() {
+    let expected = |request: &RpcRequest| match request {
+        RpcRequest::Hello {} => 0,
+        RpcRequest::AppendEntries { .. } => 1,
+        RpcRequest::Vote { .. } => 2,
+        RpcRequest::InstallSnapshot { .. } => 3,
+        RpcRequest::Write { .. } => 4,
+        RpcRequest::Query { .. } => 5,
+        RpcRequest::Renew { .. } => 6,
+        RpcRequest::Join { .. } => 7,
+        RpcRequest::Status {} => 8,
+        RpcRequest::Operator { .. } => 9,
+    };
+    let mut seen = BTreeSet::new();
+    for (request, bytes) in requests().iter().zip(REQUESTS.iter()) {
+        assert_eq!(bytes[0], expected(request), "{request:?}");
+        seen.insert(bytes[0]);
+    }
+    assert_eq!(seen, (0..=9).collect(), "the corpus has every request");
 }

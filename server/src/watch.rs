@@ -3,8 +3,9 @@
 //! and on prefixes of K (found by walking K's prefixes), never everyone.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use tokio::sync::oneshot;
 
 use crate::state::{Effects, Interest};
@@ -20,6 +21,8 @@ struct Registry {
     catalog: Waiters,
     services: HashMap<String, Waiters>,
     queries: Waiters,
+    lock_standings: HashMap<(String, String), Waiters>,
+    lock_prefixes: HashMap<String, Waiters>,
 }
 
 impl Registry {
@@ -31,7 +34,28 @@ impl Registry {
             Interest::Catalog => Some(&mut self.catalog),
             Interest::Service(name) => Some(self.services.entry(name.clone()).or_default()),
             Interest::Queries => Some(&mut self.queries),
+            Interest::LockStanding { name, session } => Some(
+                self.lock_standings
+                    .entry((name.clone(), session.clone()))
+                    .or_default(),
+            ),
+            Interest::Locks(prefix) => Some(self.lock_prefixes.entry(prefix.clone()).or_default()),
             Interest::None => None,
+        }
+    }
+}
+
+/// Wakes the waiters in `slots` on every prefix of `name` (itself included).
+fn wake_prefixes(slots: &mut HashMap<String, Waiters>, name: &str) {
+    if slots.is_empty() {
+        return;
+    }
+    for (at, _) in name
+        .char_indices()
+        .chain(std::iter::once((name.len(), ' ')))
+    {
+        if let Some(w) = slots.remove(&name[..at]) {
+            wake_all(w);
         }
     }
 }
@@ -92,6 +116,12 @@ impl Drop for WatchGuard {
                 Interest::Service(name) => {
                     reg.services.remove(name);
                 }
+                Interest::LockStanding { name, session } => {
+                    reg.lock_standings.remove(&(name.clone(), session.clone()));
+                }
+                Interest::Locks(prefix) => {
+                    reg.lock_prefixes.remove(prefix);
+                }
                 _ => {}
             }
         }
@@ -99,9 +129,9 @@ impl Drop for WatchGuard {
 }
 
 impl Watches {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Registry> {
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Registry> {
         // The registry holds no invariants a panicking holder could break.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// Registers interest; register *before* reading state so no write can slip between.
@@ -129,6 +159,7 @@ impl Watches {
             && !fx.sessions_changed
             && !fx.catalog_changed
             && !fx.queries_changed
+            && fx.locks.changed.is_empty()
         {
             return;
         }
@@ -137,13 +168,16 @@ impl Watches {
             if let Some(w) = reg.keys.remove(key.as_str()) {
                 wake_all(w);
             }
-            if reg.prefixes.is_empty() {
-                continue;
-            }
-            for (at, _) in key.char_indices().chain(std::iter::once((key.len(), ' '))) {
-                if let Some(w) = reg.prefixes.remove(&key[..at]) {
-                    wake_all(w);
-                }
+            wake_prefixes(&mut reg.prefixes, key);
+            wake_prefixes(&mut reg.lock_prefixes, key);
+        }
+        for name in &fx.locks.changed {
+            wake_prefixes(&mut reg.lock_prefixes, name);
+        }
+        for (name, session) in &fx.locks.standings {
+            let key = (name.clone(), session.to_ascii_lowercase());
+            if let Some(w) = reg.lock_standings.remove(&key) {
+                wake_all(w);
             }
         }
         if fx.sessions_changed {
@@ -174,6 +208,12 @@ impl Watches {
         for (_, w) in reg.services.drain() {
             wake_all(w);
         }
+        for (_, w) in reg.lock_standings.drain() {
+            wake_all(w);
+        }
+        for (_, w) in reg.lock_prefixes.drain() {
+            wake_all(w);
+        }
         wake_all(std::mem::take(&mut reg.sessions));
         wake_all(std::mem::take(&mut reg.catalog));
         wake_all(std::mem::take(&mut reg.queries));
@@ -186,6 +226,8 @@ impl Watches {
         reg.keys.values().map(HashMap::len).sum::<usize>()
             + reg.prefixes.values().map(HashMap::len).sum::<usize>()
             + reg.services.values().map(HashMap::len).sum::<usize>()
+            + reg.lock_standings.values().map(HashMap::len).sum::<usize>()
+            + reg.lock_prefixes.values().map(HashMap::len).sum::<usize>()
             + reg.sessions.len()
             + reg.catalog.len()
             + reg.queries.len()
@@ -258,6 +300,27 @@ mod tests {
         });
         assert!(has_fired(&mut queries));
         assert!(!has_fired(&mut db));
+    }
+
+    #[test]
+    fn a_lock_standing_wakes_only_its_own_session_whatever_the_case_it_was_asked_in() {
+        let w = Arc::new(Watches::default());
+        let standing = |session: &str| {
+            Interest::of(&vigil_shared::rpc::ReadQuery::LockStanding {
+                name: "l".into(),
+                session: session.into(),
+            })
+        };
+        let mut mine = w.register(standing("5B0A-AA"));
+        let mut other = w.register(standing("5b0a-bb"));
+        let mut report = w.register(Interest::Locks("l".into()));
+        let mut fx = Effects::default();
+        fx.locks.changed.push("l".into());
+        fx.locks.standings.push(("l".into(), "5b0a-aa".into()));
+        w.notify(&fx);
+        assert!(has_fired(&mut mine));
+        assert!(!has_fired(&mut other));
+        assert!(has_fired(&mut report));
     }
 
     #[test]

@@ -186,4 +186,7 @@ pub struct MemberStatus {
     pub role: MemberRole,
     pub datacenter: String,
     pub state: MemberState,
+    /// Force-left with `?prune`: still Left for the leader (which deregisters the node), but no
+    /// longer listed as a member (`/v1/agent/members`), as Consul's prune does.
+    pub pruned: bool,
 }

@@ -2,15 +2,19 @@
 //! the server request/response messages, Go-style durations, and the Consul JSON shapes.
 
 pub mod api;
+pub mod autopilot;
 pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod duration;
 pub mod filter;
 pub mod kv;
+pub mod lock;
 pub mod query;
 pub mod rpc;
 pub mod session;
+#[cfg(test)]
+mod wire_tests;
 
 /// Largest KV value accepted (Consul's `kv_max_value_size`).
 pub const KV_MAX_VALUE_SIZE: usize = 512 * 1024;

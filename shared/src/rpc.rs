@@ -6,8 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
+use crate::autopilot::AutopilotConfig;
 use crate::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
 use crate::kv::{KvEntry, KvOp, TxnOutcome};
+use crate::lock::{LockOp, LockOutcome, LockStanding, LockState};
 use crate::query::PreparedQuery;
 use crate::session::Session;
 
@@ -42,6 +44,36 @@ pub enum Op {
     /// 12: the leader's TTL deadlines of sessions (session ID, leader wall clock in ms), so a
     /// new leader arms what is left instead of a full TTL (leader-internal).
     CheckpointTtls { deadlines: Vec<(String, u64)> },
+    /// 13: a change to a native lock (`/v1/vigil/lock/<name>`).
+    Lock(LockOp),
+    /// 14: several ops committed in one raft entry (the leader's proposer batches what arrives
+    /// while earlier entries are in flight); applied in order at the entry's index, answered
+    /// with a [`Response::Batch`] in the same order. Leader-internal.
+    Batch(Vec<Op>),
+    /// 15: replaces the whole state with a snapshot archive's (`PUT /v1/snapshot`), carrying
+    /// over what must never go backwards (LockIndex floors). `state` is the postcard-encoded
+    /// state machine, checked before it was proposed.
+    RestoreSnapshot {
+        #[serde(with = "serde_bytes")]
+        state: Vec<u8>,
+    },
+    /// 16: replaces autopilot's settings; with `cas`, only if it is their `modify_index`.
+    SetAutopilotConfig {
+        config: AutopilotConfig,
+        cas: Option<u64>,
+    },
+    /// 17: a part of a restore's state (`PUT /v1/snapshot`), staged until the `last` part
+    /// arrives, which replaces the whole state as [`Op::RestoreSnapshot`] does. A restore of
+    /// any size travels in parts that each fit one raft entry. `offset` 0 begins a restore
+    /// (dropping any other one staged); a part that does not continue the staged restore `id`
+    /// is refused.
+    RestoreChunk {
+        id: String,
+        offset: u64,
+        #[serde(with = "serde_bytes")]
+        bytes: Vec<u8>,
+        last: bool,
+    },
 }
 
 /// A check as registered; indexes and the service's name and tags are filled in by the
@@ -92,6 +124,20 @@ pub enum ApplyError {
     DuplicateQueryName(String),
     #[error("Cannot modify non-existent prepared query: '{0}'")]
     MissingQuery(String),
+    /// A native lock's contender names no live session.
+    #[error("invalid session \"{0}\"")]
+    LockSession(String),
+    /// A contender asks for a different number of slots than the lock's current users.
+    #[error("lock limit conflict (lock: {lock}, local: {local})")]
+    LockLimitConflict { lock: u32, local: u32 },
+    /// A restore whose state does not decode (it was checked before proposing, so only a
+    /// build that encodes the state differently gets here).
+    #[error("snapshot state does not decode")]
+    InvalidSnapshot,
+    /// A restore's part that does not continue the restore being staged (another restore began
+    /// meanwhile): nothing was changed; run the restore again.
+    #[error("the restore was interrupted by another one; run it again")]
+    RestoreInterrupted,
 }
 
 /// The result of applying one command.
@@ -105,58 +151,139 @@ pub enum Response {
     SessionCreated { id: String },
     /// 3
     Rejected(ApplyError),
+    /// 4
+    Lock(LockOutcome),
+    /// 5: one response per op of an [`Op::Batch`], in order.
+    Batch(Vec<Response>),
+    /// 6: whether a check-and-set write was applied.
+    Applied(bool),
 }
 
-/// A read. Every variant except `Txn` and `Sequencer` can block on an index.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ReadQuery {
-    /// 0
-    KvGet { key: String },
-    /// 1
-    KvList { prefix: String },
-    /// 2
+/// A read that names its answer: a caller gets `Q::Output` from `Backend::read::<Q>`, and the
+/// state machine builds the answer with `Q::answer`, so the compiler pairs every request with
+/// its answer. On the wire both travel as [`ReadQuery`] and [`QueryResult`].
+pub trait Query: Into<ReadQuery> {
+    type Output;
+    /// The answer in its wire form.
+    fn answer(output: Self::Output) -> QueryResult;
+    /// The answer out of its wire form, or the result back when it answers another query (a
+    /// protocol bug: a server of another build).
+    fn output(result: QueryResult) -> Result<Self::Output, QueryResult>;
+}
+
+/// Declares every read once: the wire enum [`ReadQuery`] (a struct variant per read, in wire
+/// order: append only) and, in [`reads`], a struct per read implementing [`Query`] with the
+/// [`QueryResult`] variant that answers it.
+macro_rules! reads {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident { $($field:ident: $ty:ty),* $(,)? } => $answer:ident($out:ty);
+    )*) => {
+        /// A read on the wire. Every read except `Txn`, `Sequencer`, `QueryExecute` and
+        /// `LockSequencer` can block on an index.
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+        pub enum ReadQuery {
+            $($(#[$doc])* $name { $($field: $ty),* },)*
+        }
+
+        /// The reads as types, each naming its answer.
+        pub mod reads {
+            use super::*;
+
+            $(
+                $(#[$doc])*
+                #[derive(Debug, Clone, PartialEq, Eq)]
+                pub struct $name { $(pub $field: $ty),* }
+
+                impl From<$name> for ReadQuery {
+                    fn from(query: $name) -> ReadQuery {
+                        let $name { $($field),* } = query;
+                        ReadQuery::$name { $($field),* }
+                    }
+                }
+
+                impl Query for $name {
+                    type Output = $out;
+
+                    fn answer(output: $out) -> QueryResult {
+                        QueryResult::$answer(output)
+                    }
+
+                    fn output(result: QueryResult) -> Result<$out, QueryResult> {
+                        match result {
+                            QueryResult::$answer(output) => Ok(output),
+                            other => Err(other),
+                        }
+                    }
+                }
+            )*
+        }
+    };
+}
+
+reads! {
+    /// 0: the entry at `key` (none or one).
+    KvGet { key: String } => Entries(Vec<KvEntry>);
+    /// 1: the entries under `prefix`.
+    KvList { prefix: String } => Entries(Vec<KvEntry>);
+    /// 2: the keys under `prefix`, up to the next `separator`.
     KvKeys {
         prefix: String,
         separator: Option<String>,
-    },
-    /// 3
-    SessionInfo { id: String },
+    } => Keys(Vec<String>);
+    /// 3: the session `id` (none or one).
+    SessionInfo { id: String } => Sessions(Vec<Session>);
     /// 4
-    SessionList,
+    SessionList {} => Sessions(Vec<Session>);
     /// 5
-    SessionNode { node: String },
+    SessionNode { node: String } => Sessions(Vec<Session>);
     /// 6: a transaction with read verbs only (no raft, no blocking).
-    Txn(Vec<KvOp>),
-    /// 7: is `(key, lock_index, session)` the current holder?
+    Txn { ops: Vec<KvOp> } => Txn(TxnOutcome);
+    /// 7: is `(key, lock_index, session)` the current holder? `Err` says why not.
     Sequencer {
         key: String,
         lock_index: u64,
         session: String,
-    },
+    } => Sequencer(Result<(), String>);
     /// 8
-    CatalogNodes,
+    CatalogNodes {} => Nodes(Vec<Node>);
     /// 9
-    NodeChecks { node: String },
+    NodeChecks { node: String } => Checks(Vec<Check>);
     /// 10: every service instance (the agent groups them by name).
-    CatalogServices,
-    /// 11: the instances of one service, blocking on that service's index.
-    CatalogService { name: String },
-    /// 12: a node and its services.
-    CatalogNode { node: String },
+    CatalogServices {} => Services(Vec<Service>);
+    /// 11: the instances of one service as `(node, service)`, blocking on that service's index.
+    CatalogService { name: String } => ServiceNodes(Vec<(Node, Service)>);
+    /// 12: a node and its services; `None` when the node is unknown.
+    CatalogNode { node: String } => NodeServices(Option<(Node, Vec<Service>)>);
     /// 13: the checks of every instance of one service.
-    ServiceChecks { name: String },
+    ServiceChecks { name: String } => Checks(Vec<Check>);
     /// 14: every check in `state` (`None`: any state).
-    ChecksInState { state: Option<HealthStatus> },
+    ChecksInState { state: Option<HealthStatus> } => Checks(Vec<Check>);
     /// 15: the instances of one service with their node and checks.
-    HealthService { name: String },
+    HealthService { name: String } => Health(Vec<ServiceHealth>);
     /// 16
-    QueryList,
+    QueryList {} => Queries(Vec<PreparedQuery>);
     /// 17: a prepared query by ID, or by name when no ID matches.
-    QueryGet { id_or_name: String },
-    /// 18: runs a prepared query (not blockable).
-    QueryExecute { id_or_name: String },
+    QueryGet { id_or_name: String } => Queries(Vec<PreparedQuery>);
+    /// 18: runs a prepared query (not blockable): the query and the instances it selected,
+    /// `None` when no query matched.
+    QueryExecute { id_or_name: String } => Executed(Option<(PreparedQuery, Vec<ServiceHealth>)>);
+    /// 19: one native lock; `None` when no such lock exists.
+    Lock { name: String } => Lock(Option<LockState>);
+    /// 20: the native locks whose names start with `prefix`; blocks on them and on KV keys
+    /// under `prefix` (what `/v1/vigil/locks` reports).
+    Locks { prefix: String } => Locks(Vec<LockState>);
+    /// 21: where `session` stands on lock `name`; blocks until it is granted or gone.
+    LockStanding { name: String, session: String } => Standing(crate::lock::LockStanding);
+    /// 22: is `(name, token, session)` a current holder of the native lock?
+    LockSequencer {
+        name: String,
+        token: u64,
+        session: String,
+    } => Sequencer(Result<(), String>);
 }
 
+/// A read's answer on the wire; [`Query::output`] takes it apart.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum QueryResult {
     /// 0
@@ -185,6 +312,12 @@ pub enum QueryResult {
     Queries(Vec<PreparedQuery>),
     /// 12: the query run and the instances it selected; `None` when no query matched.
     Executed(Option<(PreparedQuery, Vec<ServiceHealth>)>),
+    /// 13: `None` when no such lock exists.
+    Lock(Option<LockState>),
+    /// 14
+    Locks(Vec<LockState>),
+    /// 15
+    Standing(LockStanding),
 }
 
 /// How fresh a read must be (Consul's consistency modes).
@@ -229,8 +362,10 @@ pub enum ServerError {
     SessionNotFound(String),
     #[error("server is shutting down")]
     ShuttingDown,
-    #[error("raft: {0}")]
-    Raft(String),
+    /// A write that may or may not have been applied: it reached a leader (or a raft log)
+    /// that failed before answering. Retrying is safe only for an idempotent request.
+    #[error("{0}")]
+    Indeterminate(String),
     /// No server answered (a client agent's whole server list failed).
     #[error("No known Consul servers")]
     NoServers,
@@ -245,4 +380,37 @@ pub enum ServerError {
     /// text is Consul's.
     #[error("{0}")]
     InvalidSessionTtl(String),
+    /// Not applied: the path to the leader failed before the request was taken up (a
+    /// forwarded read whose leader could not be reached, a failed server RPC). Safe to retry.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A change of the server set that did not complete (joining, removing a peer, an
+    /// election asked for).
+    #[error("{0}")]
+    Membership(String),
+    /// A bug: an answer of the wrong kind, a value that does not encode. Never retried.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ServerError {
+    /// Whether sending the request again cannot apply it twice: it was never applied (no
+    /// leader, not delivered), or it may have been and `idempotent` says repeating it is
+    /// harmless (reads, renewals).
+    pub fn safe_to_retry(&self, idempotent: bool) -> bool {
+        match self {
+            ServerError::NoLeader
+            | ServerError::NotLeader { .. }
+            | ServerError::NoServers
+            | ServerError::Unavailable(_) => true,
+            ServerError::Indeterminate(_) => idempotent,
+            ServerError::SessionNotFound(_)
+            | ServerError::ShuttingDown
+            | ServerError::TooLarge { .. }
+            | ServerError::TooManyBlockingQueries
+            | ServerError::InvalidSessionTtl(_)
+            | ServerError::Membership(_)
+            | ServerError::Internal(_) => false,
+        }
+    }
 }

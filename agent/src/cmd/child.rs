@@ -5,7 +5,7 @@
 //! child exits.
 
 use std::os::unix::process::ExitStatusExt as _;
-use std::process::ExitStatus;
+use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -71,28 +71,39 @@ fn status_code(status: ExitStatus) -> i32 {
         .unwrap_or(super::EXIT_ERROR)
 }
 
-/// The sequencer and Consul's marker, for the child's environment.
+/// The sequencer and Consul's marker, for the child's environment. `VIGIL_LOCK_TOKEN` is the
+/// fencing number a resource compares: the LockIndex of a KV lock, the token of a queued lock.
 pub fn lock_env(held: &Held) -> Vec<(&'static str, String)> {
     vec![
         ("VIGIL_LOCK_KEY", held.key().to_owned()),
         ("VIGIL_LOCK_INDEX", held.lock_index().to_string()),
+        ("VIGIL_LOCK_TOKEN", held.lock_index().to_string()),
+        ("VIGIL_LOCK_KIND", held.kind().as_str().to_owned()),
         ("VIGIL_LOCK_SESSION", held.session().to_owned()),
         ("CONSUL_LOCK_HELD", "true".to_owned()),
     ]
 }
 
 /// Runs `command` while `held` lasts and returns `vigil`'s exit status: the child's own (128+N if
-/// a signal killed it), or [`EXIT_LOST`] if the lock was lost first.
+/// a signal killed it), or [`EXIT_LOST`] if the lock was lost first. The child reads `vigil`'s
+/// stdin only if `pass_stdin`, else /dev/null.
 pub async fn run_while_held(
     held: Held,
     command: &[String],
+    pass_stdin: bool,
     grace: Duration,
     signals: &mut Signals,
 ) -> anyhow::Result<i32> {
     let (program, args) = command.split_first().context("no command given")?;
+    let stdin = if pass_stdin {
+        Stdio::inherit()
+    } else {
+        Stdio::null()
+    };
     let spawned = tokio::process::Command::new(program)
         .args(args)
         .envs(lock_env(&held))
+        .stdin(stdin)
         .process_group(0)
         .spawn();
     let mut child = match spawned {

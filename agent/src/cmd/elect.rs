@@ -73,7 +73,7 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
         Err(code) => return Ok(code),
     };
     tracing::info!(key = held.key(), lock_index = held.lock_index(), "elected");
-    let code = run_while_held(held, &args.command, args.hold.grace, &mut signals).await?;
+    let code = run_while_held(held, &args.command, true, args.hold.grace, &mut signals).await?;
     client.drain_cleanups(Duration::from_secs(5)).await;
     Ok(code)
 }

@@ -1,5 +1,6 @@
-//! `vigil kv get|put|delete|export`: the KV store from the command line, with `consul kv`'s
-//! output (`get` prints the raw value, `export` the `[{"key","flags","value"}]` JSON).
+//! `vigil kv get|put|delete|export|import`: the KV store from the command line, with `consul kv`'s
+//! output (`get` prints the raw value, `export` the `[{"key","flags","value"}]` JSON that `import`
+//! reads back).
 
 use std::io::{Read as _, Write as _};
 
@@ -7,7 +8,7 @@ use anyhow::Context as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use clap::{Args, Subcommand};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use vigil_shared::api::DirEntry;
 use vigil_shared::client::ReadOpts;
 
@@ -67,10 +68,17 @@ pub enum KvAction {
         #[arg(default_value = "")]
         prefix: String,
     },
+    /// Write the entries of `consul kv export` JSON: `@FILE`, `-` for stdin, or the JSON itself.
+    Import {
+        data: String,
+        /// Put every key under this prefix.
+        #[arg(long, default_value = "")]
+        prefix: String,
+    },
 }
 
-/// One entry of `consul kv export`.
-#[derive(Serialize)]
+/// One entry of `consul kv export` and `consul kv import`.
+#[derive(Serialize, Deserialize)]
 struct Exported {
     key: String,
     flags: u64,
@@ -190,6 +198,41 @@ pub async fn run(cmd: KvCommand) -> anyhow::Result<i32> {
             stdout.write_all(&out)?;
             writeln!(stdout)?;
         }
+        KvAction::Import { data, prefix } => {
+            let entries: Vec<Exported> =
+                serde_json::from_str(&import_data(&data)?).context("Cannot unmarshal data")?;
+            for entry in entries {
+                let key = if prefix.is_empty() {
+                    entry.key
+                } else {
+                    format!("{}/{}", prefix.trim_end_matches('/'), entry.key)
+                };
+                let value = BASE64
+                    .decode(&entry.value)
+                    .with_context(|| format!("Error base 64 decoding value for key {key}"))?;
+                client
+                    .kv_put(&key, &value, entry.flags)
+                    .await
+                    .with_context(|| format!("Error! Failed writing data for key {key}"))?;
+                writeln!(stdout, "Imported: {key}")?;
+            }
+        }
     }
     Ok(0)
+}
+
+/// `consul kv import`'s DATA: `@FILE`, `-` for stdin, else the JSON itself.
+fn import_data(data: &str) -> anyhow::Result<String> {
+    if let Some(file) = data.strip_prefix('@') {
+        return std::fs::read_to_string(file)
+            .with_context(|| format!("Failed to read file {file}"));
+    }
+    if data == "-" {
+        let mut buf = String::new();
+        std::io::stdin()
+            .read_to_string(&mut buf)
+            .context("Failed to read stdin")?;
+        return Ok(buf);
+    }
+    Ok(data.to_owned())
 }

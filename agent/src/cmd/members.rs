@@ -25,12 +25,29 @@ pub enum OperatorCommand {
     /// Raft operations.
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// Autopilot's settings and its view of server health.
+    #[command(subcommand)]
+    Autopilot(AutopilotCommand),
 }
 
 #[derive(Debug, clap::Subcommand)]
 pub enum RaftCommand {
     /// List the raft servers: node, ID, address, leader or follower, voter.
     ListPeers(AgentAddr),
+    /// Remove a server from the raft configuration (`--id` or `--address`).
+    RemovePeer(super::operator::RemovePeerArgs),
+    /// Hand leadership to another server (`--id`, else the most caught-up voter).
+    TransferLeader(super::operator::TransferLeaderArgs),
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum AutopilotCommand {
+    /// Print autopilot's settings.
+    GetConfig(AgentAddr),
+    /// Change autopilot's settings (the others are kept; refused if they changed meanwhile).
+    SetConfig(super::operator::SetConfigArgs),
+    /// Print each server's health and the cluster's failure tolerance (exit 2 if unhealthy).
+    State(AgentAddr),
 }
 
 #[derive(Debug, Args)]
@@ -39,6 +56,9 @@ pub struct ForceLeaveArgs {
     pub agent: AgentAddr,
     /// Name of the failed node.
     pub node: String,
+    /// Also remove it from the member list at once (Consul's `-prune`).
+    #[arg(long)]
+    pub prune: bool,
 }
 
 fn status_name(code: u64) -> &'static str {
@@ -139,6 +159,9 @@ pub async fn leave(agent: AgentAddr) -> anyhow::Result<i32> {
 }
 
 pub async fn force_leave(args: ForceLeaveArgs) -> anyhow::Result<i32> {
-    args.agent.client()?.agent_force_leave(&args.node).await?;
+    args.agent
+        .client()?
+        .agent_force_leave(&args.node, args.prune)
+        .await?;
     Ok(0)
 }

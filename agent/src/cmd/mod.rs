@@ -1,15 +1,22 @@
-//! Client commands: `vigil lock`, `vigil elect`, `vigil kv`, `vigil session`. Each talks to the
-//! local agent's HTTP API (`--http-addr`, else `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else
-//! 127.0.0.1:8500) through the `vigil_shared::client` library and returns an exit status.
+//! Client commands: `vigil lock`, `vigil elect`, `vigil kv`, `vigil session`, `vigil keyring`
+//! and the rest. Each talks to the local agent's HTTP API (`--http-addr`, else
+//! `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500) through the
+//! `vigil_shared::client` library and returns an exit status.
 
 pub mod child;
-pub mod demo;
+pub mod debug;
 pub mod elect;
+pub mod keyring;
 pub mod kv;
 pub mod lock;
 pub mod members;
+pub mod monitor;
+pub mod operator;
 pub mod session;
+pub mod snapshot;
+pub mod watch;
 
+use std::ffi::OsString;
 use std::io::Write as _;
 use std::time::Duration;
 
@@ -26,13 +33,20 @@ pub struct AgentAddr {
     /// HTTP address of the local agent [default: $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500]
     #[arg(long = "http-addr")]
     pub http_addr: Option<String>,
+    /// ACL token sent as `X-Consul-Token` [default: $CONSUL_HTTP_TOKEN]
+    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
 }
 
 impl AgentAddr {
     pub fn client(&self) -> anyhow::Result<Client> {
-        Ok(match &self.http_addr {
+        let client = match &self.http_addr {
             Some(addr) => Client::new(addr)?,
             None => Client::from_env()?,
+        };
+        Ok(match self.token.as_deref().filter(|t| !t.is_empty()) {
+            Some(token) => client.with_token(token),
+            None => client,
         })
     }
 }
@@ -85,4 +99,152 @@ pub fn exit(result: anyhow::Result<i32>) -> ! {
     };
     let _ = std::io::stdout().flush();
     std::process::exit(code)
+}
+
+/// One argument as Go's flag package reads it.
+pub(crate) enum GoArg<'a> {
+    /// Not a flag: flags end here.
+    Positional,
+    /// `--`: flags end after it.
+    EndOfFlags,
+    /// `-name`, `--name`, `-name=V` (`value` is `V`).
+    Flag {
+        name: &'a str,
+        value: Option<&'a str>,
+    },
+}
+
+pub(crate) fn go_arg(arg: &OsString) -> GoArg<'_> {
+    let Some(flag) = arg
+        .to_str()
+        .and_then(|a| a.strip_prefix('-'))
+        .filter(|f| !f.is_empty())
+    else {
+        return GoArg::Positional;
+    };
+    let flag = flag.strip_prefix('-').unwrap_or(flag);
+    if flag.is_empty() {
+        return GoArg::EndOfFlags;
+    }
+    match flag.split_once('=') {
+        Some((name, value)) => GoArg::Flag {
+            name,
+            value: Some(value),
+        },
+        None => GoArg::Flag {
+            name: flag,
+            value: None,
+        },
+    }
+}
+
+/// A Go flag rewritten as clap reads it: `--long=V`, the value taken from the next argument
+/// when it takes one and none was attached; a boolean is set by its presence, so `-flag=false`
+/// gives `None` (left out).
+pub(crate) fn clap_flag<'a>(
+    long: &str,
+    value: Option<&str>,
+    takes_value: bool,
+    rest: &mut impl Iterator<Item = &'a OsString>,
+) -> Option<OsString> {
+    let mut rewritten = OsString::from(format!("--{long}"));
+    match (value, takes_value) {
+        (Some(value), false) => match go_bool(value) {
+            Some(true) => {}
+            Some(false) => return None,
+            None => rewritten.push(format!("={value}")),
+        },
+        (Some(value), true) => rewritten.push(format!("={value}")),
+        (None, true) => {
+            if let Some(value) = rest.next() {
+                rewritten.push("=");
+                rewritten.push(value);
+            }
+        }
+        (None, false) => {}
+    }
+    Some(rewritten)
+}
+
+/// Commands that take only flags, which Consul's users write Go style (`vigil debug
+/// -archive=false`, `vigil keyring -install KEY`).
+const GO_FLAG_COMMANDS: [&str; 2] = ["debug", "keyring"];
+
+/// For the [`GO_FLAG_COMMANDS`], rewrites each single-dash flag (`-name`, `-name=V`) as clap
+/// reads it (`--name`, `--name=V`); values and other commands' arguments pass unchanged.
+pub fn go_flags_argv(argv: Vec<OsString>) -> Vec<OsString> {
+    if argv
+        .get(1)
+        .is_none_or(|c| !GO_FLAG_COMMANDS.iter().any(|g| c == *g))
+    {
+        return argv;
+    }
+    argv.into_iter()
+        .enumerate()
+        .map(|(i, arg)| match arg.to_str() {
+            Some(a)
+                if i >= 2
+                    && a != "-h"
+                    && a.len() > 1
+                    && a.starts_with('-')
+                    && a.as_bytes()[1].is_ascii_alphabetic() =>
+            {
+                OsString::from(format!("-{a}"))
+            }
+            _ => arg,
+        })
+        .collect()
+}
+
+/// Go's `strconv.ParseBool`.
+fn go_bool(s: &str) -> Option<bool> {
+    match s {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    fn parse(args: &[&str]) -> Command {
+        let argv = std::iter::once("vigil").chain(args.iter().copied());
+        let argv = go_flags_argv(argv.map(OsString::from).collect());
+        Cli::try_parse_from(argv).expect("valid").command
+    }
+
+    #[test]
+    fn debug_and_keyring_take_go_style_flags() {
+        let Command::Debug(debug) = parse(&["debug", "-archive=false", "-output", "out"]) else {
+            panic!("not debug");
+        };
+        assert!(!debug.archive);
+        assert_eq!(debug.output.as_deref(), Some(std::path::Path::new("out")));
+        for archive in [
+            &["debug"][..],
+            &["debug", "--archive"],
+            &["debug", "-archive=true"],
+        ] {
+            let Command::Debug(debug) = parse(archive) else {
+                panic!("not debug");
+            };
+            assert!(debug.archive, "{archive:?}");
+        }
+        let Command::Keyring(keyring) = parse(&["keyring", "-install", "a2V5", "-relay-factor=2"])
+        else {
+            panic!("not keyring");
+        };
+        assert_eq!(
+            (keyring.install.as_deref(), keyring.relay_factor),
+            (Some("a2V5"), 2)
+        );
+        // Other commands' arguments pass unchanged.
+        let argv: Vec<OsString> = ["vigil", "kv", "put", "-x"].map(OsString::from).to_vec();
+        assert_eq!(go_flags_argv(argv.clone()), argv);
+    }
 }

@@ -174,13 +174,15 @@ impl MemberBook {
 
     /// Records a leave notice and reclassifies the member it names.
     pub fn leave_notice(&mut self, notice: LeaveNotice, now: Duration) {
-        let newer = self
-            .intents
-            .get(&notice.addr)
-            .is_none_or(|i| i.notice.generation < notice.generation);
+        let newer = self.intents.get(&notice.addr).is_none_or(|i| {
+            i.notice.generation < notice.generation
+                || (i.notice.generation == notice.generation && notice.prune && !i.notice.prune)
+        });
         if newer {
             self.intents
                 .insert(notice.addr, Intent { notice, since: now });
+            // A prune changes what is listed even when the state does not change.
+            self.changed |= notice.prune;
         }
         let Some(row) = self.rows.get(&notice.addr) else {
             return;
@@ -197,11 +199,12 @@ impl MemberBook {
         self.set(id, next, now);
     }
 
-    /// Moves a Failed member named `name` to Left and returns the notice to spread. Already
-    /// Left is fine (idempotent); a live member is refused.
+    /// Moves a Failed member named `name` to Left (with `prune`, also no longer listed) and
+    /// returns the notice to spread. Already Left is fine (idempotent); a live member is refused.
     pub fn force_leave(
         &mut self,
         name: &str,
+        prune: bool,
         now: Duration,
     ) -> Result<LeaveNotice, ForceLeaveRefusal> {
         // Prefer a failed row when an old and a new address share the name.
@@ -221,6 +224,7 @@ impl MemberBook {
                     addr: row.id.addr,
                     generation: row.id.generation,
                     forced: true,
+                    prune,
                 };
                 self.leave_notice(notice, now);
                 Ok(notice)
@@ -313,7 +317,11 @@ impl MemberBook {
             .values()
             .filter_map(|addr| match self.rows.get(addr) {
                 _ if *addr == me.addr => Some(me.status(my_state)),
-                Some(row) => Some(row.id.status(row.state)),
+                Some(row) => Some(MemberStatus {
+                    pruned: row.state == MemberState::Left
+                        && self.intent_for(&row.id).is_some_and(|n| n.prune),
+                    ..row.id.status(row.state)
+                }),
                 None => None,
             })
             .collect()
@@ -391,6 +399,7 @@ mod tests {
             addr: m.addr,
             generation: m.generation,
             forced,
+            prune: false,
         }
     }
 
@@ -449,15 +458,15 @@ mod tests {
         let m = id(1, 1);
         let mut book = book_with(&m);
         assert_eq!(
-            book.force_leave("n1", T0),
+            book.force_leave("n1", false, T0),
             Err(ForceLeaveRefusal::NotFailed(MemberState::Alive))
         );
         assert_eq!(
-            book.force_leave("nobody", T0),
+            book.force_leave("nobody", false, T0),
             Err(ForceLeaveRefusal::Unknown)
         );
         book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
-        assert_eq!(book.force_leave("n1", T0), Ok(notice(&m, true)));
+        assert_eq!(book.force_leave("n1", false, T0), Ok(notice(&m, true)));
         assert_eq!(book.state_of(&m.addr), Some(MemberState::Left));
         // A forced notice never makes a live member look like it is leaving.
         let live = id(2, 1);

@@ -1,16 +1,17 @@
-//! Gossip packet encryption: the cluster key (`vigil keygen`), and the envelope every SWIM packet
-//! travels in. An envelope is `version (1 byte) | body`: version 0 is clear text (no key
-//! configured), version 1 is `nonce (12) | ChaCha20-Poly1305 ciphertext + tag (16)` with the
-//! version byte as associated data. A node with a key accepts only sealed packets and a node
-//! without one only clear packets; anything else is dropped and counted.
+//! Gossip packet encryption: the keys (`vigil keygen`), the keyring every member holds, and the
+//! envelope every packet travels in. An envelope is `version (1 byte) | body`: version 0 is clear
+//! text (no keyring), version 1 is `nonce (12) | ChaCha20-Poly1305 ciphertext + tag (16)` with
+//! the version byte as associated data. A node with a keyring seals with its primary key and
+//! opens with any key of its ring (so a cluster can rotate keys without a gap: install a new key
+//! everywhere, make it primary everywhere, remove the old one); it accepts only sealed packets,
+//! and a node without one only clear packets. Anything else is dropped and counted.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload, rand_core::RngCore};
-use chacha20poly1305::{ChaCha20Poly1305, Key, Nonce};
+use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 
 /// Length of a gossip key in bytes.
 pub const KEY_LEN: usize = 32;
@@ -37,6 +38,18 @@ pub enum KeyError {
     WrongLength { len: usize },
 }
 
+/// A keyring operation a member refuses; the texts are memberlist's, which Consul relays.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RingError {
+    /// Our keys are ChaCha20-Poly1305 keys: 32 bytes only (memberlist also takes 16 and 24).
+    #[error("key size must be {KEY_LEN} bytes")]
+    KeySize,
+    #[error("Requested key is not in the keyring")]
+    NotInRing,
+    #[error("Removing the primary key is not allowed")]
+    RemovePrimary,
+}
+
 /// Why a received packet was dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OpenError {
@@ -50,21 +63,30 @@ pub enum OpenError {
     NoKey,
     #[error("encrypted packet too short")]
     Truncated,
-    #[error("packet failed authentication (different gossip key, or corrupted)")]
+    #[error("packet failed authentication (no key of this node's keyring opens it, or corrupted)")]
     Authentication,
 }
 
-/// The cluster's gossip key, ready to seal and open packets.
+/// One gossip key, ready to seal and open packets.
 #[derive(Clone)]
-pub struct Keyring {
+pub struct Key {
+    bytes: [u8; KEY_LEN],
     cipher: ChaCha20Poly1305,
 }
 
-impl fmt::Debug for Keyring {
+impl fmt::Debug for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Keyring(<redacted>)")
+        f.write_str("Key(<redacted>)")
     }
 }
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.bytes == other.bytes
+    }
+}
+
+impl Eq for Key {}
 
 /// A new random gossip key, base64-encoded (what `vigil keygen` prints).
 pub fn generate_key() -> String {
@@ -73,21 +95,25 @@ pub fn generate_key() -> String {
     BASE64.encode(key)
 }
 
-impl Keyring {
+impl Key {
     /// Parses a base64 key (surrounding whitespace ignored); it must decode to exactly 32 bytes.
-    pub fn from_base64(encoded: &str) -> Result<Keyring, KeyError> {
+    pub fn from_base64(encoded: &str) -> Result<Key, KeyError> {
         let bytes = BASE64.decode(encoded.trim())?;
-        let key: [u8; KEY_LEN] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| KeyError::WrongLength { len: bytes.len() })?;
-        Ok(Keyring::from_bytes(&key))
+        Key::from_slice(&bytes).ok_or(KeyError::WrongLength { len: bytes.len() })
     }
 
-    pub fn from_bytes(key: &[u8; KEY_LEN]) -> Keyring {
-        Keyring {
-            cipher: ChaCha20Poly1305::new(Key::from_slice(key)),
-        }
+    /// A key from raw bytes; `None` unless exactly [`KEY_LEN`] long.
+    pub fn from_slice(bytes: &[u8]) -> Option<Key> {
+        let bytes: [u8; KEY_LEN] = bytes.try_into().ok()?;
+        Some(Key {
+            bytes,
+            cipher: ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&bytes)),
+        })
+    }
+
+    /// The key as `vigil keygen` prints it (and the keyring API lists it).
+    pub fn to_base64(&self) -> String {
+        BASE64.encode(self.bytes)
     }
 
     /// `VERSION_SEALED | nonce | ciphertext+tag`, with a fresh random nonce.
@@ -111,18 +137,9 @@ impl Keyring {
         packet
     }
 
-    /// The plaintext of a packet made by [`Keyring::seal`] with the same key.
+    /// The plaintext of a packet made by [`Key::seal`] with the same key.
     pub fn open(&self, packet: &[u8]) -> Result<Vec<u8>, OpenError> {
-        match packet.first() {
-            None => return Err(OpenError::Empty),
-            Some(&VERSION_SEALED) => {}
-            Some(&VERSION_CLEAR) => return Err(OpenError::NotEncrypted),
-            Some(&other) => return Err(OpenError::UnknownVersion(other)),
-        }
-        if packet.len() < 1 + NONCE_LEN + TAG_LEN {
-            return Err(OpenError::Truncated);
-        }
-        let (nonce, ciphertext) = packet[1..].split_at(NONCE_LEN);
+        let (nonce, ciphertext) = sealed_parts(packet)?;
         self.cipher
             .decrypt(
                 Nonce::from_slice(nonce),
@@ -135,21 +152,119 @@ impl Keyring {
     }
 }
 
-/// Seals outgoing and opens incoming packets with the node's key (or in the clear without one),
-/// and counts the packets it had to drop.
-#[derive(Debug)]
+/// The nonce and ciphertext of a sealed packet.
+fn sealed_parts(packet: &[u8]) -> Result<(&[u8], &[u8]), OpenError> {
+    match packet.first() {
+        None => return Err(OpenError::Empty),
+        Some(&VERSION_SEALED) => {}
+        Some(&VERSION_CLEAR) => return Err(OpenError::NotEncrypted),
+        Some(&other) => return Err(OpenError::UnknownVersion(other)),
+    }
+    if packet.len() < 1 + NONCE_LEN + TAG_LEN {
+        return Err(OpenError::Truncated);
+    }
+    Ok(packet[1..].split_at(NONCE_LEN))
+}
+
+/// A member's gossip keys: the primary (first) seals what it sends; every key opens what it
+/// receives. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Keyring {
+    keys: Vec<Key>,
+}
+
+impl Keyring {
+    /// A ring holding only `primary`.
+    pub fn new(primary: Key) -> Keyring {
+        Keyring {
+            keys: vec![primary],
+        }
+    }
+
+    /// A ring of `keys`, the first one primary (as a keyring file lists them); `None` when
+    /// empty. Repeats are dropped.
+    pub fn from_keys(keys: Vec<Key>) -> Option<Keyring> {
+        let mut ring = Keyring::new(keys.first()?.clone());
+        for key in keys {
+            ring.install(key);
+        }
+        Some(ring)
+    }
+
+    pub fn primary(&self) -> &Key {
+        &self.keys[0]
+    }
+
+    /// Every key, the primary first.
+    pub fn keys(&self) -> &[Key] {
+        &self.keys
+    }
+
+    pub fn contains(&self, key: &Key) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// Adds `key` (for opening only); false when it was there already.
+    pub fn install(&mut self, key: Key) -> bool {
+        if self.contains(&key) {
+            return false;
+        }
+        self.keys.push(key);
+        true
+    }
+
+    /// Makes the installed key `key` the primary; false when it was already.
+    pub fn use_key(&mut self, key: &Key) -> Result<bool, RingError> {
+        let at = self
+            .keys
+            .iter()
+            .position(|k| k == key)
+            .ok_or(RingError::NotInRing)?;
+        self.keys[..=at].rotate_right(1);
+        Ok(at != 0)
+    }
+
+    /// Drops `key` (a key not in the ring is no error, as in memberlist); the primary cannot
+    /// go. False when it was not there.
+    pub fn remove(&mut self, key: &Key) -> Result<bool, RingError> {
+        if self.primary() == key {
+            return Err(RingError::RemovePrimary);
+        }
+        let before = self.keys.len();
+        self.keys.retain(|k| k != key);
+        Ok(self.keys.len() != before)
+    }
+
+    /// Seals with the primary key.
+    pub fn seal(&self, plaintext: &[u8]) -> Vec<u8> {
+        self.primary().seal(plaintext)
+    }
+
+    /// Opens with whichever key of the ring sealed the packet.
+    pub fn open(&self, packet: &[u8]) -> Result<Vec<u8>, OpenError> {
+        sealed_parts(packet)?;
+        self.keys
+            .iter()
+            .find_map(|k| k.open(packet).ok())
+            .ok_or(OpenError::Authentication)
+    }
+}
+
+/// Seals outgoing and opens incoming packets with the node's keyring (or in the clear without
+/// one), and counts the packets it had to drop.
+#[derive(Debug, Default)]
 pub struct Envelope {
     keyring: Option<Keyring>,
     /// Packets dropped because they did not open: wrong key, clear text on an encrypted cluster,
     /// garbage. Exposed so operators (and tests) can see a key mismatch.
-    failures: AtomicU64,
+    failures: u64,
 }
 
 impl Envelope {
     pub fn new(keyring: Option<Keyring>) -> Envelope {
         Envelope {
             keyring,
-            failures: AtomicU64::new(0),
+            failures: 0,
         }
     }
 
@@ -165,8 +280,8 @@ impl Envelope {
         }
     }
 
-    /// The foca packet inside `packet`; a failure is counted before it is returned.
-    pub fn open(&self, packet: &[u8]) -> Result<Vec<u8>, OpenError> {
+    /// The plaintext inside `packet`; a failure is counted before it is returned.
+    pub fn open(&mut self, packet: &[u8]) -> Result<Vec<u8>, OpenError> {
         let opened = match (&self.keyring, packet.first()) {
             (Some(keyring), _) => keyring.open(packet),
             (None, None) => Err(OpenError::Empty),
@@ -175,19 +290,24 @@ impl Envelope {
             (None, Some(&other)) => Err(OpenError::UnknownVersion(other)),
         };
         if opened.is_err() {
-            self.failures.fetch_add(1, Ordering::Relaxed);
+            self.failures += 1;
         }
         opened
     }
 
-    /// Whether packets are sealed (a key is configured).
-    pub fn is_encrypted(&self) -> bool {
-        self.keyring.is_some()
+    /// The keyring, `None` when packets go in the clear.
+    pub fn keyring(&self) -> Option<&Keyring> {
+        self.keyring.as_ref()
+    }
+
+    /// The keyring to change, `None` when packets go in the clear.
+    pub fn keyring_mut(&mut self) -> Option<&mut Keyring> {
+        self.keyring.as_mut()
     }
 
     /// How many received packets were dropped because they did not open.
     pub fn failures(&self) -> u64 {
-        self.failures.load(Ordering::Relaxed)
+        self.failures
     }
 }
 
@@ -195,8 +315,12 @@ impl Envelope {
 mod tests {
     use super::*;
 
+    fn key() -> Key {
+        Key::from_base64(&generate_key()).unwrap()
+    }
+
     fn keyring() -> Keyring {
-        Keyring::from_base64(&generate_key()).unwrap()
+        Keyring::new(key())
     }
 
     #[test]
@@ -221,17 +345,18 @@ mod tests {
     #[test]
     fn wrong_key_fails_and_is_counted() {
         let sender = Envelope::new(Some(keyring()));
-        let receiver = Envelope::new(Some(keyring()));
+        let mut receiver = Envelope::new(Some(keyring()));
         let packet = sender.seal(b"hello");
         assert_eq!(receiver.open(&packet), Err(OpenError::Authentication));
         assert_eq!(receiver.failures(), 1);
+        let mut sender = sender;
         assert_eq!(sender.open(&packet).unwrap(), b"hello");
         assert_eq!(sender.failures(), 0);
     }
 
     #[test]
     fn tampering_is_detected() {
-        let env = Envelope::new(Some(keyring()));
+        let mut env = Envelope::new(Some(keyring()));
         let mut packet = env.seal(b"hello");
         let last = packet.len() - 1;
         packet[last] ^= 1;
@@ -246,8 +371,8 @@ mod tests {
 
     #[test]
     fn clear_and_sealed_do_not_mix() {
-        let clear = Envelope::new(None);
-        let sealed = Envelope::new(Some(keyring()));
+        let mut clear = Envelope::new(None);
+        let mut sealed = Envelope::new(Some(keyring()));
         let clear_packet = clear.seal(b"hi");
         assert_eq!(clear_packet, [VERSION_CLEAR, b'h', b'i']);
         assert_eq!(clear.open(&clear_packet).unwrap(), b"hi");
@@ -261,25 +386,72 @@ mod tests {
     #[test]
     fn bad_keys_are_rejected_with_a_clear_error() {
         let short = BASE64.encode([0u8; 16]);
-        let err = Keyring::from_base64(&short).unwrap_err();
+        let err = Key::from_base64(&short).unwrap_err();
         assert!(matches!(err, KeyError::WrongLength { len: 16 }), "{err}");
         assert!(err.to_string().contains("exactly 32 bytes"), "{err}");
 
         let long = BASE64.encode([0u8; 33]);
         assert!(matches!(
-            Keyring::from_base64(&long),
+            Key::from_base64(&long),
             Err(KeyError::WrongLength { len: 33 })
         ));
         assert!(matches!(
-            Keyring::from_base64("not base64!"),
+            Key::from_base64("not base64!"),
             Err(KeyError::NotBase64(_))
         ));
         assert!(matches!(
-            Keyring::from_base64(""),
+            Key::from_base64(""),
             Err(KeyError::WrongLength { len: 0 })
         ));
         // Whitespace around a pasted key is fine.
         let key = generate_key();
-        assert!(Keyring::from_base64(&format!(" {key}\n")).is_ok());
+        assert!(Key::from_base64(&format!(" {key}\n")).is_ok());
+    }
+
+    #[test]
+    fn a_ring_seals_with_its_primary_and_opens_with_any_key() {
+        let (old, new) = (key(), key());
+        let mut ring = Keyring::new(old.clone());
+        let from_old = old.seal(b"old");
+        let from_new = new.seal(b"new");
+        assert_eq!(ring.open(&from_old).unwrap(), b"old");
+        assert_eq!(ring.open(&from_new), Err(OpenError::Authentication));
+
+        // Installed: opens both, still seals with the old one.
+        assert!(ring.install(new.clone()));
+        assert!(
+            !ring.install(new.clone()),
+            "installing twice changes nothing"
+        );
+        assert_eq!(ring.open(&from_new).unwrap(), b"new");
+        assert_eq!(old.open(&ring.seal(b"x")).unwrap(), b"x");
+
+        // Primary: seals with the new one; the old one cannot go while it is primary.
+        assert_eq!(ring.use_key(&new), Ok(true));
+        assert_eq!(ring.use_key(&new), Ok(false));
+        assert_eq!(new.open(&ring.seal(b"y")).unwrap(), b"y");
+        assert_eq!(ring.remove(&new), Err(RingError::RemovePrimary));
+        assert_eq!(ring.keys(), [new.clone(), old.clone()]);
+
+        // Removed: packets of the old key no longer open; removing again is no error.
+        assert_eq!(ring.remove(&old), Ok(true));
+        assert_eq!(ring.remove(&old), Ok(false));
+        assert_eq!(ring.open(&from_old), Err(OpenError::Authentication));
+        assert_eq!(ring.use_key(&old), Err(RingError::NotInRing));
+        assert_eq!(
+            RingError::NotInRing.to_string(),
+            "Requested key is not in the keyring"
+        );
+        assert_eq!(
+            RingError::RemovePrimary.to_string(),
+            "Removing the primary key is not allowed"
+        );
+        assert_eq!(
+            Keyring::from_keys(vec![new.clone(), old.clone(), new.clone()])
+                .unwrap()
+                .keys(),
+            [new, old]
+        );
+        assert!(Keyring::from_keys(Vec::new()).is_none());
     }
 }

@@ -113,6 +113,7 @@ impl Member {
             role: self.role,
             datacenter: self.datacenter.to_string(),
             state,
+            pruned: false,
         }
     }
 

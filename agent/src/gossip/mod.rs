@@ -4,10 +4,12 @@
 //! talks to it through a [`Gossip`] handle (typed commands, answers on oneshots, the member list
 //! on a watch channel).
 //!
-//! Layout: [`identity`] (who a member is), [`crypto`] (packet envelope and key), [`profile`]
+//! Layout: [`identity`] (who a member is), [`crypto`] (packet envelope, keys and keyring),
+//! [`keyring`] (key rotation across the cluster and the keyring file), [`profile`]
 //! (all timing numbers), `node` (foca plus our decisions without I/O: datacenter filter,
 //! push-pull state sync, suspicion nudges, two foca 2.0 workarounds), `book` (the member list),
-//! `leave` (leave notices that tell Left from Failed), `reannounce` (retry-join and partition
+//! `leave` (the custom broadcasts: leave notices that tell Left from Failed, and user events),
+//! [`event`] (user events and the log of those seen), `reannounce` (retry-join and partition
 //! healing); the simulator in `sim` runs `node` a hundred times over in one process.
 //!
 //! On the wire a UDP datagram is `envelope version | [nonce] | kind | payload [| tag]`, at most
@@ -15,7 +17,9 @@
 
 mod book;
 pub mod crypto;
+pub mod event;
 pub mod identity;
+pub mod keyring;
 mod leave;
 mod node;
 pub mod profile;
@@ -26,6 +30,7 @@ mod sim;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,11 +46,13 @@ use tokio_util::task::TaskTracker;
 use tokio_util::time::DelayQueue;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 
-pub use crypto::{Envelope, KeyError, Keyring, generate_key};
+pub use crypto::{Key, KeyError, Keyring, generate_key};
 pub use identity::Member;
+pub use keyring::{KeyOp, KeyResponse, KeyringFile, KeyringFileError};
 pub use profile::TimingProfile;
 
 use book::ForceLeaveRefusal;
+use event::UserEvent;
 use node::{GossipNode, Output, Refusal};
 
 /// How to run this node's gossip.
@@ -64,8 +71,12 @@ pub struct GossipConfig {
     pub datacenter: String,
     /// Gossip addresses to join (and keep retrying while not connected).
     pub join: Vec<SocketAddr>,
-    /// The cluster's gossip key; None sends packets in the clear.
+    /// The configured gossip key(s) (`--encrypt`); None sends packets in the clear unless the
+    /// keyring file has keys.
     pub keyring: Option<Keyring>,
+    /// Where the keyring is kept across restarts (it wins over `keyring` once it exists);
+    /// None keeps it in memory.
+    pub keyring_file: Option<KeyringFile>,
     pub profile: TimingProfile,
 }
 
@@ -86,6 +97,7 @@ impl GossipConfig {
             datacenter: datacenter.into(),
             join: Vec::new(),
             keyring: None,
+            keyring_file: None,
             profile: TimingProfile::Lan,
         }
     }
@@ -116,6 +128,8 @@ pub enum GossipError {
     UnknownMember { name: String },
     #[error("member {name} is {state:?}; only a failed member can be forced to leave")]
     NotFailed { name: String, state: MemberState },
+    #[error(transparent)]
+    KeyringFile(#[from] KeyringFileError),
 }
 
 /// Requests to the gossip task.
@@ -126,7 +140,16 @@ enum Command {
     },
     ForceLeave {
         name: String,
+        prune: bool,
         reply: oneshot::Sender<Result<(), GossipError>>,
+    },
+    FireEvent {
+        event: UserEvent,
+        reply: oneshot::Sender<Result<UserEvent, GossipError>>,
+    },
+    Keyring {
+        op: KeyOp,
+        reply: oneshot::Sender<KeyResponse>,
     },
 }
 
@@ -135,7 +158,9 @@ enum Command {
 pub struct Gossip {
     commands: mpsc::Sender<Command>,
     members: watch::Receiver<Vec<MemberStatus>>,
-    envelope: Arc<Envelope>,
+    /// The user events seen, oldest first.
+    events: watch::Receiver<Vec<UserEvent>>,
+    decrypt_failures: Arc<AtomicU64>,
     foreign_drops: Arc<AtomicU64>,
     local_addr: SocketAddr,
     gossip_addr: SocketAddr,
@@ -185,21 +210,32 @@ pub async fn start(
         config.role,
         config.datacenter,
     );
+    let keyring = match &config.keyring_file {
+        Some(file) => file.initial(config.keyring)?,
+        None => config.keyring,
+    };
+    let store = config
+        .keyring_file
+        .map(|file| Box::new(file) as Box<dyn keyring::KeyringStore>);
     let rng: rand_foca::rngs::StdRng = rand_foca::make_rng();
-    let node = GossipNode::new(identity, &config.join, config.profile, rng);
+    let node =
+        GossipNode::new(identity, &config.join, config.profile, rng).with_keyring(keyring, store);
     let (members_tx, members_rx) = watch::channel(node.members());
+    let (events_tx, events_rx) = watch::channel(Vec::new());
     let (commands_tx, commands_rx) = mpsc::channel(64);
-    let envelope = Arc::new(Envelope::new(config.keyring));
+    let decrypt_failures = Arc::new(AtomicU64::new(0));
     let foreign_drops = Arc::new(AtomicU64::new(0));
 
-    tracing::info!(%gossip_addr, join = ?config.join, encrypted = envelope.is_encrypted(), "gossip started");
+    tracing::info!(%gossip_addr, join = ?config.join, encrypted = node.is_encrypted(), "gossip started");
     let driver = Driver {
         node,
         socket,
-        envelope: Arc::clone(&envelope),
+        decrypt_failures: Arc::clone(&decrypt_failures),
         foreign_drops: Arc::clone(&foreign_drops),
+        key_waiters: HashMap::new(),
         commands: commands_rx,
         members: members_tx,
+        events: events_tx,
         timers: DelayQueue::new(),
         epoch: Instant::now(),
         profile: config.profile,
@@ -209,7 +245,8 @@ pub async fn start(
     Ok(Gossip {
         commands: commands_tx,
         members: members_rx,
-        envelope,
+        events: events_rx,
+        decrypt_failures,
         foreign_drops,
         local_addr,
         gossip_addr,
@@ -233,6 +270,22 @@ impl Gossip {
     /// name.
     pub fn members(&self) -> Vec<MemberStatus> {
         self.members.borrow().clone()
+    }
+
+    /// Spreads a user event to every member (`/v1/event/fire`); the event as fired, with its
+    /// ID and Lamport time.
+    pub async fn fire_event(&self, event: UserEvent) -> Result<UserEvent, GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::FireEvent { event, reply })
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)?
+    }
+
+    /// The user events this node has seen, oldest first; changes when one arrives.
+    pub fn events(&self) -> watch::Receiver<Vec<UserEvent>> {
+        self.events.clone()
     }
 
     /// A receiver that changes whenever the member list changes.
@@ -288,11 +341,12 @@ impl Gossip {
     /// our list, and a leave notice on its behalf is gossiped so every member that has it
     /// Failed (or later declares it down) reports it Left too. A live member is refused: it
     /// would only come straight back.
-    pub async fn force_leave(&self, name: &str) -> Result<(), GossipError> {
+    pub async fn force_leave(&self, name: &str, prune: bool) -> Result<(), GossipError> {
         let (reply, answer) = oneshot::channel();
         self.commands
             .send(Command::ForceLeave {
                 name: name.to_owned(),
+                prune,
                 reply,
             })
             .await
@@ -300,10 +354,21 @@ impl Gossip {
         answer.await.map_err(|_| GossipError::Stopped)?
     }
 
+    /// Asks every live member to apply a keyring operation (`/v1/operator/keyring`) and adds
+    /// up their answers; returns once every member answered or the profile's timeout passed.
+    pub async fn keyring(&self, op: KeyOp) -> Result<KeyResponse, GossipError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(Command::Keyring { op, reply })
+            .await
+            .map_err(|_| GossipError::Stopped)?;
+        answer.await.map_err(|_| GossipError::Stopped)
+    }
+
     /// Received packets dropped because they did not open (wrong key, clear text on an
     /// encrypted cluster, garbage).
     pub fn decrypt_failures(&self) -> u64 {
-        self.envelope.failures()
+        self.decrypt_failures.load(Ordering::Relaxed)
     }
 
     /// Received packets dropped because their sender belongs to another datacenter.
@@ -316,11 +381,15 @@ impl Gossip {
 struct Driver {
     node: GossipNode,
     socket: UdpSocket,
-    envelope: Arc<Envelope>,
+    /// Mirrors the node's count for [`Gossip::decrypt_failures`].
+    decrypt_failures: Arc<AtomicU64>,
     /// Mirrors the node's count for [`Gossip::foreign_datacenter_drops`].
     foreign_drops: Arc<AtomicU64>,
+    /// Callers of [`Gossip::keyring`] waiting for their query, by its ID.
+    key_waiters: HashMap<u64, oneshot::Sender<KeyResponse>>,
     commands: mpsc::Receiver<Command>,
     members: watch::Sender<Vec<MemberStatus>>,
+    events: watch::Sender<Vec<UserEvent>>,
     timers: DelayQueue<Timer<Member>>,
     /// Origin of the node's clock.
     epoch: Instant,
@@ -388,19 +457,16 @@ impl Driver {
     }
 
     fn received(&mut self, packet: &[u8], from: SocketAddr) -> Output {
-        match self.envelope.open(packet) {
-            Ok(plain) => {
-                let now = self.epoch.elapsed();
-                let out = self.node.handle_data(&plain, now);
-                self.foreign_drops
-                    .store(self.node.foreign_dropped(), Ordering::Relaxed);
-                out
-            }
-            Err(e) => {
-                tracing::debug!(%from, error = %e, "dropped gossip packet");
-                Output::default()
-            }
-        }
+        let now = self.epoch.elapsed();
+        let out = self.node.handle_packet(packet, now).unwrap_or_else(|e| {
+            tracing::debug!(%from, error = %e, "dropped gossip packet");
+            Output::default()
+        });
+        self.decrypt_failures
+            .store(self.node.decrypt_failures(), Ordering::Relaxed);
+        self.foreign_drops
+            .store(self.node.foreign_dropped(), Ordering::Relaxed);
+        out
     }
 
     fn command(&mut self, command: Command, leaving: &mut Option<Leaving>) -> Output {
@@ -421,8 +487,8 @@ impl Driver {
                     self.node.leave(now)
                 }
             },
-            Command::ForceLeave { name, reply } => {
-                let (out, answer) = match self.node.force_leave(&name, now) {
+            Command::ForceLeave { name, prune, reply } => {
+                let (out, answer) = match self.node.force_leave(&name, prune, now) {
                     Ok(out) => (out, Ok(())),
                     Err(refusal) => (Output::default(), Err(refusal_error(refusal, name))),
                 };
@@ -431,6 +497,24 @@ impl Driver {
                 let _ = reply.send(answer);
                 out
             }
+            Command::FireEvent { event, reply } => {
+                let (out, answer) = match self.node.fire(event, now) {
+                    Ok((event, out)) => (out, Ok(event)),
+                    Err(_) => (Output::default(), Err(GossipError::Stopped)),
+                };
+                // The caller may list events next: the fired one must be there.
+                self.publish();
+                let _ = reply.send(answer);
+                out
+            }
+            // A refusal (we left) drops `reply`: the caller sees Stopped.
+            Command::Keyring { op, reply } => match self.node.key_query(op, now) {
+                Ok((id, out)) => {
+                    self.key_waiters.insert(id, reply);
+                    out
+                }
+                Err(_) => Output::default(),
+            },
         }
     }
 
@@ -450,8 +534,13 @@ impl Driver {
         for (after, timer) in out.timers {
             self.timers.insert(timer, after);
         }
+        for (id, response) in out.key_results {
+            if let Some(waiter) = self.key_waiters.remove(&id) {
+                let _ = waiter.send(response);
+            }
+        }
         for (to, data) in out.sends {
-            let packet = self.envelope.seal(&data);
+            let packet = self.node.seal(&data);
             if let Err(e) = self.socket.send_to(&packet, to).await {
                 tracing::debug!(%to, error = %e, "gossip send failed");
             }
@@ -463,6 +552,9 @@ impl Driver {
     fn publish(&mut self) {
         if self.node.take_changed() {
             self.members.send_replace(self.node.members());
+        }
+        if self.node.take_new_events() {
+            self.events.send_replace(self.node.events());
         }
     }
 }

@@ -1,14 +1,17 @@
 //! One gossip member without I/O: foca plus everything decided around it (datacenter filter,
-//! member list, leave notices, re-announce, push-pull state sync, config resizing). Input in (a
+//! member list, leave notices, user events, re-announce, push-pull state sync, config resizing). Input in (a
 //! packet, a timer, a tick, a command, each with the caller's `now`), effects out ([`Output`]:
 //! packets to send and timers to schedule). The tokio driver and the in-process simulator both
 //! run exactly this, so the simulation exercises the production decisions.
 //!
-//! Every packet starts with a kind byte: [`KIND_SWIM`] (a foca packet follows) or [`KIND_SYNC`]
-//! (a chunk of our full membership state, memberlist's push-pull). SWIM spreads news by
-//! piggybacking each update a bounded number of times, so a few members can miss a join or a
-//! failure (more so when half the sends go to members that just became unreachable); the
-//! periodic sync with one random live member closes that gap within a sync interval.
+//! Packets are sealed and opened here too, with the node's keyring (see [`super::crypto`]), so
+//! the simulation exercises key rotation as well. Inside the envelope every packet starts with a
+//! kind byte: [`KIND_SWIM`] (a foca packet follows), [`KIND_SYNC`] (a chunk of our full
+//! membership state, memberlist's push-pull) or [`KIND_KEY`] (a keyring request or answer, see
+//! [`super::keyring`]). SWIM spreads news by piggybacking each update a bounded number of times,
+//! so a few members can miss a join or a failure (more so when half the sends go to members that
+//! just became unreachable); the periodic sync with one random live member closes that gap
+//! within a sync interval.
 //!
 //! The same chunk format carries suspicion nudges (Lifeguard's "buddy system"): while we suspect
 //! a member, we tell it so directly every probe period, and it answers by refuting (a bumped
@@ -30,7 +33,10 @@ use serde::{Deserialize, Serialize};
 use vigil_shared::catalog::{MemberState, MemberStatus};
 
 use super::book::{ForceLeaveRefusal, MemberBook, starts_before};
+use super::crypto::{Envelope, Keyring, OpenError};
+use super::event::{EventLog, UserEvent};
 use super::identity::{Member, peek_datacenter};
+use super::keyring::{self, KeyMessage, KeyOp, KeyResponse, KeyringStore, Query, SeenRequests};
 use super::leave::{LeaveHandler, LeaveNotice};
 use super::profile::{MAX_PACKET, TimingProfile};
 use super::reannounce::Reannouncer;
@@ -41,6 +47,8 @@ type SwimFoca = Foca<Member, PostcardCodec, StdRng, LeaveHandler>;
 pub const KIND_SWIM: u8 = 0;
 /// First byte of a packet carrying a state-sync chunk.
 pub const KIND_SYNC: u8 = 1;
+/// First byte of a packet carrying a keyring request or answer ([`KeyMessage`]).
+pub const KIND_KEY: u8 = 2;
 
 /// How often old down rows are looked for; they are kept for minutes to hours anyway.
 const REAP_EVERY: Duration = Duration::from_secs(1);
@@ -75,6 +83,9 @@ pub struct Output {
     pub timers: Vec<(Duration, Timer<Member>)>,
     /// What foca reported, for logs and traces (already folded into the member list).
     pub notifications: Vec<OwnedNotification<Member>>,
+    /// Keyring operations this node asked of the cluster that are over (every live member
+    /// answered, or time ran out), by the ID [`GossipNode::key_query`] returned.
+    pub key_results: Vec<(u64, KeyResponse)>,
 }
 
 /// Why a command was refused.
@@ -89,6 +100,11 @@ pub struct GossipNode {
     foca: SwimFoca,
     runtime: AccumulatingRuntime<Member>,
     notices: mpsc::Receiver<LeaveNotice>,
+    /// User events from the broadcast handler, into `event_log`.
+    events: mpsc::Receiver<UserEvent>,
+    event_log: EventLog,
+    /// Set when `event_log` got an event since [`GossipNode::take_new_events`].
+    new_events: bool,
     book: MemberBook,
     reannounce: Reannouncer,
     profile: TimingProfile,
@@ -106,6 +122,16 @@ pub struct GossipNode {
     /// Picks sync partners and jitters the sync period (derived from the rng given to foca, so a
     /// seeded node is deterministic).
     rng: StdRng,
+    /// Seals and opens packets with the keyring (clear text without one).
+    envelope: Envelope,
+    /// Keeps the keyring across restarts; `None` keeps it in memory only.
+    keyring_store: Option<Box<dyn KeyringStore>>,
+    /// Keyring requests applied lately, so a repeated request is answered, not re-applied.
+    seen_requests: SeenRequests,
+    /// Keyring operations we asked of the cluster, by ID.
+    queries: BTreeMap<u64, Query>,
+    /// The next query's ID (random start, so a restarted node's IDs are new to everyone).
+    next_query_id: u64,
 }
 
 impl GossipNode {
@@ -116,9 +142,10 @@ impl GossipNode {
         mut rng: StdRng,
     ) -> GossipNode {
         let mut own_rng = StdRng::from_rng(&mut rng);
+        let next_query_id = own_rng.random();
         // The first sync somewhere in the first period, so nodes started together spread out.
         let first_sync = jitter(&mut own_rng, profile.sync_interval(), 0.0, 1.0);
-        let (handler, notices) = LeaveHandler::new();
+        let (handler, notices, events) = LeaveHandler::new();
         let reannounce = Reannouncer::new(identity.addr, join, profile);
         let mut book = MemberBook::new(identity.datacenter.to_string(), profile.reclaim_after());
         book.refresh(&identity, Duration::ZERO);
@@ -132,6 +159,9 @@ impl GossipNode {
             ),
             runtime: AccumulatingRuntime::new(),
             notices,
+            events,
+            event_log: EventLog::default(),
+            new_events: false,
             book,
             reannounce,
             profile,
@@ -142,7 +172,44 @@ impl GossipNode {
             next_reap: Duration::ZERO,
             suspecting: BTreeMap::new(),
             rng: own_rng,
+            envelope: Envelope::new(None),
+            keyring_store: None,
+            seen_requests: SeenRequests::default(),
+            queries: BTreeMap::new(),
+            next_query_id,
         }
+    }
+
+    /// Seals packets with `keyring` and keeps its changes in `store` (`None`: in memory).
+    pub fn with_keyring(
+        mut self,
+        keyring: Option<Keyring>,
+        store: Option<Box<dyn KeyringStore>>,
+    ) -> GossipNode {
+        self.envelope = Envelope::new(keyring);
+        self.keyring_store = store;
+        self
+    }
+
+    /// A packet to send, sealed with the primary key (or in the clear without a keyring).
+    pub fn seal(&self, packet: &[u8]) -> Vec<u8> {
+        self.envelope.seal(packet)
+    }
+
+    /// Whether packets are sealed.
+    pub fn is_encrypted(&self) -> bool {
+        self.envelope.keyring().is_some()
+    }
+
+    /// Received packets dropped so far because they did not open.
+    pub fn decrypt_failures(&self) -> u64 {
+        self.envelope.failures()
+    }
+
+    /// A received packet, still sealed; `Err` (and counted) when it does not open.
+    pub fn handle_packet(&mut self, packet: &[u8], now: Duration) -> Result<Output, OpenError> {
+        let plain = self.envelope.open(packet)?;
+        Ok(self.handle_data(&plain, now))
     }
 
     /// Our current identity (its generation grows when foca renews it).
@@ -150,14 +217,15 @@ impl GossipNode {
         self.foca.identity()
     }
 
-    /// A received (already opened) packet.
-    pub fn handle_data(&mut self, data: &[u8], now: Duration) -> Output {
+    /// A received packet, already opened.
+    fn handle_data(&mut self, data: &[u8], now: Duration) -> Output {
         if self.left {
             return Output::default();
         }
         match data.split_first() {
             Some((&KIND_SWIM, swim)) => self.handle_swim(swim, now),
             Some((&KIND_SYNC, chunk)) => self.handle_sync(chunk, now),
+            Some((&KIND_KEY, message)) => self.handle_key(message, now),
             _ => {
                 tracing::debug!("gossip packet of an unknown kind");
                 Output::default()
@@ -358,6 +426,7 @@ impl GossipNode {
             }
         }
         self.nudge_suspects(now, &mut out);
+        self.drive_queries(now, &mut out);
         out
     }
 
@@ -420,6 +489,7 @@ impl GossipNode {
             addr: me.addr,
             generation: me.generation,
             forced: false,
+            prune: false,
         };
         // Added first, so the same Gossip packets that carry "we are down" carry the notice.
         if let Err(e) = self.foca.add_broadcast(&notice.encode()) {
@@ -455,15 +525,20 @@ impl GossipNode {
         self.left
     }
 
-    /// Operator force-leave: a Failed member becomes Left here, and a notice asks everyone else
-    /// to do the same.
-    pub fn force_leave(&mut self, name: &str, now: Duration) -> Result<Output, Refusal> {
+    /// Operator force-leave: a Failed member becomes Left here (with `prune`, also unlisted),
+    /// and a notice asks everyone else to do the same.
+    pub fn force_leave(
+        &mut self,
+        name: &str,
+        prune: bool,
+        now: Duration,
+    ) -> Result<Output, Refusal> {
         if self.left {
             return Err(Refusal::Left);
         }
         let notice = self
             .book
-            .force_leave(name, now)
+            .force_leave(name, prune, now)
             .map_err(Refusal::ForceLeave)?;
         match self.foca.add_broadcast(&notice.encode()) {
             // Spread it right away instead of waiting for the next probe or gossip round.
@@ -504,6 +579,127 @@ impl GossipNode {
         self.book.take_changed()
     }
 
+    /// Spreads a user event (its ID and Lamport time are set here) and records it; the event
+    /// as fired.
+    pub fn fire(
+        &mut self,
+        mut event: UserEvent,
+        now: Duration,
+    ) -> Result<(UserEvent, Output), Refusal> {
+        if self.left {
+            return Err(Refusal::Left);
+        }
+        event.ltime = self.event_log.next_ltime();
+        match self.foca.add_broadcast(&event.encode()) {
+            Ok(_) => {
+                let result = self.foca.broadcast(&mut self.runtime);
+                self.log_error("broadcast", result);
+            }
+            Err(e) => tracing::warn!(error = %e, "could not queue the user event"),
+        }
+        Ok((event, self.settle(now)))
+    }
+
+    /// The user events seen, oldest first.
+    pub fn events(&self) -> Vec<UserEvent> {
+        self.event_log.events()
+    }
+
+    /// Whether an event arrived since the last call.
+    pub fn take_new_events(&mut self) -> bool {
+        std::mem::take(&mut self.new_events)
+    }
+
+    /// Asks every live member (ourselves first) to apply a keyring operation; the ID its
+    /// result will carry in [`Output::key_results`].
+    pub fn key_query(&mut self, op: KeyOp, now: Duration) -> Result<(u64, Output), Refusal> {
+        if self.left {
+            return Err(Refusal::Left);
+        }
+        let id = self.next_query_id;
+        self.next_query_id = self.next_query_id.wrapping_add(1);
+        let own = keyring::apply(&mut self.envelope, &mut self.keyring_store, &op);
+        let me = self.identity().clone();
+        let members = self
+            .members()
+            .into_iter()
+            .filter(|m| m.state == MemberState::Alive && m.gossip_addr != me.addr)
+            .map(|m| (m.gossip_addr, m.name))
+            .collect();
+        let query = Query::new(op, members, me.name.to_string(), own, now, self.profile);
+        self.queries.insert(id, query);
+        let mut out = Output::default();
+        self.drive_queries(now, &mut out);
+        Ok((id, out))
+    }
+
+    /// A keyring request (apply it once, answer the asker) or an answer to one of our queries.
+    fn handle_key(&mut self, message: &[u8], now: Duration) -> Output {
+        let mut out = Output::default();
+        match postcard::from_bytes::<KeyMessage>(message) {
+            Ok(KeyMessage::Request { id, from, op }) => {
+                let answer = match self.seen_requests.get(from, id) {
+                    Some(answer) => answer.clone(),
+                    None => {
+                        tracing::info!(op = op.name(), %from, "keyring request");
+                        let answer =
+                            keyring::apply(&mut self.envelope, &mut self.keyring_store, &op);
+                        self.seen_requests.insert(from, id, answer.clone());
+                        answer
+                    }
+                };
+                let me = self.identity();
+                let reply = KeyMessage::Answer {
+                    id,
+                    addr: me.addr,
+                    node: me.name.to_string(),
+                    answer,
+                };
+                out.sends.push((from, key_packet(&reply)));
+            }
+            Ok(KeyMessage::Answer {
+                id,
+                addr,
+                node,
+                answer,
+            }) => {
+                if let Some(query) = self.queries.get_mut(&id) {
+                    query.answered(addr, node, answer);
+                }
+                self.drive_queries(now, &mut out);
+            }
+            Err(e) => tracing::debug!(error = %e, "undecodable keyring packet"),
+        }
+        out
+    }
+
+    /// Sends our pending keyring requests again to members that have not answered, and
+    /// reports the queries that are over.
+    fn drive_queries(&mut self, now: Duration, out: &mut Output) {
+        let from = self.identity().addr;
+        let retry = self.profile.key_query_retry();
+        let mut over = Vec::new();
+        for (&id, query) in &mut self.queries {
+            if query.done(now) {
+                over.push(id);
+            } else if now >= query.next_send {
+                query.next_send = now + retry;
+                let packet = key_packet(&KeyMessage::Request {
+                    id,
+                    from,
+                    op: query.op.clone(),
+                });
+                out.sends
+                    .extend(query.waiting.keys().map(|&addr| (addr, packet.clone())));
+            }
+        }
+        for id in over {
+            if let Some(query) = self.queries.remove(&id) {
+                out.key_results.push((id, query.response));
+            }
+        }
+    }
+
     /// Packets dropped so far because their sender belongs to another datacenter.
     pub fn foreign_dropped(&self) -> u64 {
         self.foreign_dropped
@@ -518,6 +714,9 @@ impl GossipNode {
             if notice.addr != self.identity().addr {
                 self.book.leave_notice(notice, now);
             }
+        }
+        while let Ok(event) = self.events.try_recv() {
+            self.new_events |= self.event_log.record(event);
         }
         while let Some(n) = self.runtime.to_notify() {
             self.reannounce.observe(&n, now);
@@ -608,4 +807,10 @@ impl GossipNode {
             tracing::debug!(call, error = %e, "foca");
         }
     }
+}
+
+/// A keyring packet: the kind byte and the message.
+fn key_packet(message: &KeyMessage) -> Vec<u8> {
+    postcard::to_extend(message, vec![KIND_KEY])
+        .expect("postcard encodes a keyring message into a Vec")
 }

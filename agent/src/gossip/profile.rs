@@ -171,6 +171,23 @@ impl TimingProfile {
         }
     }
 
+    /// How long a keyring operation (install, use, remove, list) waits for every live member's
+    /// answer before it reports the missing ones: serf's query timeout for a small cluster
+    /// (16 gossip intervals × ceil(log10(n + 1))), which is 3.2 s on a LAN.
+    pub fn key_query_timeout(self) -> Duration {
+        match self {
+            TimingProfile::Lan => Duration::from_millis(3200),
+            TimingProfile::Local => Duration::from_secs(3),
+        }
+    }
+
+    /// How often a keyring request is sent again to members that have not answered: UDP may
+    /// drop a request or its answer, and members apply an operation once however often it
+    /// arrives. One direct-ack deadline, a round trip with a wide margin.
+    pub fn key_query_retry(self) -> Duration {
+        self.probe_rtt()
+    }
+
     /// How long `join(addr)` waits for `addr` to show up as a live member.
     pub fn join_timeout(self) -> Duration {
         match self {

@@ -2,7 +2,8 @@
 //! [`GossipNode`]s (the production sans-IO node, with its re-announce and leave logic) in a
 //! `Vec`, a virtual clock, one min-heap of timers, ticks and packets ordered by `(due, seq)`
 //! with a global sequence number as tie-breaker, seeded RNGs, and switches to crash, restart,
-//! pause (SIGSTOP) and partition members. Same seed, same trace.
+//! pause (SIGSTOP) and partition members. Packets are sealed and opened by the nodes as on the
+//! wire, so a cluster with a keyring can rotate keys here. Same seed, same trace.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
@@ -15,7 +16,9 @@ use rand_foca::rngs::StdRng;
 use rand_foca::{RngExt as _, SeedableRng as _};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 
+use super::crypto::Keyring;
 use super::identity::Member;
+use super::keyring::{KeyOp, KeyResponse};
 use super::node::{GossipNode, Output};
 use super::profile::TimingProfile;
 
@@ -114,11 +117,25 @@ pub struct Sim {
     sides: Option<Vec<u8>>,
     trace: Vec<TraceLine>,
     pub packets: u64,
+    /// The keyring nodes boot with (`None`: clear text).
+    boot_keyring: Option<Keyring>,
+    /// Keyring queries that are over: (asking node, query ID, result).
+    key_results: Vec<(usize, u64, KeyResponse)>,
 }
 
 impl Sim {
     /// `n` nodes that all join node 0, booting within the first tick.
     pub fn new(n: usize, profile: TimingProfile, seed: u64) -> Sim {
+        Sim::with_keyring(n, profile, seed, None)
+    }
+
+    /// [`Sim::new`], every node booting with `keyring`.
+    pub fn with_keyring(
+        n: usize,
+        profile: TimingProfile,
+        seed: u64,
+        keyring: Option<Keyring>,
+    ) -> Sim {
         let mut sim = Sim {
             now: Duration::ZERO,
             seq: 0,
@@ -131,6 +148,8 @@ impl Sim {
             sides: None,
             trace: Vec::new(),
             packets: 0,
+            boot_keyring: keyring,
+            key_results: Vec::new(),
         };
         for i in 0..n {
             sim.by_addr.insert(addr(i), i);
@@ -155,6 +174,48 @@ impl Sim {
     fn boot_as(&self, i: usize, id: Member) -> GossipNode {
         let rng = StdRng::seed_from_u64(self.seed.wrapping_mul(1_000_003).wrapping_add(i as u64));
         GossipNode::new(id, &[addr(0)], self.profile, rng)
+            .with_keyring(self.boot_keyring.clone(), None)
+    }
+
+    /// Nodes booted from now on get `keyring`.
+    pub fn set_boot_keyring(&mut self, keyring: Option<Keyring>) {
+        self.boot_keyring = keyring;
+    }
+
+    /// Starts a new member (a new name and address) joining node 0; returns its index.
+    pub fn add_node(&mut self) -> usize {
+        let i = self.nodes.len();
+        self.by_addr.insert(addr(i), i);
+        let node = self.boot(i, 1);
+        self.nodes.push(SimNode {
+            node,
+            up: true,
+            life: 0,
+            paused_until: None,
+            leave_deadline: None,
+        });
+        self.push(self.now, i, Kind::Tick);
+        i
+    }
+
+    /// Node `by` asks the cluster for a keyring operation; runs until the answers are in.
+    pub fn key_query(&mut self, by: usize, op: KeyOp) -> KeyResponse {
+        let (id, out) = self.nodes[by]
+            .node
+            .key_query(op, self.now)
+            .expect("a running node asks");
+        self.apply(by, out);
+        let step = ms(10);
+        let limit = self.profile.key_query_timeout() + step;
+        let over = |s: &Sim| s.key_results.iter().any(|r| (r.0, r.1) == (by, id));
+        self.wait_for(limit, step, over)
+            .expect("every query ends by its timeout");
+        let at = self
+            .key_results
+            .iter()
+            .position(|r| (r.0, r.1) == (by, id))
+            .expect("the query's result");
+        self.key_results.remove(at).2
     }
 
     /// Starts a new node at a new address under node `of`'s name (a later start: a higher
@@ -226,6 +287,9 @@ impl Sim {
         for (after, timer) in out.timers {
             self.push(self.now + after, from, Kind::Timer(timer));
         }
+        for (id, response) in out.key_results {
+            self.key_results.push((from, id, response));
+        }
         for (to, data) in out.sends {
             let Some(&dst) = self.by_addr.get(&to) else {
                 continue;
@@ -235,7 +299,8 @@ impl Sim {
             }
             // LAN-ish one-way latency: 0.5 ms plus up to 1.5 ms of jitter.
             let latency = ms(0) + Duration::from_micros(500) + self.jitter(ms(1) + ms(1) / 2);
-            self.push(self.now + latency, dst, Kind::Packet(data));
+            let sealed = self.nodes[from].node.seal(&data);
+            self.push(self.now + latency, dst, Kind::Packet(sealed));
         }
     }
 
@@ -262,7 +327,11 @@ impl Sim {
             Kind::Timer(timer) => self.nodes[i].node.handle_timer(timer, now),
             Kind::Packet(data) => {
                 self.packets += 1;
-                self.nodes[i].node.handle_data(&data, now)
+                // A packet that does not open is dropped (and counted by the node).
+                self.nodes[i]
+                    .node
+                    .handle_packet(&data, now)
+                    .unwrap_or_default()
             }
             Kind::Tick => {
                 let next = now + self.profile.tick_interval();
@@ -400,10 +469,10 @@ impl Sim {
         self.apply(i, out);
     }
 
-    pub fn force_leave(&mut self, by: usize, name: &str) {
+    pub fn force_leave(&mut self, by: usize, name: &str, prune: bool) {
         let out = self.nodes[by]
             .node
-            .force_leave(name, self.now)
+            .force_leave(name, prune, self.now)
             .expect("force-leave accepted");
         self.apply(by, out);
     }
@@ -544,13 +613,29 @@ mod tests {
         sim.crash(dead);
         sim.wait_for(secs(20), CHECK, |s| s.all_see(dead, MemberState::Failed))
             .expect("crash detected");
-        sim.force_leave(0, &sim.name(dead));
+        sim.force_leave(0, &sim.name(dead), false);
         let forced = sim
             .wait_for(secs(10), CHECK, |s| s.all_see(dead, MemberState::Left))
             .expect("force-leave spreads");
         eprintln!(
             "sim: graceful leave reported Left by all after {left:?}; force-leave spread in {forced:?}"
         );
+
+        // Prune after the plain force-leave, from another node: every member still reports it
+        // Left (so the leader deregisters it) and marks it pruned (so it is no longer listed).
+        let name = sim.name(dead);
+        let pruned_everywhere = |s: &Sim| {
+            s.up().all(|i| {
+                i == dead
+                    || s.members(i)
+                        .iter()
+                        .any(|m| m.name == name && m.pruned && m.state == MemberState::Left)
+            })
+        };
+        assert!(!pruned_everywhere(&sim));
+        sim.force_leave(1, &name, true);
+        sim.wait_for(secs(10), CHECK, pruned_everywhere)
+            .expect("the prune spreads");
     }
 
     #[test]
@@ -718,5 +803,77 @@ mod tests {
             wall.elapsed()
         );
         assert!(detections.iter().all(|d| *d < secs(10)));
+    }
+
+    #[test]
+    fn keys_rotate_across_the_cluster_and_lock_out_the_old_key() {
+        use crate::gossip::crypto::{Key, generate_key};
+        let key = || Key::from_base64(&generate_key()).expect("a key");
+        let raw = |k: &Key| {
+            base64::Engine::decode(&base64::engine::general_purpose::STANDARD, k.to_base64())
+                .expect("base64")
+        };
+        let (old, new) = (key(), key());
+        let n = 10;
+        let mut sim = Sim::with_keyring(
+            n,
+            TimingProfile::Local,
+            SEED,
+            Some(Keyring::new(old.clone())),
+        );
+        sim.wait_for(secs(30), CHECK, Sim::converged)
+            .expect("converged");
+        let counts = |pairs: &[(&Key, usize)]| {
+            pairs
+                .iter()
+                .map(|(k, c)| (k.to_base64(), *c))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+
+        // Install the new key from one member, make it primary from another, remove the old
+        // one from a third: every step reaches all ten.
+        let installed = sim.key_query(3, KeyOp::Install(raw(&new)));
+        assert_eq!((installed.error(), installed.num_nodes), (None, n));
+        let listed = sim.key_query(0, KeyOp::List);
+        assert_eq!(listed.keys, counts(&[(&old, n), (&new, n)]));
+        assert_eq!(listed.primary_keys, counts(&[(&old, n)]));
+        assert_eq!(sim.key_query(5, KeyOp::Use(raw(&new))).error(), None);
+        assert_eq!(sim.key_query(7, KeyOp::Remove(raw(&old))).error(), None);
+        let listed = sim.key_query(9, KeyOp::List);
+        assert_eq!(listed.keys, counts(&[(&new, n)]));
+        assert_eq!(listed.primary_keys, counts(&[(&new, n)]));
+
+        // The primary key cannot be removed: every member refuses, with memberlist's text.
+        let refused = sim.key_query(1, KeyOp::Remove(raw(&new)));
+        assert_eq!(
+            refused.error().as_deref(),
+            Some("10/10 nodes reported failure")
+        );
+        assert_eq!(refused.messages.len(), n);
+        assert!(
+            refused
+                .messages
+                .values()
+                .all(|m| m == "Removing the primary key is not allowed")
+        );
+
+        // Still one healthy cluster; a newcomer with only the old key never gets in, one with
+        // the new key does.
+        sim.run_for(secs(3));
+        assert!(sim.converged());
+        sim.set_boot_keyring(Some(Keyring::new(old)));
+        let stale = sim.add_node();
+        sim.set_boot_keyring(Some(Keyring::new(new)));
+        let fresh = sim.add_node();
+        sim.wait_for(secs(20), CHECK, |s| {
+            (0..n).all(|i| s.view(i, fresh) == Some(MemberState::Alive))
+        })
+        .expect("the member with the new key joins");
+        sim.run_for(secs(5));
+        assert!(
+            (0..n).all(|i| sim.view(i, stale).is_none()),
+            "the old key got in"
+        );
+        assert!(sim.nodes[0].node.decrypt_failures() > 0);
     }
 }

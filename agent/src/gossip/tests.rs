@@ -29,6 +29,7 @@ fn config(name: &str, join: Vec<SocketAddr>, keyring: Option<Keyring>, dc: &str)
         datacenter: dc.into(),
         join,
         keyring,
+        keyring_file: None,
         profile: TimingProfile::Local,
     }
 }
@@ -117,7 +118,7 @@ async fn three_members_join_detect_a_crash_and_see_a_leave() {
     let detected = crashed.elapsed();
     // A live member cannot be forced out.
     assert!(matches!(
-        a.gossip.force_leave("b").await,
+        a.gossip.force_leave("b", false).await,
         Err(GossipError::NotFailed {
             state: MemberState::Alive,
             ..
@@ -145,10 +146,20 @@ async fn three_members_join_detect_a_crash_and_see_a_leave() {
     ));
 
     // Phase 4: force-leave moves the crashed c from Failed to Left.
-    a.gossip.force_leave("c").await.expect("force-leave c");
+    a.gossip
+        .force_leave("c", false)
+        .await
+        .expect("force-leave c");
+    assert_eq!(state_of(&a.gossip.members(), "c"), Some(MemberState::Left));
+    let pruned = |members: &[MemberStatus]| members.iter().any(|m| m.name == "c" && m.pruned);
+    assert!(!pruned(&a.gossip.members()));
+    // Force-leave with prune, after a plain one: c stays Left (the leader deregisters it) and
+    // is marked pruned, so it is no longer listed.
+    a.gossip.force_leave("c", true).await.expect("prune c");
+    assert!(pruned(&a.gossip.members()));
     assert_eq!(state_of(&a.gossip.members(), "c"), Some(MemberState::Left));
     assert!(matches!(
-        a.gossip.force_leave("nobody").await,
+        a.gossip.force_leave("nobody", false).await,
         Err(GossipError::UnknownMember { .. })
     ));
     assert_eq!(a.gossip.decrypt_failures(), 0);
@@ -161,7 +172,7 @@ async fn three_members_join_detect_a_crash_and_see_a_leave() {
 async fn join_waits_for_the_member_or_times_out() {
     let root = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let key = Keyring::from_base64(&generate_key()).unwrap();
+    let key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
     let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
     let b = spawn(config("b", vec![], Some(key), DC), &root, &tasks).await;
 
@@ -194,8 +205,8 @@ async fn join_waits_for_the_member_or_times_out() {
 async fn a_different_key_cannot_join() {
     let root = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let key = Keyring::from_base64(&generate_key()).unwrap();
-    let other_key = Keyring::from_base64(&generate_key()).unwrap();
+    let key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
+    let other_key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
 
     let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
     let seed = vec![a.gossip.local_addr()];
@@ -267,6 +278,70 @@ async fn another_datacenter_is_ignored() {
     assert!(a.gossip.foreign_datacenter_drops() > 0);
     assert_eq!(a.gossip.decrypt_failures(), 0);
     assert_eq!(far.gossip.members().len(), 1);
+
+    stop_all(root, tasks).await;
+}
+
+/// Key rotation through the gossip handle: every step reaches both members, each keeps its
+/// ring in its keyring file, and a member restarted with the old key configured comes back
+/// with its saved ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_rotate_and_the_ring_survives_a_restart() {
+    let root = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let dir = tempfile::tempdir().unwrap();
+    let key = || Key::from_base64(&generate_key()).unwrap();
+    let (old, new) = (key(), key());
+    let raw = |k: &Key| k.to_base64();
+    let with_file = |name: &str, join: Vec<SocketAddr>| GossipConfig {
+        keyring_file: Some(KeyringFile::in_data_dir(&dir.path().join(name))),
+        ..config(name, join, Some(Keyring::new(old.clone())), DC)
+    };
+    let a = spawn(with_file("a", vec![]), &root, &tasks).await;
+    let seed = vec![a.gossip.local_addr()];
+    let b = spawn(with_file("b", seed.clone()), &root, &tasks).await;
+    wait_members(
+        &a.gossip,
+        Duration::from_secs(5),
+        "join",
+        all_alive(&["a", "b"]),
+    )
+    .await;
+
+    // Install, use, remove: both members answer each step.
+    let bytes = |k: &Key| {
+        base64::Engine::decode(&base64::engine::general_purpose::STANDARD, raw(k)).unwrap()
+    };
+    for op in [
+        KeyOp::Install(bytes(&new)),
+        KeyOp::Use(bytes(&new)),
+        KeyOp::Remove(bytes(&old)),
+    ] {
+        let answer = a.gossip.keyring(op).await.expect("gossip runs");
+        assert_eq!((answer.error(), answer.num_nodes), (None, 2), "{answer:?}");
+    }
+    let listed = b.gossip.keyring(KeyOp::List).await.expect("gossip runs");
+    let only_new = std::collections::BTreeMap::from([(raw(&new), 2)]);
+    assert_eq!((&listed.keys, &listed.primary_keys), (&only_new, &only_new));
+
+    // b restarts with the old key configured: its file wins, and it is back with a.
+    b.shutdown.cancel();
+    wait_members(&a.gossip, Duration::from_secs(10), "b down", |l| {
+        state_of(l, "b") == Some(MemberState::Failed)
+    })
+    .await;
+    let b = spawn(with_file("b", seed), &root, &tasks).await;
+    for i in [&a, &b] {
+        wait_members(
+            &i.gossip,
+            Duration::from_secs(10),
+            "b back",
+            all_alive(&["a", "b"]),
+        )
+        .await;
+    }
+    let listed = a.gossip.keyring(KeyOp::List).await.expect("gossip runs");
+    assert_eq!((listed.error(), &listed.keys), (None, &only_new));
 
     stop_all(root, tasks).await;
 }

@@ -1,11 +1,15 @@
-//! `/v1/agent/self`: this agent's configuration, membership and raft figures, in Consul's shape
-//! (clients read `Config.NodeName`, `Config.Version` and `Stats.consul.leader_addr`).
+//! `/v1/agent/self`: this agent's configuration, membership and raft figures, with every
+//! top-level section Consul returns (`Config`, `DebugConfig`, `Coord`, `Member`, `Stats`, `Meta`,
+//! `xDS`); clients read `Config.NodeName`, `Config.Version`, `Member` and
+//! `Stats.consul.leader_addr`.
 
 use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::json as json_value;
+use vigil_shared::duration::format_go_duration;
 
 use super::error::ApiError;
+use super::members::local_member;
 use super::params::Params;
 use super::{AppState, json};
 use crate::backend::Backend;
@@ -37,29 +41,58 @@ pub async fn agent_self(
         Backend::Local(server) => server.blocking_queries(),
         Backend::Remote(_) => 0,
     };
+    let member = match local_member(&state) {
+        Some(member) => json_value!(member),
+        None => {
+            json_value!({"Name": state.node_name, "Addr": serf.ip().to_string(), "Port": serf.port()})
+        }
+    };
+    let ttl_min = format_go_duration(state.session_ttl_min);
     let body = json_value!({
         "Config": {
             "Datacenter": crate::DATACENTER,
             "PrimaryDatacenter": crate::DATACENTER,
             "NodeName": state.node_name,
+            "NodeID": "",
             "Server": is_server,
             "Revision": "",
             "Version": env!("CARGO_PKG_VERSION"),
+            "BuildDate": "",
+            "SessionTTLMin": ttl_min,
         },
-        "Member": {
-            "Name": state.node_name,
-            "Addr": serf.ip().to_string(),
-            "Port": serf.port(),
-            "Tags": {
-                "role": if is_server { "consul" } else { "node" },
-                "dc": crate::DATACENTER,
-                "port": rpc.port().to_string(),
-                "vsn": "2",
-                "build": env!("CARGO_PKG_VERSION"),
-            },
-            "Status": 1,
+        // A few of Consul's sanitized runtime settings, under its names.
+        "DebugConfig": {
+            "Datacenter": crate::DATACENTER,
+            "NodeName": state.node_name,
+            "ServerMode": is_server,
+            "SessionTTLMin": ttl_min,
+            "ClientAddrs": [state.http_addr.ip().to_string()],
+            "HTTPPort": state.http_addr.port(),
+            "SerfBindAddrLAN": serf.to_string(),
+            "ServerPort": rpc.port(),
+            "NodeMeta": state.local.node_meta(),
+            "EnableRemoteScriptChecks": state.local.remote_scripts(),
+            "EnableLocalScriptChecks": state.local.local_scripts(),
         },
+        // Vigil keeps no network coordinates: the origin, as a new Consul node reports.
+        "Coord": {"Vec": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], "Error": 1.5, "Adjustment": 0.0, "Height": 1.0e-5},
+        "Member": member,
+        "xDS": {"SupportedProxies": {"envoy": []}, "Port": -1, "Ports": {"Plaintext": -1, "TLS": -1}},
         "Stats": {
+            "build": {
+                "prerelease": "",
+                "revision": "",
+                "version": env!("CARGO_PKG_VERSION"),
+                "version_metadata": "",
+            },
+            "runtime": {
+                "arch": std::env::consts::ARCH,
+                "os": std::env::consts::OS,
+                "cpu_count": std::thread::available_parallelism().map_or(1, usize::from).to_string(),
+            },
+            "serf_lan": {
+                "members": state.gossip.members().len().to_string(),
+            },
             "agent": {
                 "http_addr": state.http_addr.to_string(),
             },
@@ -73,7 +106,7 @@ pub async fn agent_self(
             },
             "raft": raft,
         },
-        "Meta": {},
+        "Meta": state.local.node_meta(),
     });
     Ok(json(&params, &body))
 }

@@ -17,19 +17,18 @@ use super::{AppState, json};
 use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
 use crate::local::{LocalError, Source};
 
-/// The one place local-state refusals get their HTTP status: Consul's 404s for unknown IDs,
-/// 400 for everything the caller got wrong (Consul answers 500 for a non-TTL update and for
-/// disabled scripts; SPEC.md makes input errors 400).
+/// The one place local-state refusals get their HTTP status, Consul's: 404 for unknown IDs, 400
+/// for an invalid definition, 500 for a non-TTL update and for disabled scripts.
 impl From<LocalError> for ApiError {
     fn from(e: LocalError) -> ApiError {
         let status = match &e {
             LocalError::MissingService(_)
             | LocalError::UnknownCheck(_)
             | LocalError::UnknownService(_) => StatusCode::NOT_FOUND,
-            LocalError::Definition(_)
-            | LocalError::NotTtl(_)
+            LocalError::Definition(_) => StatusCode::BAD_REQUEST,
+            LocalError::NotTtl(_)
             | LocalError::ScriptsDisabledRemote
-            | LocalError::ScriptsDisabledLocal => StatusCode::BAD_REQUEST,
+            | LocalError::ScriptsDisabledLocal => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
     }

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
-use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::extract::{OriginalUri, Path, State};
@@ -20,7 +19,7 @@ use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
 use super::params::Params;
-use super::shapes::keyed_by_id;
+use super::shapes::{TaggedAddress, keyed_by_id, service_tagged_addresses};
 use super::{AppState, json};
 use crate::local::Source;
 use crate::local::definition::parse_service_body;
@@ -28,14 +27,6 @@ use crate::local::definition::parse_service_body;
 /// Longest and default wait of a hash-blocking `GET /v1/agent/service/<id>`.
 const MAX_WAIT: Duration = Duration::from_secs(600);
 const DEFAULT_WAIT: Duration = Duration::from_secs(300);
-
-#[derive(Serialize, Hash)]
-struct TaggedAddress {
-    #[serde(rename = "Address")]
-    address: String,
-    #[serde(rename = "Port")]
-    port: u16,
-}
 
 #[derive(Serialize, Hash)]
 #[serde(rename_all = "PascalCase")]
@@ -47,7 +38,7 @@ struct WeightsJson {
 /// Consul's `api.AgentService` as `/v1/agent/services` returns it.
 #[derive(Serialize, Hash)]
 #[serde(rename_all = "PascalCase")]
-struct AgentServiceJson<'a> {
+pub(super) struct AgentServiceJson<'a> {
     #[serde(rename = "ID")]
     id: &'a str,
     service: &'a str,
@@ -68,23 +59,7 @@ struct AgentServiceJson<'a> {
 }
 
 impl<'a> AgentServiceJson<'a> {
-    fn new(s: &'a Service) -> AgentServiceJson<'a> {
-        let mut tagged_addresses = BTreeMap::new();
-        let tagged = || TaggedAddress {
-            address: s.address.clone(),
-            port: s.port,
-        };
-        match s.address.parse::<IpAddr>() {
-            Ok(IpAddr::V4(_)) => {
-                tagged_addresses.insert("lan_ipv4", tagged());
-                tagged_addresses.insert("wan_ipv4", tagged());
-            }
-            Ok(IpAddr::V6(_)) => {
-                tagged_addresses.insert("lan_ipv6", tagged());
-                tagged_addresses.insert("wan_ipv6", tagged());
-            }
-            Err(_) => {}
-        }
+    pub(super) fn new(s: &'a Service) -> AgentServiceJson<'a> {
         AgentServiceJson {
             id: &s.id,
             service: &s.name,
@@ -92,7 +67,7 @@ impl<'a> AgentServiceJson<'a> {
             meta: &s.meta,
             port: s.port,
             address: &s.address,
-            tagged_addresses,
+            tagged_addresses: service_tagged_addresses(s),
             weights: WeightsJson {
                 passing: s.weights.passing,
                 warning: s.weights.warning,

@@ -36,6 +36,9 @@ pub enum Limit {
     KvValue,
     /// A transaction (`txn_max_req_len`).
     Txn,
+    /// A snapshot archive to restore (`PUT /v1/snapshot`): compressed, it is rarely larger
+    /// than the state, which must fit one raft entry.
+    Snapshot,
     /// Every other body.
     Other,
 }
@@ -45,6 +48,7 @@ impl Limit {
         match self {
             Limit::KvValue => KV_MAX_VALUE_SIZE,
             Limit::Txn => TXN_MAX_REQ_LEN,
+            Limit::Snapshot => vigil_server::snapshot::MAX_ARCHIVE_BYTES,
             Limit::Other => limits::BODY_MAX,
         }
     }
@@ -56,7 +60,7 @@ impl Limit {
         let setting = match self {
             Limit::KvValue => Some("kv_max_value_size"),
             Limit::Txn => Some("txn_max_req_len"),
-            Limit::Other => None,
+            Limit::Snapshot | Limit::Other => None,
         };
         ApiError::too_large(match (declared, setting) {
             (Some(n), Some(setting)) => format!(

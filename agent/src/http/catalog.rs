@@ -8,8 +8,8 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use vigil_shared::api::decode_case_insensitive;
-use vigil_shared::catalog::{Check, HealthStatus, Service, Weights};
-use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Registration, Response as ServerResponse};
+use vigil_shared::catalog::{Check, HealthStatus, Node, Service, Weights};
+use vigil_shared::rpc::{Op, QueryOptions, Registration, Response as ServerResponse, reads};
 
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -95,7 +95,7 @@ impl WeightsBody {
 
 fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
     if body.service.is_empty() {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::server(
             "Must provide service name (Service.Service) when service ID is provided",
         ));
     }
@@ -127,16 +127,15 @@ fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
 
 fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
     if !body.node.is_empty() && body.node != node {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::server(
             "Checks must belong to the node being registered",
         ));
     }
     let status = if body.status.is_empty() {
         HealthStatus::Critical
     } else {
-        HealthStatus::parse(&body.status).ok_or_else(|| {
-            ApiError::bad_request(format!("Invalid check status: '{}'", body.status))
-        })?
+        HealthStatus::parse(&body.status)
+            .ok_or_else(|| ApiError::server(format!("Invalid check status: '{}'", body.status)))?
     };
     let check_id = if body.checkid.is_empty() {
         body.name.clone()
@@ -144,7 +143,7 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
         body.checkid
     };
     if check_id.is_empty() {
-        return Err(ApiError::bad_request("Missing check name"));
+        return Err(ApiError::server("Missing check name"));
     }
     limits::name("Check.CheckID", &check_id)?;
     limits::name("Check.Name", &body.name)?;
@@ -178,10 +177,10 @@ pub async fn register(
 pub(super) fn registration(body: &[u8]) -> Result<Registration, ApiError> {
     let body: RegisterBody = decode(body)?;
     if body.node.is_empty() {
-        return Err(ApiError::bad_request("Must provide node"));
+        return Err(ApiError::server("Must provide node"));
     }
     if body.address.is_empty() && !body.skipnodeupdate {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::server(
             "Must provide address if SkipNodeUpdate is not set",
         ));
     }
@@ -223,7 +222,7 @@ pub async fn deregister(
 ) -> Result<Response, ApiError> {
     let body: DeregisterBody = decode(&body)?;
     if body.node.is_empty() {
-        return Err(ApiError::bad_request("Must provide node"));
+        return Err(ApiError::server("Must provide node"));
     }
     let op = if !body.checkid.is_empty() {
         Op::DeregisterCheck {
@@ -241,11 +240,11 @@ pub async fn deregister(
     done(&state, op).await
 }
 
-/// Applies a catalog write and answers Consul's `true`.
+/// Applies a catalog write and answers Consul's `true`; a refusal is Consul's 500.
 async fn done(state: &AppState, op: Op) -> Result<Response, ApiError> {
     match state.backend.write(op).await? {
         ServerResponse::Done => Ok(json(&Params::default(), &true)),
-        ServerResponse::Rejected(e) => Err(ApiError::bad_request(e.to_string())),
+        ServerResponse::Rejected(e) => Err(ApiError::server(e.to_string())),
         other => Err(ApiError::unexpected(other)),
     }
 }
@@ -255,10 +254,7 @@ pub async fn nodes(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::CatalogNodes).await?;
-    let QueryResult::Nodes(nodes) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (nodes, meta) = read(&state, &params, reads::CatalogNodes {}).await?;
     let out = nodes
         .iter()
         .filter(|n| node_meta_matches(&params, n))
@@ -272,21 +268,45 @@ pub async fn datacenters(OriginalUri(uri): OriginalUri) -> Response {
     json(&Params::parse(uri.query()), &[crate::DATACENTER])
 }
 
-/// `GET /v1/catalog/services`: each service name with the union of its instances' tags.
+/// `GET /v1/catalog/services[?node-meta=][&filter=]`: each service name with the union of its
+/// instances' tags. As in Consul, `?filter=` is matched against each instance as
+/// `/v1/catalog/service/<s>` shows it (`ServiceTags`, `NodeMeta`, ...), and only the instances
+/// that pass (and are on nodes with the `?node-meta=` pairs) contribute.
 pub async fn services(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::CatalogServices).await?;
-    let QueryResult::Services(services) = result else {
-        return Err(ApiError::unexpected(result));
-    };
-    let mut out: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for s in &services {
-        out.entry(&s.name)
-            .or_default()
-            .extend(s.tags.iter().map(String::as_str));
+    let (services, meta) = read(&state, &params, reads::CatalogServices {}).await?;
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    if params.has("node-meta") || params.get("filter").is_some_and(|f| !f.is_empty()) {
+        // The instances' nodes, read at once with the same consistency.
+        let options = QueryOptions {
+            min_index: 0,
+            wait_ms: 0,
+            ..params.query_options()?
+        };
+        let (nodes, _) = state.backend.read(options, reads::CatalogNodes {}).await?;
+        let nodes: BTreeMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
+        let instances = services
+            .iter()
+            .filter_map(|s| Some((*nodes.get(s.node.as_str())?, s)))
+            .filter(|(n, _)| node_meta_matches(&params, n))
+            .map(|(n, s)| ServiceNodeJson::new(n, s))
+            .collect();
+        for instance in filtered(&params, instances)? {
+            let name = instance["ServiceName"].as_str().unwrap_or_default();
+            let tags = instance["ServiceTags"].as_array().into_iter().flatten();
+            out.entry(name.to_owned())
+                .or_default()
+                .extend(tags.filter_map(Value::as_str).map(str::to_owned));
+        }
+    } else {
+        for s in &services {
+            out.entry(s.name.clone())
+                .or_default()
+                .extend(s.tags.iter().cloned());
+        }
     }
     Ok(with_meta(meta, json(&params, &out)))
 }
@@ -298,10 +318,7 @@ pub async fn service(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::CatalogService { name }).await?;
-    let QueryResult::ServiceNodes(instances) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (instances, meta) = read(&state, &params, reads::CatalogService { name }).await?;
     let out = instances
         .iter()
         .filter(|(n, s)| node_meta_matches(&params, n) && tags_match(&params, s))
@@ -317,10 +334,7 @@ pub async fn node(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::CatalogNode { node }).await?;
-    let QueryResult::NodeServices(found) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (found, meta) = read(&state, &params, reads::CatalogNode { node }).await?;
     let Some((node, services)) = &found else {
         return Ok(with_meta(meta, json(&params, &Value::Null)));
     };

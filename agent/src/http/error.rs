@@ -3,6 +3,8 @@
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use vigil_server::operator::OperatorError;
+use vigil_server::snapshot::ArchiveError;
 use vigil_shared::rpc::ServerError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,9 +58,25 @@ impl From<ServerError> for ApiError {
             ServerError::NoLeader
             | ServerError::NotLeader { .. }
             | ServerError::NoServers
-            | ServerError::Raft(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            | ServerError::Indeterminate(_)
+            | ServerError::Unavailable(_)
+            | ServerError::Membership(_)
+            | ServerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, e.to_string())
+    }
+}
+
+/// Operator refusals are Consul's RPC errors: 500 with the text.
+impl From<OperatorError> for ApiError {
+    fn from(e: OperatorError) -> ApiError {
+        match e {
+            OperatorError::Server(e) => e.into(),
+            OperatorError::Archive(e @ ArchiveError::TooLarge { .. }) => {
+                ApiError::too_large(e.to_string())
+            }
+            other => ApiError::server(other.to_string()),
+        }
     }
 }
 

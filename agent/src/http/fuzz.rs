@@ -527,10 +527,17 @@ fn body(shape: &'static Shape) -> impl Strategy<Value = Vec<u8>> {
 // ---------------------------------------------------------------------------------------------
 
 /// Consul's 500 texts for values its servers refuse (which real clients match on).
-const CONSUL_500S: [&str; 3] = [
+const CONSUL_500S: [&str; 10] = [
     "strconv.ParseUint: ",
     "Invalid Behavior setting '",
     "Must provide Node",
+    "Must provide node",
+    "Must provide address if SkipNodeUpdate is not set",
+    "Must provide service name (Service.Service) when service ID is provided",
+    "Checks must belong to the node being registered",
+    "Invalid check status: '",
+    "Missing check name",
+    "Invalid prepared query: ",
 ];
 
 /// A refusal is the client's fault (400, or 413 past a limit) or one of Consul's 500s for a

@@ -5,25 +5,12 @@
 use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
 use vigil_shared::catalog::{Check, HealthStatus};
-use vigil_shared::rpc::{QueryMeta, QueryResult, ReadQuery};
+use vigil_shared::rpc::{QueryMeta, reads};
 
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::{CheckJson, HealthJson, filtered, node_meta_matches, tags_match};
 use super::{AppState, json, read, with_meta};
-
-/// Runs a read whose answer is a list of checks.
-async fn checks(
-    state: &AppState,
-    params: &Params,
-    query: ReadQuery,
-) -> Result<(Vec<Check>, QueryMeta), ApiError> {
-    let (result, meta) = read(state, params, query).await?;
-    match result {
-        QueryResult::Checks(checks) => Ok((checks, meta)),
-        other => Err(ApiError::unexpected(other)),
-    }
-}
 
 fn checks_response(
     params: &Params,
@@ -41,7 +28,7 @@ pub async fn node(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (list, meta) = checks(&state, &params, ReadQuery::NodeChecks { node }).await?;
+    let (list, meta) = read(&state, &params, reads::NodeChecks { node }).await?;
     checks_response(&params, &list, meta)
 }
 
@@ -52,7 +39,7 @@ pub async fn service_checks(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (list, meta) = checks(&state, &params, ReadQuery::ServiceChecks { name }).await?;
+    let (list, meta) = read(&state, &params, reads::ServiceChecks { name }).await?;
     checks_response(&params, &list, meta)
 }
 
@@ -75,7 +62,8 @@ pub async fn state(
                 .ok_or_else(|| ApiError::bad_request(format!("Invalid check state: '{s}'")))?,
         ),
     };
-    let (list, meta) = checks(&state, &params, ReadQuery::ChecksInState { state: wanted }).await?;
+    let query = reads::ChecksInState { state: wanted };
+    let (list, meta) = read(&state, &params, query).await?;
     checks_response(&params, &list, meta)
 }
 
@@ -90,10 +78,7 @@ pub async fn service(
     let passing_only = params
         .bool("passing")
         .map_err(|_| ApiError::bad_request("Invalid value for ?passing"))?;
-    let (result, meta) = read(&state, &params, ReadQuery::HealthService { name }).await?;
-    let QueryResult::Health(instances) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (instances, meta) = read(&state, &params, reads::HealthService { name }).await?;
     let out = instances
         .iter()
         .filter(|h| !passing_only || h.passing())

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use vigil_shared::api::DirEntry;
 use vigil_shared::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
-use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
 
 use super::body::{Limit, read};
 use super::error::ApiError;
@@ -41,54 +41,51 @@ pub async fn get(
         return Err(ApiError::bad_request("Missing key name"));
     }
     let opts = params.query_options()?;
-    let query = if keys {
+    if keys {
         let separator = params
             .get("separator")
             .or_else(|| params.get("seperator"))
             .map(str::to_owned);
-        ReadQuery::KvKeys {
+        let query = reads::KvKeys {
             prefix: key.clone(),
             separator,
+        };
+        let (list, meta) = state.backend.read(opts, query).await?;
+        if list.is_empty() && !key.is_empty() {
+            return Ok(not_found_with_meta(meta));
         }
-    } else if recurse {
-        ReadQuery::KvList {
-            prefix: key.clone(),
-        }
-    } else {
-        ReadQuery::KvGet { key: key.clone() }
-    };
-    let (result, meta) = state.backend.query(opts, query).await?;
-    match result {
-        QueryResult::Keys(list) => {
-            if list.is_empty() && !key.is_empty() {
-                return Ok(not_found_with_meta(meta));
-            }
-            Ok(with_meta(meta, json(&params, &list)))
-        }
-        QueryResult::Entries(entries) if entries.is_empty() => Ok(not_found_with_meta(meta)),
-        QueryResult::Entries(entries) if params.has("raw") && !recurse => {
-            let value = entries
-                .into_iter()
-                .next()
-                .map(|e| e.value)
-                .unwrap_or_default();
-            let response = (
-                [
-                    (header::CONTENT_TYPE, "text/plain"),
-                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-                    (header::CONTENT_SECURITY_POLICY, "sandbox"),
-                ],
-                Body::from(value),
-            )
-                .into_response();
-            Ok(with_meta(meta, response))
-        }
-        QueryResult::Entries(entries) => {
-            let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
-            Ok(with_meta(meta, json(&params, &dir)))
-        }
-        other => Err(ApiError::unexpected(other)),
+        return Ok(with_meta(meta, json(&params, &list)));
     }
+    let (entries, meta) = if recurse {
+        let query = reads::KvList {
+            prefix: key.clone(),
+        };
+        state.backend.read(opts, query).await?
+    } else {
+        state.backend.read(opts, reads::KvGet { key }).await?
+    };
+    if entries.is_empty() {
+        return Ok(not_found_with_meta(meta));
+    }
+    if params.has("raw") && !recurse {
+        let value = entries
+            .into_iter()
+            .next()
+            .map(|e| e.value)
+            .unwrap_or_default();
+        let response = (
+            [
+                (header::CONTENT_TYPE, "text/plain"),
+                (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                (header::CONTENT_SECURITY_POLICY, "sandbox"),
+            ],
+            Body::from(value),
+        )
+            .into_response();
+        return Ok(with_meta(meta, response));
+    }
+    let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
+    Ok(with_meta(meta, json(&params, &dir)))
 }
 
 fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
@@ -187,7 +184,7 @@ async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Respo
         KvOpError::MissingSession | KvOpError::InvalidSession(_) => {
             Err(ApiError::server(format!("raft apply failed: {error}")))
         }
-        KvOpError::MissingKey => Err(ApiError::bad_request(error.to_string())),
+        KvOpError::MissingKey => Err(ApiError::server(error.to_string())),
         _ => Ok(json(params, &false)),
     }
 }

@@ -14,18 +14,26 @@ use super::params::Params;
 use super::{AppState, json};
 use crate::gossip::GossipError;
 
+/// Serf tags as Consul's agents set them (every value a string); `port` is the RPC port, which
+/// Vigil's client agents also carry.
 #[derive(Serialize)]
 struct Tags {
     role: &'static str,
     dc: String,
+    segment: &'static str,
     port: String,
     vsn: &'static str,
+    vsn_min: &'static str,
+    vsn_max: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    raft_vsn: Option<&'static str>,
     build: &'static str,
 }
 
+/// Consul's `api.AgentMember`.
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
-struct MemberJson {
+pub(super) struct MemberJson {
     name: String,
     addr: String,
     port: u16,
@@ -51,8 +59,12 @@ impl MemberJson {
                     MemberRole::Client => "node",
                 },
                 dc: m.datacenter.clone(),
+                segment: "",
                 port: m.rpc_addr.port().to_string(),
                 vsn: "2",
+                vsn_min: "2",
+                vsn_max: "3",
+                raft_vsn: (m.role == MemberRole::Server).then_some("3"),
                 build: env!("CARGO_PKG_VERSION"),
             },
             status: m.state.code(),
@@ -66,21 +78,34 @@ impl MemberJson {
     }
 }
 
+/// This agent's own entry of `/v1/agent/members` (`Member` in `/v1/agent/self`).
+pub(super) fn local_member(state: &AppState) -> Option<MemberJson> {
+    state
+        .gossip
+        .members()
+        .iter()
+        .find(|m| m.name == state.node_name)
+        .map(MemberJson::from_member)
+}
+
+/// Consul's answer to a failed join, leave or force-leave: 500 with the error.
 fn gossip_error(e: GossipError) -> ApiError {
-    let status = match &e {
-        GossipError::UnknownMember { .. } => StatusCode::NOT_FOUND,
-        GossipError::NotFailed { .. } | GossipError::JoinSelf(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    ApiError::new(status, e.to_string())
+    match e {
+        GossipError::UnknownMember { name } => {
+            ApiError::server(format!("agent: No node found with name '{name}'"))
+        }
+        e => ApiError::server(e.to_string()),
+    }
 }
 
 pub async fn members(State(state): State<AppState>, OriginalUri(uri): OriginalUri) -> Response {
     let params = Params::parse(uri.query());
+    // Pruned members are Left for the leader but no longer listed (Consul's `?prune`).
     let out: Vec<MemberJson> = state
         .gossip
         .members()
         .iter()
+        .filter(|m| !m.pruned)
         .map(MemberJson::from_member)
         .collect();
     json(&params, &out)
@@ -92,7 +117,7 @@ pub async fn join(
 ) -> Result<Response, ApiError> {
     let addr: SocketAddr = addr
         .parse()
-        .map_err(|e| ApiError::bad_request(format!("invalid address {addr:?}: {e}")))?;
+        .map_err(|e| ApiError::server(format!("Failed to join {addr}: {e}")))?;
     state.gossip.join(addr).await.map_err(gossip_error)?;
     Ok(StatusCode::OK.into_response())
 }
@@ -105,14 +130,21 @@ pub async fn leave(State(state): State<AppState>) -> Result<Response, ApiError> 
     Ok(StatusCode::OK.into_response())
 }
 
+/// `PUT /v1/agent/force-leave/<node>[?prune]`: a failed member becomes Left (with `?prune`,
+/// also no longer listed).
 pub async fn force_leave(
     State(state): State<AppState>,
     Path(node): Path<String>,
+    OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    state
-        .gossip
-        .force_leave(&node)
-        .await
-        .map_err(gossip_error)?;
-    Ok(StatusCode::OK.into_response())
+    if node == state.node_name {
+        // This agent is alive: as for any live member, nothing to do.
+        return Ok(StatusCode::OK.into_response());
+    }
+    let prune = Params::parse(uri.query()).has("prune");
+    match state.gossip.force_leave(&node, prune).await {
+        // Consul's force-leave of a live member does nothing and answers 200.
+        Ok(()) | Err(GossipError::NotFailed { .. }) => Ok(StatusCode::OK.into_response()),
+        Err(e) => Err(gossip_error(e)),
+    }
 }

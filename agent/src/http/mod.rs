@@ -3,21 +3,29 @@
 
 mod agent;
 mod agent_check;
+mod agent_health;
 mod agent_service;
 mod body;
 mod catalog;
 pub mod error;
+mod event;
 #[cfg(test)]
 mod fuzz;
 mod health;
+mod keyring;
 mod kv;
 pub mod limits;
+mod lock;
 mod members;
+mod metrics;
+mod monitor;
+mod operator;
 pub mod params;
 mod query;
 pub mod serve;
 mod session;
 pub mod shapes;
+mod snapshot;
 mod status;
 mod txn;
 mod ui;
@@ -49,8 +57,12 @@ pub struct AppState {
     pub node_name: String,
     pub http_addr: std::net::SocketAddr,
     pub rpc_addr: std::net::SocketAddr,
+    /// The smallest session TTL this agent's servers accept (`/v1/agent/self`).
+    pub session_ttl_min: std::time::Duration,
     /// Cancelled by `/v1/agent/leave` to stop the agent.
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Re-reads the config file for `/v1/agent/reload`.
+    pub reloader: Arc<crate::local::reload::Reloader>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -60,6 +72,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kv/", kv.clone())
         .route("/v1/kv/{*key}", kv)
         .route("/v1/txn", put(txn::txn))
+        .route("/v1/snapshot", get(snapshot::save).put(snapshot::restore))
         .route("/v1/session/create", put(session::create))
         .route("/v1/session/destroy/", put(session::missing_id))
         .route("/v1/session/destroy/{id}", put(session::destroy))
@@ -76,7 +89,33 @@ pub fn router(state: AppState) -> Router {
             "/v1/operator/raft/configuration",
             get(status::raft_configuration),
         )
+        .route(
+            "/v1/operator/raft/peer",
+            axum::routing::delete(operator::remove_peer),
+        )
+        .route(
+            "/v1/operator/raft/transfer-leader",
+            axum::routing::post(operator::transfer_leader).put(operator::transfer_leader),
+        )
+        .route(
+            "/v1/operator/autopilot/configuration",
+            get(operator::autopilot_configuration).put(operator::set_autopilot_configuration),
+        )
+        .route(
+            "/v1/operator/autopilot/health",
+            get(operator::autopilot_health),
+        )
+        .route(
+            "/v1/operator/keyring",
+            get(keyring::keyring)
+                .post(keyring::keyring)
+                .put(keyring::keyring)
+                .delete(keyring::keyring),
+        )
         .route("/v1/agent/self", get(agent::agent_self))
+        .route("/v1/agent/metrics", get(metrics::metrics))
+        .route("/v1/agent/reload", put(monitor::reload))
+        .route("/v1/agent/monitor", get(monitor::monitor))
         .route("/v1/agent/members", get(members::members))
         .route("/v1/agent/join/{addr}", put(members::join))
         .route("/v1/agent/leave", put(members::leave))
@@ -93,6 +132,22 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/agent/check/update/{*id}", put(agent_check::update))
         .route("/v1/agent/maintenance", put(agent_check::node_maintenance))
         .route("/v1/agent/services", get(agent_service::list))
+        .route(
+            "/v1/agent/health/service/id/",
+            get(agent_health::missing_id),
+        )
+        .route(
+            "/v1/agent/health/service/id/{*id}",
+            get(agent_health::by_id),
+        )
+        .route(
+            "/v1/agent/health/service/name/",
+            get(agent_health::missing_name),
+        )
+        .route(
+            "/v1/agent/health/service/name/{*name}",
+            get(agent_health::by_name),
+        )
         .route("/v1/agent/service/register", put(agent_service::register))
         .route(
             "/v1/agent/service/deregister/{*id}",
@@ -107,6 +162,9 @@ pub fn router(state: AppState) -> Router {
             put(agent_service::maintenance),
         )
         .route("/v1/agent/service/{*id}", get(agent_service::get))
+        .route("/v1/event/fire/", put(event::missing_name))
+        .route("/v1/event/fire/{name}", put(event::fire))
+        .route("/v1/event/list", get(event::list))
         .route("/v1/catalog/register", put(catalog::register))
         .route("/v1/catalog/deregister", put(catalog::deregister))
         .route("/v1/catalog/nodes", get(catalog::nodes))
@@ -128,8 +186,15 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/query/{id}/explain", get(query::explain))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
+        .route(
+            "/v1/vigil/lock/{*name}",
+            get(lock::get).put(lock::change).delete(lock::change),
+        )
         .route("/", get(ui::root))
+        .route("/ui", get(ui::root))
         .route("/ui/", get(ui::index))
+        .route("/ui/{*file}", get(ui::asset))
+        .route_layer(middleware::from_fn(metrics::tag_route))
         .fallback(not_found)
         // Handlers read bodies through `body`, which applies the limits; this bounds any
         // extractor that would buffer a body without it.
@@ -142,6 +207,7 @@ pub fn router(state: AppState) -> Router {
         .layer(middleware::from_fn(method_not_allowed))
         .layer(middleware::from_fn(other_datacenter))
         .layer(middleware::from_fn(redirect_unclean_path))
+        .layer(middleware::from_fn(metrics::observe))
 }
 
 /// One datacenter: a request for another (`?dc=`, or `?datacenter=`, which wins) gets Consul's
@@ -294,12 +360,12 @@ pub fn json<T: Serialize>(params: &Params, value: &T) -> Response {
 }
 
 /// Runs a read with the blocking and consistency options of the query string.
-pub async fn read(
+pub async fn read<Q: vigil_shared::rpc::Query>(
     state: &AppState,
     params: &Params,
-    query: vigil_shared::rpc::ReadQuery,
-) -> Result<(vigil_shared::rpc::QueryResult, QueryMeta), error::ApiError> {
-    Ok(state.backend.query(params.query_options()?, query).await?)
+    query: Q,
+) -> Result<(Q::Output, QueryMeta), error::ApiError> {
+    Ok(state.backend.read(params.query_options()?, query).await?)
 }
 
 /// Adds Consul's read headers: `X-Consul-Index`, `X-Consul-KnownLeader`, `X-Consul-LastContact`.

@@ -3,16 +3,15 @@
 
 use std::time::Duration;
 
-use rand::Rng;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::rpc::{Consistency, QueryOptions};
 
 use super::error::ApiError;
 
 /// Longest a blocking query may wait (`max_query_time`).
-const MAX_WAIT: Duration = Duration::from_secs(600);
+pub const MAX_WAIT: Duration = Duration::from_secs(600);
 /// Wait used when `index` is given without `wait` (`default_query_time`).
-const DEFAULT_WAIT: Duration = Duration::from_secs(300);
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 
 /// The decoded query string, in order.
 #[derive(Debug, Clone, Default)]
@@ -114,16 +113,11 @@ impl Params {
                 }
             }
         };
-        let jitter_ms = (wait.as_millis() as u64) / 16;
-        let jitter = if jitter_ms == 0 {
-            0
-        } else {
-            rand::thread_rng().gen_range(0..jitter_ms)
-        };
+        // The backend adds Consul's jitter, and answers by `wait + wait/16` whatever happens.
         Ok(QueryOptions {
             consistency,
             min_index,
-            wait_ms: wait.as_millis() as u64 + jitter,
+            wait_ms: wait.as_millis() as u64,
         })
     }
 }
@@ -257,7 +251,7 @@ mod tests {
             .query_options()
             .unwrap();
         assert_eq!(o.min_index, 5);
-        assert!(o.wait_ms >= 600_000 && o.wait_ms < 600_000 + 600_000 / 16);
+        assert_eq!(o.wait_ms, 600_000, "clamped to 10 min");
     }
 
     #[test]

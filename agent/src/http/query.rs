@@ -12,9 +12,7 @@ use serde_json::{Value, json as json_value};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
-use vigil_shared::rpc::{
-    ApplyError, Op, QueryOptions, QueryResult, ReadQuery, Response as ServerResponse,
-};
+use vigil_shared::rpc::{ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
 
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -63,12 +61,10 @@ pub(super) fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> 
     let body: QueryBody = decode_case_insensitive(body, &["nodemeta", "servicemeta"])
         .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?;
     if body.service.service.is_empty() {
-        return Err(ApiError::bad_request(
-            "Must provide a Service name to query",
-        ));
+        return Err(invalid("Must provide a Service name to query"));
     }
     if body.name.is_empty() && body.session.is_empty() {
-        return Err(ApiError::bad_request("Must be bound to a session"));
+        return Err(invalid("Must be bound to a session"));
     }
     limits::name("Name", &body.name)?;
     limits::name("Service.Service", &body.service.service)?;
@@ -77,7 +73,7 @@ pub(super) fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> 
     limits::meta("Invalid ServiceMeta: ", &body.service.servicemeta)?;
     if !body.dns.ttl.is_empty() {
         parse_go_duration(&body.dns.ttl)
-            .map_err(|e| ApiError::bad_request(format!("Bad DNS TTL '{}': {e}", body.dns.ttl)))?;
+            .map_err(|e| invalid(&format!("Bad DNS TTL '{}': {e}", body.dns.ttl)))?;
     }
     let s = body.service;
     Ok(PreparedQuery {
@@ -144,18 +140,24 @@ impl<'a> QueryJson<'a> {
     }
 }
 
+/// Consul's 500 for a query definition its server refuses.
+fn invalid(problem: &str) -> ApiError {
+    ApiError::server(format!("Invalid prepared query: {problem}"))
+}
+
 fn query_not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "Query not found")
 }
 
-/// Applies a query write; a refusal is the client's error.
+/// Applies a query write; a refusal is Consul's 500, with the prefix its server adds to what the
+/// state store refuses.
 async fn write(state: &AppState, op: Op) -> Result<(), ApiError> {
     match state.backend.write(op).await? {
         ServerResponse::Done => Ok(()),
         ServerResponse::Rejected(e @ ApplyError::MissingQuery(_)) => {
-            Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string()))
+            Err(ApiError::server(e.to_string()))
         }
-        ServerResponse::Rejected(e) => Err(ApiError::bad_request(e.to_string())),
+        ServerResponse::Rejected(e) => Err(ApiError::server(format!("raft apply failed: {e}"))),
         other => Err(ApiError::unexpected(other)),
     }
 }
@@ -184,10 +186,7 @@ pub async fn list(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::QueryList).await?;
-    let QueryResult::Queries(queries) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (queries, meta) = read(&state, &params, reads::QueryList {}).await?;
     let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
     Ok(with_meta(meta, json(&params, &out)))
 }
@@ -199,10 +198,7 @@ pub async fn get(
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (result, meta) = read(&state, &params, ReadQuery::QueryGet { id_or_name: id }).await?;
-    let QueryResult::Queries(queries) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (queries, meta) = read(&state, &params, reads::QueryGet { id_or_name: id }).await?;
     if queries.is_empty() {
         return Err(query_not_found());
     }
@@ -249,13 +245,10 @@ pub async fn execute(
         consistency: params.query_options()?.consistency,
         ..QueryOptions::default()
     };
-    let (result, meta) = state
+    let (found, meta) = state
         .backend
-        .query(opts, ReadQuery::QueryExecute { id_or_name })
+        .read(opts, reads::QueryExecute { id_or_name })
         .await?;
-    let QueryResult::Executed(found) = result else {
-        return Err(ApiError::unexpected(result));
-    };
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };
@@ -283,13 +276,10 @@ pub async fn explain(
         consistency: params.query_options()?.consistency,
         ..QueryOptions::default()
     };
-    let (result, meta) = state
+    let (queries, meta) = state
         .backend
-        .query(opts, ReadQuery::QueryGet { id_or_name })
+        .read(opts, reads::QueryGet { id_or_name })
         .await?;
-    let QueryResult::Queries(queries) = result else {
-        return Err(ApiError::unexpected(result));
-    };
     let query = queries.first().ok_or_else(query_not_found)?;
     let out = json_value!({ "Query": QueryJson::new(query) });
     Ok(with_meta(meta, json(&params, &out)))
@@ -304,15 +294,15 @@ mod tests {
         let err = |body: &str| parse("id".into(), body.as_bytes()).unwrap_err().message;
         assert_eq!(
             err(r#"{"Name":"q"}"#),
-            "Must provide a Service name to query"
+            "Invalid prepared query: Must provide a Service name to query"
         );
         assert_eq!(
             err(r#"{"Service":{"Service":"web"}}"#),
-            "Must be bound to a session"
+            "Invalid prepared query: Must be bound to a session"
         );
         assert!(
             err(r#"{"Name":"q","Service":{"Service":"web"},"DNS":{"TTL":"x"}}"#)
-                .starts_with("Bad DNS TTL 'x'")
+                .starts_with("Invalid prepared query: Bad DNS TTL 'x'")
         );
         let q = parse(
             "id".into(),

@@ -13,13 +13,14 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,7 +57,7 @@ struct Slot {
 impl ConnCounts {
     /// Takes a slot for `ip`, or `None` when it already has `max` (0: no cap).
     fn take(self: &Arc<ConnCounts>, ip: IpAddr, max: usize) -> Option<Slot> {
-        let mut open = self.open.lock().expect("connection counts lock");
+        let mut open = self.open.lock();
         let n = open.entry(ip).or_default();
         if max > 0 && *n >= max {
             return None;
@@ -71,7 +72,7 @@ impl ConnCounts {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.counts.open.lock().expect("connection counts lock");
+        let mut open = self.counts.open.lock();
         if let Some(n) = open.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
@@ -165,7 +166,7 @@ mod tests {
         drop(first);
         let again = counts.take(a, 2).expect("a slot given back is free");
         drop((second, other, again));
-        assert!(counts.open.lock().unwrap().is_empty());
+        assert!(counts.open.lock().is_empty());
         // 0: no cap.
         let many: Vec<Slot> = (0..1000).filter_map(|_| counts.take(a, 0)).collect();
         assert_eq!(many.len(), 1000);

@@ -9,7 +9,7 @@ use vigil_shared::DEFAULT_LOCK_DELAY_NS;
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
 use vigil_shared::duration::{duration_ns_from_json, parse_go_duration};
-use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+use vigil_shared::rpc::{Op, Query, Response as ServerResponse, reads};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
 use super::body::RequestBody;
@@ -174,17 +174,14 @@ pub async fn renew(
     Ok(json(&params, &[SessionJson::from_session(&session)]))
 }
 
-async fn read_sessions(
+async fn read_sessions<Q: Query<Output = Vec<Session>>>(
     state: &AppState,
     uri: &axum::http::Uri,
-    query: ReadQuery,
+    query: Q,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let opts = params.query_options()?;
-    let (result, meta) = state.backend.query(opts, query).await?;
-    let QueryResult::Sessions(sessions) = result else {
-        return Err(ApiError::unexpected(result));
-    };
+    let (sessions, meta) = state.backend.read(opts, query).await?;
     let out: Vec<SessionJson> = sessions.iter().map(SessionJson::from_session).collect();
     Ok(with_meta(meta, json(&params, &out)))
 }
@@ -194,14 +191,14 @@ pub async fn info(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, ReadQuery::SessionInfo { id }).await
+    read_sessions(&state, &uri, reads::SessionInfo { id }).await
 }
 
 pub async fn list(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, ReadQuery::SessionList).await
+    read_sessions(&state, &uri, reads::SessionList {}).await
 }
 
 pub async fn node(
@@ -209,7 +206,7 @@ pub async fn node(
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, ReadQuery::SessionNode { node }).await
+    read_sessions(&state, &uri, reads::SessionNode { node }).await
 }
 
 #[cfg(test)]

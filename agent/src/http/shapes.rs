@@ -3,6 +3,7 @@
 //! endpoints. Lists and maps are `[]`/`{}`, never `null`, as Consul's endpoints normalise them.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -25,10 +26,18 @@ pub struct NodeJson<'a> {
     modify_index: u64,
 }
 
-/// A node's tagged addresses; a node registered from gossip has `lan` and `wan`.
+/// A node's tagged addresses; a node registered from gossip has Consul's `lan` and `wan`, with
+/// `lan_ipv4`/`wan_ipv4` (or the v6 pair) for an IP address.
 fn tagged_addresses(n: &Node) -> BTreeMap<&str, &str> {
     if n.tagged_addresses.is_empty() {
-        BTreeMap::from([("lan", n.address.as_str()), ("wan", n.address.as_str())])
+        let address = n.address.as_str();
+        let mut out = BTreeMap::from([("lan", address), ("wan", address)]);
+        match address.parse::<IpAddr>() {
+            Ok(IpAddr::V4(_)) => out.extend([("lan_ipv4", address), ("wan_ipv4", address)]),
+            Ok(IpAddr::V6(_)) => out.extend([("lan_ipv6", address), ("wan_ipv6", address)]),
+            Err(_) => {}
+        }
+        out
     } else {
         n.tagged_addresses
             .iter()
@@ -82,6 +91,8 @@ pub struct ServiceJson<'a> {
     service: &'a str,
     tags: &'a [String],
     address: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
     meta: &'a BTreeMap<String, String>,
     port: u16,
     weights: WeightsJson,
@@ -93,6 +104,29 @@ pub struct ServiceJson<'a> {
     modify_index: u64,
 }
 
+/// One of a service's tagged addresses.
+#[derive(Serialize, Hash)]
+pub struct TaggedAddress {
+    #[serde(rename = "Address")]
+    address: String,
+    #[serde(rename = "Port")]
+    port: u16,
+}
+
+/// A service's tagged addresses as Consul's agent fills them from an IP `Address`:
+/// `lan_ipv4`/`wan_ipv4` (or the v6 pair); none for a name or no address.
+pub fn service_tagged_addresses(s: &Service) -> BTreeMap<&'static str, TaggedAddress> {
+    let tagged = || TaggedAddress {
+        address: s.address.clone(),
+        port: s.port,
+    };
+    match s.address.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => BTreeMap::from([("lan_ipv4", tagged()), ("wan_ipv4", tagged())]),
+        Ok(IpAddr::V6(_)) => BTreeMap::from([("lan_ipv6", tagged()), ("wan_ipv6", tagged())]),
+        Err(_) => BTreeMap::new(),
+    }
+}
+
 impl<'a> ServiceJson<'a> {
     pub fn new(s: &'a Service) -> ServiceJson<'a> {
         ServiceJson {
@@ -100,6 +134,7 @@ impl<'a> ServiceJson<'a> {
             service: &s.name,
             tags: &s.tags,
             address: &s.address,
+            tagged_addresses: service_tagged_addresses(s),
             meta: &s.meta,
             port: s.port,
             weights: s.weights.into(),
@@ -130,6 +165,8 @@ pub struct ServiceNodeJson<'a> {
     service_name: &'a str,
     service_tags: &'a [String],
     service_address: &'a str,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    service_tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
     service_weights: WeightsJson,
     service_meta: &'a BTreeMap<String, String>,
     service_port: u16,
@@ -154,6 +191,7 @@ impl<'a> ServiceNodeJson<'a> {
             service_name: &s.name,
             service_tags: &s.tags,
             service_address: &s.address,
+            service_tagged_addresses: service_tagged_addresses(s),
             service_weights: s.weights.into(),
             service_meta: &s.meta,
             service_port: s.port,

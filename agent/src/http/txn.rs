@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::{Value, json as json_value};
 use vigil_shared::api::{DirEntry, decode_case_insensitive};
 use vigil_shared::kv::{KvOp, TxnOutcome};
-use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response as ServerResponse};
+use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
 use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS};
 
 use super::body::{Limit, read};
@@ -193,10 +193,7 @@ pub async fn txn(
     if ops.iter().all(|op| !op.is_write()) {
         let mut opts = params.query_options()?;
         opts.min_index = 0;
-        let (result, meta) = state.backend.query(opts, ReadQuery::Txn(ops)).await?;
-        let QueryResult::Txn(outcome) = result else {
-            return Err(ApiError::unexpected(result));
-        };
+        let (outcome, meta) = state.backend.read(opts, reads::Txn { ops }).await?;
         let mut response = render(&params, outcome);
         set_leader_headers(response.headers_mut(), meta);
         return Ok(response);

@@ -1,5 +1,6 @@
 //! Vigil's additions under `/v1/vigil/`: the linearizable sequencer (fencing token) check, and
-//! lock observability (`/v1/vigil/locks`: held keys, semaphore holders, fair-mutex queues).
+//! lock observability (`/v1/vigil/locks`: native lock queues, held keys, semaphore holders,
+//! fair-mutex queues).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -10,7 +11,7 @@ use vigil_shared::client::{
     FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
 };
 use vigil_shared::kv::KvEntry;
-use vigil_shared::rpc::{Consistency, QueryOptions, QueryResult, ReadQuery};
+use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
 
 use super::error::ApiError;
@@ -18,46 +19,55 @@ use super::params::{Params, parse_uint};
 use super::{AppState, json, with_meta};
 
 /// `GET /v1/vigil/sequencer?key=K&lock-index=N&session=S` → `{"Valid":true}` while S holds K at
-/// LockIndex N, else `{"Valid":false,"Reason":…}`. Always a read-index (linearizable) read.
+/// LockIndex N, else `{"Valid":false,"Reason":…}`; `?lock=L&token=T&session=S` checks a native
+/// lock's fencing token. Always a read-index (linearizable) read.
 pub async fn sequencer(
     State(state): State<AppState>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let key = params
-        .get("key")
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| ApiError::bad_request("Missing key"))?;
-    let session = params
-        .get("session")
-        .filter(|s| !s.is_empty())
-        .ok_or_else(|| ApiError::bad_request("Missing session"))?;
+    let required = |name: &str| {
+        params
+            .get(name)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| ApiError::bad_request(format!("Missing {name}")))
+    };
     // A Vigil endpoint: every input error is a 400.
-    let lock_index = params
-        .get("lock-index")
-        .map(|v| parse_uint(v).map_err(ApiError::bad_request))
-        .transpose()?
-        .ok_or_else(|| ApiError::bad_request("Missing lock-index"))?;
+    let number =
+        |name: &str| required(name).and_then(|v| parse_uint(v).map_err(ApiError::bad_request));
+    let session = required("session")?.to_owned();
     let opts = QueryOptions {
         consistency: Consistency::Consistent,
         ..QueryOptions::default()
     };
-    let query = ReadQuery::Sequencer {
-        key: key.to_owned(),
-        lock_index,
-        session: session.to_owned(),
+    let (verdict, meta) = match params.get("lock") {
+        Some(lock) if !lock.is_empty() => {
+            let query = reads::LockSequencer {
+                name: lock.to_owned(),
+                token: number("token")?,
+                session,
+            };
+            state.backend.read(opts, query).await?
+        }
+        _ => {
+            let query = reads::Sequencer {
+                key: required("key")?.to_owned(),
+                lock_index: number("lock-index")?,
+                session,
+            };
+            state.backend.read(opts, query).await?
+        }
     };
-    let (result, meta) = state.backend.query(opts, query).await?;
-    let body = match result {
-        QueryResult::Sequencer(Ok(())) => json_value!({ "Valid": true }),
-        QueryResult::Sequencer(Err(reason)) => json_value!({ "Valid": false, "Reason": reason }),
-        other => return Err(ApiError::unexpected(other)),
+    let body = match verdict {
+        Ok(()) => json_value!({ "Valid": true }),
+        Err(reason) => json_value!({ "Valid": false, "Reason": reason }),
     };
     Ok(with_meta(meta, json(&params, &body)))
 }
 
-/// `GET /v1/vigil/locks?prefix=P`: what is locked under `P`, read from the KV listing and the
-/// session table (blocking on the listing with `?index=&wait=`):
+/// `GET /v1/vigil/locks?prefix=P`: what is locked under `P`, blocking with `?index=&wait=` on
+/// both the native locks and the KV keys under `P`:
+/// - `Queues`: native locks (`/v1/vigil/lock/<name>`), as `GET /v1/vigil/lock/<name>` shows one.
 /// - `Locks`: every key held by a session that is not a semaphore or fair-mutex contender, with
 ///   `Kind` `lock` (an `api.Lock` key) or `key`, holder session, its name and node, `LockIndex`
 ///   and `HeldSinceIndex`. No acquisition time is recorded, so held-since is the key's
@@ -73,28 +83,28 @@ pub async fn locks(
     let params = Params::parse(uri.query());
     let prefix = params.get("prefix").unwrap_or_default().to_owned();
     let opts = params.query_options()?;
-    let list = ReadQuery::KvList {
+    let native = reads::Locks {
         prefix: prefix.clone(),
     };
-    let (result, meta) = state.backend.query(opts, list).await?;
-    let QueryResult::Entries(entries) = result else {
-        return Err(ApiError::unexpected(result));
-    };
-    let sessions_opts = QueryOptions {
+    let (queues, meta) = state.backend.read(opts, native).await?;
+    let now = QueryOptions {
         consistency: opts.consistency,
         ..QueryOptions::default()
     };
-    let (result, _) = state
-        .backend
-        .query(sessions_opts, ReadQuery::SessionList)
-        .await?;
-    let QueryResult::Sessions(sessions) = result else {
-        return Err(ApiError::unexpected(result));
+    let list = reads::KvList {
+        prefix: prefix.clone(),
     };
-    Ok(with_meta(
-        meta,
-        json(&params, &locks_report(&prefix, &entries, &sessions)),
-    ))
+    let (entries, _) = state.backend.read(now, list).await?;
+    let sessions = super::lock::sessions(&state.backend, opts).await?;
+    let mut report = locks_report(&prefix, &entries, &sessions);
+    let queues: Vec<Value> = queues
+        .iter()
+        .map(|lock| super::lock::lock_report(lock, &sessions))
+        .collect();
+    if let Some(report) = report.as_object_mut() {
+        report.insert("Queues".to_owned(), Value::from(queues));
+    }
+    Ok(with_meta(meta, json(&params, &report)))
 }
 
 /// Builds the `/v1/vigil/locks` body from a listing and the sessions (pure, for tests).

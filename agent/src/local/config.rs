@@ -9,6 +9,8 @@
 //! encrypt = "cg8StVXbQJ0gPvMd9o7yrg1Ttd/ZCXtSFKgSbtXaV2k="
 //! enable_script_checks = false
 //! enable_local_script_checks = true
+//! # This node's metadata in the catalog (Consul's `node_meta`; `--node-meta key:value` adds).
+//! node_meta = { rack = "r1" }
 //!
 //! [[service]]
 //! name = "web"
@@ -26,18 +28,19 @@
 //!
 //! `services` and `checks` are accepted as well as `service` and `check`.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde_json::Value;
 
 use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
-use crate::gossip::Keyring;
+use crate::gossip::Key;
 
 /// Everything a config file sets.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigFile {
     /// The gossip key (Consul's `encrypt`; `--encrypt` wins over it).
-    pub encrypt: Option<Keyring>,
+    pub encrypt: Option<Key>,
     pub local: LocalDefinitions,
 }
 
@@ -50,6 +53,8 @@ pub struct LocalDefinitions {
     /// Lets script checks of the config file run, not those registered over HTTP (the same as
     /// `--enable-local-script-checks`).
     pub enable_local_script_checks: bool,
+    /// This node's metadata in the catalog (Consul's `node_meta`).
+    pub node_meta: BTreeMap<String, String>,
     pub services: Vec<ServiceDefinition>,
     pub checks: Vec<CheckDefinition>,
 }
@@ -105,10 +110,14 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
         match key.as_str() {
             "encrypt" => {
                 let key = value.as_str().ok_or("`encrypt` must be a string")?;
-                out.encrypt = Some(Keyring::from_base64(key).map_err(|e| format!("encrypt: {e}"))?);
+                out.encrypt = Some(Key::from_base64(key).map_err(|e| format!("encrypt: {e}"))?);
             }
             "enable_script_checks" => local.enable_script_checks = flag(&value, &key)?,
             "enable_local_script_checks" => local.enable_local_script_checks = flag(&value, &key)?,
+            "node_meta" => {
+                local.node_meta = serde_json::from_value(value)
+                    .map_err(|_| "`node_meta` must be a table of strings".to_owned())?;
+            }
             "service" | "services" => {
                 for (i, table) in tables(value, &key)?.into_iter().enumerate() {
                     let service =
@@ -125,7 +134,7 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
             other => {
                 return Err(format!(
                     "unknown key `{other}` (expected encrypt, enable_script_checks, \
-                     enable_local_script_checks, service or check)"
+                     enable_local_script_checks, node_meta, service or check)"
                 ));
             }
         }

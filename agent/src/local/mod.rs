@@ -2,7 +2,7 @@
 //! healthy it is. [`LocalState`] owns them and their runners; the catalog gets a copy through
 //! anti-entropy ([`sync`]).
 //!
-//! Invariants: the state sits behind one `std::sync::Mutex`, only ever held for a few
+//! Invariants: the state sits behind one `parking_lot::Mutex`, only ever held for a few
 //! instructions and never across an `.await`. Every change stamps the entry with a new
 //! generation; a sync marks an entry synced only for the generation it pushed, so a change that
 //! races a sync is pushed by the next one. A removed service or check is remembered until its
@@ -11,13 +11,15 @@
 
 pub mod config;
 pub mod definition;
+pub mod reload;
 pub mod runner;
 pub mod sync;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::{Mutex, MutexGuard};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -180,6 +182,8 @@ impl Inner {
 pub struct LocalState {
     node: String,
     address: String,
+    /// This node's metadata in the catalog (`node_meta`, `--node-meta`).
+    node_meta: BTreeMap<String, String>,
     /// Script checks may come over HTTP (Consul's `EnableRemoteScriptChecks`).
     remote_scripts: bool,
     /// Script checks may come from the config file (Consul's `EnableLocalScriptChecks`).
@@ -209,6 +213,7 @@ impl LocalState {
         let local = Arc::new(LocalState {
             node: options.node,
             address: options.address,
+            node_meta: options.definitions.node_meta.clone(),
             remote_scripts,
             local_scripts,
             backend,
@@ -235,12 +240,27 @@ impl LocalState {
         self.shutdown.cancel();
     }
 
+    /// This node's metadata in the catalog.
+    pub fn node_meta(&self) -> &BTreeMap<String, String> {
+        &self.node_meta
+    }
+
+    /// Whether script checks may be registered over HTTP.
+    pub fn remote_scripts(&self) -> bool {
+        self.remote_scripts
+    }
+
+    /// Whether the config file's script checks may run.
+    pub fn local_scripts(&self) -> bool {
+        self.local_scripts
+    }
+
     pub fn node(&self) -> &str {
         &self.node
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock()
     }
 
     /// Call after every change: wakes blocking reads, and the sync task when `push` (a status

@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use vigil_shared::catalog::{Check, SERF_HEALTH, Service};
 use vigil_shared::rpc::{
-    ApplyError, Consistency, Op, QueryOptions, QueryResult, ReadQuery, Registration,
-    Response as ServerResponse, ServerError,
+    ApplyError, Consistency, Op, QueryOptions, Registration, Response as ServerResponse,
+    ServerError, reads,
 };
 
 use super::definition::MIN_DEREGISTER_AFTER;
@@ -137,23 +137,14 @@ pub async fn full_sync(local: &LocalState) -> Result<(), SyncError> {
         ..QueryOptions::default()
     };
     let node = local.node.clone();
-    let (result, _) = local
+    let (found, _) = local
         .backend
-        .query(opts, ReadQuery::CatalogNode { node: node.clone() })
+        .read(opts, reads::CatalogNode { node: node.clone() })
         .await?;
-    let QueryResult::NodeServices(found) = result else {
-        return Err(SyncError::Unexpected(format!("{result:?}")));
-    };
-    let (result, _) = local
-        .backend
-        .query(opts, ReadQuery::NodeChecks { node })
-        .await?;
-    let QueryResult::Checks(checks) = result else {
-        return Err(SyncError::Unexpected(format!("{result:?}")));
-    };
+    let (checks, _) = local.backend.read(opts, reads::NodeChecks { node }).await?;
     let node_current = found
         .as_ref()
-        .is_some_and(|(node, _)| node.address == local.address);
+        .is_some_and(|(node, _)| node.address == local.address && node.meta == local.node_meta);
     let services = found.map(|(_, services)| services).unwrap_or_default();
     reconcile(&mut local.lock(), &local.node, &services, &checks);
     push(local, !node_current).await
@@ -235,13 +226,27 @@ impl Write {
     }
 }
 
+/// This node as the agent registers it.
+#[derive(Clone, Copy)]
+struct NodeInfo<'a> {
+    name: &'a str,
+    address: &'a str,
+    meta: &'a BTreeMap<String, String>,
+}
+
 /// The writes that bring the catalog up to date: deregistrations first, then each unsynced
 /// service with all its checks, then the remaining unsynced checks in one registration. With
 /// `register_node`, a registration goes out even when nothing else is pending.
-fn plan(inner: &Inner, node: &str, address: &str, register_node: bool) -> Vec<Write> {
+fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
+    let NodeInfo {
+        name: node,
+        address,
+        meta,
+    } = *node;
     let registration = |service: Option<Service>, checks: Vec<Check>| Registration {
         node: node.to_owned(),
         address: address.to_owned(),
+        node_meta: meta.clone(),
         skip_node_update: false,
         service,
         checks,
@@ -307,7 +312,12 @@ fn plan(inner: &Inner, node: &str, address: &str, register_node: bool) -> Vec<Wr
 /// Sends the planned writes in order; each success is recorded at once, so a failure part-way
 /// leaves only the rest pending.
 async fn push(local: &LocalState, register_node: bool) -> Result<(), SyncError> {
-    let writes = plan(&local.lock(), &local.node, &local.address, register_node);
+    let node = NodeInfo {
+        name: &local.node,
+        address: &local.address,
+        meta: &local.node_meta,
+    };
+    let writes = plan(&local.lock(), &node, register_node);
     for write in writes {
         match local.backend.write(write.op).await? {
             ServerResponse::Done => {}
@@ -474,7 +484,8 @@ mod tests {
         assert_eq!(inner.removed_checks, ["stray".to_owned()].into());
         assert_eq!(inner.removed_services, ["other".to_owned()].into());
 
-        let writes = plan(&inner, "n1", "127.0.0.1", false);
+        let meta = BTreeMap::from([("rack".to_owned(), "r1".to_owned())]);
+        let writes = plan(&inner, &n1("127.0.0.1", &meta), false);
         let ops: Vec<&Op> = writes.iter().map(|w| &w.op).collect();
         assert!(
             matches!(ops[0], Op::DeregisterService { service_id, .. } if service_id == "other")
@@ -489,16 +500,25 @@ mod tests {
             ("n1", "127.0.0.1")
         );
         assert!(!reg.skip_node_update);
+        assert_eq!(reg.node_meta, meta);
         assert!(reg.service.is_none());
         let ids: Vec<&str> = reg.checks.iter().map(|c| c.check_id.as_str()).collect();
         assert_eq!(ids, ["disk"]);
+    }
+
+    fn n1<'a>(address: &'a str, meta: &'a BTreeMap<String, String>) -> NodeInfo<'a> {
+        NodeInfo {
+            name: "n1",
+            address,
+            meta,
+        }
     }
 
     #[test]
     fn an_unsynced_service_goes_with_all_its_checks() {
         let mut inner = local_state();
         inner.services.get_mut("web").expect("web").synced = 0;
-        let writes = plan(&inner, "n1", "127.0.0.1", false);
+        let writes = plan(&inner, &n1("127.0.0.1", &BTreeMap::new()), false);
         assert_eq!(writes.len(), 1);
         let Op::CatalogRegister(reg) = &writes[0].op else {
             panic!("{:?}", writes[0].op)
@@ -509,8 +529,8 @@ mod tests {
 
         // Nothing pending: no write, unless the node itself must be registered.
         let synced = local_state();
-        assert!(plan(&synced, "n1", "a", false).is_empty());
-        assert_eq!(plan(&synced, "n1", "a", true).len(), 1);
+        assert!(plan(&synced, &n1("a", &BTreeMap::new()), false).is_empty());
+        assert_eq!(plan(&synced, &n1("a", &BTreeMap::new()), true).len(), 1);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::time::Duration;
 
-use vigil_agent::cmd::demo::{Decision, WorkerEvent, WorkerLine};
+use vigil_demo::{Decision, WorkerEvent, WorkerLine};
 
 /// Which property a violation breaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -280,7 +280,7 @@ pub fn check_recovery(recovery: Option<Duration>, bound: Duration) -> Vec<Violat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vigil_agent::cmd::demo::Token;
+    use vigil_demo::Token;
 
     fn line(node: &str, session: &str, at_ms: u64, event: WorkerEvent) -> WorkerLine {
         WorkerLine {

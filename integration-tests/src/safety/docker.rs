@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::time::Instant;
-use vigil_agent::cmd::demo::{BANK_CHECK, WORKER_CHECK, WorkerLine};
+use vigil_demo::{BANK_CHECK, WORKER_CHECK, WorkerLine};
 
 use super::register::AgentBoard;
 use super::schedule::FaultKind;

@@ -1,6 +1,6 @@
 //! The loopback environment: a [`Cluster`] of 3 servers and one client agent per worker on
-//! 127.0.0.1, the bank as a `vigil demo bank` process, and per client a supervisor task that
-//! runs `vigil lock --fair demo/leader -- vigil demo worker ...` again each time it exits and
+//! 127.0.0.1, the bank as a `vigil-demo bank` process, and per client a supervisor task that
+//! runs `vigil lock --fair demo/leader -- vigil-demo worker ...` again each time it exits and
 //! collects the worker's lines. Faults are signals: SIGKILL (a crash) and SIGSTOP/SIGCONT (a
 //! frozen node; a frozen agent alone stands in for a partition, since its worker still reaches
 //! the bank).
@@ -8,22 +8,23 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
-use vigil_agent::cmd::demo::{WorkerEvent, WorkerLine};
+use vigil_demo::{WorkerEvent, WorkerLine};
 
 use super::register::AgentBoard;
 use super::schedule::FaultKind;
 use super::{Env, LOCK_PREFIX, Plan, WorkerSpec};
 use crate::cluster::Cluster;
-use crate::{Http, binary};
+use crate::{Http, binary, demo_binary};
 
 /// How long to wait for someone to hold the lock before a holder fault.
 const HOLDER_WAIT: Duration = Duration::from_secs(30);
@@ -116,7 +117,7 @@ impl Loopback {
     }
 
     fn procs(&self, i: usize) -> Procs {
-        self.procs.lock().unwrap_or_else(|e| e.into_inner())[i]
+        self.procs.lock()[i]
     }
 
     /// The client node whose worker holds the lock, per `/v1/vigil/locks` on a server.
@@ -135,7 +136,7 @@ impl Loopback {
                     continue;
                 }
                 let report = reply.json();
-                let node = report["FairQueues"][0]["Queue"][0]["Node"].as_str();
+                let node = report["Queues"][0]["Holders"][0]["Node"].as_str();
                 if let Some(i) = node.and_then(|n| n.strip_prefix('c')?.parse().ok()) {
                     return Ok(i);
                 }
@@ -155,7 +156,7 @@ impl Loopback {
         let deadline = Instant::now() + HOLDER_WAIT;
         loop {
             let writing = {
-                let lines = self.lines.lock().unwrap_or_else(|e| e.into_inner());
+                let lines = self.lines.lock();
                 let mut last: BTreeMap<&str, &WorkerEvent> = BTreeMap::new();
                 for line in lines.iter() {
                     last.insert(&line.node, &line.event);
@@ -191,19 +192,14 @@ impl Loopback {
     /// How many lines client node `i`'s workers have printed.
     fn worker_lines(&self, i: usize) -> usize {
         let node = format!("c{i}");
-        self.lines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter(|l| l.node == node)
-            .count()
+        self.lines.lock().iter().filter(|l| l.node == node).count()
     }
 }
 
-/// Starts `vigil demo bank` on a free port; returns the process and its address.
+/// Starts `vigil-demo bank` on a free port; returns the process and its address.
 async fn start_bank(cluster: &Cluster, broken: bool) -> anyhow::Result<(Child, SocketAddr)> {
-    let mut command = Command::new(binary());
-    command.args(["demo", "bank", "--listen", "127.0.0.1:0"]);
+    let mut command = Command::new(demo_binary());
+    command.args(["bank", "--listen", "127.0.0.1:0"]);
     if broken {
         command.arg("--allow-unfenced");
     }
@@ -213,7 +209,7 @@ async fn start_bank(cluster: &Cluster, broken: bool) -> anyhow::Result<(Child, S
         .stderr(log)
         .kill_on_drop(true)
         .spawn()
-        .context("starting vigil demo bank")?;
+        .context("starting vigil-demo bank")?;
     let mut lines = BufReader::new(child.stdout.take().context("bank stdout")?).lines();
     let first = timeout(Duration::from_secs(30), lines.next_line())
         .await
@@ -248,10 +244,10 @@ struct Supervisor {
 
 impl Supervisor {
     fn set_procs(&self, update: impl FnOnce(&mut Procs)) {
-        update(&mut self.procs.lock().unwrap_or_else(|e| e.into_inner())[self.node]);
+        update(&mut self.procs.lock()[self.node]);
     }
 
-    /// `vigil lock --fair ... demo/leader -- vigil demo worker ...` against `agent`.
+    /// `vigil lock --fair ... demo/leader -- vigil-demo worker ...` against `agent`.
     fn command(&self, agent: &str) -> anyhow::Result<Command> {
         let spec = &self.spec;
         let mut command = Command::new(binary());
@@ -267,8 +263,8 @@ impl Supervisor {
         ] {
             command.arg(flag).arg(format!("{}ms", d.as_millis()));
         }
-        command.arg(LOCK_PREFIX).arg("--").arg(binary());
-        command.args(["demo", "worker", "--name", &format!("c{}", self.node)]);
+        command.arg(LOCK_PREFIX).arg("--").arg(demo_binary());
+        command.args(["worker", "--name", &format!("c{}", self.node)]);
         command.arg("--bank").arg(self.bank.to_string());
         command.arg("--http-addr").arg(agent);
         command.arg("--writes").arg(spec.writes.to_string());
@@ -325,7 +321,7 @@ impl Supervisor {
                         stopping = true;
                         // vigil lock forwards SIGTERM to the worker's group.
                         signal(lock_pid, "-TERM", false);
-                        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner())[self.node];
+                        let procs = self.procs.lock()[self.node];
                         tokio::spawn(kill_after(STOP_WAIT, procs));
                     }
                 }
@@ -349,10 +345,7 @@ impl Supervisor {
         if let WorkerEvent::Grant { pid, .. } = parsed.event {
             self.set_procs(|p| p.worker = pid);
         }
-        self.lines
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(parsed);
+        self.lines.lock().push(parsed);
     }
 }
 
@@ -454,7 +447,7 @@ impl Env for Loopback {
     }
 
     async fn lines(&mut self) -> anyhow::Result<Vec<WorkerLine>> {
-        Ok(self.lines.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        Ok(self.lines.lock().clone())
     }
 
     async fn stop_workers(&mut self) {

@@ -1,6 +1,6 @@
 //! The lock-safety checker. Workers hand the fair lock [`LOCK_PREFIX`] around (`vigil lock
-//! --fair demo/leader -- vigil demo worker`, each turn writing its fencing token to the fencing
-//! bank, `vigil demo bank`) while a seeded schedule applies faults and a register workload
+//! --fair demo/leader -- vigil-demo worker`, each turn writing its fencing token to the fencing
+//! bank, `vigil-demo bank`) while a seeded schedule applies faults and a register workload
 //! writes KV keys beside them. Then it checks, from what was recorded ([`check`]):
 //! (a) the bank never accepted a write with a stale token, (b) no two holders' grants overlap
 //! in the server's history, (c) every acknowledged KV write reads back, (d) a lock is granted
@@ -25,7 +25,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use vigil_agent::cmd::demo::{Decision, WorkerLine};
+use vigil_demo::{Decision, WorkerLine};
 
 use check::Violation;
 pub use docker::{DockerStatus, docker_status};

@@ -5,9 +5,10 @@
 //! environments keep up to date as nodes die and come back.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use vigil_shared::client::{Client, ReadOpts};
@@ -30,8 +31,8 @@ impl AgentBoard {
         AgentBoard(Arc::new(Mutex::new(agents)))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, Vec<Option<String>>> {
+        self.0.lock()
     }
 
     pub fn set(&self, i: usize, agent: Option<String>) {

@@ -17,7 +17,7 @@ use openraft::raft::{
 };
 
 use super::{MAX_APPEND_BYTES, Node, NodeId, TypeConfig};
-use crate::rpc::{RpcRequest, RpcResponse};
+use crate::rpc::{Call, RpcRequest, RpcResponse, calls};
 use crate::transport::{RpcClient, TransportError};
 
 /// Hands out clients that share the server's connection pool.
@@ -54,36 +54,37 @@ struct PeerError(String);
 type RpcErr<E> = RPCError<NodeId, Node, E>;
 
 impl QuicPeer {
-    async fn call<E: std::error::Error>(
+    /// Sends a raft message; a refusal (this server's certificate is not a server's) is an
+    /// unreachable peer to raft, an answer of another kind a network error.
+    async fn call<C: Call, E: std::error::Error>(
         &self,
-        request: RpcRequest,
+        call: C,
         timeout: Duration,
-    ) -> Result<RpcResponse, RpcErr<E>> {
+    ) -> Result<C::Reply, RpcErr<E>> {
         let addr = self
             .addr
             .as_ref()
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e.clone()))))?;
+        let request: RpcRequest = call.into();
         match self
             .rpc
             .call_typed::<RpcRequest, RpcResponse>(*addr, &request, timeout)
             .await
+            .map(C::reply)
         {
-            Ok(RpcResponse::Refused(why)) => {
+            Ok(Ok(reply)) => Ok(reply),
+            Ok(Err(RpcResponse::Refused(why))) => {
                 Err(RPCError::Unreachable(Unreachable::new(&PeerError(why))))
             }
-            Ok(response) => Ok(response),
+            Ok(Err(other)) => Err(RPCError::Network(NetworkError::new(&PeerError(format!(
+                "node {} answered {other:?}",
+                self.target
+            ))))),
             Err(e @ TransportError::Unreachable { .. }) => {
                 Err(RPCError::Unreachable(Unreachable::new(&e)))
             }
             Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
         }
-    }
-
-    fn unexpected<E: std::error::Error>(&self, response: RpcResponse) -> RpcErr<E> {
-        RPCError::Network(NetworkError::new(&PeerError(format!(
-            "node {} answered {response:?}",
-            self.target
-        ))))
     }
 }
 
@@ -120,14 +121,10 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
                 PayloadTooLarge::new_entries_hint(fit),
             ));
         }
-        match self
-            .call(RpcRequest::AppendEntries(rpc), option.hard_ttl())
+        let call = calls::AppendEntries { request: rpc };
+        self.call(call, option.hard_ttl())
             .await?
-        {
-            RpcResponse::AppendEntries(Ok(r)) => Ok(r),
-            RpcResponse::AppendEntries(Err(e)) => Err(remote(self.target, e)),
-            other => Err(self.unexpected(other)),
-        }
+            .map_err(|e| remote(self.target, e))
     }
 
     async fn install_snapshot(
@@ -136,14 +133,10 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         option: RPCOption,
     ) -> Result<InstallSnapshotResponse<NodeId>, RpcErr<RaftError<NodeId, InstallSnapshotError>>>
     {
-        match self
-            .call(RpcRequest::InstallSnapshot(rpc), option.hard_ttl())
+        let call = calls::InstallSnapshot { request: rpc };
+        self.call(call, option.hard_ttl())
             .await?
-        {
-            RpcResponse::InstallSnapshot(Ok(r)) => Ok(r),
-            RpcResponse::InstallSnapshot(Err(e)) => Err(remote(self.target, e)),
-            other => Err(self.unexpected(other)),
-        }
+            .map_err(|e| remote(self.target, e))
     }
 
     async fn vote(
@@ -151,11 +144,9 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RpcErr<RaftError<NodeId>>> {
-        match self.call(RpcRequest::Vote(rpc), option.hard_ttl()).await? {
-            RpcResponse::Vote(Ok(r)) => Ok(r),
-            RpcResponse::Vote(Err(e)) => Err(remote(self.target, e)),
-            other => Err(self.unexpected(other)),
-        }
+        self.call(calls::Vote { request: rpc }, option.hard_ttl())
+            .await?
+            .map_err(|e| remote(self.target, e))
     }
 }
 

@@ -31,11 +31,12 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{AnyError, RaftLogReader, StorageIOError, Vote};
+use parking_lot::{Mutex, MutexGuard};
 use redb::backends::{FileBackend, InMemoryBackend};
 use redb::{
     Database, DatabaseError, ReadTransaction, ReadableDatabase, ReadableTable, TableDefinition,
@@ -128,7 +129,7 @@ struct Shared {
 
 impl Shared {
     fn overlay(&self) -> MutexGuard<'_, Overlay> {
-        self.overlay.lock().unwrap_or_else(|e| e.into_inner())
+        self.overlay.lock()
     }
 
     /// The overlay and a file snapshot taken together. The writer forgets a change only after

@@ -15,16 +15,18 @@
 use std::fs::{self, File};
 use std::io::{self, Cursor, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
+use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{AnyError, EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use vigil_shared::rpc::Response;
 
 use super::{LogId, StorageError, StoredMembership, TypeConfig};
 use crate::state::{Effects, StateMachine};
+use crate::telemetry::InvalidationCause;
 use crate::watch::Watches;
 
 type Entry = openraft::Entry<TypeConfig>;
@@ -33,8 +35,20 @@ type Meta = SnapshotMeta<super::NodeId, super::Node>;
 /// What leader duties need to hear about applied commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SessionEvent {
-    Created { id: String, ttl: String },
-    Destroyed { id: String },
+    Created {
+        id: String,
+        ttl: String,
+    },
+    /// Invalidated, and why (a TTL expiry shows as a destroy: the leader's timers know it).
+    Destroyed {
+        id: String,
+        cause: InvalidationCause,
+    },
+    /// A native lock has waiters that may be granted once its lock-delay ends at `until_ms`.
+    LockDelay {
+        name: String,
+        until_ms: u64,
+    },
 }
 
 /// State shared between the raft state machine and the readers of it.
@@ -58,7 +72,7 @@ impl SharedState {
 
     /// Read access to the state machine. Never hold it across an `.await`.
     pub fn read(&self) -> RwLockReadGuard<'_, StateMachine> {
-        self.state.read().unwrap_or_else(|e| e.into_inner())
+        self.state.read()
     }
 
     /// Follows the last applied raft index.
@@ -66,8 +80,15 @@ impl SharedState {
         self.applied.subscribe()
     }
 
-    fn publish(&self, fx: &Effects) {
+    fn publish(&self, fx: &Effects, cause: InvalidationCause) {
         self.watches.notify(fx);
+        if !fx.locks.changed.is_empty() {
+            let state = self.read();
+            for name in &fx.locks.changed {
+                let waiters = state.locks().get(name).map_or(0, |l| l.waiters.len());
+                crate::telemetry::lock_waiters(name, waiters);
+            }
+        }
         for (id, ttl) in &fx.ttl_sessions_created {
             // The leader-duty task lives as long as the server; a closed channel means shutdown.
             let _ = self.events.send(SessionEvent::Created {
@@ -76,7 +97,16 @@ impl SharedState {
             });
         }
         for id in &fx.sessions_destroyed {
-            let _ = self.events.send(SessionEvent::Destroyed { id: id.clone() });
+            let _ = self.events.send(SessionEvent::Destroyed {
+                id: id.clone(),
+                cause,
+            });
+        }
+        for (name, until_ms) in &fx.locks.delays {
+            let _ = self.events.send(SessionEvent::LockDelay {
+                name: name.clone(),
+                until_ms: *until_ms,
+            });
         }
     }
 }
@@ -87,9 +117,10 @@ pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
 /// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
 /// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums
-/// and the KV table's LockIndex floor; a version 1 file is refused (the server is then rebuilt
-/// from its peers: remove its data directory and let it rejoin).
-const SNAPSHOT_FORMAT: u8 = 2;
+/// and the KV table's LockIndex floor, version 3 the native lock table and autopilot's
+/// settings; an older file is refused (the server is then rebuilt from its peers: remove its
+/// data directory and let it rejoin).
+pub(crate) const SNAPSHOT_FORMAT: u8 = 3;
 /// Bytes of a CRC-32 trailer (little endian).
 const CRC_LEN: usize = 4;
 
@@ -143,15 +174,25 @@ fn checked(bytes: &[u8]) -> Option<&[u8]> {
     (crc32fast::hash(body).to_le_bytes() == crc).then_some(body)
 }
 
-/// Snapshot data for `state`: its postcard encoding with a CRC-32 trailer.
+/// Snapshot data for `state`: its postcard encoding, then, while a restore is being staged,
+/// the staged restore's (a snapshot taken between a restore's parts must carry them, or a
+/// server that loads it would refuse the parts still to come), and a CRC-32 trailer.
 fn seal(state: &StateMachine) -> Result<Vec<u8>, postcard::Error> {
-    postcard::to_allocvec(state).map(with_crc)
+    let mut bytes = postcard::to_allocvec(state)?;
+    if let Some(staged) = state.staged_restore() {
+        bytes = postcard::to_extend(staged, bytes)?;
+    }
+    Ok(with_crc(bytes))
 }
 
 /// The state machine in snapshot data made by [`seal`], checksum verified.
 fn unseal(data: &[u8]) -> Result<StateMachine, SnapshotDataError> {
     let body = checked(data).ok_or(SnapshotDataError::Checksum)?;
-    Ok(postcard::from_bytes(body)?)
+    let (mut state, rest) = postcard::take_from_bytes::<StateMachine>(body)?;
+    if !rest.is_empty() {
+        state.set_staged_restore(Some(postcard::from_bytes(rest)?));
+    }
+    Ok(state)
 }
 
 /// What `snapshot.bin` holds after its format byte (postcard).
@@ -212,7 +253,7 @@ struct SnapshotDir {
 impl SnapshotDir {
     /// Writes `file` durably unless a newer snapshot is already on disk. Blocking.
     fn persist(&self, file: &SnapshotFile) -> io::Result<()> {
-        let mut on_disk = self.on_disk.lock().unwrap_or_else(|e| e.into_inner());
+        let mut on_disk = self.on_disk.lock();
         if file.meta.last_log_id < *on_disk {
             return Ok(());
         }
@@ -308,7 +349,7 @@ impl StateStore {
                     source,
                 },
             })?;
-            *shared.state.write().unwrap_or_else(|e| e.into_inner()) = state;
+            *shared.state.write() = state;
             if let Some(last) = file.meta.last_log_id {
                 shared.applied.send_replace(last.index);
             }
@@ -333,8 +374,8 @@ impl StateStore {
         })
     }
 
-    fn meta(&self) -> std::sync::MutexGuard<'_, RaftMeta> {
-        self.meta.lock().unwrap_or_else(|e| e.into_inner())
+    fn meta(&self) -> parking_lot::MutexGuard<'_, RaftMeta> {
+        self.meta.lock()
     }
 
     /// Writes the snapshot to disk (if this store has a directory) on the blocking pool, and
@@ -417,7 +458,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         let mut effects = Vec::new();
         let mut last = None;
         {
-            let mut state = self.shared.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.shared.state.write();
             let mut meta = self.meta();
             for entry in entries {
                 last = Some(entry.log_id);
@@ -425,8 +466,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 match entry.payload {
                     EntryPayload::Blank => responses.push(Response::Done),
                     EntryPayload::Normal(cmd) => {
+                        let cause = InvalidationCause::of(&cmd.op);
                         let (response, fx) = state.apply(entry.log_id.index, cmd);
-                        effects.push(fx);
+                        effects.push((fx, cause));
                         responses.push(response);
                     }
                     EntryPayload::Membership(m) => {
@@ -439,8 +481,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         if let Some(last) = last {
             self.shared.applied.send_replace(last.index);
         }
-        for fx in &effects {
-            self.shared.publish(fx);
+        for (fx, cause) in &effects {
+            self.shared.publish(fx, *cause);
         }
         Ok(responses)
     }
@@ -472,7 +514,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
             .await
             .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
         {
-            let mut state = self.shared.state.write().unwrap_or_else(|e| e.into_inner());
+            let mut state = self.shared.state.write();
             let mut m = self.meta();
             *state = restored;
             m.last_applied = meta.last_log_id;
@@ -517,6 +559,30 @@ mod tests {
 
     fn log_id(index: u64) -> LogId {
         openraft::testing::log_id(1, 1, index)
+    }
+
+    #[test]
+    fn snapshot_data_carries_a_restore_being_staged() {
+        let mut state = StateMachine::default();
+        state.apply(
+            1,
+            Command {
+                now_ms: 1,
+                op: Op::RestoreChunk {
+                    id: "r".into(),
+                    offset: 0,
+                    bytes: vec![7; 100],
+                    last: false,
+                },
+            },
+        );
+        assert!(state.staged_restore().is_some());
+        assert_eq!(unseal(&seal(&state).expect("seal")).expect("unseal"), state);
+        // Data without a staged restore is what builds before staging wrote.
+        let plain = StateMachine::default();
+        let old = with_crc(postcard::to_allocvec(&plain).expect("encode"));
+        assert_eq!(seal(&plain).expect("seal"), old);
+        assert_eq!(unseal(&old).expect("unseal"), plain);
     }
 
     fn membership_entry(index: u64) -> Entry {

@@ -203,6 +203,14 @@ impl KvStore {
             .filter(|left| *left > 0)
     }
 
+    /// Keys whose lock-delay has not passed at `now_ms`.
+    pub fn lock_delays_active(&self, now_ms: u64) -> usize {
+        self.lock_delays
+            .values()
+            .filter(|until| **until > now_ms)
+            .count()
+    }
+
     /// Runs `ops` in order. Every failing op is reported and nothing is applied; otherwise the
     /// writes are committed at `ctx.index`. Returns the keys whose entries changed.
     pub fn apply_txn(&mut self, ops: &[KvOp], ctx: &TxnContext<'_>) -> (TxnOutcome, Vec<String>) {
@@ -574,6 +582,21 @@ impl KvStore {
     /// Every acquire grants a LockIndex above this (the highest a reaped tombstone held).
     pub fn lock_index_floor(&self) -> u64 {
         self.lock_index_floor
+    }
+
+    /// The highest LockIndex this table ever granted that it still knows of: its entries',
+    /// its tombstones' and its floor.
+    pub fn highest_lock_index(&self) -> u64 {
+        let entries = self.entries.values().map(|e| e.lock_index);
+        let tombstones = self.tombstones.values().map(|t| t.lock_index);
+        entries
+            .chain(tombstones)
+            .fold(self.lock_index_floor, u64::max)
+    }
+
+    /// Makes every later acquire grant a LockIndex above `floor`.
+    pub fn raise_lock_index_floor(&mut self, floor: u64) {
+        self.lock_index_floor = self.lock_index_floor.max(floor);
     }
 
     /// The oldest tombstone's deletion time, so the leader knows when a reap is due.

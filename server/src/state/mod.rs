@@ -4,9 +4,13 @@
 
 pub mod catalog;
 pub mod kv;
+pub mod locks;
 pub mod query;
+pub mod restore;
 pub mod session;
 
+#[cfg(test)]
+mod lock_tests;
 #[cfg(test)]
 mod model_tests;
 #[cfg(test)]
@@ -16,14 +20,19 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
+use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{Check, HealthStatus};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
-use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
+use vigil_shared::rpc::{
+    ApplyError, Command, Op, Query as _, QueryResult, ReadQuery, Response, reads,
+};
 use vigil_shared::session::Session;
 
 use catalog::{Catalog, Touched};
 use kv::{KvStore, TxnContext};
+use locks::{LockEffects, LockTable};
 use query::QueryStore;
+use restore::StagedRestore;
 use session::SessionStore;
 
 /// What an applied command changed, for waking blocking queries and for leader duties.
@@ -39,6 +48,8 @@ pub struct Effects {
     /// Sessions created with a TTL: (ID, TTL string).
     pub ttl_sessions_created: Vec<(String, String)>,
     pub sessions_destroyed: Vec<String>,
+    /// Native locks: what changed, whose standing changed, lock-delays to wake.
+    pub locks: LockEffects,
 }
 
 impl Effects {
@@ -61,6 +72,13 @@ pub enum Interest {
     /// One service's instances and health.
     Service(String),
     Queries,
+    /// One session's standing on one native lock.
+    LockStanding {
+        name: String,
+        session: String,
+    },
+    /// Native locks and KV keys under a prefix (`/v1/vigil/locks`).
+    Locks(String),
     /// Not blockable.
     None,
 }
@@ -73,20 +91,28 @@ impl Interest {
                 Interest::Prefix(prefix.clone())
             }
             ReadQuery::SessionInfo { .. }
-            | ReadQuery::SessionList
+            | ReadQuery::SessionList {}
             | ReadQuery::SessionNode { .. } => Interest::Sessions,
-            ReadQuery::CatalogNodes
+            ReadQuery::CatalogNodes {}
             | ReadQuery::NodeChecks { .. }
-            | ReadQuery::CatalogServices
+            | ReadQuery::CatalogServices {}
             | ReadQuery::CatalogNode { .. }
             | ReadQuery::ChecksInState { .. } => Interest::Catalog,
             ReadQuery::CatalogService { name }
             | ReadQuery::ServiceChecks { name }
             | ReadQuery::HealthService { name } => Interest::Service(name.clone()),
-            ReadQuery::QueryList | ReadQuery::QueryGet { .. } => Interest::Queries,
-            ReadQuery::Txn(_) | ReadQuery::Sequencer { .. } | ReadQuery::QueryExecute { .. } => {
-                Interest::None
-            }
+            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => Interest::Queries,
+            ReadQuery::Lock { name } => Interest::Locks(name.clone()),
+            ReadQuery::Locks { prefix } => Interest::Locks(prefix.clone()),
+            // Session IDs are lowercase UUIDs, and a lock's effects name them so.
+            ReadQuery::LockStanding { name, session } => Interest::LockStanding {
+                name: name.clone(),
+                session: session.to_ascii_lowercase(),
+            },
+            ReadQuery::Txn { .. }
+            | ReadQuery::Sequencer { .. }
+            | ReadQuery::QueryExecute { .. }
+            | ReadQuery::LockSequencer { .. } => Interest::None,
         }
     }
 }
@@ -97,12 +123,20 @@ pub struct StateMachine {
     sessions: SessionStore,
     catalog: Catalog,
     queries: QueryStore,
+    locks: LockTable,
     /// Latest leader clock seen; command clocks are clamped to never go backwards.
     last_now_ms: u64,
     /// Checkpointed TTL deadlines of live sessions (leader wall clock, ms). Soft state: not in
     /// snapshots, so a server restored from one arms full TTLs until the next checkpoint.
     #[serde(skip)]
     ttl_deadlines: BTreeMap<String, u64>,
+    /// Autopilot's settings (`/v1/operator/autopilot/configuration`).
+    autopilot: AutopilotConfig,
+    /// A restore whose parts are arriving. Not in snapshot archives; in the snapshots raft
+    /// sends and keeps, after the state (see `raft::state_store`), so every server stages the
+    /// same bytes.
+    #[serde(skip)]
+    staged_restore: Option<StagedRestore>,
 }
 
 impl StateMachine {
@@ -118,8 +152,25 @@ impl StateMachine {
         &self.catalog
     }
 
+    /// The restore being staged, if its parts are arriving.
+    pub fn staged_restore(&self) -> Option<&StagedRestore> {
+        self.staged_restore.as_ref()
+    }
+
+    pub fn set_staged_restore(&mut self, staged: Option<StagedRestore>) {
+        self.staged_restore = staged;
+    }
+
+    pub fn autopilot(&self) -> &AutopilotConfig {
+        &self.autopilot
+    }
+
     pub fn queries(&self) -> &QueryStore {
         &self.queries
+    }
+
+    pub fn locks(&self) -> &LockTable {
+        &self.locks
     }
 
     /// The leader clock of the latest applied command.
@@ -137,7 +188,18 @@ impl StateMachine {
         let now_ms = cmd.now_ms.max(self.last_now_ms);
         self.last_now_ms = now_ms;
         let mut fx = Effects::default();
-        let response = match cmd.op {
+        let response = self.apply_op(index, now_ms, cmd.op, &mut fx);
+        (response, fx)
+    }
+
+    /// Applies one op at raft `index`, adding what it changed to `fx`.
+    fn apply_op(&mut self, index: u64, now_ms: u64, op: Op, fx: &mut Effects) -> Response {
+        match op {
+            Op::Batch(ops) => Response::Batch(
+                ops.into_iter()
+                    .map(|op| self.apply_op(index, now_ms, op, fx))
+                    .collect(),
+            ),
             Op::Kv(ops) => {
                 let ctx = TxnContext {
                     index,
@@ -145,15 +207,15 @@ impl StateMachine {
                     sessions: &self.sessions,
                 };
                 let (outcome, touched) = self.kv.apply_txn(&ops, &ctx);
-                fx.kv_keys = touched;
+                fx.kv_keys.extend(touched);
                 Response::Txn(outcome)
             }
-            Op::CreateSession(session) => match self.create_session(session, index, &mut fx) {
+            Op::CreateSession(session) => match self.create_session(session, index, fx) {
                 Ok(id) => Response::SessionCreated { id },
                 Err(e) => Response::Rejected(e),
             },
             Op::DestroySession { id } => {
-                self.invalidate(&id, index, now_ms, &mut fx);
+                self.invalidate(&id, index, now_ms, fx);
                 Response::Done
             }
             Op::RegisterNode { name, address } => {
@@ -169,7 +231,7 @@ impl StateMachine {
                     let mut t = Touched::default();
                     self.catalog.upsert_check(&reg, index, &mut t);
                     fx.catalog(t);
-                    self.invalidate_if_critical(&reg, index, now_ms, &mut fx);
+                    self.invalidate_if_critical(&reg, index, now_ms, fx);
                     Response::Done
                 }
             }
@@ -180,7 +242,7 @@ impl StateMachine {
                     self.catalog.register(&reg, index, &mut t);
                     fx.catalog(t);
                     for check in &reg.checks {
-                        self.invalidate_if_critical(check, index, now_ms, &mut fx);
+                        self.invalidate_if_critical(check, index, now_ms, fx);
                     }
                     Response::Done
                 }
@@ -189,7 +251,7 @@ impl StateMachine {
                 let mut t = Touched::default();
                 if self.catalog.remove_check(&node, &check_id, index, &mut t) {
                     fx.catalog(t);
-                    self.invalidate_on_checks(&node, &[check_id], index, now_ms, &mut fx);
+                    self.invalidate_on_checks(&node, &[check_id], index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -200,7 +262,7 @@ impl StateMachine {
                     .remove_service(&node, &service_id, index, &mut t)
                 {
                     fx.catalog(t);
-                    self.invalidate_on_checks(&node, &ids, index, now_ms, &mut fx);
+                    self.invalidate_on_checks(&node, &ids, index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -210,7 +272,7 @@ impl StateMachine {
                     fx.catalog(t);
                 }
                 for id in self.sessions.on_node(&name) {
-                    self.invalidate(&id, index, now_ms, &mut fx);
+                    self.invalidate(&id, index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -240,7 +302,17 @@ impl StateMachine {
             }
             Op::ReapTombstones { before_ms } => {
                 self.kv.reap(before_ms, now_ms);
+                self.locks.reap(now_ms);
                 Response::Done
+            }
+            Op::Lock(op) => {
+                match self
+                    .locks
+                    .apply(op, &self.sessions, index, now_ms, &mut fx.locks)
+                {
+                    Ok(outcome) => Response::Lock(outcome),
+                    Err(e) => Response::Rejected(e),
+                }
             }
             Op::CheckpointTtls { deadlines } => {
                 for (id, deadline_ms) in deadlines {
@@ -251,8 +323,17 @@ impl StateMachine {
                 }
                 Response::Done
             }
-        };
-        (response, fx)
+            Op::RestoreSnapshot { state } => restore::restore(self, &state, fx),
+            Op::RestoreChunk {
+                id,
+                offset,
+                bytes,
+                last,
+            } => restore::stage(self, id, offset, bytes, last, fx),
+            Op::SetAutopilotConfig { config, cas } => {
+                Response::Applied(self.autopilot.set(config, index, cas))
+            }
+        }
     }
 
     fn create_session(
@@ -326,6 +407,13 @@ impl StateMachine {
             now_ms,
         );
         fx.kv_keys.extend(keys);
+        self.locks.invalidate_session(
+            &session.id,
+            session.lock_delay_ns,
+            index,
+            now_ms,
+            &mut fx.locks,
+        );
         fx.sessions_changed = true;
         if self.queries.delete_for_session(&session.id, index) {
             fx.queries_changed = true;
@@ -337,30 +425,30 @@ impl StateMachine {
     pub fn query(&self, query: &ReadQuery) -> (QueryResult, u64) {
         match query {
             ReadQuery::KvGet { key } => (
-                QueryResult::Entries(self.kv.get(key).cloned().into_iter().collect()),
+                reads::KvGet::answer(self.kv.get(key).cloned().into_iter().collect()),
                 self.kv.key_index(key),
             ),
             ReadQuery::KvList { prefix } => (
-                QueryResult::Entries(self.kv.list(prefix).cloned().collect()),
+                reads::KvList::answer(self.kv.list(prefix).cloned().collect()),
                 self.kv.prefix_index(prefix),
             ),
             ReadQuery::KvKeys { prefix, separator } => {
                 let keys: Vec<&str> = self.kv.list(prefix).map(|e| e.key.as_str()).collect();
                 (
-                    QueryResult::Keys(collapse_keys(prefix, &keys, separator.as_deref())),
+                    reads::KvKeys::answer(collapse_keys(prefix, &keys, separator.as_deref())),
                     self.kv.prefix_index(prefix),
                 )
             }
             ReadQuery::SessionInfo { id } => (
-                QueryResult::Sessions(self.sessions.get(id).cloned().into_iter().collect()),
+                reads::SessionInfo::answer(self.sessions.get(id).cloned().into_iter().collect()),
                 self.sessions.table_index(),
             ),
-            ReadQuery::SessionList => (
-                QueryResult::Sessions(self.sessions.list().cloned().collect()),
+            ReadQuery::SessionList {} => (
+                reads::SessionList::answer(self.sessions.list().cloned().collect()),
                 self.sessions.table_index(),
             ),
             ReadQuery::SessionNode { node } => (
-                QueryResult::Sessions(
+                reads::SessionNode::answer(
                     self.sessions
                         .on_node(node)
                         .iter()
@@ -369,33 +457,36 @@ impl StateMachine {
                 ),
                 self.sessions.table_index(),
             ),
-            ReadQuery::Txn(ops) => (QueryResult::Txn(self.read_txn(ops)), self.kv.table_index()),
+            ReadQuery::Txn { ops } => (
+                reads::Txn::answer(self.read_txn(ops)),
+                self.kv.table_index(),
+            ),
             ReadQuery::Sequencer {
                 key,
                 lock_index,
                 session,
             } => (
-                QueryResult::Sequencer(self.check_sequencer(key, *lock_index, session)),
+                reads::Sequencer::answer(self.check_sequencer(key, *lock_index, session)),
                 self.kv.key_index(key),
             ),
-            ReadQuery::CatalogNodes => (
-                QueryResult::Nodes(self.catalog.nodes().cloned().collect()),
+            ReadQuery::CatalogNodes {} => (
+                reads::CatalogNodes::answer(self.catalog.nodes().cloned().collect()),
                 self.catalog.table_index(),
             ),
             ReadQuery::NodeChecks { node } => (
-                QueryResult::Checks(self.catalog.node_checks(node)),
+                reads::NodeChecks::answer(self.catalog.node_checks(node)),
                 self.catalog.table_index(),
             ),
-            ReadQuery::CatalogServices => (
-                QueryResult::Services(self.catalog.services().cloned().collect()),
+            ReadQuery::CatalogServices {} => (
+                reads::CatalogServices::answer(self.catalog.services().cloned().collect()),
                 self.catalog.table_index(),
             ),
             ReadQuery::CatalogService { name } => (
-                QueryResult::ServiceNodes(self.catalog.instances(name)),
+                reads::CatalogService::answer(self.catalog.instances(name)),
                 self.catalog.service_index(name),
             ),
             ReadQuery::CatalogNode { node } => (
-                QueryResult::NodeServices(self.catalog.node(node).map(|n| {
+                reads::CatalogNode::answer(self.catalog.node(node).map(|n| {
                     (
                         n.clone(),
                         self.catalog.node_services(node).cloned().collect(),
@@ -404,23 +495,23 @@ impl StateMachine {
                 self.catalog.table_index(),
             ),
             ReadQuery::ServiceChecks { name } => (
-                QueryResult::Checks(self.catalog.service_checks(name)),
+                reads::ServiceChecks::answer(self.catalog.service_checks(name)),
                 self.catalog.service_index(name),
             ),
             ReadQuery::ChecksInState { state } => (
-                QueryResult::Checks(self.catalog.checks_in_state(*state)),
+                reads::ChecksInState::answer(self.catalog.checks_in_state(*state)),
                 self.catalog.table_index(),
             ),
             ReadQuery::HealthService { name } => (
-                QueryResult::Health(self.catalog.health(name)),
+                reads::HealthService::answer(self.catalog.health(name)),
                 self.catalog.service_index(name),
             ),
-            ReadQuery::QueryList => (
-                QueryResult::Queries(self.queries.list().cloned().collect()),
+            ReadQuery::QueryList {} => (
+                reads::QueryList::answer(self.queries.list().cloned().collect()),
                 self.queries.table_index(),
             ),
             ReadQuery::QueryGet { id_or_name } => (
-                QueryResult::Queries(
+                reads::QueryGet::answer(
                     self.queries
                         .lookup(id_or_name)
                         .cloned()
@@ -430,12 +521,36 @@ impl StateMachine {
                 self.queries.table_index(),
             ),
             ReadQuery::QueryExecute { id_or_name } => (
-                QueryResult::Executed(
+                reads::QueryExecute::answer(
                     self.queries
                         .lookup(id_or_name)
                         .map(|q| (q.clone(), query::execute(q, &self.catalog))),
                 ),
                 self.catalog.table_index().max(self.queries.table_index()),
+            ),
+            ReadQuery::Lock { name } => (
+                reads::Lock::answer(self.locks.get(name).cloned()),
+                self.locks.table_index(),
+            ),
+            ReadQuery::Locks { prefix } => (
+                reads::Locks::answer(self.locks.under(prefix).cloned().collect()),
+                self.locks.table_index().max(self.kv.prefix_index(prefix)),
+            ),
+            ReadQuery::LockStanding { name, session } => {
+                let session = self
+                    .sessions
+                    .get(session)
+                    .map_or(session.as_str(), |s| &s.id);
+                let (standing, index) = self.locks.standing(name, session);
+                (reads::LockStanding::answer(standing), index)
+            }
+            ReadQuery::LockSequencer {
+                name,
+                token,
+                session,
+            } => (
+                reads::LockSequencer::answer(self.locks.check_sequencer(name, *token, session)),
+                self.locks.table_index(),
             ),
         }
     }

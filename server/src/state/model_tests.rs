@@ -829,7 +829,8 @@ impl Run {
         );
         assert_eq!(sm.now_ms(), model.now, "clock after\n{log}");
 
-        let (QueryResult::Sessions(sessions), sessions_index) = sm.query(&ReadQuery::SessionList)
+        let (QueryResult::Sessions(sessions), sessions_index) =
+            sm.query(&ReadQuery::SessionList {})
         else {
             panic!("a session list answers with sessions");
         };

@@ -23,19 +23,19 @@ use super::{Effects, StateMachine};
 // ---------------------------------------------------------------------------------------------
 
 /// The leader clock used when a test does not care about time (ms).
-const T0: u64 = 1_700_000_000_000;
+pub(super) const T0: u64 = 1_700_000_000_000;
 
-const N1: &str = "node1";
+pub(super) const N1: &str = "node1";
 const N2: &str = "node2";
 
-const S1: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a01";
-const S2: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a02";
-const S3: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a03";
-const S4: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a04";
+pub(super) const S1: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a01";
+pub(super) const S2: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a02";
+pub(super) const S3: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a03";
+pub(super) const S4: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a04";
 
 /// A session as the HTTP layer would propose it by default: release, 15 s lock-delay,
 /// bound to `serfHealth`, no TTL.
-fn session(id: &str, node: &str) -> Session {
+pub(super) fn session(id: &str, node: &str) -> Session {
     Session {
         id: id.to_owned(),
         name: String::new(),
@@ -175,7 +175,12 @@ mod op {
     }
 }
 
-fn apply_at(sm: &mut StateMachine, index: u64, now_ms: u64, op: Op) -> (Response, Effects) {
+pub(super) fn apply_at(
+    sm: &mut StateMachine,
+    index: u64,
+    now_ms: u64,
+    op: Op,
+) -> (Response, Effects) {
     sm.apply(index, Command { now_ms, op })
 }
 
@@ -232,14 +237,14 @@ fn register_check(sm: &mut StateMachine, index: u64, reg: CheckRegistration) -> 
     fx
 }
 
-fn create_session(sm: &mut StateMachine, index: u64, s: Session) -> Effects {
+pub(super) fn create_session(sm: &mut StateMachine, index: u64, s: Session) -> Effects {
     let id = s.id.clone();
     let (response, fx) = apply(sm, index, Op::CreateSession(s));
     assert_eq!(response, Response::SessionCreated { id });
     fx
 }
 
-fn destroy_at(sm: &mut StateMachine, index: u64, now_ms: u64, id: &str) -> Effects {
+pub(super) fn destroy_at(sm: &mut StateMachine, index: u64, now_ms: u64, id: &str) -> Effects {
     let op = Op::DestroySession { id: id.to_owned() };
     let (response, fx) = apply_at(sm, index, now_ms, op);
     assert_eq!(response, Response::Done);
@@ -280,7 +285,7 @@ fn session_ids(result: QueryResult) -> Vec<String> {
 }
 
 /// Node `node1` (index 1) with a passing `serfHealth` (index 2): enough for default sessions.
-fn world() -> StateMachine {
+pub(super) fn world() -> StateMachine {
     let mut sm = StateMachine::default();
     register_node(&mut sm, 1, N1);
     register_check(&mut sm, 2, check(N1, SERF_HEALTH, HealthStatus::Passing));
@@ -469,7 +474,7 @@ fn session_reads_report_the_table_index() {
     create_session(&mut sm, 7, session(S2, N2));
 
     // List: every session, in ID order, at the table index.
-    let (result, index) = sm.query(&ReadQuery::SessionList);
+    let (result, index) = sm.query(&ReadQuery::SessionList {});
     assert_eq!((session_ids(result), index), (strings(&[S1, S2, S3]), 7));
 
     // Node: only that node's sessions; an unknown node is empty.
@@ -663,7 +668,7 @@ fn node_deregistration_destroys_every_session_on_the_node() {
     assert_eq!(response, Response::Done);
     assert_eq!(fx.sessions_destroyed, strings(&[S1, S2, S3]));
     assert!(fx.catalog_changed && fx.sessions_changed);
-    let (result, index) = sm.query(&ReadQuery::SessionList);
+    let (result, index) = sm.query(&ReadQuery::SessionList {});
     assert_eq!((session_ids(result), index), (strings(&[S4]), 9));
 
     // The node and its checks are gone from the catalog.
@@ -1763,15 +1768,14 @@ fn txn_read_only_query() {
         entry("plain", "", 5, 5),
         entry("nope", "", 0, 0),
     ];
-    let (result, index) = sm.query(&ReadQuery::Txn(reads));
+    let (result, index) = sm.query(&ReadQuery::Txn { ops: reads });
     assert_eq!(result, QueryResult::Txn(TxnOutcome::Committed(want)));
     assert_eq!(index, 5);
 
     // A failing read reports its error.
-    let (result, _) = sm.query(&ReadQuery::Txn(vec![
-        op::get("nope"),
-        op::check_index("plain", 1),
-    ]));
+    let (result, _) = sm.query(&ReadQuery::Txn {
+        ops: vec![op::get("nope"), op::check_index("plain", 1)],
+    });
     let QueryResult::Txn(outcome) = result else {
         panic!("a read txn answers with a txn outcome");
     };
@@ -1795,7 +1799,7 @@ fn txn_read_only_query() {
         op::delete_tree(""),
         op::unlock("lock", "", S1),
     ];
-    let (result, _) = sm.query(&ReadQuery::Txn(writes));
+    let (result, _) = sm.query(&ReadQuery::Txn { ops: writes });
     let QueryResult::Txn(outcome) = result else {
         panic!("expected a txn result, got {result:?}");
     };
@@ -1918,7 +1922,7 @@ fn snapshot_round_trip() {
     );
     assert_eq!(restored.kv().get(&sema), None);
     assert_eq!(get(&restored, "delayed").map(|e| e.lock_index), Some(2));
-    let (result, _) = restored.query(&ReadQuery::SessionList);
+    let (result, _) = restored.query(&ReadQuery::SessionList {});
     assert_eq!(session_ids(result), strings(&[S3]));
 }
 
@@ -2500,4 +2504,37 @@ fn reaping_sets_the_lock_index_floor() {
     assert_eq!(get(&restored, "x").map(|e| e.lock_index), Some(0));
     write(&mut restored, 33, op::lock("x", "v", S1));
     assert_eq!(get(&restored, "x").map(|e| e.lock_index), Some(4));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batches: many ops in one raft entry
+// ---------------------------------------------------------------------------------------------
+
+/// A batch applies its ops in order at the entry's index, answers each, and reports what all
+/// of them changed; a refused op refuses only itself.
+#[test]
+fn a_batch_applies_every_op_in_order_at_one_index() {
+    let mut sm = world();
+    let set = |key: &str, value: &str| {
+        Op::Kv(vec![KvOp::Set {
+            key: key.to_owned(),
+            value: value.as_bytes().to_vec(),
+            flags: 0,
+        }])
+    };
+    let batch = Op::Batch(vec![
+        set("a", "1"),
+        Op::CreateSession(session(S1, "no-such-node")),
+        set("a", "2"),
+        set("b", "3"),
+    ]);
+    let (response, fx) = apply(&mut sm, 7, batch);
+    let Response::Batch(responses) = response else {
+        panic!("a batch answers with a batch, got {response:?}");
+    };
+    assert_eq!(responses.len(), 4);
+    assert_eq!(responses[1], Response::Rejected(ApplyError::MissingNode));
+    assert_eq!(get(&sm, "a"), Some(entry("a", "2", 7, 7)));
+    assert_eq!(get(&sm, "b"), Some(entry("b", "3", 7, 7)));
+    assert_eq!(fx.kv_keys, strings(&["a", "a", "b"]));
 }

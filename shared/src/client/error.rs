@@ -43,6 +43,9 @@ pub enum ClientError {
     LockInUse,
     #[error("Semaphore in use")]
     SemaphoreInUse,
+    /// The lock was not granted within the requested timeout (the contender left the queue).
+    #[error("timed out waiting for the lock")]
+    Timeout,
     /// Our own session died before the lock was acquired.
     #[error("session lost while waiting: {0}")]
     SessionLost(LossReason),

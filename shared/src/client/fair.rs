@@ -1,10 +1,14 @@
-//! [`FairMutex`]: etcd's fair mutex over the KV API. Each contender writes `<prefix>/<session>`
+//! [`KvFairMutex`]: etcd's fair mutex over the KV API. Each contender writes `<prefix>/<session>`
 //! acquired by its own session (flag [`FAIR_FLAG_VALUE`]); the owner is the live contender with
 //! the smallest `CreateIndex`; every other contender blocks only on its predecessor's key, so a
 //! release wakes exactly one waiter. A contender whose own session dies fails at once (its own
 //! key is watched the whole time).
 //!
 //! A plain lock or semaphore holding keys on the same prefix is a conflict.
+//!
+//! On a Vigil agent, [`FairMutex`](super::FairMutex) does the same in one request per
+//! acquisition on the server-side queue; this one stays for plain Consul servers, which have no
+//! such queue, and for the demo's leader election.
 //!
 //! Dead contenders (key left without a session when a session was invalidated) are skipped. A
 //! dead entry with no live entry before it may have been the owner when it died, so the next
@@ -103,7 +107,7 @@ pub fn fair_step(
 
 /// Fair mutex settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FairOptions {
+pub struct KvFairOptions {
     pub prefix: String,
     pub value: Vec<u8>,
     pub session_name: String,
@@ -111,9 +115,9 @@ pub struct FairOptions {
     pub lock_delay: Option<Duration>,
 }
 
-impl FairOptions {
-    pub fn new(prefix: impl Into<String>) -> FairOptions {
-        FairOptions {
+impl KvFairOptions {
+    pub fn new(prefix: impl Into<String>) -> KvFairOptions {
+        KvFairOptions {
             prefix: prefix.into(),
             value: Vec::new(),
             session_name: DEFAULT_FAIR_SESSION_NAME.to_owned(),
@@ -125,17 +129,17 @@ impl FairOptions {
 
 /// A first-come, first-served mutex on a prefix.
 #[derive(Clone)]
-pub struct FairMutex {
+pub struct KvFairMutex {
     client: Client,
-    opts: FairOptions,
+    opts: KvFairOptions,
 }
 
-impl FairMutex {
-    pub fn new(client: &Client, opts: FairOptions) -> Result<FairMutex, ClientError> {
+impl KvFairMutex {
+    pub fn new(client: &Client, opts: KvFairOptions) -> Result<KvFairMutex, ClientError> {
         if opts.prefix.is_empty() {
             return Err(ClientError::MissingPrefix);
         }
-        Ok(FairMutex {
+        Ok(KvFairMutex {
             client: client.clone(),
             opts,
         })

@@ -18,9 +18,28 @@ pub(crate) const MONITOR_WAIT: Duration = Duration::from_secs(300);
 /// Pause before a monitor retries a failed read.
 pub(crate) const MONITOR_RETRY: Duration = Duration::from_secs(1);
 
+/// What a [`Held`]'s sequencer names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeldKind {
+    /// A KV key: `(Key, LockIndex, Session)`.
+    Key,
+    /// A lock of the server-side queue: `(lock name, token, Session)`.
+    Queue,
+}
+
+impl HeldKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HeldKind::Key => "key",
+            HeldKind::Queue => "queue",
+        }
+    }
+}
+
 /// A held lock. Dropping it releases in the background (see [`Client::drain_cleanups`]);
 /// [`Held::release`] does it now and reports errors.
 pub struct Held {
+    kind: HeldKind,
     key: String,
     session: String,
     lock_index: u64,
@@ -38,6 +57,7 @@ impl Held {
         lost: LostSignal,
     ) -> Held {
         Held {
+            kind: HeldKind::Key,
             key,
             session: keeper.id().to_owned(),
             lock_index,
@@ -47,8 +67,19 @@ impl Held {
         }
     }
 
+    /// Marks a hold of the server-side queue.
+    pub(crate) fn queued(mut self) -> Held {
+        self.kind = HeldKind::Queue;
+        self
+    }
+
+    pub fn kind(&self) -> HeldKind {
+        self.kind
+    }
+
     /// The key whose `(Key, LockIndex, Session)` is this holder's sequencer: the lock key, or
-    /// the contender key of a semaphore slot or fair mutex.
+    /// the contender key of a semaphore slot or fair mutex; for the server-side queue, the
+    /// lock's name (and [`Held::lock_index`] is its fencing token).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -90,34 +121,50 @@ impl Drop for Held {
     }
 }
 
-/// Watches `key` until it is no longer held by `session`, the session is lost, or the agent has
-/// been unreachable for `unreachable_after`; then fires `trigger` with the reason.
-pub(crate) async fn monitor_key(
-    client: Client,
-    key: String,
-    session: String,
+/// How long a monitor keeps retrying failed reads before the lock counts as lost: `retries`
+/// pauses of [`MONITOR_RETRY`] when set (Consul's `MonitorRetries`), at most `ttl`.
+pub(crate) fn unreachable_after(retries: Option<u32>, ttl: Duration) -> Duration {
+    retries.map_or(ttl, |n| (MONITOR_RETRY * n).min(ttl))
+}
+
+/// What one look at a held lock found.
+pub(crate) enum Look {
+    /// Still held; block past this index next.
+    Held {
+        index: u64,
+    },
+    Lost(LossReason),
+}
+
+/// Looks at a held lock (blocking past the index it is given) until it is lost, the session is
+/// lost, or the agent has been unreachable for `unreachable_after`; then fires `trigger` with
+/// the reason. A failed look is retried from index 0 after [`MONITOR_RETRY`].
+pub(crate) async fn monitor<F, Fut>(
     mut index: u64,
     keeper_lost: LostSignal,
     trigger: LostTrigger,
     unreachable_after: Duration,
-) {
+    mut look: F,
+) where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = Result<Look, ClientError>>,
+{
     let mut last_ok = Instant::now();
     loop {
-        let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
         let result = tokio::select! {
             reason = keeper_lost.wait() => {
                 trigger.fire(reason);
                 return;
             }
-            result = client.kv_get(&key, opts) => result,
+            result = look(index) => result,
         };
         match result {
-            Ok((Some(entry), meta)) if entry.session.as_deref() == Some(session.as_str()) => {
+            Ok(Look::Held { index: next }) => {
                 last_ok = Instant::now();
-                index = next_wait_index(index, meta.index);
+                index = next;
             }
-            Ok((entry, _)) => {
-                trigger.fire(explain(&client, &session, entry.as_ref()).await);
+            Ok(Look::Lost(reason)) => {
+                trigger.fire(reason);
                 return;
             }
             Err(e) => {
@@ -125,12 +172,39 @@ pub(crate) async fn monitor_key(
                     trigger.fire(LossReason::Unreachable);
                     return;
                 }
-                tracing::debug!(%key, error = %e, "lock monitor read failed, retrying");
+                tracing::debug!(error = %e, "lock monitor read failed, retrying");
                 index = 0;
                 tokio::time::sleep(MONITOR_RETRY).await;
             }
         }
     }
+}
+
+/// Watches `key` until it is no longer held by `session` (see [`monitor`]).
+pub(crate) async fn monitor_key(
+    client: Client,
+    key: String,
+    session: String,
+    index: u64,
+    keeper_lost: LostSignal,
+    trigger: LostTrigger,
+    unreachable_after: Duration,
+) {
+    let look = |index: u64| {
+        let (client, key, session) = (client.clone(), key.clone(), session.clone());
+        async move {
+            let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
+            Ok(match client.kv_get(&key, opts).await? {
+                (Some(entry), meta) if entry.session.as_deref() == Some(session.as_str()) => {
+                    Look::Held {
+                        index: next_wait_index(index, meta.index),
+                    }
+                }
+                (entry, _) => Look::Lost(explain(&client, &session, entry.as_ref()).await),
+            })
+        }
+    };
+    monitor(index, keeper_lost, trigger, unreachable_after, look).await;
 }
 
 /// Why `session` no longer holds a key now in state `entry`.
@@ -142,5 +216,23 @@ pub(crate) async fn explain(client: &Client, session: &str, entry: Option<&KvEnt
             _ if entry.is_none() => LossReason::KeyDeleted,
             _ => LossReason::KeyReleased,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn monitor_retries_bound_the_wait_for_an_unreachable_agent() {
+        let ttl = Duration::from_secs(15);
+        assert_eq!(unreachable_after(None, ttl), ttl, "default: a whole TTL");
+        assert_eq!(unreachable_after(Some(0), ttl), Duration::ZERO);
+        assert_eq!(unreachable_after(Some(3), ttl), Duration::from_secs(3));
+        assert_eq!(
+            unreachable_after(Some(60), ttl),
+            ttl,
+            "never beyond the TTL"
+        );
     }
 }

@@ -1,7 +1,9 @@
 //! The session keeper: creates a TTL session, renews it every TTL/2 (retrying every second on
 //! errors, as Go's `RenewPeriodic` does), and reports it lost on a 404 or after a full TTL without
 //! a successful renew. Closing or dropping it runs the registered cleanups (release or delete the
-//! keys it holds) and then destroys the session.
+//! keys it holds) and then destroys the session. A keeper [`borrowed`](SessionKeeper::borrowed)
+//! from a session someone else keeps alive (Consul's `LockOptions.Session`) neither renews nor
+//! destroys it: closing it runs the cleanups only.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,7 +30,11 @@ pub struct SessionKeeper {
     id: String,
     ttl: Duration,
     lost: LostSignal,
-    renewer: JoinHandle<()>,
+    /// A borrowed keeper's own loss signal, kept unfired while the keeper lives (the recipe's
+    /// monitor notices a lost session through what it watches).
+    _borrowed_signal: Option<LostTrigger>,
+    /// `None` for a borrowed session: its owner renews and destroys it.
+    renewer: Option<JoinHandle<()>>,
     cleanups: Vec<Cleanup>,
     closed: bool,
 }
@@ -52,10 +58,43 @@ impl SessionKeeper {
             id,
             ttl,
             lost,
-            renewer,
+            _borrowed_signal: None,
+            renewer: Some(renewer),
             cleanups: Vec::new(),
             closed: false,
         })
+    }
+
+    /// A keeper for session `id`, which its owner keeps alive (`ttl`: how long the holder's
+    /// monitor tolerates an unreachable agent). Its loss is noticed by what the recipe watches.
+    pub fn borrowed(client: &Client, id: &str, ttl: Duration) -> SessionKeeper {
+        let (trigger, lost) = LostTrigger::new();
+        SessionKeeper {
+            client: client.clone(),
+            id: id.to_owned(),
+            ttl,
+            lost,
+            _borrowed_signal: Some(trigger),
+            renewer: None,
+            cleanups: Vec::new(),
+            closed: false,
+        }
+    }
+
+    /// The caller's session `id` if given, else a new one made from `request`.
+    pub async fn reuse_or_create(
+        client: &Client,
+        id: Option<&str>,
+        request: &SessionRequest,
+    ) -> Result<SessionKeeper, ClientError> {
+        match id {
+            Some(id) => Ok(SessionKeeper::borrowed(
+                client,
+                id,
+                request.ttl.unwrap_or(Duration::from_secs(15)),
+            )),
+            None => SessionKeeper::create(client, request).await,
+        }
     }
 
     pub fn id(&self) -> &str {
@@ -83,9 +122,20 @@ impl SessionKeeper {
     /// Stops renewing, runs the cleanups, destroys the session. Returns the first error.
     pub async fn close(mut self) -> Result<(), ClientError> {
         self.closed = true;
-        self.renewer.abort();
+        let owned = self.stop_renewing();
         let cleanups = std::mem::take(&mut self.cleanups);
-        finish(self.client.clone(), self.id.clone(), cleanups).await
+        finish(self.client.clone(), self.id.clone(), cleanups, owned).await
+    }
+
+    /// Stops the renewer; whether this keeper owns (and so destroys) the session.
+    fn stop_renewing(&mut self) -> bool {
+        match self.renewer.take() {
+            Some(renewer) => {
+                renewer.abort();
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -94,25 +144,30 @@ impl Drop for SessionKeeper {
         if self.closed {
             return;
         }
-        self.renewer.abort();
+        let owned = self.stop_renewing();
         let cleanups = std::mem::take(&mut self.cleanups);
         let (client, id) = (self.client.clone(), self.id.clone());
         self.client.spawn_cleanup(async move {
-            if let Err(e) = finish(client, id.clone(), cleanups).await {
+            if let Err(e) = finish(client, id.clone(), cleanups, owned).await {
                 tracing::warn!(session = %id, error = %e, "cleanup after drop failed");
             }
         });
     }
 }
 
-async fn finish(client: Client, id: String, cleanups: Vec<Cleanup>) -> Result<(), ClientError> {
+async fn finish(
+    client: Client,
+    id: String,
+    cleanups: Vec<Cleanup>,
+    destroy: bool,
+) -> Result<(), ClientError> {
     let mut first_error = None;
     for cleanup in cleanups {
         if let Err(e) = cleanup.await {
             first_error.get_or_insert(e);
         }
     }
-    if let Err(e) = client.session_destroy(&id).await {
+    if destroy && let Err(e) = client.session_destroy(&id).await {
         first_error.get_or_insert(e);
     }
     first_error.map_or(Ok(()), Err)

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::held::{Held, monitor_key};
+use super::held::{Held, monitor_key, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostTrigger};
 use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index};
@@ -38,6 +38,12 @@ pub struct LockOptions {
     /// `None`: the agent's default (15 s).
     pub lock_delay: Option<Duration>,
     pub wait_time: Duration,
+    /// A session the caller keeps alive (`api.LockOptions.Session`), reused by every
+    /// acquisition; `None`: a new session per acquisition, destroyed on release.
+    pub session: Option<String>,
+    /// `MonitorRetries`: failed reads of the held key tolerated, 1 s apart, before
+    /// the lock counts as lost. `None`: until the agent has been unreachable for a session TTL.
+    pub monitor_retries: Option<u32>,
 }
 
 impl LockOptions {
@@ -49,6 +55,8 @@ impl LockOptions {
             session_ttl: DEFAULT_LOCK_SESSION_TTL,
             lock_delay: None,
             wait_time: DEFAULT_LOCK_WAIT_TIME,
+            session: None,
+            monitor_retries: None,
         }
     }
 
@@ -89,8 +97,9 @@ impl Lock {
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let client = &self.client;
         let key = &self.opts.key;
+        let request = self.opts.session_request(Behavior::Release);
         let mut keeper =
-            SessionKeeper::create(client, &self.opts.session_request(Behavior::Release)).await?;
+            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
         let mut index = 0;
@@ -166,7 +175,7 @@ impl Lock {
             meta.index,
             session_lost,
             trigger,
-            keeper.ttl(),
+            unreachable_after(self.opts.monitor_retries, keeper.ttl()),
         ));
         Ok(Held::new(key.clone(), lock_index, keeper, monitor, lost))
     }

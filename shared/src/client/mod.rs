@@ -1,7 +1,8 @@
 //! The async HTTP client for a Vigil (or Consul) agent, behind the `client` feature: KV, sessions,
 //! txn and blocking queries over one pooled `reqwest` client, plus the recipes built on them —
-//! a session keeper, [`Lock`] (`api.Lock`), [`Semaphore`] (`api.Semaphore`), the etcd-style
-//! [`FairMutex`] and [`Election`]. Every acquisition returns a [`Held`] whose `lost()` resolves
+//! a session keeper, [`Lock`] (`api.Lock`), [`Semaphore`] (`api.Semaphore`), [`Election`], the
+//! server-side queue's [`LockQueue`], [`FairMutex`] and [`RwLock`], and the etcd-style
+//! [`KvFairMutex`] for a plain Consul server. Every acquisition returns a [`Held`] whose `lost()` resolves
 //! once the lock is no longer held.
 //!
 //! Invariants: a blocking read carries the last `X-Consul-Index` forward ([`next_wait_index`]);
@@ -18,24 +19,27 @@ mod kv;
 mod lock;
 mod lost;
 pub mod path;
+mod queue;
 mod semaphore;
 mod session;
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
 pub use election::{Election, Leader};
 pub use error::ClientError;
-pub use fair::{FAIR_FLAG_VALUE, FairMutex, FairOptions, FairStep, fair_step};
-pub use held::Held;
+pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step};
+pub use held::{Held, HeldKind};
 pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
 pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
+pub use queue::{FairMutex, LockQueue, QueueOptions, QueueReply, RwLock};
 pub use semaphore::{
     SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,
 };
@@ -44,7 +48,7 @@ pub use session::SessionRequest;
 /// Where client commands find the agent when no environment variable says otherwise.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8500";
 /// How long a non-blocking request may take before it counts as failed.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// A blocking read without an explicit wait blocks this long on the server (Consul's default).
 const DEFAULT_BLOCKING_WAIT: Duration = Duration::from_secs(300);
 
@@ -102,10 +106,13 @@ struct Inner {
     http: reqwest::Client,
     /// `http://host:port`, no trailing slash.
     base: String,
-    /// Blocking reads (index > 0) that returned, for measuring wakeups.
+    /// Blocking reads (index > 0) and waiting queue acquisitions that returned, for measuring
+    /// wakeups.
     blocking_returns: AtomicU64,
     /// Cleanups queued by dropped holders (release, delete, session destroy).
     cleanups: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// Sent as `X-Consul-Token` on every request, as Consul's clients do with `-token`.
+    token: Option<String>,
 }
 
 /// A raw answer.
@@ -155,8 +162,22 @@ impl Client {
                 base,
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
+                token: None,
             }),
         })
+    }
+
+    /// The same agent, with `token` sent as `X-Consul-Token` on every request.
+    pub fn with_token(&self, token: &str) -> Client {
+        Client {
+            inner: Arc::new(Inner {
+                http: self.inner.http.clone(),
+                base: self.inner.base.clone(),
+                blocking_returns: AtomicU64::new(0),
+                cleanups: Mutex::new(Vec::new()),
+                token: Some(token.to_owned()),
+            }),
+        }
     }
 
     /// The agent named by `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500.
@@ -173,7 +194,8 @@ impl Client {
         &self.inner.base
     }
 
-    /// How many blocking reads (index > 0) have returned through this client and its clones.
+    /// How many blocking reads (index > 0) and waiting queue acquisitions have returned through
+    /// this client and its clones.
     pub fn blocking_returns(&self) -> u64 {
         self.inner.blocking_returns.load(Ordering::Relaxed)
     }
@@ -187,11 +209,7 @@ impl Client {
             return;
         };
         let handle = runtime.spawn(cleanup);
-        let mut queue = self
-            .inner
-            .cleanups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut queue = self.inner.cleanups.lock();
         queue.retain(|h| !h.is_finished());
         queue.push(handle);
     }
@@ -199,11 +217,7 @@ impl Client {
     /// Waits (at most `limit`) for cleanups queued by dropped holders: call before exiting.
     pub async fn drain_cleanups(&self, limit: Duration) {
         let pending: Vec<_> = {
-            let mut queue = self
-                .inner
-                .cleanups
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut queue = self.inner.cleanups.lock();
             std::mem::take(&mut *queue)
         };
         let all = futures::future::join_all(pending);
@@ -220,6 +234,9 @@ impl Client {
     ) -> Result<Reply, ClientError> {
         let url = format!("{}{path_and_query}", self.inner.base);
         let mut request = self.inner.http.request(method, &url).timeout(timeout);
+        if let Some(token) = &self.inner.token {
+            request = request.header("X-Consul-Token", token);
+        }
         if let Some(body) = body {
             request = request.body(body);
         }
@@ -236,6 +253,10 @@ impl Client {
             headers,
             body,
         })
+    }
+
+    pub(crate) fn count_blocking_return(&self) {
+        self.inner.blocking_returns.fetch_add(1, Ordering::Relaxed);
     }
 
     /// A GET with the read options applied; 200 and 404 are both answers.
@@ -263,7 +284,7 @@ impl Client {
             .send(Method::GET, &with_query(path, &pairs), None, timeout)
             .await;
         if blocking {
-            self.inner.blocking_returns.fetch_add(1, Ordering::Relaxed);
+            self.count_blocking_return();
         }
         let reply = reply?;
         match reply.status {
@@ -277,6 +298,23 @@ impl Client {
 }
 
 impl Client {
+    /// A GET of any endpoint as JSON, with the read options applied: `None` for a 404 (a key
+    /// that does not exist).
+    pub async fn get_json(
+        &self,
+        path: &str,
+        query: &[(&str, String)],
+        opts: ReadOpts,
+    ) -> Result<(Option<serde_json::Value>, QueryMeta), ClientError> {
+        let (reply, meta) = self.read(&encode_path(path), query, &opts).await?;
+        if reply.status == 404 {
+            return Ok((None, meta));
+        }
+        let body =
+            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok((Some(body), meta))
+    }
+
     /// `GET /v1/vigil/locks?prefix=`: held keys, semaphore holders and fair-lock queues.
     pub async fn vigil_locks(&self, prefix: &str) -> Result<serde_json::Value, ClientError> {
         let query = [("prefix", prefix.to_owned())];

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain};
+use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index, path};
@@ -146,6 +146,11 @@ pub struct SemaphoreOptions {
     pub session_ttl: Duration,
     pub lock_delay: Option<Duration>,
     pub wait_time: Duration,
+    /// A session the caller keeps alive (`api.SemaphoreOptions.Session`); `None`: a new
+    /// session per acquisition.
+    pub session: Option<String>,
+    /// As [`LockOptions::monitor_retries`](super::LockOptions::monitor_retries).
+    pub monitor_retries: Option<u32>,
 }
 
 impl SemaphoreOptions {
@@ -158,6 +163,8 @@ impl SemaphoreOptions {
             session_ttl: Duration::from_secs(15),
             lock_delay: None,
             wait_time: DEFAULT_SEMAPHORE_WAIT_TIME,
+            session: None,
+            monitor_retries: None,
         }
     }
 }
@@ -196,7 +203,8 @@ impl Semaphore {
             behavior: Behavior::Delete,
             ..SessionRequest::default()
         };
-        let mut keeper = SessionKeeper::create(client, &request).await?;
+        let mut keeper =
+            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
         let contender = path::join(&[&self.opts.prefix, &session]);
@@ -268,7 +276,7 @@ impl Semaphore {
             lock_key: self.lock_key.clone(),
             limit: self.opts.limit,
             session,
-            unreachable_after: keeper.ttl(),
+            unreachable_after: unreachable_after(self.opts.monitor_retries, keeper.ttl()),
         };
         let monitor = tokio::spawn(monitor_slot(watch, start_index, session_lost, trigger));
         Ok(Held::new(contender, lock_index, keeper, monitor, lost))

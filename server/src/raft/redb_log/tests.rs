@@ -264,10 +264,7 @@ async fn flushes_report_in_order_once_their_commit_holds_them() {
                 .get(first)
                 .expect("get")
                 .map(|v| decode_entry(v.value()).expect("decode").log_id);
-            reports
-                .lock()
-                .expect("reports")
-                .push((first, result.is_ok(), held));
+            reports.lock().push((first, result.is_ok(), held));
         });
         store.append_then(batch, done).expect("append");
     }
@@ -275,7 +272,7 @@ async fn flushes_report_in_order_once_their_commit_holds_them() {
         .save_committed(Some(log_id(1, 7)))
         .await
         .expect("committed");
-    assert!(reports.lock().expect("reports").is_empty());
+    assert!(reports.lock().is_empty());
 
     // A vote saved after them returns only once its commit is durable, and so theirs too.
     drop(stalled);
@@ -284,7 +281,7 @@ async fn flushes_report_in_order_once_their_commit_holds_them() {
         .await
         .expect("vote");
     assert_eq!(
-        *reports.lock().expect("reports"),
+        *reports.lock(),
         vec![
             (1, true, Some(log_id(1, 1))),
             (4, true, Some(log_id(1, 4))),

@@ -1,0 +1,194 @@
+//! `vigil operator raft remove-peer|transfer-leader` and `vigil operator autopilot
+//! get-config|set-config|state`: Consul's operator commands, through the local agent's HTTP API.
+
+use clap::Args;
+use serde_json::Value;
+
+use super::AgentAddr;
+use super::members::{AutopilotCommand, OperatorCommand, RaftCommand};
+
+#[derive(Debug, Args)]
+pub struct RemovePeerArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// The server's raft ID, as `list-peers` shows it.
+    #[arg(long, conflicts_with = "address", required_unless_present = "address")]
+    pub id: Option<String>,
+    /// The server's RPC address (IP:port).
+    #[arg(long)]
+    pub address: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct TransferLeaderArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// The raft ID of the server to hand leadership to [default: the most caught-up voter].
+    #[arg(long)]
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct SetConfigArgs {
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// Remove dead servers automatically (never below a quorum).
+    #[arg(long)]
+    pub cleanup_dead_servers: Option<bool>,
+    /// A server further behind the leader's log than this is unhealthy.
+    #[arg(long)]
+    pub max_trailing_logs: Option<u64>,
+    /// Go duration.
+    #[arg(long)]
+    pub last_contact_threshold: Option<String>,
+    /// Go duration.
+    #[arg(long)]
+    pub server_stabilization_time: Option<String>,
+    #[arg(long)]
+    pub min_quorum: Option<u64>,
+}
+
+/// Reads the settings, changes what the flags give, and writes them back with `?cas=` so a
+/// concurrent change is not overwritten.
+async fn set_config(args: SetConfigArgs) -> anyhow::Result<i32> {
+    let path = "/v1/operator/autopilot/configuration";
+    let mut config = json(&args.agent, path).await?;
+    let index = config["ModifyIndex"].as_u64().unwrap_or(0);
+    if let Some(v) = args.cleanup_dead_servers {
+        config["CleanupDeadServers"] = v.into();
+    }
+    if let Some(v) = args.max_trailing_logs {
+        config["MaxTrailingLogs"] = v.into();
+    }
+    if let Some(v) = args.last_contact_threshold {
+        config["LastContactThreshold"] = v.into();
+    }
+    if let Some(v) = args.server_stabilization_time {
+        config["ServerStabilizationTime"] = v.into();
+    }
+    if let Some(v) = args.min_quorum {
+        config["MinQuorum"] = v.into();
+    }
+    let base = args.agent.client()?.base().to_owned();
+    let response = reqwest::Client::new()
+        .put(format!("{base}{path}?cas={index}"))
+        .body(config.to_string())
+        .send()
+        .await?;
+    let status = response.status();
+    let text = response.text().await.unwrap_or_default();
+    anyhow::ensure!(status.is_success(), "{status}: {}", text.trim());
+    if text.trim() == "true" {
+        println!("Configuration updated!");
+        Ok(0)
+    } else {
+        println!("Configuration could not be atomically updated, please try again");
+        Ok(1)
+    }
+}
+
+pub async fn run(cmd: OperatorCommand) -> anyhow::Result<i32> {
+    match cmd {
+        OperatorCommand::Raft(RaftCommand::ListPeers(agent)) => {
+            super::members::list_peers(agent).await
+        }
+        OperatorCommand::Raft(RaftCommand::RemovePeer(args)) => {
+            let query = match (&args.id, &args.address) {
+                (Some(id), _) => format!("id={id}"),
+                (None, Some(address)) => format!("address={address}"),
+                (None, None) => anyhow::bail!("give --id or --address"),
+            };
+            call(
+                &args.agent,
+                reqwest::Method::DELETE,
+                &format!("/v1/operator/raft/peer?{query}"),
+            )
+            .await?;
+            let peer = args.id.or(args.address).unwrap_or_default();
+            println!("Removed peer with {peer}");
+            Ok(0)
+        }
+        OperatorCommand::Raft(RaftCommand::TransferLeader(args)) => {
+            let path = match &args.id {
+                Some(id) => format!("/v1/operator/raft/transfer-leader?id={id}"),
+                None => "/v1/operator/raft/transfer-leader".to_owned(),
+            };
+            call(&args.agent, reqwest::Method::POST, &path).await?;
+            println!("Success");
+            Ok(0)
+        }
+        OperatorCommand::Autopilot(AutopilotCommand::GetConfig(agent)) => {
+            let config = json(&agent, "/v1/operator/autopilot/configuration").await?;
+            for key in [
+                "CleanupDeadServers",
+                "LastContactThreshold",
+                "MaxTrailingLogs",
+                "MinQuorum",
+                "ServerStabilizationTime",
+            ] {
+                println!("{key} = {}", plain(&config[key]));
+            }
+            Ok(0)
+        }
+        OperatorCommand::Autopilot(AutopilotCommand::SetConfig(args)) => set_config(args).await,
+        OperatorCommand::Autopilot(AutopilotCommand::State(agent)) => {
+            let health = json(&agent, "/v1/operator/autopilot/health").await?;
+            println!("Healthy: {}", plain(&health["Healthy"]));
+            println!("Failure Tolerance: {}", plain(&health["FailureTolerance"]));
+            for s in health["Servers"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+            {
+                println!();
+                println!("Server {} ({})", plain(&s["Name"]), plain(&s["ID"]));
+                for key in [
+                    "Address",
+                    "SerfStatus",
+                    "Leader",
+                    "Voter",
+                    "LastIndex",
+                    "Healthy",
+                ] {
+                    println!("    {key}: {}", plain(&s[key]));
+                }
+            }
+            Ok(if health["Healthy"] == true { 0 } else { 2 })
+        }
+    }
+}
+
+/// A JSON value printed without quotes around strings.
+fn plain(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Sends a request to the agent; a status other than 2xx is an error with the agent's text
+/// (except autopilot's 429 for an unhealthy cluster, which still carries the report).
+pub async fn call(
+    agent: &AgentAddr,
+    method: reqwest::Method,
+    path: &str,
+) -> anyhow::Result<reqwest::Response> {
+    let base = agent.client()?.base().to_owned();
+    let response = reqwest::Client::new()
+        .request(method, format!("{base}{path}"))
+        .send()
+        .await?;
+    let status = response.status();
+    if !status.is_success() && status != reqwest::StatusCode::TOO_MANY_REQUESTS {
+        let text = response.text().await.unwrap_or_default();
+        anyhow::bail!("{status}: {}", text.trim());
+    }
+    Ok(response)
+}
+
+async fn json(agent: &AgentAddr, path: &str) -> anyhow::Result<Value> {
+    Ok(call(agent, reqwest::Method::GET, path)
+        .await?
+        .json()
+        .await?)
+}

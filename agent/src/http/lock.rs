@@ -1,0 +1,387 @@
+//! The native lock queue over HTTP (`/v1/vigil/lock/<name>`), a Vigil addition:
+//! - `PUT ?session=S[&mode=shared][&limit=N][&try][&wait=D][&timeout=D]` takes the lock or
+//!   joins its queue (one raft write) and waits for the grant in the same request (a blocking
+//!   read woken only by this session's own grant). `wait` bounds one request (Consul's blocking
+//!   default, 5 min, at most 10 min): past it the contender keeps its place and asking again
+//!   resumes the wait. `timeout` gives up: the contender leaves the queue. A client that goes
+//!   away mid-wait leaves the queue too.
+//! - `PUT ?release&session=S` or `DELETE ?session=S`: release, or leave the queue.
+//! - `GET`: the lock's holders, queue and lock-delay (blocking with `?index=`); with
+//!   `?session=S`, where S stands (`Held` and `Token`, or `Position`), blocking only until S's
+//!   own standing changes (a holder's monitor).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{OriginalUri, State};
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json as json_value};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use vigil_shared::duration::parse_go_duration;
+use vigil_shared::lock::{LockMode, LockOp, LockOutcome, LockStanding, LockState, MAX_LOCK_LIMIT};
+use vigil_shared::rpc::{Op, QueryOptions, Response as Applied, ServerError, reads};
+use vigil_shared::session::Session;
+
+use super::error::ApiError;
+use super::params::{DEFAULT_WAIT, MAX_WAIT, Params, decode_path, parse_uint};
+use super::{AppState, json, with_meta};
+use vigil_server::telemetry;
+
+use crate::backend::Backend;
+
+/// Longest lock name accepted.
+const MAX_NAME_BYTES: usize = 1024;
+
+fn name_of(uri: &axum::http::Uri) -> Result<String, ApiError> {
+    let raw = uri.path().strip_prefix("/v1/vigil/lock/").unwrap_or("");
+    let name = decode_path(raw)
+        .map_err(|_| ApiError::bad_request("Invalid URL: Invalid UTF-8 in lock name"))?;
+    if name.is_empty() {
+        return Err(ApiError::bad_request("Missing lock name"));
+    }
+    if name.len() > MAX_NAME_BYTES {
+        return Err(ApiError::bad_request(format!(
+            "Lock name is {} bytes; the limit is {MAX_NAME_BYTES}",
+            name.len()
+        )));
+    }
+    Ok(name)
+}
+
+fn session_of(params: &Params) -> Result<String, ApiError> {
+    params
+        .get("session")
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| ApiError::bad_request("Missing session"))
+}
+
+fn duration_param(params: &Params, name: &str) -> Result<Option<Duration>, ApiError> {
+    params
+        .get(name)
+        .filter(|v| !v.is_empty())
+        .map(|v| {
+            parse_go_duration(v).map_err(|_| ApiError::bad_request(format!("Invalid {name} time")))
+        })
+        .transpose()
+}
+
+/// `PUT` and `DELETE /v1/vigil/lock/<name>`.
+pub async fn change(
+    State(state): State<AppState>,
+    method: Method,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let name = name_of(&uri)?;
+    let session = session_of(&params)?;
+    if method == Method::DELETE || params.has("release") {
+        let released = release(&state.backend, &name, &session).await?;
+        return Ok(json(&params, &released));
+    }
+    let mode = LockMode::parse(params.get("mode").unwrap_or_default())
+        .ok_or_else(|| ApiError::bad_request("Invalid mode: use \"exclusive\" or \"shared\""))?;
+    let limit = match params.get("limit").filter(|v| !v.is_empty()) {
+        None => 1,
+        Some(v) => parse_uint(v)
+            .ok()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| (1..=MAX_LOCK_LIMIT).contains(n))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("Invalid limit: must be 1 to {MAX_LOCK_LIMIT}"))
+            })?,
+    };
+    let try_only = params.has("try");
+    let wait = duration_param(&params, "wait")?
+        .filter(|d| !d.is_zero())
+        .unwrap_or(DEFAULT_WAIT)
+        .min(MAX_WAIT);
+    let timeout = duration_param(&params, "timeout")?;
+    let op = Op::Lock(LockOp::Acquire {
+        name: name.clone(),
+        session: session.clone(),
+        mode,
+        limit,
+        try_only: try_only || timeout.is_some_and(|t| t.is_zero()),
+    });
+    let base = json_value!({ "Lock": name, "Session": session, "Mode": mode.as_str() });
+    let answer = |fields: Value| {
+        let mut body = base.clone();
+        if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
+            body.extend(fields);
+        }
+        json(&params, &body)
+    };
+    // The enqueue runs to its end in its own task, and the guard is armed before it starts: a
+    // client that goes away while its contender is being queued still leaves the queue, after
+    // the enqueue (never before it, which would leave the contender queued for good).
+    let enqueue = tokio::spawn({
+        let backend = state.backend.clone();
+        async move { backend.write(op).await }
+    });
+    let mut leave = LeaveOnDrop {
+        backend: state.backend.clone(),
+        name: name.clone(),
+        session: session.clone(),
+        enqueue: Some(enqueue),
+        armed: true,
+    };
+    let applied = leave.enqueued().await?;
+    // From here on the guard is armed only while this request waits in the queue.
+    leave.armed = false;
+    let queued_index = match outcome(applied)? {
+        LockOutcome::Held { token } => {
+            return Ok(answer(json_value!({ "Acquired": true, "Token": token })));
+        }
+        LockOutcome::Busy { lock_delay_ms } => {
+            let reason = if lock_delay_ms > 0 {
+                "lock-delay"
+            } else {
+                "held"
+            };
+            return Ok(answer(json_value!({
+                "Acquired": false,
+                "Reason": reason,
+                "LockDelayRemainingMs": lock_delay_ms,
+            })));
+        }
+        LockOutcome::Queued { index, .. } => index,
+        other => return Err(ApiError::unexpected(other)),
+    };
+    leave.armed = true;
+    let gives_up = timeout.is_some_and(|t| t <= wait);
+    let deadline = Instant::now() + timeout.map_or(wait, |t| t.min(wait));
+    let standing = wait_for_grant(&state.backend, &name, &session, queued_index, deadline).await?;
+    // The wait ended with an answer: whatever it is, this request says so itself.
+    leave.armed = false;
+    match standing {
+        LockStanding::Held { token, since_ms } => {
+            // From the releasing entry's proposal to this waiter's answer.
+            telemetry::lock_handoff(Duration::from_millis(wall_ms().saturating_sub(since_ms)));
+            Ok(answer(json_value!({ "Acquired": true, "Token": token })))
+        }
+        LockStanding::Absent => Ok(answer(
+            json_value!({ "Acquired": false, "Reason": "removed" }),
+        )),
+        LockStanding::Queued { position } if !gives_up => Ok(answer(json_value!({
+            "Acquired": false,
+            "Reason": "queued",
+            "Position": position,
+        }))),
+        LockStanding::Queued { .. } => {
+            // A grant may have landed since the last look: releasing leaves either way.
+            release(&state.backend, &name, &session).await?;
+            Ok(answer(
+                json_value!({ "Acquired": false, "Reason": "timeout" }),
+            ))
+        }
+    }
+}
+
+/// Blocks until `session` is granted `name` or leaves its queue, or `deadline` passes.
+async fn wait_for_grant(
+    backend: &Backend,
+    name: &str,
+    session: &str,
+    mut index: u64,
+    deadline: Instant,
+) -> Result<LockStanding, ApiError> {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let opts = QueryOptions {
+            min_index: index,
+            wait_ms: left.as_millis() as u64,
+            ..QueryOptions::default()
+        };
+        let query = reads::LockStanding {
+            name: name.to_owned(),
+            session: session.to_owned(),
+        };
+        let (standing, meta) = backend.read(opts, query).await?;
+        if !matches!(standing, LockStanding::Queued { .. }) || left.is_zero() {
+            return Ok(standing);
+        }
+        index = index.max(meta.index);
+    }
+}
+
+fn outcome(applied: Applied) -> Result<LockOutcome, ApiError> {
+    match applied {
+        Applied::Lock(outcome) => Ok(outcome),
+        Applied::Rejected(e) => Err(ApiError::server(e.to_string())),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Releases the lock or leaves its queue: whether the session had either.
+async fn release(backend: &Backend, name: &str, session: &str) -> Result<bool, ApiError> {
+    let op = Op::Lock(LockOp::Release {
+        name: name.to_owned(),
+        session: session.to_owned(),
+    });
+    match outcome(backend.write(op).await?)? {
+        LockOutcome::Released { held, queued } => Ok(held || queued),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Takes a contender out of the queue when its request ends without an answer (the client
+/// went away): nobody is left to be told of a grant. If the enqueue is still under way, the
+/// contender leaves after it.
+struct LeaveOnDrop {
+    backend: std::sync::Arc<Backend>,
+    name: String,
+    session: String,
+    enqueue: Option<JoinHandle<Result<Applied, ServerError>>>,
+    armed: bool,
+}
+
+impl LeaveOnDrop {
+    /// The enqueue's answer, once.
+    async fn enqueued(&mut self) -> Result<Applied, ApiError> {
+        let enqueue = self.enqueue.as_mut().expect("the enqueue is awaited once");
+        let answer = enqueue.await;
+        self.enqueue = None;
+        answer
+            .map_err(|e| ApiError::server(format!("enqueueing: {e}")))?
+            .map_err(ApiError::from)
+    }
+}
+
+impl Drop for LeaveOnDrop {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let backend = self.backend.clone();
+        let (name, session) = (
+            std::mem::take(&mut self.name),
+            std::mem::take(&mut self.session),
+        );
+        let enqueue = self.enqueue.take();
+        tokio::spawn(async move {
+            if let Some(enqueue) = enqueue {
+                // Whatever it answered, the contender may be queued or hold the lock now.
+                let _ = enqueue.await;
+            }
+            if let Err(e) = release(&backend, &name, &session).await {
+                tracing::warn!(lock = %name, session = %session, error = %e.message, "leaving a lock queue after the client went away failed");
+            }
+        });
+    }
+}
+
+/// `GET /v1/vigil/lock/<name>`: one lock, or 404; with `?session=`, that session's standing.
+pub async fn get(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let name = name_of(&uri)?;
+    let opts = params.query_options()?;
+    if params.has("session") {
+        let query = reads::LockStanding {
+            name,
+            session: session_of(&params)?,
+        };
+        let (standing, meta) = state.backend.read(opts, query).await?;
+        let body = match standing {
+            LockStanding::Held { token, .. } => json_value!({ "Held": true, "Token": token }),
+            LockStanding::Queued { position } => {
+                json_value!({ "Held": false, "Position": position })
+            }
+            LockStanding::Absent => json_value!({ "Held": false }),
+        };
+        return Ok(with_meta(meta, json(&params, &body)));
+    }
+    let (lock, meta) = state
+        .backend
+        .read(opts, reads::Lock { name: name.clone() })
+        .await?;
+    let Some(lock) = lock else {
+        return Ok(with_meta(meta, StatusCode::NOT_FOUND.into_response()));
+    };
+    let sessions = sessions(&state.backend, opts).await?;
+    Ok(with_meta(
+        meta,
+        json(&params, &lock_report(&lock, &sessions)),
+    ))
+}
+
+/// Every session, for naming holders and waiters.
+pub async fn sessions(backend: &Backend, opts: QueryOptions) -> Result<Vec<Session>, ApiError> {
+    let opts = QueryOptions {
+        consistency: opts.consistency,
+        ..QueryOptions::default()
+    };
+    let (sessions, _) = backend.read(opts, reads::SessionList {}).await?;
+    Ok(sessions)
+}
+
+fn wall_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// RFC 3339 in UTC with milliseconds, from ms since the epoch.
+fn rfc3339(ms: u64) -> String {
+    let at = time::OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(ms as i64);
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+/// A lock as `/v1/vigil/lock/<name>` and `/v1/vigil/locks` show it. Times since are measured
+/// on this agent's clock against the leader's clock of the grant or enqueue.
+pub fn lock_report(lock: &LockState, sessions: &[Session]) -> Value {
+    let now = wall_ms();
+    let who = |id: &str| {
+        let s = sessions.iter().find(|s| s.id == id);
+        (s.map(|s| s.name.as_str()), s.map(|s| s.node.as_str()))
+    };
+    let holders: Vec<Value> = lock
+        .holders
+        .iter()
+        .map(|h| {
+            let (name, node) = who(&h.session);
+            json_value!({
+                "Session": h.session,
+                "SessionName": name,
+                "Node": node,
+                "Mode": h.mode.as_str(),
+                "Token": h.token,
+                "HeldSince": rfc3339(h.since_ms),
+                "HeldForMs": now.saturating_sub(h.since_ms),
+            })
+        })
+        .collect();
+    let waiters: Vec<Value> = lock
+        .waiters
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let (name, node) = who(&w.session);
+            json_value!({
+                "Session": w.session,
+                "SessionName": name,
+                "Node": node,
+                "Mode": w.mode.as_str(),
+                "Position": i + 1,
+                "WaitingSince": rfc3339(w.since_ms),
+                "WaitingForMs": now.saturating_sub(w.since_ms),
+            })
+        })
+        .collect();
+    json_value!({
+        "Name": lock.name,
+        "Limit": lock.limit,
+        "Token": lock.token,
+        "Grants": lock.grants,
+        "LockDelayRemainingMs": lock.delay_left_ms(now),
+        "Holders": holders,
+        "Waiters": waiters,
+        "CreateIndex": lock.create_index,
+        "ModifyIndex": lock.modify_index,
+    })
+}

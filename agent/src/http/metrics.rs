@@ -1,0 +1,82 @@
+//! `/v1/agent/metrics` (Consul's JSON, or Prometheus text with `?format=prometheus`) and the
+//! middleware that times every HTTP request and logs it at debug level. Series names are in
+//! `vigil_server::telemetry`.
+
+use axum::extract::{MatchedPath, OriginalUri, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
+use vigil_server::telemetry::{self, Sink};
+
+use super::error::ApiError;
+use super::params::Params;
+use super::{AppState, json};
+use crate::backend::Backend;
+
+/// The content type of the Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Consul's `GET /v1/agent/metrics`: this agent's series and gossip gauges, and a server's raft
+/// and state gauges.
+pub async fn metrics(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    telemetry::record_gossip(
+        &state.gossip.members(),
+        state.gossip.decrypt_failures(),
+        state.gossip.foreign_datacenter_drops(),
+    );
+    if let Backend::Local(server) = &*state.backend {
+        telemetry::record_server(server);
+    }
+    let sink = Sink::install();
+    match params.get("format") {
+        Some("prometheus") => {
+            Ok(([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], sink.prometheus()).into_response())
+        }
+        _ => Ok(json(&params, &sink.consul_json())),
+    }
+}
+
+/// The route a request matched, carried on its response to [`observe`].
+#[derive(Clone)]
+struct Route(String);
+
+/// Inside the routes: tells [`observe`] which route answered.
+pub async fn tag_route(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| Route(p.as_str().to_owned()));
+    let mut response = next.run(req).await;
+    if let Some(route) = route {
+        response.extensions_mut().insert(route);
+    }
+    response
+}
+
+/// Outside everything: times each request into `consul.http.<METHOD>.<route>` and logs method,
+/// path (never the query, which may carry a token), status and duration at debug level.
+pub async fn observe(req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let response = next.run(req).await;
+    let elapsed = started.elapsed();
+    let route = response
+        .extensions()
+        .get::<Route>()
+        .map_or("/unmatched", |r| r.0.as_str());
+    telemetry::http_request(method.as_str(), route, elapsed);
+    tracing::debug!(
+        %method,
+        %path,
+        status = response.status().as_u16(),
+        duration = ?elapsed,
+        "http request"
+    );
+    response
+}

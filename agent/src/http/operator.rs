@@ -1,0 +1,256 @@
+//! Consul's `/v1/operator/raft/peer`, `/v1/operator/raft/transfer-leader` and
+//! `/v1/operator/autopilot/*`: operating the server set through whichever agent is asked (the
+//! request runs on the leader). The logic is in `vigil_server::operator`.
+
+use axum::extract::{OriginalUri, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use vigil_server::operator::{
+    AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef,
+};
+use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::autopilot::AutopilotConfig;
+use vigil_shared::duration::parse_go_duration;
+
+use super::body::RequestBody;
+use super::error::ApiError;
+use super::params::Params;
+use super::{AppState, json};
+
+/// A raft ID as `/v1/operator/raft/configuration` prints it (16 hex digits).
+fn parse_id(id: &str) -> Result<u64, ApiError> {
+    u64::from_str_radix(id, 16).map_err(|_| OperatorError::UnknownId(id.to_owned()).into())
+}
+
+/// `DELETE /v1/operator/raft/peer?id=<ID>` or `?address=<IP:port>`.
+pub async fn remove_peer(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let peer = match (params.get("id"), params.get("address")) {
+        (Some(id), _) => PeerRef::Id(parse_id(id)?),
+        (None, Some(address)) => PeerRef::Address(address.to_owned()),
+        (None, None) => {
+            return Err(ApiError::bad_request(
+                "Must specify either ?id with the server's ID or ?address with IP:port of peer to remove",
+            ));
+        }
+    };
+    state
+        .backend
+        .operator(OperatorRequest::RemovePeer(peer))
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct TransferReply {
+    success: bool,
+}
+
+/// `POST /v1/operator/raft/transfer-leader` (optionally `?id=<ID>`).
+pub async fn transfer_leader(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let to = params
+        .get("id")
+        .filter(|id| !id.is_empty())
+        .map(parse_id)
+        .transpose()?;
+    state
+        .backend
+        .operator(OperatorRequest::TransferLeader { to })
+        .await?;
+    Ok(json(&params, &TransferReply { success: true }))
+}
+
+/// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct AutopilotJson {
+    cleanup_dead_servers: bool,
+    last_contact_threshold: String,
+    max_trailing_logs: u64,
+    min_quorum: u64,
+    server_stabilization_time: String,
+    redundancy_zone_tag: String,
+    disable_upgrade_migration: bool,
+    upgrade_version_tag: String,
+    create_index: u64,
+    modify_index: u64,
+}
+
+impl From<AutopilotConfig> for AutopilotJson {
+    fn from(c: AutopilotConfig) -> AutopilotJson {
+        AutopilotJson {
+            cleanup_dead_servers: c.cleanup_dead_servers,
+            last_contact_threshold: c.last_contact_threshold,
+            max_trailing_logs: c.max_trailing_logs,
+            min_quorum: c.min_quorum,
+            server_stabilization_time: c.server_stabilization_time,
+            redundancy_zone_tag: c.redundancy_zone_tag,
+            disable_upgrade_migration: c.disable_upgrade_migration,
+            upgrade_version_tag: c.upgrade_version_tag,
+            create_index: c.create_index,
+            modify_index: c.modify_index,
+        }
+    }
+}
+
+/// A `PUT` body: every field replaces the setting (a missing one is its zero value, as Consul
+/// decodes it); names match case-insensitively.
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct AutopilotBody {
+    cleanupdeadservers: bool,
+    lastcontactthreshold: String,
+    maxtrailinglogs: u64,
+    minquorum: u64,
+    serverstabilizationtime: String,
+    redundancyzonetag: String,
+    disableupgrademigration: bool,
+    upgradeversiontag: String,
+}
+
+/// A Go duration setting: empty, or one that parses.
+fn duration_setting(name: &str, value: String) -> Result<String, ApiError> {
+    if !value.is_empty() {
+        parse_go_duration(&value).map_err(|e| {
+            ApiError::bad_request(format!("Error parsing autopilot config: {name}: {e}"))
+        })?;
+    }
+    Ok(value)
+}
+
+/// `GET /v1/operator/autopilot/configuration`.
+pub async fn autopilot_configuration(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    match state
+        .backend
+        .operator(OperatorRequest::AutopilotGet)
+        .await?
+    {
+        OperatorReply::Autopilot(config) => Ok(json(&params, &AutopilotJson::from(config))),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// `PUT /v1/operator/autopilot/configuration` (`?cas=<ModifyIndex>`): `true` when applied.
+pub async fn set_autopilot_configuration(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    let cas = params.u64("cas")?;
+    let body: AutopilotBody = decode_case_insensitive(&body, &[])
+        .map_err(|e| ApiError::bad_request(format!("Error parsing autopilot config: {e}")))?;
+    let config = AutopilotConfig {
+        cleanup_dead_servers: body.cleanupdeadservers,
+        last_contact_threshold: duration_setting(
+            "LastContactThreshold",
+            body.lastcontactthreshold,
+        )?,
+        max_trailing_logs: body.maxtrailinglogs,
+        min_quorum: body.minquorum,
+        server_stabilization_time: duration_setting(
+            "ServerStabilizationTime",
+            body.serverstabilizationtime,
+        )?,
+        redundancy_zone_tag: body.redundancyzonetag,
+        disable_upgrade_migration: body.disableupgrademigration,
+        upgrade_version_tag: body.upgradeversiontag,
+        create_index: 0,
+        modify_index: 0,
+    };
+    match state
+        .backend
+        .operator(OperatorRequest::AutopilotSet { config, cas })
+        .await?
+    {
+        OperatorReply::Applied(applied) => Ok(json(&params, &applied)),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct HealthJson {
+    healthy: bool,
+    failure_tolerance: usize,
+    servers: Vec<ServerJson>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct ServerJson {
+    #[serde(rename = "ID")]
+    id: String,
+    name: String,
+    address: String,
+    serf_status: String,
+    version: &'static str,
+    leader: bool,
+    last_term: u64,
+    last_index: u64,
+    healthy: bool,
+    voter: bool,
+}
+
+impl From<AutopilotHealth> for HealthJson {
+    fn from(h: AutopilotHealth) -> HealthJson {
+        HealthJson {
+            healthy: h.healthy,
+            failure_tolerance: h.failure_tolerance,
+            servers: h
+                .servers
+                .into_iter()
+                .map(|s| ServerJson {
+                    id: format!("{:016x}", s.id),
+                    name: s.name,
+                    address: s.address,
+                    serf_status: s.serf_status,
+                    version: env!("CARGO_PKG_VERSION"),
+                    leader: s.leader,
+                    last_term: s.last_term,
+                    last_index: s.last_index,
+                    healthy: s.healthy,
+                    voter: s.voter,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `GET /v1/operator/autopilot/health`: 200 when every server is healthy, else 429 (as Consul).
+pub async fn autopilot_health(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    let params = Params::parse(uri.query());
+    match state
+        .backend
+        .operator(OperatorRequest::AutopilotHealth)
+        .await?
+    {
+        OperatorReply::Health(health) => {
+            let status = if health.healthy {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            let mut response = json(&params, &HealthJson::from(health));
+            *response.status_mut() = status;
+            Ok(response)
+        }
+        other => Err(ApiError::unexpected(other)),
+    }
+}

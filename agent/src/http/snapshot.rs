@@ -1,0 +1,50 @@
+//! Consul's `/v1/snapshot`: `GET` answers the leader's whole state as a gzip-compressed archive
+//! (`vigil_server::snapshot`), `PUT` restores one through raft on every server. A damaged or
+//! foreign archive is refused and changes nothing.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use vigil_server::operator::{OperatorReply, OperatorRequest};
+
+use super::AppState;
+use super::body::{Limit, read};
+use super::error::ApiError;
+
+/// `GET /v1/snapshot`.
+pub async fn save(State(state): State<AppState>) -> Result<Response, ApiError> {
+    match state
+        .backend
+        .operator(OperatorRequest::SnapshotSave)
+        .await?
+    {
+        OperatorReply::Snapshot { index, archive } => {
+            let mut response = (
+                [(header::CONTENT_TYPE, "application/x-gzip")],
+                Body::from(archive),
+            )
+                .into_response();
+            let headers = response.headers_mut();
+            headers.insert("X-Consul-Index", HeaderValue::from(index.max(1)));
+            headers.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
+            headers.insert("X-Consul-LastContact", HeaderValue::from_static("0"));
+            Ok(response)
+        }
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// `PUT /v1/snapshot` with an archive as the body.
+pub async fn restore(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let archive = read(&headers, body, Limit::Snapshot).await?;
+    state
+        .backend
+        .operator(OperatorRequest::SnapshotRestore(archive.to_vec()))
+        .await?;
+    Ok(StatusCode::OK.into_response())
+}

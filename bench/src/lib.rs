@@ -1,0 +1,471 @@
+//! `vigil-bench`: Vigil and etcd side by side on one machine, in one run, so that every figure
+//! comes with etcd's and the ratio (absolute numbers on a shared machine drift; ratios hold).
+//!
+//! A run probes the machine, starts a 3-server Vigil cluster (real data directories, fsync on,
+//! the `lan` gossip profile) and a 3-member etcd cluster on 127.0.0.1, runs every workload
+//! against both, stops everything and writes `bench/results/<date>.json` plus, for a full run,
+//! `docs/benchmarks.md`. The fan-out and footprint workloads, which read server memory, run
+//! last on fresh clusters of their own, so that earlier workloads' leftovers do not count. A
+//! workload that fails is recorded and the run goes on; `--check` then exits non-zero (it never
+//! judges the figures themselves).
+//!
+//! Clients talk to each system's leader directly (Vigil's HTTP API, etcd's gRPC endpoint), each
+//! concurrent client over its own reused connection.
+//!
+//! Everything here needs etcd's gRPC client, whose build needs `protoc`, so the library is empty
+//! without the `etcd` feature (`cargo test --workspace` builds no gRPC code) and the binary then
+//! only says how to rebuild it.
+
+#![cfg(feature = "etcd")]
+
+mod etcd;
+mod etcd_concurrency;
+mod failover;
+mod failure;
+mod footprint;
+mod kv;
+mod load;
+mod lock;
+mod machine;
+mod report;
+mod session;
+mod tap;
+mod watch;
+
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use futures::FutureExt;
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::Instant;
+
+use etcd::EtcdCluster;
+use integration_tests::cluster::Cluster;
+use load::Window;
+use machine::{Machine, Versions};
+use report::{Outcome, Report};
+
+/// Command-line options.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Shorter windows and fewer rounds: under 3 minutes.
+    pub quick: bool,
+    /// Exit non-zero when a workload produced no figures (CI smoke test).
+    pub check: bool,
+    /// Root under which `bench/results/` and `docs/` are written.
+    pub out: PathBuf,
+}
+
+impl Options {
+    pub const USAGE: &str = "usage: vigil-bench [--quick] [--check] [--out DIR]";
+
+    /// Parses the arguments after the program name.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
+        let mut options = Options {
+            quick: false,
+            check: false,
+            out: Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .context("the workspace root")?
+                .to_path_buf(),
+        };
+        while let Some(arg) = args.next() {
+            match arg.as_str() {
+                "--quick" => options.quick = true,
+                "--check" => options.check = true,
+                "--out" => options.out = args.next().context("--out needs a directory")?.into(),
+                other => return Err(anyhow!("unknown argument {other:?}")),
+            }
+        }
+        Ok(options)
+    }
+}
+
+/// How long and how big each workload is.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    pub quick: bool,
+    pub fsync_samples: usize,
+    pub kv: Window,
+    pub lock: Window,
+    pub contended: Window,
+    pub session: Window,
+    /// Idle watchers on distinct keys, and on one shared key.
+    pub watchers_distinct: usize,
+    pub watchers_shared: usize,
+    pub failure_rounds: usize,
+    pub failover_rounds: usize,
+    pub footprint_keys: usize,
+    pub footprint_sessions: usize,
+}
+
+impl Plan {
+    pub fn new(quick: bool) -> Plan {
+        let window = |warmup_ms, measure_ms| Window {
+            warmup: Duration::from_millis(warmup_ms),
+            measure: Duration::from_millis(measure_ms),
+        };
+        if quick {
+            Plan {
+                quick,
+                fsync_samples: 100,
+                kv: window(300, 1_500),
+                lock: window(300, 1_500),
+                contended: window(300, 2_000),
+                session: window(300, 1_500),
+                watchers_distinct: 10_000,
+                watchers_shared: 1_000,
+                failure_rounds: 3,
+                failover_rounds: 3,
+                footprint_keys: 100_000,
+                footprint_sessions: 10_000,
+            }
+        } else {
+            Plan {
+                quick,
+                fsync_samples: 500,
+                kv: window(1_000, 8_000),
+                lock: window(1_000, 6_000),
+                contended: window(1_000, 10_000),
+                session: window(1_000, 5_000),
+                watchers_distinct: 10_000,
+                watchers_shared: 1_000,
+                failure_rounds: 5,
+                failover_rounds: 5,
+                footprint_keys: 100_000,
+                footprint_sessions: 10_000,
+            }
+        }
+    }
+}
+
+/// The two clusters under test.
+pub struct Systems {
+    pub vigil: Cluster,
+    pub etcd: EtcdCluster,
+}
+
+/// Where each system's leader answers, and every server's process ID.
+#[derive(Debug, Clone)]
+pub struct Leaders {
+    pub vigil_addr: SocketAddr,
+    pub vigil_pid: u32,
+    pub vigil_pids: Vec<u32>,
+    pub etcd_endpoint: String,
+    pub etcd_pid: u32,
+    pub etcd_pids: Vec<u32>,
+}
+
+impl Systems {
+    /// Starts both clusters (3 servers each), Vigil's with `clients` client agents.
+    pub async fn start(clients: usize) -> Result<Systems> {
+        // The fan-out workload opens 11,000 connections from 127.0.0.1: no per-client cap.
+        let vigil = Cluster::servers(3)
+            .clients(clients)
+            .gossip_profile("lan")
+            .arg("--http-max-conns-per-client")
+            .arg("0")
+            .start()
+            .await;
+        let etcd = EtcdCluster::start(3).await?;
+        Ok(Systems { vigil, etcd })
+    }
+
+    /// Looks the leaders up again (an election may have moved them).
+    pub async fn leaders(&self) -> Result<Leaders> {
+        let leader = self.vigil.leader().await;
+        let server = self.vigil.server(leader);
+        let vigil_addr = server
+            .base
+            .strip_prefix("http://")
+            .context("HTTP base URL")?
+            .parse()?;
+        let vigil_pids = self
+            .vigil
+            .running_servers()
+            .into_iter()
+            .filter_map(|i| self.vigil.server(i).pid())
+            .collect();
+        let (etcd_endpoint, etcd_pid) = self.etcd.leader().await?;
+        Ok(Leaders {
+            vigil_addr,
+            vigil_pid: server.pid().context("Vigil leader process")?,
+            vigil_pids,
+            etcd_endpoint,
+            etcd_pid,
+            etcd_pids: self.etcd.pids(),
+        })
+    }
+
+    /// Stops every process of both clusters.
+    pub async fn stop(self) {
+        self.etcd.stop().await;
+        drop(self.vigil);
+    }
+}
+
+/// Where [`integration_tests::binary`] looks first for the agent binary.
+const AGENT_ENV: &str = "CARGO_BIN_EXE_vigil-under-test";
+
+/// The whole program: finds (or builds) the agent binary, then runs the benchmark, stopping
+/// every process it started on Ctrl-C or SIGTERM.
+pub async fn main(options: &Options) -> ExitCode {
+    if std::env::var_os(AGENT_ENV).is_none() {
+        return match run_with_agent().await {
+            Ok(code) => code,
+            Err(e) => {
+                eprintln!("vigil-bench: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let mut terminate = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("vigil-bench: cannot handle SIGTERM: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = tokio::select! {
+        result = run(options) => result,
+        _ = tokio::signal::ctrl_c() => Err(anyhow!("interrupted")),
+        _ = terminate.recv() => Err(anyhow!("terminated")),
+    };
+    // Dropping `run` above killed every cluster process it had started.
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("vigil-bench: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The agents are the `vigil-under-test` binary beside this one in the target directory: build
+/// it when running under Cargo (a no-op when fresh; `cargo run --bin vigil-bench` builds only
+/// this binary), then run this program again with [`AGENT_ENV`] naming it, since that variable
+/// is how [`integration_tests::binary`] finds an agent binary from outside a test.
+async fn run_with_agent() -> Result<ExitCode> {
+    let exe = std::env::current_exe()?;
+    let agent = exe.with_file_name("vigil-under-test");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let mut build = std::process::Command::new(cargo);
+        build.args([
+            "build",
+            "-p",
+            "integration-tests",
+            "--bin",
+            "vigil-under-test",
+        ]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build.status().context("run cargo build")?;
+        ensure!(status.success(), "building vigil-under-test failed");
+    }
+    ensure!(
+        agent.exists(),
+        "no agent binary at {} (cargo build --release -p integration-tests --bins)",
+        agent.display()
+    );
+    let mut child = tokio::process::Command::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .env(AGENT_ENV, &agent)
+        .spawn()
+        .context("run vigil-bench again")?;
+    let pid = Pid::from_raw(
+        child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .context("child process ID")?,
+    );
+    let mut terminate = signal(SignalKind::terminate())?;
+    loop {
+        // Pass signals on, then wait while the child stops its clusters (a Ctrl-C from a
+        // terminal reaches it twice, which it does not mind).
+        let forward = tokio::select! {
+            status = child.wait() => {
+                let code = status?.code().and_then(|c| u8::try_from(c).ok()).unwrap_or(1);
+                return Ok(ExitCode::from(code));
+            }
+            _ = tokio::signal::ctrl_c() => Signal::SIGINT,
+            _ = terminate.recv() => Signal::SIGTERM,
+        };
+        // It may have exited meanwhile: the next turn collects its status.
+        let _ = kill(pid, forward);
+    }
+}
+
+/// 11,000 watchers need as many connections: lift the soft limit on open files to the hard one
+/// (the agents and etcd members inherit it).
+fn raise_open_files_limit() -> Result<()> {
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    Ok(())
+}
+
+/// Runs a workload, turning a panic into an error so the run goes on.
+async fn guarded<F: Future<Output = Result<Outcome>>>(workload: F) -> Result<Outcome> {
+    match AssertUnwindSafe(workload).catch_unwind().await {
+        Ok(result) => result,
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "unknown panic".to_owned());
+            Err(anyhow!("panicked: {message}"))
+        }
+    }
+}
+
+fn record(report: &mut Report, name: &str, result: Result<Outcome>) {
+    match result {
+        Ok(outcome) => report.add(name, outcome),
+        Err(e) => {
+            eprintln!("vigil-bench: {name} failed: {e:#}");
+            report.fail(name, &e);
+        }
+    }
+}
+
+/// Runs the benchmark; returns whether `--check` found every figure present.
+async fn run(options: &Options) -> Result<bool> {
+    let started = Instant::now();
+    raise_open_files_limit()?;
+    let plan = Plan::new(options.quick);
+    let mode = if plan.quick { "quick" } else { "full" };
+    let scratch = tempfile::tempdir()?;
+    let machine = Machine::probe(scratch.path(), plan.fsync_samples)?;
+    let versions = Versions::probe(&integration_tests::binary())?;
+    eprintln!("vigil-bench ({mode}): {machine:?}\n{versions:?}");
+    let mut report = Report::new(today(), mode, machine, versions);
+
+    eprintln!("vigil-bench: starting Vigil and etcd clusters");
+    let mut systems = Systems::start(0).await?;
+    eprintln!("vigil-bench: KV puts");
+    record(
+        &mut report,
+        "kv_put",
+        guarded(kv::workload(&systems, &plan)).await,
+    );
+    eprintln!("vigil-bench: locks");
+    record(
+        &mut report,
+        "locks",
+        guarded(lock::workload(&systems, &plan)).await,
+    );
+    eprintln!("vigil-bench: sessions and leases");
+    record(
+        &mut report,
+        "sessions",
+        guarded(session::workload(&systems, &plan)).await,
+    );
+    eprintln!("vigil-bench: failure detection");
+    let detection = guarded(failure::workload(&mut systems, &plan)).await;
+    record(&mut report, "failure_detection", detection);
+    eprintln!("vigil-bench: leader failover");
+    let failover = guarded(failover::workload(&mut systems, &plan)).await;
+    record(&mut report, "leader_failover", failover);
+    systems.stop().await;
+    eprintln!("vigil-bench: blocking-query fan-out (fresh clusters)");
+    record(
+        &mut report,
+        "watch_fanout",
+        guarded(watch::workload(&plan)).await,
+    );
+    eprintln!("vigil-bench: footprint (fresh clusters)");
+    record(
+        &mut report,
+        "footprint",
+        guarded(footprint::workload(&plan)).await,
+    );
+
+    report.wall_seconds = started.elapsed().as_secs_f64();
+    report.evaluate_targets();
+    let markdown = report.markdown();
+    println!("{markdown}");
+    write(&options.out, &report, &markdown)?;
+    eprintln!("vigil-bench: done in {:.0} s", report.wall_seconds);
+    let missing = report.missing();
+    if options.check && !missing.is_empty() {
+        eprintln!("vigil-bench --check: no figures for {}", missing.join(", "));
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// `bench/results/<date>[-quick].json`, and `docs/benchmarks.md` for a full run.
+fn write(out: &Path, report: &Report, markdown: &str) -> Result<()> {
+    let results = out.join("bench/results");
+    std::fs::create_dir_all(&results)?;
+    let suffix = if report.mode == "quick" { "-quick" } else { "" };
+    let json_path = results.join(format!("{}{suffix}.json", report.date));
+    let mut json = serde_json::to_string_pretty(report)?;
+    json.push('\n');
+    std::fs::write(&json_path, json).with_context(|| format!("write {}", json_path.display()))?;
+    eprintln!("vigil-bench: wrote {}", json_path.display());
+    if report.mode == "full" {
+        let docs = out.join("docs");
+        std::fs::create_dir_all(&docs)?;
+        let doc_path = docs.join("benchmarks.md");
+        let doc = format!("{}\n{markdown}", report::INTRO.trim_start());
+        std::fs::write(&doc_path, doc).with_context(|| format!("write {}", doc_path.display()))?;
+        eprintln!("vigil-bench: wrote {}", doc_path.display());
+    }
+    Ok(())
+}
+
+/// Today's date (UTC) as `YYYY-MM-DD`.
+fn today() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil_from_days(i64::try_from(secs / 86_400).unwrap_or(0));
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Days since 1970-01-01 → (year, month, day) in the proleptic Gregorian calendar
+/// (Howard Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let month = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_from_days() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+        assert_eq!(civil_from_days(20_000), (2024, 10, 4));
+    }
+
+    #[test]
+    fn options_parse() {
+        let args = ["--quick", "--check", "--out", "/tmp/x"].map(String::from);
+        let options = Options::parse(args.into_iter()).unwrap();
+        assert!(options.quick && options.check);
+        assert_eq!(options.out, PathBuf::from("/tmp/x"));
+        assert!(Options::parse(["--fast".to_owned()].into_iter()).is_err());
+    }
+}

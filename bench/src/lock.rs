@@ -1,0 +1,724 @@
+//! Lock workloads. Every contender loops acquire → release (no work while holding) until the
+//! window closes; acquisitions completing inside the window count.
+//!
+//! - Uncontended, 1 client: the cycle (acquire + release) with a long-lived session — Vigil's
+//!   `?acquire`/`?release`, etcd's `concurrency.Mutex` and its `Lock` RPC — plus Vigil's `Lock`
+//!   recipe.
+//! - Contended, 8 and 32 clients on one lock: handoffs/s, acquire latency, fairness (fewest and
+//!   most acquisitions of one client), requests sent and waiting requests (Vigil: blocking reads
+//!   and queue acquisitions) or watch events (etcd) woken per acquisition. Vigil: the
+//!   Consul-style `Lock` and the server-side queue's `FairMutex`, each contender with its own
+//!   client and one long-lived session, connected through a counting [`Tap`]; etcd: the v3lock
+//!   `Lock` RPC with a lease per contender and the `concurrency.Mutex` algorithm, each contender
+//!   with its own connection. The `FairMutex` runs without a holder monitor: like etcd's
+//!   recipes, a contender learns of a lost lock from its session.
+//! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use etcd_client::LockOptions as EtcdLockOptions;
+use serde::Serialize;
+use serde_json::json;
+use tokio::time::Instant;
+use vigil_shared::client::{
+    Client, FairMutex, Held, Lock, LockOptions, QueueOptions, RwLock, SessionRequest,
+};
+
+use super::etcd::connect;
+use super::etcd_concurrency::{self, Counters, Session};
+use super::load::{self, Latency, Window, histogram};
+use super::machine::{Meter, Usage, micros};
+use super::report::{Better, Outcome, Row, Table, num};
+use super::tap::Tap;
+use super::{Leaders, Plan, Systems};
+
+/// Lease / session TTL of every lock contender (Consul's lock default).
+const SESSION_TTL: Duration = Duration::from_secs(15);
+/// How long contenders may take to finish after the window closes.
+const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// How a contender takes the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recipe {
+    /// Vigil: `?acquire` / `?release` with one long-lived session.
+    VigilSession,
+    /// Vigil: the client library's Consul-style `Lock`, reusing one session.
+    VigilLock,
+    /// Vigil: the server-side queue's `FairMutex`, reusing one session.
+    VigilFair,
+    /// Vigil: the server-side queue's `RwLock` taken for reading, reusing one session.
+    VigilShared,
+    /// etcd: the server-side v3lock `Lock` / `Unlock` RPCs with one lease.
+    EtcdV3Lock,
+    /// etcd: the `concurrency.Mutex` algorithm with one lease.
+    EtcdMutex,
+}
+
+impl Recipe {
+    fn label(self) -> &'static str {
+        match self {
+            Recipe::VigilSession => "Vigil ?acquire/?release, one session",
+            Recipe::VigilLock => "Vigil Consul-style Lock, one session",
+            Recipe::VigilFair => "Vigil FairMutex (server-side queue), one session",
+            Recipe::VigilShared => "Vigil RwLock read (server-side queue), one session",
+            Recipe::EtcdV3Lock => "etcd v3lock Lock RPC",
+            Recipe::EtcdMutex => "etcd concurrency.Mutex",
+        }
+    }
+}
+
+/// What one recipe measured with a number of contenders.
+#[derive(Debug, Clone, Serialize)]
+pub struct LockRun {
+    pub recipe: Recipe,
+    pub clients: usize,
+    pub acquisitions: u64,
+    pub per_second: f64,
+    pub acquire: Latency,
+    /// Acquire + release.
+    pub cycle: Latency,
+    pub min_per_client: u64,
+    pub max_per_client: u64,
+    pub requests_per_acquisition: Option<f64>,
+    /// Blocking reads (Vigil) or watch responses with events (etcd) returned per acquisition.
+    pub woken_per_acquisition: Option<f64>,
+    pub usage: Usage,
+}
+
+impl LockRun {
+    /// Fewest over most acquisitions of one client (1: perfectly even).
+    fn fairness(&self) -> f64 {
+        if self.max_per_client == 0 {
+            0.0
+        } else {
+            self.min_per_client as f64 / self.max_per_client as f64
+        }
+    }
+}
+
+/// One contender's handle on the lock.
+enum Contender {
+    VigilSession {
+        client: Client,
+        session: String,
+        key: String,
+    },
+    VigilLock {
+        lock: Lock,
+        client: Client,
+        session: String,
+        held: Option<Held>,
+    },
+    VigilFair {
+        mutex: FairMutex,
+        client: Client,
+        session: String,
+        held: Option<Held>,
+    },
+    VigilShared {
+        lock: RwLock,
+        client: Client,
+        session: String,
+        held: Option<Held>,
+    },
+    EtcdV3Lock {
+        /// Boxed: an etcd client is several KiB.
+        client: Box<etcd_client::Client>,
+        session: Session,
+        name: String,
+        key: Option<Vec<u8>>,
+        counters: Arc<Counters>,
+    },
+    EtcdMutex {
+        client: Box<etcd_client::Client>,
+        session: Session,
+        mutex: Box<etcd_concurrency::Mutex>,
+    },
+}
+
+impl Contender {
+    async fn acquire(&mut self) -> Result<()> {
+        match self {
+            Contender::VigilSession {
+                client,
+                session,
+                key,
+            } => {
+                if !client.kv_acquire(key, b"", 0, session).await?.acquired {
+                    bail!("uncontended acquire of {key} refused");
+                }
+            }
+            Contender::VigilLock { lock, held, .. } => *held = Some(lock.acquire().await?),
+            Contender::VigilFair { mutex, held, .. } => *held = Some(mutex.acquire().await?),
+            Contender::VigilShared { lock, held, .. } => *held = Some(lock.read().await?),
+            Contender::EtcdV3Lock {
+                client,
+                session,
+                name,
+                key,
+                counters,
+            } => {
+                counters.request();
+                let options = EtcdLockOptions::new().with_lease(session.lease());
+                *key = Some(
+                    client
+                        .lock(name.as_str(), Some(options))
+                        .await?
+                        .key()
+                        .to_vec(),
+                );
+            }
+            Contender::EtcdMutex { mutex, .. } => mutex.lock().await?,
+        }
+        Ok(())
+    }
+
+    async fn release(&mut self) -> Result<()> {
+        match self {
+            Contender::VigilSession {
+                client,
+                session,
+                key,
+            } => {
+                if !client.kv_release(key, b"", 0, session).await? {
+                    bail!("release of {key} refused");
+                }
+            }
+            Contender::VigilLock { held, .. }
+            | Contender::VigilFair { held, .. }
+            | Contender::VigilShared { held, .. } => {
+                held.take().context("not held")?.release().await?;
+            }
+            Contender::EtcdV3Lock {
+                client,
+                key,
+                counters,
+                ..
+            } => {
+                counters.request();
+                client.unlock(key.take().context("not held")?).await?;
+            }
+            Contender::EtcdMutex { mutex, .. } => mutex.unlock().await?,
+        }
+        Ok(())
+    }
+
+    /// Ends the contender's session (etcd leases are revoked rather than left to expire
+    /// during later workloads).
+    async fn close(self) -> Result<()> {
+        match self {
+            Contender::VigilSession {
+                client, session, ..
+            }
+            | Contender::VigilLock {
+                client, session, ..
+            }
+            | Contender::VigilFair {
+                client, session, ..
+            }
+            | Contender::VigilShared {
+                client, session, ..
+            } => client.session_destroy(&session).await?,
+            Contender::EtcdV3Lock {
+                mut client,
+                session,
+                ..
+            }
+            | Contender::EtcdMutex {
+                mut client,
+                session,
+                ..
+            } => {
+                client.lease_revoke(session.lease()).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where contenders connect and what counts their requests.
+struct Setup {
+    recipe: Recipe,
+    /// `key` for single-key recipes, prefix for the others.
+    lock: String,
+    vigil_addr: SocketAddr,
+    etcd_endpoint: String,
+    /// Vigil contenders connect through it when set.
+    tap: Option<Arc<Tap>>,
+    counters: Arc<Counters>,
+}
+
+impl Setup {
+    async fn contender(&self) -> Result<(Contender, Option<Client>)> {
+        let vigil_addr = match &self.tap {
+            Some(tap) => tap.addr(),
+            None => self.vigil_addr,
+        };
+        // Every Vigil contender has its own client and one session (no TTL, no lock-delay).
+        let vigil = || async {
+            let client = Client::new(&vigil_addr.to_string())?;
+            let session = client
+                .session_create(&SessionRequest {
+                    name: "bench".to_owned(),
+                    lock_delay: Some(Duration::ZERO),
+                    ..SessionRequest::default()
+                })
+                .await?;
+            anyhow::Ok((client, session))
+        };
+        let queue = |session: &str| QueueOptions {
+            session: Some(session.to_owned()),
+            session_ttl: SESSION_TTL,
+            monitor: false,
+            ..QueueOptions::new(self.lock.clone())
+        };
+        Ok(match self.recipe {
+            Recipe::VigilSession => {
+                let (client, session) = vigil().await?;
+                let contender = Contender::VigilSession {
+                    client: client.clone(),
+                    session,
+                    key: self.lock.clone(),
+                };
+                (contender, Some(client))
+            }
+            Recipe::VigilLock => {
+                let (client, session) = vigil().await?;
+                let options = LockOptions {
+                    session: Some(session.clone()),
+                    session_ttl: SESSION_TTL,
+                    ..LockOptions::new(self.lock.clone())
+                };
+                let lock = Lock::new(&client, options)?;
+                let contender = Contender::VigilLock {
+                    lock,
+                    client: client.clone(),
+                    session,
+                    held: None,
+                };
+                (contender, Some(client))
+            }
+            Recipe::VigilFair => {
+                let (client, session) = vigil().await?;
+                let mutex = FairMutex::new(&client, queue(&session))?;
+                let contender = Contender::VigilFair {
+                    mutex,
+                    client: client.clone(),
+                    session,
+                    held: None,
+                };
+                (contender, Some(client))
+            }
+            Recipe::VigilShared => {
+                let (client, session) = vigil().await?;
+                let lock = RwLock::new(&client, queue(&session))?;
+                let contender = Contender::VigilShared {
+                    lock,
+                    client: client.clone(),
+                    session,
+                    held: None,
+                };
+                (contender, Some(client))
+            }
+            Recipe::EtcdV3Lock => {
+                let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;
+                let session = Session::new(&client, SESSION_TTL, &self.counters).await?;
+                let contender = Contender::EtcdV3Lock {
+                    client: Box::new(client),
+                    session,
+                    name: self.lock.clone(),
+                    key: None,
+                    counters: self.counters.clone(),
+                };
+                (contender, None)
+            }
+            Recipe::EtcdMutex => {
+                let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;
+                let session = Session::new(&client, SESSION_TTL, &self.counters).await?;
+                let mutex =
+                    etcd_concurrency::Mutex::new(&client, &self.lock, &session, &self.counters);
+                let contender = Contender::EtcdMutex {
+                    client: Box::new(client),
+                    session,
+                    mutex: Box::new(mutex),
+                };
+                (contender, None)
+            }
+        })
+    }
+}
+
+/// Requests sent and wakeups so far, for the recipe's system.
+#[derive(Clone)]
+struct Tally {
+    tap: Option<Arc<Tap>>,
+    vigil_clients: Vec<Client>,
+    counters: Arc<Counters>,
+    etcd: bool,
+}
+
+impl Tally {
+    fn read(&self) -> (Option<u64>, Option<u64>) {
+        if self.etcd {
+            return (
+                Some(self.counters.requests()),
+                Some(self.counters.wakeups()),
+            );
+        }
+        let wakeups = self
+            .vigil_clients
+            .iter()
+            .map(Client::blocking_returns)
+            .sum();
+        (self.tap.as_ref().map(|t| t.requests()), Some(wakeups))
+    }
+}
+
+/// Runs one recipe with `clients` contenders on a fresh lock.
+async fn run(
+    recipe: Recipe,
+    clients: usize,
+    window: Window,
+    leaders: &Leaders,
+    tap: Option<Arc<Tap>>,
+) -> Result<LockRun> {
+    let etcd = matches!(recipe, Recipe::EtcdV3Lock | Recipe::EtcdMutex);
+    let setup = Setup {
+        recipe,
+        lock: format!("bench/lock/{recipe:?}/{clients}"),
+        vigil_addr: leaders.vigil_addr,
+        etcd_endpoint: leaders.etcd_endpoint.clone(),
+        tap: if etcd { None } else { tap },
+        counters: Arc::new(Counters::default()),
+    };
+    let mut contenders = Vec::new();
+    let mut vigil_clients = Vec::new();
+    for _ in 0..clients {
+        let (contender, client) = setup.contender().await?;
+        contenders.push(contender);
+        vigil_clients.extend(client);
+    }
+    let tally = Tally {
+        tap: setup.tap.clone(),
+        vigil_clients: vigil_clients.clone(),
+        counters: setup.counters.clone(),
+        etcd,
+    };
+    let pids = if etcd {
+        &leaders.etcd_pids
+    } else {
+        &leaders.vigil_pids
+    };
+    let meter = Meter::start(
+        format!("{}, {}", recipe.label(), load::clients(clients)),
+        pids,
+    )?;
+    let (open, close) = window.schedule();
+    let snapshots = tokio::spawn(async move {
+        tokio::time::sleep_until(open).await;
+        let first = tally.read();
+        tokio::time::sleep_until(close).await;
+        (first, tally.read())
+    });
+    let workers: Vec<_> = contenders
+        .into_iter()
+        .map(|mut contender| {
+            tokio::spawn(async move {
+                let (mut acquire, mut cycle) = (histogram(), histogram());
+                let mut count = 0u64;
+                while Instant::now() < close {
+                    let t0 = Instant::now();
+                    contender.acquire().await?;
+                    let t1 = Instant::now();
+                    contender.release().await?;
+                    if t1 >= open && t1 < close {
+                        count += 1;
+                        acquire.record(micros(t1 - t0))?;
+                        cycle.record(micros(t0.elapsed()))?;
+                    }
+                }
+                anyhow::Ok((count, acquire, cycle, contender))
+            })
+        })
+        .collect();
+    let deadline = close + DRAIN_LIMIT;
+    let (mut acquire, mut cycle) = (histogram(), histogram());
+    let mut counts = Vec::new();
+    let mut finished = Vec::new();
+    for worker in workers {
+        let (count, a, c, contender) = tokio::time::timeout_at(deadline, worker)
+            .await
+            .context("a contender did not finish")???;
+        counts.push(count);
+        acquire.add(a)?;
+        cycle.add(c)?;
+        finished.push(contender);
+    }
+    let usage = meter.stop()?;
+    let ((requests_0, wakeups_0), (requests_1, wakeups_1)) = snapshots.await?;
+    for contender in finished {
+        contender.close().await?;
+    }
+    for client in &vigil_clients {
+        client.drain_cleanups(Duration::from_secs(10)).await;
+    }
+    let acquisitions = acquire.len();
+    let per_acquisition = |before: Option<u64>, after: Option<u64>| match (before, after) {
+        (Some(b), Some(a)) if acquisitions > 0 => {
+            Some(a.saturating_sub(b) as f64 / acquisitions as f64)
+        }
+        _ => None,
+    };
+    Ok(LockRun {
+        recipe,
+        clients,
+        acquisitions,
+        per_second: acquisitions as f64 / window.measure.as_secs_f64(),
+        acquire: Latency::of(&acquire),
+        cycle: Latency::of(&cycle),
+        min_per_client: counts.iter().copied().min().unwrap_or(0),
+        max_per_client: counts.iter().copied().max().unwrap_or(0),
+        requests_per_acquisition: per_acquisition(requests_0, requests_1),
+        woken_per_acquisition: if recipe == Recipe::EtcdV3Lock {
+            // The waiting happens inside the server: nothing to observe from outside.
+            None
+        } else {
+            per_acquisition(wakeups_0, wakeups_1)
+        },
+        usage,
+    })
+}
+
+/// Uncontended cycles, then contention with 8 and 32 clients.
+pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
+    let leaders = systems.leaders().await?;
+    let mut runs = Vec::new();
+    for recipe in [
+        Recipe::VigilSession,
+        Recipe::EtcdMutex,
+        Recipe::EtcdV3Lock,
+        Recipe::VigilLock,
+    ] {
+        runs.push(run(recipe, 1, plan.lock, &leaders, None).await?);
+    }
+    let tap = Arc::new(Tap::start(leaders.vigil_addr).await?);
+    for clients in [8, 32] {
+        for recipe in [
+            Recipe::VigilLock,
+            Recipe::VigilFair,
+            Recipe::EtcdV3Lock,
+            Recipe::EtcdMutex,
+        ] {
+            runs.push(run(recipe, clients, plan.contended, &leaders, Some(tap.clone())).await?);
+        }
+    }
+    runs.push(
+        run(
+            Recipe::VigilShared,
+            32,
+            plan.contended,
+            &leaders,
+            Some(tap.clone()),
+        )
+        .await?,
+    );
+    Ok(outcome(runs))
+}
+
+fn find(runs: &[LockRun], recipe: Recipe, clients: usize) -> Option<&LockRun> {
+    runs.iter()
+        .find(|r| r.recipe == recipe && r.clients == clients)
+}
+
+/// The runs being compared: a Vigil recipe's and an etcd recipe's.
+type Pair<'a> = (Option<&'a LockRun>, Option<&'a LockRun>);
+
+/// A row comparing one figure of a pair of runs.
+fn compare(
+    id: String,
+    workload: &str,
+    metric: &str,
+    better: Better,
+    (vigil, etcd): Pair<'_>,
+    figure: fn(&LockRun) -> Option<f64>,
+) -> Row {
+    let vigil = vigil.and_then(figure);
+    let etcd = etcd.and_then(figure);
+    Row::new(id, workload, metric, better, vigil, etcd)
+}
+
+fn outcome(runs: Vec<LockRun>) -> Outcome {
+    let pair = |vigil: Recipe, etcd: Recipe, clients: usize| -> Pair<'_> {
+        (find(&runs, vigil, clients), find(&runs, etcd, clients))
+    };
+    let rate: fn(&LockRun) -> Option<f64> = |r| Some(r.per_second);
+    let (higher, lower) = (Better::Higher, Better::Lower);
+    let mut rows = Vec::new();
+    let uncontended = pair(Recipe::VigilSession, Recipe::EtcdMutex, 1);
+    let workload = "Uncontended lock cycle, 1 client (vs concurrency.Mutex)";
+    let id = |metric: &str| format!("lock_uncontended.{metric}");
+    rows.push(compare(
+        id("rate"),
+        workload,
+        "cycles/s",
+        higher,
+        uncontended,
+        rate,
+    ));
+    rows.push(compare(
+        id("p50"),
+        workload,
+        "cycle p50 (ms)",
+        lower,
+        uncontended,
+        |r| Some(r.cycle.p50_ms),
+    ));
+    rows.push(compare(
+        id("p99"),
+        workload,
+        "cycle p99 (ms)",
+        lower,
+        uncontended,
+        |r| Some(r.cycle.p99_ms),
+    ));
+    rows.push(compare(
+        id("v3lock.rate"),
+        "Uncontended lock cycle, 1 client (vs v3lock)",
+        "cycles/s",
+        higher,
+        pair(Recipe::VigilSession, Recipe::EtcdV3Lock, 1),
+        rate,
+    ));
+    for clients in [8, 32] {
+        let id = |metric: &str| format!("lock_contended.c{clients}.{metric}");
+        let pairings = [
+            (
+                "lock_vs_v3lock",
+                Recipe::VigilLock,
+                Recipe::EtcdV3Lock,
+                "Consul-style lock vs v3lock",
+            ),
+            (
+                "fair_vs_v3lock",
+                Recipe::VigilFair,
+                Recipe::EtcdV3Lock,
+                "fair mutex vs v3lock",
+            ),
+            (
+                "fair_vs_mutex",
+                Recipe::VigilFair,
+                Recipe::EtcdMutex,
+                "fair mutex vs concurrency.Mutex",
+            ),
+        ];
+        for (name, vigil, etcd, what) in pairings {
+            let workload = format!("Contended lock, {clients} clients: {what}");
+            let runs = pair(vigil, etcd, clients);
+            rows.push(compare(
+                id(&format!("{name}.rate")),
+                &workload,
+                "handoffs/s",
+                higher,
+                runs,
+                rate,
+            ));
+        }
+        let workload = format!("Contended lock, {clients} clients: fair mutex vs v3lock");
+        let runs = pair(Recipe::VigilFair, Recipe::EtcdV3Lock, clients);
+        rows.push(compare(
+            id("fair_vs_v3lock.p50"),
+            &workload,
+            "acquire p50 (ms)",
+            lower,
+            runs,
+            |r| Some(r.acquire.p50_ms),
+        ));
+        rows.push(compare(
+            id("fair_vs_v3lock.p99"),
+            &workload,
+            "acquire p99 (ms)",
+            lower,
+            runs,
+            |r| Some(r.acquire.p99_ms),
+        ));
+        rows.push(compare(
+            id("fair_vs_v3lock.fairness"),
+            &workload,
+            "fairness (fewest ÷ most acquisitions of a client)",
+            higher,
+            runs,
+            |r| Some(r.fairness()),
+        ));
+        let workload =
+            format!("Contended lock, {clients} clients: fair mutex vs concurrency.Mutex");
+        let runs = pair(Recipe::VigilFair, Recipe::EtcdMutex, clients);
+        rows.push(compare(
+            id("requests"),
+            &workload,
+            "requests sent per acquisition",
+            lower,
+            runs,
+            |r| r.requests_per_acquisition,
+        ));
+        rows.push(compare(
+            id("woken"),
+            &workload,
+            "waiting requests woken per acquisition",
+            lower,
+            runs,
+            |r| r.woken_per_acquisition,
+        ));
+    }
+    let shared = find(&runs, Recipe::VigilShared, 32).map(|r| r.per_second);
+    let exclusive = find(&runs, Recipe::VigilFair, 32).map(|r| r.per_second);
+    rows.push(Row::vigil_only(
+        "lock_shared.c32.vs_exclusive",
+        "Shared lock, 32 readers (RwLock read vs FairMutex, 32 clients each)",
+        "shared ÷ exclusive acquisitions/s",
+        higher,
+        shared.zip(exclusive).map(|(s, e)| s / e),
+    ));
+    let opt = |v: Option<f64>| v.map_or_else(|| "—".to_owned(), num);
+    let table = Table {
+        title: "Locks, every recipe".to_owned(),
+        header: [
+            "clients",
+            "recipe",
+            "acquisitions/s",
+            "acquire p50 ms",
+            "acquire p99 ms",
+            "cycle p50 ms",
+            "per client (min–max)",
+            "requests / acq.",
+            "woken / acq.",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        rows: runs
+            .iter()
+            .map(|r| {
+                vec![
+                    r.clients.to_string(),
+                    r.recipe.label().to_owned(),
+                    num(r.per_second),
+                    num(r.acquire.p50_ms),
+                    num(r.acquire.p99_ms),
+                    num(r.cycle.p50_ms),
+                    format!("{}–{}", r.min_per_client, r.max_per_client),
+                    opt(r.requests_per_acquisition),
+                    opt(r.woken_per_acquisition),
+                ]
+            })
+            .collect(),
+    };
+    Outcome {
+        rows,
+        tables: vec![table],
+        usage: runs.iter().map(|r| r.usage.clone()).collect(),
+        details: json!({ "runs": runs }),
+    }
+}

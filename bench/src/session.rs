@@ -1,0 +1,220 @@
+//! Session (Vigil) and lease (etcd) throughput with 16 concurrent clients: creates/s (a raft
+//! write on both: `PUT /v1/session/create` with a 60 s TTL, `LeaseGrant` with a 60 s TTL), then
+//! renews/s of one session or lease per client (leader-only on both: `PUT
+//! /v1/session/renew/<id>`, one `LeaseKeepAlive` request and answer on a kept-open stream).
+//! Everything created is destroyed or revoked afterwards, outside the measured windows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, ensure};
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use parking_lot::Mutex;
+use serde_json::json;
+use vigil_shared::client::{Client, SessionRequest};
+
+use super::etcd::connect;
+use super::load::{Throughput, closed_loop};
+use super::machine::Meter;
+use super::report::{Better, Outcome, Row};
+use super::{Plan, Systems};
+
+const CLIENTS: usize = 16;
+const TTL: Duration = Duration::from_secs(60);
+
+/// IDs created by each client, in order.
+type Created<T> = Arc<Mutex<Vec<Vec<T>>>>;
+
+fn created<T>() -> Created<T> {
+    Arc::new(Mutex::new((0..CLIENTS).map(|_| Vec::new()).collect()))
+}
+
+fn push<T>(created: &Created<T>, client: usize, id: T) {
+    created.lock()[client].push(id);
+}
+
+fn take<T>(created: &Created<T>) -> Vec<Vec<T>> {
+    std::mem::take(&mut *created.lock())
+}
+
+pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
+    let leaders = systems.leaders().await?;
+    let mut outcome = Outcome::default();
+
+    // Vigil: create, then renew one session per client, then destroy them all.
+    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
+    let sessions = created::<String>();
+    let meter = Meter::start("Session create, Vigil", &leaders.vigil_pids)?;
+    let (client, ids) = (vigil.clone(), sessions.clone());
+    let v_create = closed_loop(
+        CLIENTS,
+        plan.session,
+        Arc::new(move |c, _| {
+            let (client, ids) = (client.clone(), ids.clone());
+            async move {
+                let request = SessionRequest {
+                    name: "bench".to_owned(),
+                    ttl: Some(TTL),
+                    ..SessionRequest::default()
+                };
+                push(&ids, c, client.session_create(&request).await?);
+                Ok(())
+            }
+            .boxed()
+        }),
+    )
+    .await?;
+    outcome.usage.push(meter.stop()?);
+    let sessions = take(&sessions);
+    let renewed: Arc<Vec<String>> = Arc::new(
+        sessions
+            .iter()
+            .map(|ids| ids.first().cloned().context("a client created no session"))
+            .collect::<Result<_>>()?,
+    );
+    let meter = Meter::start("Session renew, Vigil", &leaders.vigil_pids)?;
+    let client = vigil.clone();
+    let v_renew = closed_loop(
+        CLIENTS,
+        plan.session,
+        Arc::new(move |c, _| {
+            let (client, renewed) = (client.clone(), renewed.clone());
+            async move {
+                ensure!(
+                    client.session_renew(&renewed[c]).await?.is_some(),
+                    "session gone"
+                );
+                Ok(())
+            }
+            .boxed()
+        }),
+    )
+    .await?;
+    outcome.usage.push(meter.stop()?);
+    futures::stream::iter(sessions.into_iter().flatten())
+        .map(|id| {
+            let client = vigil.clone();
+            async move { client.session_destroy(&id).await }
+        })
+        .buffer_unordered(CLIENTS)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    // etcd: the same with leases, each client over its own connection.
+    let mut etcd_clients = Vec::new();
+    for _ in 0..CLIENTS {
+        etcd_clients.push(connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?);
+    }
+    let etcd_clients = Arc::new(etcd_clients);
+    let leases = created::<i64>();
+    let meter = Meter::start("Lease grant, etcd", &leaders.etcd_pids)?;
+    let (clients, ids) = (etcd_clients.clone(), leases.clone());
+    let e_create = closed_loop(
+        CLIENTS,
+        plan.session,
+        Arc::new(move |c, _| {
+            let (mut client, ids) = (clients[c].clone(), ids.clone());
+            async move {
+                let ttl = i64::try_from(TTL.as_secs())?;
+                push(&ids, c, client.lease_grant(ttl, None).await?.id());
+                Ok(())
+            }
+            .boxed()
+        }),
+    )
+    .await?;
+    outcome.usage.push(meter.stop()?);
+    let leases = take(&leases);
+    let mut keepers = Vec::new();
+    for (c, ids) in leases.iter().enumerate() {
+        let id = *ids.first().context("a client granted no lease")?;
+        let mut client = etcd_clients[c].clone();
+        keepers.push(tokio::sync::Mutex::new(client.lease_keep_alive(id).await?));
+    }
+    let keepers: Arc<Vec<tokio::sync::Mutex<(LeaseKeeper, LeaseKeepAliveStream)>>> =
+        Arc::new(keepers);
+    let meter = Meter::start("Lease keep-alive, etcd", &leaders.etcd_pids)?;
+    let e_renew = closed_loop(
+        CLIENTS,
+        plan.session,
+        Arc::new(move |c, _| {
+            let keepers = keepers.clone();
+            async move {
+                let mut guard = keepers[c].lock().await;
+                let (keeper, responses) = &mut *guard;
+                keeper.keep_alive().await?;
+                let answer = responses
+                    .message()
+                    .await?
+                    .context("keep-alive stream ended")?;
+                ensure!(answer.ttl() > 0, "lease gone");
+                Ok(())
+            }
+            .boxed()
+        }),
+    )
+    .await?;
+    outcome.usage.push(meter.stop()?);
+    futures::stream::iter(leases.into_iter().flatten())
+        .map(|id| {
+            let mut client = etcd_clients[0].clone();
+            async move { client.lease_revoke(id).await.map(drop) }
+        })
+        .buffer_unordered(CLIENTS)
+        .try_collect::<Vec<()>>()
+        .await?;
+
+    outcome.rows = rows(&v_create, &e_create, &v_renew, &e_renew);
+    outcome.details = json!({
+        "clients": CLIENTS,
+        "ttl_seconds": TTL.as_secs(),
+        "create": { "vigil": v_create, "etcd": e_create },
+        "renew": { "vigil": v_renew, "etcd": e_renew },
+    });
+    Ok(outcome)
+}
+
+fn rows(
+    v_create: &Throughput,
+    e_create: &Throughput,
+    v_renew: &Throughput,
+    e_renew: &Throughput,
+) -> Vec<Row> {
+    let create = format!("Session create / lease grant, {CLIENTS} clients");
+    let renew = format!("Session renew / lease keep-alive, {CLIENTS} clients");
+    vec![
+        Row::new(
+            "session.create.rate",
+            &create,
+            "per second",
+            Better::Higher,
+            Some(v_create.per_second),
+            Some(e_create.per_second),
+        ),
+        Row::new(
+            "session.create.p99",
+            &create,
+            "p99 (ms)",
+            Better::Lower,
+            Some(v_create.latency.p99_ms),
+            Some(e_create.latency.p99_ms),
+        ),
+        Row::new(
+            "session.renew.rate",
+            &renew,
+            "per second",
+            Better::Higher,
+            Some(v_renew.per_second),
+            Some(e_renew.per_second),
+        ),
+        Row::new(
+            "session.renew.p99",
+            &renew,
+            "p99 (ms)",
+            Better::Lower,
+            Some(v_renew.latency.p99_ms),
+            Some(e_renew.latency.p99_ms),
+        ),
+    ]
+}

@@ -1,0 +1,519 @@
+//! The web UI in a real browser: headless Chromium driven through chromedriver (Debian's
+//! `chromium` and `chromium-driver`, installed by `scripts/install-test-deps.sh`) against a dev
+//! agent, everything on 127.0.0.1. Each page must follow the cluster by itself, through its
+//! blocking query: a lock taken or handed over through the API shows within a second without
+//! any reload, fair-mutex waiters show in queue order, a session destroyed from the UI releases
+//! its lock, and a value edited in the UI reads back through the API. A screenshot of each page
+//! goes to `target/ui-screenshots/`.
+
+use std::panic::AssertUnwindSafe;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use fantoccini::{Client as WebDriver, ClientBuilder, Locator};
+use futures::FutureExt as _;
+use hyper_util::client::legacy::connect::HttpConnector;
+use integration_tests::{Agent, eventually};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+use vigil_shared::client::{
+    Client, FairMutex, Held, KvFairMutex, KvFairOptions, Lock, LockOptions, QueueOptions,
+};
+
+/// A change made through the API must be on screen within this, with no reload.
+const LIVE: Duration = Duration::from_secs(1);
+/// Loading a page, starting the browser, a lock recipe finishing its acquire.
+const SLOW: Duration = Duration::from_secs(20);
+
+/// Finds `name` on `PATH`, or fails the test saying how to install it.
+fn installed(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "`{name}` is not on PATH: the browser tests need Debian's chromium and \
+                 chromium-driver packages (run scripts/install-test-deps.sh as root)"
+            )
+        })
+}
+
+/// `target/ui-screenshots/`, beside the `debug/deps/` directory holding this test.
+fn screenshot_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let target = exe
+        .ancestors()
+        .nth(3)
+        .expect("the test runs from target/<profile>/deps/");
+    let dir = target.join("ui-screenshots");
+    std::fs::create_dir_all(&dir).expect("create target/ui-screenshots");
+    dir
+}
+
+/// chromedriver on a free loopback port and one headless Chromium session through it.
+struct Browser {
+    driver: WebDriver,
+    /// Killed on drop; the browser itself is ended by [`Browser::close`].
+    _chromedriver: Child,
+    base: String,
+}
+
+impl Browser {
+    async fn start(base: &str) -> Browser {
+        let chromium = installed("chromium");
+        let chromedriver = installed("chromedriver");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let mut child = Command::new(chromedriver)
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("start chromedriver");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + SLOW;
+        loop {
+            if let Some(status) = child.try_wait().expect("poll chromedriver") {
+                panic!("chromedriver exited at start: {status}");
+            }
+            let reply = http.get(format!("{url}/status")).send().await;
+            let body: Option<Value> = match reply {
+                Ok(reply) => reply.json().await.ok(),
+                Err(_) => None,
+            };
+            if body.is_some_and(|b| b["value"]["ready"] == json!(true)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not get ready in {SLOW:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // No traffic beyond loopback: no sync, updates, metrics or safe-browsing lookups.
+        let args = [
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1440,1000",
+            "--no-first-run",
+            "--no-default-browser-check",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-default-apps",
+            "--disable-extensions",
+            "--disable-sync",
+            "--disable-domain-reliability",
+            "--metrics-recording-only",
+            "--no-pings",
+            "--force-prefers-reduced-motion",
+        ];
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": { "binary": chromium, "args": args },
+        });
+        let Value::Object(capabilities) = capabilities else {
+            unreachable!("a JSON object literal")
+        };
+        let driver = ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&url)
+            .await
+            .expect("a Chromium session through chromedriver");
+        Browser {
+            driver,
+            _chromedriver: child,
+            base: base.to_owned(),
+        }
+    }
+
+    /// Loads `/ui/<hash>` and waits for the view's first answer.
+    async fn open(&self, hash: &str, view: &str) {
+        self.driver
+            .goto(&format!("{}/ui/{hash}", self.base))
+            .await
+            .expect("load the UI");
+        self.rendered(view).await;
+    }
+
+    /// Waits until the view container `#<view>` has rendered its first answer.
+    async fn rendered(&self, view: &str) {
+        let css = format!("#{view}[aria-busy=false]");
+        eventually(SLOW, &format!("{css} to render"), || async {
+            self.driver.find(Locator::Css(&css)).await.ok().map(|_| ())
+        })
+        .await;
+    }
+
+    /// `[data-session, text]` of every element matching `css`, in document order, read in one
+    /// round trip (so a re-render between two reads cannot mix two answers).
+    async fn rows(&self, css: &str) -> Vec<(String, String)> {
+        let script = "return [...document.querySelectorAll(arguments[0])]\
+                      .map(e => [e.dataset.session ?? '', e.innerText]);";
+        let value = self
+            .driver
+            .execute(script, vec![json!(css)])
+            .await
+            .expect("run a query script");
+        serde_json::from_value(value).expect("rows as pairs of strings")
+    }
+
+    /// The text of the first element matching `css` (`None`: not there yet).
+    async fn text(&self, css: &str) -> Option<String> {
+        let element = self.driver.find(Locator::Css(css)).await.ok()?;
+        element.text().await.ok()
+    }
+
+    async fn click(&self, css: &str) {
+        eventually(SLOW, &format!("{css} to be clickable"), || async {
+            let element = self.driver.find(Locator::Css(css)).await.ok()?;
+            element.click().await.ok()
+        })
+        .await;
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.driver.screenshot().await.expect("take a screenshot");
+        let path = screenshot_dir().join(format!("{name}.png"));
+        std::fs::write(&path, png).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+
+    async fn close(self) {
+        self.driver.close().await.expect("end the browser session");
+    }
+}
+
+fn lock(client: &Client, key: &str, name: &str) -> Lock {
+    let mut opts = LockOptions::new(key);
+    opts.session_name = name.to_owned();
+    Lock::new(client, opts).expect("lock options")
+}
+
+/// The etcd-style fair mutex over KV keys (`FairQueues` in `/v1/vigil/locks`).
+fn kv_fair(client: &Client, prefix: &str, name: &str) -> KvFairMutex {
+    let mut opts = KvFairOptions::new(prefix);
+    opts.session_name = name.to_owned();
+    KvFairMutex::new(client, opts).expect("fair mutex options")
+}
+
+/// The fair mutex on the server-side lock queue (`Queues` in `/v1/vigil/locks`).
+fn queued(client: &Client, name: &str, session_name: &str) -> FairMutex {
+    let mut opts = QueueOptions::new(name);
+    opts.session_name = session_name.to_owned();
+    FairMutex::new(client, opts).expect("queue options")
+}
+
+/// Sessions of `css` rows, in order.
+fn sessions(rows: &[(String, String)]) -> Vec<&str> {
+    rows.iter().map(|(s, _)| s.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ui_follows_locks_sessions_and_kv_live() {
+    let agent = Agent::dev().await;
+    let browser = Browser::start(&agent.base).await;
+    // Close the browser whatever happens, so no Chromium outlives a failed test.
+    let outcome = AssertUnwindSafe(scenario(&agent, &browser))
+        .catch_unwind()
+        .await;
+    browser.close().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+async fn scenario(agent: &Agent, browser: &Browser) {
+    let client = Client::new(&agent.base).expect("client");
+    let lock_key = "jobs/billing/.lock";
+    let row = format!("tr[data-key=\"{lock_key}\"]");
+
+    // Phase 1: the locks page, filtered to `jobs/`, starts empty.
+    browser.open("#/locks?prefix=jobs/", "locks").await;
+    let text = browser.text("#locks").await.unwrap_or_default();
+    assert!(text.contains("Nothing is locked"), "{text}");
+
+    // Phase 2: a lock taken through the API appears within a second, with its holder.
+    let first = lock(&client, lock_key, "billing-worker-1")
+        .acquire()
+        .await
+        .expect("first holder");
+    eventually(LIVE, "the new lock on the locks page", || async {
+        let rows = browser.rows(&row).await;
+        (sessions(&rows) == [first.session()]).then_some(())
+    })
+    .await;
+    let shown = browser.rows(&row).await;
+    assert!(shown[0].1.contains("billing-worker-1"), "{shown:?}");
+    assert!(shown[0].1.contains("test-node"), "{shown:?}");
+    assert!(shown[0].1.contains("passing"), "{shown:?}");
+
+    // Phase 3: after the holder releases, the next holder shows within a second.
+    let waiting = {
+        let contender = lock(&client, lock_key, "billing-worker-2");
+        tokio::spawn(async move { contender.acquire().await.expect("second holder") })
+    };
+    eventually(SLOW, "a second session waiting for the lock", || async {
+        let list = agent.get("/v1/session/list").await.json();
+        (list.as_array()?.len() == 2).then_some(())
+    })
+    .await;
+    first.release().await.expect("release");
+    let second: Held = tokio::time::timeout(SLOW, waiting)
+        .await
+        .expect("the waiter acquires")
+        .expect("the waiter's task");
+    eventually(LIVE, "the next holder on the locks page", || async {
+        let rows = browser.rows(&row).await;
+        (sessions(&rows) == [second.session()]).then_some(())
+    })
+    .await;
+
+    // Phase 4: a server-side lock queue shows its holder and its waiters in queue order.
+    let compact = "jobs/compact";
+    let compactor = queued(&client, compact, "compactor-a")
+        .acquire()
+        .await
+        .expect("queue holder");
+    let queue_waiters: Vec<_> = ["compactor-b", "compactor-c"]
+        .into_iter()
+        .map(|name| {
+            let contender = queued(&client, compact, name);
+            tokio::spawn(async move { contender.acquire().await })
+        })
+        .collect();
+    let queue_order: Vec<String> = eventually(SLOW, "two queued waiters", || async {
+        let report = client.vigil_locks(compact).await.ok()?;
+        let queue = &report["Queues"][0];
+        let waiters = queue["Waiters"].as_array()?;
+        (waiters.len() == 2).then(|| {
+            let holder = &queue["Holders"][0];
+            [holder]
+                .into_iter()
+                .chain(waiters)
+                .map(session_of)
+                .collect()
+        })
+    })
+    .await;
+    assert_eq!(queue_order[0], compactor.session());
+    let queue_section = format!("section[data-queue=\"{compact}\"]");
+    let waiters = eventually(LIVE, "the lock queue on the locks page", || {
+        queue_shown(browser, &queue_section, &queue_order)
+    })
+    .await;
+    assert_positions(&waiters);
+
+    // Phase 5: KV fair-mutex contenders show in CreateIndex order under their holder.
+    let reindex = "jobs/reindex";
+    let owner = kv_fair(&client, reindex, "reindexer-a")
+        .acquire()
+        .await
+        .expect("fair owner");
+    let fair_waiters: Vec<_> = ["reindexer-b", "reindexer-c"]
+        .into_iter()
+        .map(|name| {
+            let contender = kv_fair(&client, reindex, name);
+            tokio::spawn(async move { contender.acquire().await })
+        })
+        .collect();
+    let order: Vec<String> = eventually(SLOW, "two fair-mutex waiters", || async {
+        let report = client.vigil_locks(reindex).await.ok()?;
+        let queue = report["FairQueues"][0]["Queue"].as_array()?.clone();
+        (queue.len() == 3).then(|| queue.iter().map(session_of).collect())
+    })
+    .await;
+    assert_eq!(order[0], owner.session());
+    let fair_section = format!("section[data-fair=\"{reindex}\"]");
+    let waiters = eventually(LIVE, "the fair queue on the locks page", || {
+        queue_shown(browser, &fair_section, &order)
+    })
+    .await;
+    assert_positions(&waiters);
+    browser.screenshot("locks").await;
+
+    // Phase 6: the sessions page lists the holder; destroying it there releases its lock.
+    browser.click("nav a[data-page=sessions]").await;
+    browser.rendered("sessions").await;
+    let holder_row = format!("#sessions tr[data-session=\"{}\"]", second.session());
+    let listed = browser.text(&holder_row).await.unwrap_or_default();
+    assert!(listed.contains(lock_key), "{listed}");
+    browser.screenshot("sessions").await;
+    browser
+        .click(&format!("button[data-destroy=\"{}\"]", second.session()))
+        .await;
+    browser.click("dialog[open] #confirm-destroy").await;
+    eventually(
+        SLOW,
+        "the lock released by the destroyed session",
+        || async {
+            let entry = agent.get(&format!("/v1/kv/{lock_key}")).await.json();
+            entry[0]["Session"].is_null().then_some(())
+        },
+    )
+    .await;
+    eventually(LIVE, "the destroyed session gone from the page", || async {
+        browser.rows(&holder_row).await.is_empty().then_some(())
+    })
+    .await;
+    tokio::time::timeout(SLOW, second.lost())
+        .await
+        .expect("the holder learns it lost the lock");
+
+    // Phase 7: the node page says what its failure would invalidate.
+    browser
+        .open(&format!("#/nodes/{}", agent.node), "node")
+        .await;
+    let impact = browser.text("#impact").await.unwrap_or_default();
+    assert!(impact.contains(reindex), "{impact}");
+    let bound = format!("#impact tr[data-session=\"{}\"]", owner.session());
+    assert_eq!(browser.rows(&bound).await.len(), 1, "{impact}");
+    browser.open("#/nodes", "nodes").await;
+    let node_row = browser
+        .text(&format!("tr[data-node=\"{}\"]", agent.node))
+        .await
+        .unwrap_or_default();
+    assert!(node_row.contains("alive"), "{node_row}");
+    browser.screenshot("nodes").await;
+
+    // Phase 8: an open key follows writes through the API; a value edited in the UI reads
+    // back through the API, flags included.
+    let key = "jobs/billing/config";
+    let reply = agent.put(&format!("/v1/kv/{key}"), r#"{"batch":10}"#).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    browser.open(&format!("#/kv/{key}"), "kv-meta").await;
+    let editor = browser
+        .driver
+        .find(Locator::Css("#kv-value"))
+        .await
+        .expect("the value editor");
+    assert_eq!(
+        editor.prop("value").await.expect("editor value").as_deref(),
+        Some(r#"{"batch":10}"#)
+    );
+    let reply = agent.put(&format!("/v1/kv/{key}"), r#"{"batch":12}"#).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    eventually(LIVE, "the editor showing the new value", || async {
+        let value = editor.prop("value").await.ok()??;
+        (value == r#"{"batch":12}"#).then_some(())
+    })
+    .await;
+    let edited = r#"{"batch": 25, "owner": "billing"}"#;
+    editor.clear().await.expect("clear the editor");
+    editor.send_keys(edited).await.expect("type the value");
+    let flags = browser
+        .driver
+        .find(Locator::Css("#kv-flags"))
+        .await
+        .expect("the flags field");
+    flags.clear().await.expect("clear flags");
+    flags.send_keys("7").await.expect("type flags");
+    browser.click("#kv-save").await;
+    eventually(SLOW, "the save confirmed", || async {
+        let status = browser.text("#kv-status").await?;
+        (status == "Saved.").then_some(())
+    })
+    .await;
+    let stored = agent.get(&format!("/v1/kv/{key}")).await.json();
+    assert_eq!(stored[0]["Flags"], json!(7));
+    let raw = agent.get(&format!("/v1/kv/{key}?raw")).await;
+    assert_eq!(raw.text(), edited);
+    browser.screenshot("kv").await;
+
+    // Phase 9: a write the agent refuses shows the agent's own message and changes nothing.
+    flags.clear().await.expect("clear flags");
+    flags
+        .send_keys("99999999999999999999999")
+        .await
+        .expect("type flags");
+    browser.click("#kv-save").await;
+    let refused = eventually(SLOW, "the refusal shown", || async {
+        let status = browser.text("#kv-status").await?;
+        status.starts_with("Not saved").then_some(status)
+    })
+    .await;
+    assert!(refused.contains("value out of range"), "{refused}");
+    let raw = agent.get(&format!("/v1/kv/{key}?raw")).await;
+    assert_eq!(raw.text(), edited);
+
+    // Phase 10: an ACL token typed in the header stays in this tab only.
+    browser.click(".token summary").await;
+    browser
+        .driver
+        .find(Locator::Css("#token"))
+        .await
+        .expect("the token field")
+        .send_keys("a-token-for-this-tab")
+        .await
+        .expect("type the token");
+    browser.click("#token-form button[type=submit]").await;
+    let stored = browser
+        .driver
+        .execute(
+            "return [sessionStorage.getItem('vigil.token'), localStorage.length];",
+            vec![],
+        )
+        .await
+        .expect("read the browser's storage");
+    assert_eq!(stored, json!(["a-token-for-this-tab", 0]));
+    browser.click("#token-clear").await;
+
+    // Phase 11: back on the locks page, both queues move up when their holders leave.
+    browser.open("#/locks?prefix=jobs/", "locks").await;
+    eventually(SLOW, "the queues before the handovers", || async {
+        queue_shown(browser, &queue_section, &queue_order).await?;
+        queue_shown(browser, &fair_section, &order).await
+    })
+    .await;
+    compactor.release().await.expect("release the queued lock");
+    eventually(LIVE, "the lock queue after a handover", || {
+        queue_shown(browser, &queue_section, &queue_order[1..])
+    })
+    .await;
+    owner.release().await.expect("release the fair mutex");
+    eventually(LIVE, "the fair queue after a handover", || {
+        queue_shown(browser, &fair_section, &order[1..])
+    })
+    .await;
+    for task in queue_waiters.into_iter().chain(fair_waiters) {
+        task.abort();
+    }
+}
+
+/// The `Session` of a holder or waiter in `/v1/vigil/locks`.
+fn session_of(entry: &Value) -> String {
+    entry["Session"].as_str().unwrap_or_default().to_owned()
+}
+
+/// The waiter rows when the lock section `section` shows `order[0]` holding and the rest
+/// waiting in that order (`None` until it does).
+async fn queue_shown(
+    browser: &Browser,
+    section: &str,
+    order: &[String],
+) -> Option<Vec<(String, String)>> {
+    let holders = browser
+        .rows(&format!("{section} tr[data-role=holder]"))
+        .await;
+    let waiters = browser
+        .rows(&format!("{section} tr[data-role=waiter]"))
+        .await;
+    (sessions(&holders) == order[..1] && sessions(&waiters) == order[1..]).then_some(waiters)
+}
+
+/// Waiter rows start with their position: 1, 2, …
+fn assert_positions(waiters: &[(String, String)]) {
+    for (i, (_, text)) in waiters.iter().enumerate() {
+        let position = (i + 1).to_string();
+        assert!(text.starts_with(&position), "waiter {position}: {text}");
+    }
+}

@@ -1,0 +1,345 @@
+//! A running server: raft, the state machine, leader duties and the QUIC RPC endpoint behind one
+//! handle. It answers writes, (blocking) reads and renewals locally when it leads (or for stale
+//! reads), and forwards them to the leader otherwise. The agent's HTTP API calls it directly
+//! when the agent runs the server role; other agents reach it over RPC.
+
+mod data_dir;
+mod formation;
+mod forward;
+mod requests;
+mod rpc_service;
+mod status;
+
+pub use status::RaftStats;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use openraft::{ChangeMembers, ServerState};
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+use vigil_shared::lock::LockOp;
+use vigil_shared::rpc::{
+    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
+use vigil_shared::session::{Session, check_ttl};
+
+use crate::leader::{DutyInput, LeaderDuties, session_ttl};
+use crate::proposer::Proposer;
+use crate::raft::network::QuicNetwork;
+use crate::raft::redb_log::RedbLogStore;
+use crate::raft::state_store::{SharedState, StateStore};
+use crate::raft::{NodeId, Raft};
+use crate::rpc::{
+    self, Call, HelloInfo, PeerInfo, Prepared, RpcRequest, RpcResponse, ServerNode, StatusInfo,
+    calls, reply,
+};
+use crate::state::Interest;
+use crate::tls::{PeerIdentity, Role, TlsMaterial};
+use crate::transport::{self, CallKind, RpcClient, TransportError};
+use data_dir::{data_dir_error, load_or_create_node_id};
+use rpc_service::RpcService;
+
+/// Raft timing; `lan()` for real deployments, `local()` for one machine.
+#[derive(Debug, Clone, Copy)]
+pub struct RaftTiming {
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+}
+
+impl RaftTiming {
+    pub fn lan() -> RaftTiming {
+        RaftTiming {
+            heartbeat_ms: 150,
+            election_min_ms: 1000,
+            election_max_ms: 2000,
+        }
+    }
+
+    pub fn local() -> RaftTiming {
+        RaftTiming {
+            heartbeat_ms: 100,
+            election_min_ms: 500,
+            election_max_ms: 1000,
+        }
+    }
+}
+
+/// How the server keeps its state and finds its peers.
+#[derive(Debug, Clone)]
+pub enum ServerMode {
+    /// One server, log in memory (`vigil agent --dev`).
+    Dev,
+    /// A member of a 1, 3 or 5 server set with a durable log in `data_dir`; the other servers
+    /// are found through the gossip member list (`ServerConfig::members`).
+    Cluster {
+        data_dir: PathBuf,
+        bootstrap_expect: usize,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub node_name: String,
+    /// The RPC address other servers and agents use; `/v1/status/leader` reports it.
+    pub rpc_addr: SocketAddr,
+    pub raft: RaftTiming,
+    pub mode: ServerMode,
+    /// The gossip member list the leader reconciles into the catalog (`None`: no gossip).
+    pub members: Option<watch::Receiver<Vec<MemberStatus>>>,
+    /// Smallest session TTL this server accepts (Consul's `session_ttl_min`, a server setting:
+    /// checked where sessions are created, whichever agent the request came through).
+    pub session_ttl_min: Duration,
+    /// Blocking queries this server holds at once at most (its own and forwarded ones);
+    /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
+    pub max_blocking_queries: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid raft configuration: {0}")]
+    Config(#[from] openraft::ConfigError),
+    #[error("raft failed to start: {0}")]
+    Raft(String),
+    #[error("data directory: {0}")]
+    DataDir(String),
+    #[error("RPC endpoint: {0}")]
+    Transport(String),
+    #[error("the server did not become leader within {0:?}")]
+    NotReady(Duration),
+}
+
+/// How long a dev server may take to elect itself.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Snapshot after this many log entries, keeping a tail for slow followers.
+const SNAPSHOT_EVERY: u64 = 10_000;
+
+pub struct Server {
+    node_id: NodeId,
+    raft: Raft,
+    proposer: Proposer,
+    shared: Arc<SharedState>,
+    config: ServerConfig,
+    duties: mpsc::UnboundedSender<DutyInput>,
+    rpc: RpcClient,
+    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
+    last_leader_contact: Mutex<Option<Instant>>,
+    /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
+    blocking: tokio::sync::Semaphore,
+    /// The raft term in which this server, leading, last passed a read barrier; default reads
+    /// are answered without another only in that term.
+    confirmed_term: AtomicU64,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Server {
+    /// Starts the server role on an already-bound RPC socket. A dev server returns once it leads;
+    /// a cluster server returns once it serves RPC, and forms or joins its cluster in the
+    /// background.
+    pub async fn start(
+        config: ServerConfig,
+        tls: &TlsMaterial,
+        rpc_socket: std::net::UdpSocket,
+        shutdown: CancellationToken,
+    ) -> Result<Arc<Server>, StartError> {
+        let raft_config = Arc::new(
+            openraft::Config {
+                cluster_name: "vigil".to_owned(),
+                heartbeat_interval: config.raft.heartbeat_ms,
+                election_timeout_min: config.raft.election_min_ms,
+                election_timeout_max: config.raft.election_max_ms,
+                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+                max_in_snapshot_log_to_keep: 1000,
+                ..Default::default()
+            }
+            .validate()?,
+        );
+        let endpoint = transport::server_endpoint_from_socket(rpc_socket, tls)
+            .map_err(|e| StartError::Transport(e.to_string()))?;
+        let rpc = RpcClient::new(endpoint.clone(), tls.server_name());
+        let network = QuicNetwork { rpc: rpc.clone() };
+        let (events_tx, events_rx) = mpsc::unbounded_channel();
+        let shared = SharedState::new(events_tx);
+        let (node_id, raft) = match &config.mode {
+            ServerMode::Dev => {
+                let log = RedbLogStore::in_memory().map_err(data_dir_error)?;
+                let raft = Raft::new(
+                    1,
+                    raft_config,
+                    network,
+                    log,
+                    StateStore::new(Arc::clone(&shared)),
+                )
+                .await;
+                (1, raft)
+            }
+            ServerMode::Cluster { data_dir, .. } => {
+                let node_id = load_or_create_node_id(data_dir)?;
+                let log = RedbLogStore::open(data_dir.join(crate::raft::redb_log::LOG_FILE_NAME))
+                    .map_err(data_dir_error)?;
+                let state =
+                    StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
+                let raft = Raft::new(node_id, raft_config, network, log, state).await;
+                (node_id, raft)
+            }
+        };
+        let raft = raft.map_err(|e| StartError::Raft(e.to_string()))?;
+
+        let tasks = TaskTracker::new();
+        let (duties_tx, duties_rx) = mpsc::unbounded_channel();
+        let proposer = Proposer::new(raft.clone());
+        tasks.spawn(
+            LeaderDuties {
+                proposer: proposer.clone(),
+                shared: Arc::clone(&shared),
+                events: events_rx,
+                inputs: duties_rx,
+                members: config
+                    .members
+                    .clone()
+                    .map(|m| (m, config.node_name.clone())),
+                shutdown: shutdown.clone(),
+                tasks: tasks.clone(),
+            }
+            .run(),
+        );
+
+        let blocking = tokio::sync::Semaphore::new(config.max_blocking_queries);
+        let server = Arc::new(Server {
+            node_id,
+            raft,
+            proposer,
+            shared,
+            config,
+            duties: duties_tx,
+            rpc,
+            last_leader_contact: Mutex::new(None),
+            blocking,
+            confirmed_term: AtomicU64::new(0),
+            shutdown: shutdown.clone(),
+            tasks: tasks.clone(),
+        });
+        transport::serve(
+            endpoint,
+            tls.server_name(),
+            Arc::new(RpcService(Arc::clone(&server))),
+            shutdown,
+            tasks,
+        );
+
+        match server.config.mode.clone() {
+            ServerMode::Dev => {
+                let members = BTreeMap::from([(server.node_id, server.self_node())]);
+                if let Err(e) = server.raft.initialize(members).await {
+                    tracing::debug!(error = %e, "raft already initialized");
+                }
+                server
+                    .raft
+                    .wait(Some(READY_TIMEOUT))
+                    .state(ServerState::Leader, "dev server leads")
+                    .await
+                    .map_err(|_| StartError::NotReady(READY_TIMEOUT))?;
+            }
+            ServerMode::Cluster {
+                bootstrap_expect, ..
+            } => {
+                let s = Arc::clone(&server);
+                server
+                    .tasks
+                    .spawn(async move { s.form_cluster(bootstrap_expect).await });
+                let s = Arc::clone(&server);
+                server.tasks.spawn(crate::operator::cleanup_dead_servers(s));
+            }
+        }
+        Ok(server)
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    pub(crate) fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    pub(crate) fn shared(&self) -> &SharedState {
+        &self.shared
+    }
+
+    pub(crate) fn proposer(&self) -> &Proposer {
+        &self.proposer
+    }
+
+    pub(crate) fn node_id(&self) -> NodeId {
+        self.node_id
+    }
+
+    pub(crate) fn rpc(&self) -> &RpcClient {
+        &self.rpc
+    }
+
+    pub(crate) fn shutdown_token(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
+    /// True once shutdown has been requested.
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+
+    /// Leading, with raft running: a server whose raft stopped (a storage failure) keeps the
+    /// last state in its metrics, and must not claim anything from it.
+    pub(crate) fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.running_state.is_ok() && m.state == ServerState::Leader
+    }
+
+    /// Resolves when raft on this server has stopped for good on a fatal error (a failed log
+    /// write, e.g. a full disk), with what happened; never while it runs or after a shutdown.
+    pub async fn failed(&self) -> String {
+        let mut metrics = self.raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_and_update().running_state
+                && !matches!(fatal, openraft::error::Fatal::Stopped)
+            {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// The leader's RPC address, if a leader is known (never once raft has stopped).
+    pub fn leader_addr(&self) -> Option<String> {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        m.running_state.as_ref().ok()?;
+        let leader = m.current_leader?;
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.rpc_addr.clone())
+    }
+
+    /// Stops raft, the RPC endpoint and the leader duties, and waits for them.
+    pub async fn shutdown(&self) {
+        self.shutdown.cancel();
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown");
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}

@@ -1,0 +1,217 @@
+//! Writes, reads (blocking and in every consistency mode) and session renewals: answered here
+//! when this server leads (or for a stale read), forwarded to the leader otherwise.
+
+use super::*;
+
+impl Server {
+    /// Commits a state change, forwarding to the leader from a follower.
+    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
+        self.write_inner(op, false).await
+    }
+
+    pub(super) async fn write_inner(
+        &self,
+        op: Op,
+        forwarded: bool,
+    ) -> Result<Response, ServerError> {
+        if self.is_leader() || forwarded {
+            if let Op::CreateSession(session) = &op {
+                check_ttl(&session.ttl, self.config.session_ttl_min)
+                    .map_err(ServerError::InvalidSessionTtl)?;
+            }
+            return self.proposer.propose(op).await;
+        }
+        let forwarded = calls::Write {
+            op,
+            forwarded: true,
+        };
+        self.forward(forwarded, Duration::ZERO).await?
+    }
+
+    pub(super) fn meta(&self, index: u64) -> QueryMeta {
+        let metrics = self.raft.metrics();
+        let m = metrics.borrow();
+        let last_contact_ms = if m.state == ServerState::Leader {
+            0
+        } else {
+            self.last_leader_contact
+                .lock()
+                .map_or(0, |t| t.elapsed().as_millis() as u64)
+        };
+        QueryMeta {
+            index: index.max(1),
+            known_leader: m.current_leader.is_some(),
+            last_contact_ms,
+        }
+    }
+
+    /// Answers a read in the requested consistency mode, blocking while the result's index is
+    /// not above `opts.min_index` (up to `opts.wait_ms`). Default and consistent reads are
+    /// answered by the leader; stale ones by whichever server is asked.
+    pub async fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        self.query_inner(opts, query, false).await
+    }
+
+    pub(super) async fn query_inner(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+        forwarded: bool,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let local = opts.consistency == Consistency::Stale || self.is_leader();
+        if !local && forwarded {
+            // The leader that forwarded this lost its place meanwhile: answering from this
+            // server's own state could go back in time. The caller retries on the new leader.
+            return Err(ServerError::NoLeader);
+        }
+        if !local {
+            // Only a query with an index blocks.
+            let wait = if opts.min_index == 0 {
+                Duration::ZERO
+            } else {
+                Duration::from_millis(opts.wait_ms)
+            };
+            let request = calls::Query {
+                opts,
+                query,
+                forwarded: true,
+            };
+            return self.forward(request, wait).await?;
+        }
+        match opts.consistency {
+            Consistency::Stale => {}
+            Consistency::Default => self.confirmed_leader().await?,
+            Consistency::Consistent => {
+                self.raft
+                    .ensure_linearizable()
+                    .await
+                    .map_err(|_| ServerError::NoLeader)?;
+            }
+        }
+        let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
+            Some(
+                self.blocking
+                    .try_acquire()
+                    .map_err(|_| ServerError::TooManyBlockingQueries)?,
+            )
+        } else {
+            None
+        };
+        let answer = self.local_query(opts, query).await;
+        crate::telemetry::read_answered(&answer.0);
+        Ok(answer)
+    }
+
+    /// Checks that this server leads and, once per term, that it really does (a read-index
+    /// barrier: a quorum confirms the term, and everything committed before is applied). A new
+    /// leader's state may miss entries the previous leader committed and acknowledged, and a
+    /// server restarted as the leader of a term already over may still be replaying its log:
+    /// answering a default read from either could go back in time.
+    pub(super) async fn confirmed_leader(&self) -> Result<(), ServerError> {
+        if !self.is_leader() {
+            return Err(ServerError::NoLeader);
+        }
+        let term = self.raft.metrics().borrow().current_term;
+        if self.confirmed_term.load(Ordering::Acquire) == term {
+            return Ok(());
+        }
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|_| ServerError::NoLeader)?;
+        self.confirmed_term.fetch_max(term, Ordering::AcqRel);
+        Ok(())
+    }
+
+    /// Blocking queries this server holds now (its own and forwarded ones).
+    pub fn blocking_queries(&self) -> usize {
+        self.config.max_blocking_queries - self.blocking.available_permits()
+    }
+
+    pub(super) async fn local_query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> (QueryResult, QueryMeta) {
+        let interest = Interest::of(&query);
+        if opts.min_index == 0 || interest == Interest::None {
+            let (result, index) = self.shared.read().query(&query);
+            return (result, self.meta(index));
+        }
+        let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
+        let mut min_index = opts.min_index;
+        let mut was_missing = false;
+        loop {
+            let mut guard = self.shared.watches.register(interest.clone());
+            let (result, index) = self.shared.read().query(&query);
+            let missing = is_missing(&query, &result);
+            // Consul: a result still missing after it was missing blocks on, rather than waking
+            // for unrelated index movement.
+            if missing && was_missing {
+                min_index = min_index.max(index);
+            }
+            if index > min_index || Instant::now() >= deadline {
+                return (result, self.meta(index));
+            }
+            was_missing = missing;
+            tokio::select! {
+                _ = guard.fired() => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = self.shutdown.cancelled() => {
+                    let (result, index) = self.shared.read().query(&query);
+                    return (result, self.meta(index));
+                }
+            }
+        }
+    }
+
+    /// Renews a session: resets its TTL timer on the leader. No raft write.
+    pub async fn renew_session(&self, id: &str) -> Result<Session, ServerError> {
+        self.renew_inner(id.to_owned(), false).await
+    }
+
+    pub(super) async fn renew_inner(
+        &self,
+        id: String,
+        forwarded: bool,
+    ) -> Result<Session, ServerError> {
+        if !self.is_leader() {
+            if forwarded {
+                return Err(ServerError::NoLeader);
+            }
+            let request = calls::Renew {
+                id,
+                forwarded: true,
+            };
+            return self.forward(request, Duration::ZERO).await?;
+        }
+        let session = self
+            .shared
+            .read()
+            .sessions()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| ServerError::SessionNotFound(id.clone()))?;
+        if let Some(ttl) = session_ttl(&session.ttl) {
+            self.duties
+                .send(DutyInput::Renew {
+                    id: session.id.clone(),
+                    ttl,
+                })
+                .map_err(|_| ServerError::ShuttingDown)?;
+        }
+        Ok(session)
+    }
+}
+
+fn is_missing(query: &ReadQuery, result: &QueryResult) -> bool {
+    match (query, result) {
+        (ReadQuery::KvGet { .. }, QueryResult::Entries(e)) => e.is_empty(),
+        (ReadQuery::SessionInfo { .. }, QueryResult::Sessions(s)) => s.is_empty(),
+        _ => false,
+    }
+}

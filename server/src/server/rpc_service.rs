@@ -1,0 +1,130 @@
+//! The RPC endpoint: who may ask what ([`refusal`]), and the answer to each request.
+
+use super::*;
+
+impl Server {
+    pub(super) async fn handle(&self, peer: &PeerIdentity, request: RpcRequest) -> RpcResponse {
+        if let Some(why) = refusal(peer, &request) {
+            return RpcResponse::Refused(why);
+        }
+        match request {
+            RpcRequest::Hello {} => calls::Hello::answer(HelloInfo {
+                node_id: self.node_id,
+                node: self.self_node(),
+                initialized: self.is_initialized(),
+                leader: self.leader_addr(),
+            }),
+            RpcRequest::AppendEntries { request } => {
+                *self.last_leader_contact.lock() = Some(Instant::now());
+                calls::AppendEntries::answer(self.raft.append_entries(request).await)
+            }
+            RpcRequest::Vote { request } => calls::Vote::answer(self.raft.vote(request).await),
+            RpcRequest::InstallSnapshot { request } => {
+                calls::InstallSnapshot::answer(self.raft.install_snapshot(request).await)
+            }
+            RpcRequest::Write { op, forwarded } => {
+                calls::Write::answer(self.write_inner(op, forwarded).await)
+            }
+            RpcRequest::Query {
+                opts,
+                query,
+                forwarded,
+            } => calls::Query::answer(self.query_inner(opts, query, forwarded).await),
+            RpcRequest::Renew { id, forwarded } => {
+                calls::Renew::answer(self.renew_inner(id, forwarded).await)
+            }
+            RpcRequest::Join {
+                node_id,
+                node,
+                forwarded,
+            } => calls::Join::answer(self.join(node_id, node, forwarded).await),
+            RpcRequest::Status {} => calls::Status::answer(self.status()),
+            RpcRequest::Operator { request, forwarded } => {
+                calls::Operator::answer(crate::operator::handle(self, request, forwarded).await)
+            }
+        }
+    }
+}
+
+/// The RPC endpoint's view of the server.
+pub(super) struct RpcService(pub(super) Arc<Server>);
+
+impl transport::RpcHandler for RpcService {
+    fn handle(
+        &self,
+        peer: &PeerIdentity,
+        request: Vec<u8>,
+    ) -> futures::future::BoxFuture<'static, Vec<u8>> {
+        let server = Arc::clone(&self.0);
+        let peer = peer.clone();
+        Box::pin(async move {
+            crate::telemetry::rpc_request();
+            let response = match postcard::from_bytes::<RpcRequest>(&request) {
+                Ok(request) => server.handle(&peer, request).await,
+                Err(e) => RpcResponse::Refused(format!("undecodable request: {e}")),
+            };
+            postcard::to_allocvec(&response).unwrap_or_else(|e| {
+                tracing::error!(error = %e, "encoding an RPC response");
+                Vec::new()
+            })
+        })
+    }
+}
+
+/// Why `peer` may not make `request`, if it may not. Raft messages, joins, forwarding and
+/// leader-internal writes are for servers only; a server certificate issued for a node may
+/// join only as that node.
+fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
+    if peer.role == Role::Server {
+        return match (request, &peer.node) {
+            (
+                RpcRequest::Join {
+                    node,
+                    forwarded: false,
+                    ..
+                },
+                Some(certified),
+            ) if *certified != node.name => Some(format!(
+                "the certificate is for server {certified:?}; it cannot join as {:?}",
+                node.name
+            )),
+            _ => None,
+        };
+    }
+    match request {
+        RpcRequest::AppendEntries { .. }
+        | RpcRequest::Vote { .. }
+        | RpcRequest::InstallSnapshot { .. }
+        | RpcRequest::Join { .. } => Some("raft requests need a server certificate".to_owned()),
+        RpcRequest::Write {
+            forwarded: true, ..
+        }
+        | RpcRequest::Query {
+            forwarded: true, ..
+        }
+        | RpcRequest::Renew {
+            forwarded: true, ..
+        }
+        | RpcRequest::Operator {
+            forwarded: true, ..
+        } => Some("only servers forward requests".to_owned()),
+        RpcRequest::Operator {
+            request: crate::operator::OperatorRequest::Campaign,
+            ..
+        } => Some("only the leader hands leadership over".to_owned()),
+        RpcRequest::Write {
+            op:
+                Op::ReapTombstones { .. }
+                | Op::CheckpointTtls { .. }
+                | Op::Lock(LockOp::Wake { .. })
+                | Op::Batch(_),
+            ..
+        } => Some("leader-internal operations need a server certificate".to_owned()),
+        // A restore's archive is checked on the operator path (`/v1/snapshot`), never skipped.
+        RpcRequest::Write {
+            op: Op::RestoreSnapshot { .. } | Op::RestoreChunk { .. },
+            ..
+        } => Some("a restore goes through the snapshot endpoint".to_owned()),
+        _ => None,
+    }
+}

@@ -1,0 +1,395 @@
+//! The native lock table: each lock's holders and FIFO queue, and the sessions on each lock.
+//!
+//! Invariants:
+//! - A session appears at most once per lock, as a holder or as a waiter.
+//! - Only the front waiter is ever granted, and only when it fits ([`LockState::admits`]) and
+//!   the lock-delay has passed; a grant happens in the apply of whatever made it possible (a
+//!   release, a cancel, an invalidation, a wake-up), so a handoff is one raft entry.
+//! - Fencing tokens grow across all locks and never go back: a grant at raft index `i` gets
+//!   `max(last_token + 1, i)`, and `last_token` is in snapshots. A lock with no holder, no
+//!   waiter and no lock-delay left is dropped; its successor's tokens continue above it.
+//! - Losing a holder involuntarily (its session invalidated) arms the lock-delay of that
+//!   session, capped to 60 s; the leader proposes [`LockOp::Wake`] when it ends.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+use vigil_shared::MAX_LOCK_DELAY_MS;
+use vigil_shared::lock::{
+    LockHolder, LockMode, LockOp, LockOutcome, LockStanding, LockState, LockWaiter,
+};
+use vigil_shared::rpc::ApplyError;
+
+use super::session::SessionStore;
+
+/// What a lock change touched, for wakeups and leader duties.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct LockEffects {
+    /// Locks whose state changed.
+    pub changed: Vec<String>,
+    /// `(lock, session)` pairs whose standing changed: granted, or left the queue.
+    pub standings: Vec<(String, String)>,
+    /// `(lock, until_ms)`: grants wait for a lock-delay ending then.
+    pub delays: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockTable {
+    locks: BTreeMap<String, LockState>,
+    /// Session ID → names of the locks it holds or waits on.
+    by_session: HashMap<String, BTreeSet<String>>,
+    /// The highest fencing token granted so far.
+    last_token: u64,
+    /// Raft index of the latest change to any lock.
+    table_index: u64,
+}
+
+impl LockTable {
+    pub fn get(&self, name: &str) -> Option<&LockState> {
+        self.locks.get(name)
+    }
+
+    pub fn table_index(&self) -> u64 {
+        self.table_index
+    }
+
+    pub fn last_token(&self) -> u64 {
+        self.last_token
+    }
+
+    /// The locks whose names start with `prefix`, in name order.
+    pub fn under<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = &'a LockState> + 'a {
+        self.locks
+            .range(prefix.to_owned()..)
+            .take_while(move |(k, _)| k.starts_with(prefix))
+            .map(|(_, l)| l)
+    }
+
+    /// Raises the token floor: every later grant gets a token above `floor` (a restore carries
+    /// the replaced state's last token over, so no token goes backwards).
+    pub fn raise_token_floor(&mut self, floor: u64) {
+        self.last_token = self.last_token.max(floor);
+    }
+
+    /// Every `(lock, session)` pair of a holder or a waiter.
+    pub fn contenders(&self) -> impl Iterator<Item = (String, String)> + '_ {
+        self.locks.values().flat_map(|l| {
+            l.holders
+                .iter()
+                .map(|h| &h.session)
+                .chain(l.waiters.iter().map(|w| &w.session))
+                .map(|s| (l.name.clone(), s.clone()))
+        })
+    }
+
+    /// Locks with a lock-delay end recorded and someone waiting: `(name, until_ms)`.
+    pub fn pending_delays(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.locks
+            .values()
+            .filter(|l| l.delay_until_ms > 0 && !l.waiters.is_empty())
+            .map(|l| (l.name.as_str(), l.delay_until_ms))
+    }
+
+    pub fn standing(&self, name: &str, session: &str) -> (LockStanding, u64) {
+        let Some(lock) = self.locks.get(name) else {
+            return (LockStanding::Absent, self.table_index);
+        };
+        if let Some(h) = lock.holder(session) {
+            let held = LockStanding::Held {
+                token: h.token,
+                since_ms: h.since_ms,
+            };
+            return (held, h.index);
+        }
+        match lock.waiters.iter().position(|w| w.session == session) {
+            Some(p) => (
+                LockStanding::Queued {
+                    position: p as u64 + 1,
+                },
+                lock.waiters[p].index,
+            ),
+            None => (LockStanding::Absent, self.table_index),
+        }
+    }
+
+    /// Is `session` holding `name` with exactly `token`? `Err` says why not.
+    pub fn check_sequencer(&self, name: &str, token: u64, session: &str) -> Result<(), String> {
+        let Some(lock) = self.locks.get(name) else {
+            return Err(format!("lock \"{name}\" is not held"));
+        };
+        match lock
+            .holders
+            .iter()
+            .find(|h| h.session.eq_ignore_ascii_case(session))
+        {
+            None => Err(format!("lock \"{name}\" is not held by session {session}")),
+            Some(h) if h.token != token => Err(format!(
+                "token {token} is not current (the session holds token {})",
+                h.token
+            )),
+            Some(_) => Ok(()),
+        }
+    }
+
+    pub fn apply(
+        &mut self,
+        op: LockOp,
+        sessions: &SessionStore,
+        index: u64,
+        now_ms: u64,
+        fx: &mut LockEffects,
+    ) -> Result<LockOutcome, ApplyError> {
+        match op {
+            LockOp::Acquire {
+                name,
+                session,
+                mode,
+                limit,
+                try_only,
+            } => {
+                let Some(found) = sessions.get(&session) else {
+                    return Err(ApplyError::LockSession(session));
+                };
+                let session = found.id.clone();
+                self.acquire(&name, &session, mode, limit, try_only, index, now_ms, fx)
+            }
+            LockOp::Release { name, session } => {
+                let session = sessions.get(&session).map_or(session, |s| s.id.clone());
+                Ok(self.release(&name, &session, index, now_ms, fx))
+            }
+            LockOp::Wake { name } => {
+                if let Some(lock) = self.locks.get_mut(&name) {
+                    if promote(lock, &mut self.last_token, index, now_ms, fx) {
+                        lock.modify_index = index;
+                        self.table_index = index;
+                        fx.changed.push(name.clone());
+                    }
+                    self.drop_if_idle(&name, now_ms);
+                }
+                Ok(LockOutcome::Woken)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn acquire(
+        &mut self,
+        name: &str,
+        session: &str,
+        mode: LockMode,
+        limit: u32,
+        try_only: bool,
+        index: u64,
+        now_ms: u64,
+        fx: &mut LockEffects,
+    ) -> Result<LockOutcome, ApplyError> {
+        if let Some(lock) = self.locks.get(name) {
+            if let Some(h) = lock.holder(session) {
+                return Ok(LockOutcome::Held { token: h.token });
+            }
+            if let Some(position) = lock.position(session) {
+                let index = lock.waiters[position as usize - 1].index;
+                return Ok(LockOutcome::Queued { position, index });
+            }
+            let in_use = !lock.holders.is_empty() || !lock.waiters.is_empty();
+            if in_use && lock.limit != limit {
+                return Err(ApplyError::LockLimitConflict {
+                    lock: lock.limit,
+                    local: limit,
+                });
+            }
+        }
+        let lock = self
+            .locks
+            .entry(name.to_owned())
+            .or_insert_with(|| LockState {
+                name: name.to_owned(),
+                limit,
+                holders: Vec::new(),
+                waiters: VecDeque::new(),
+                token: 0,
+                grants: 0,
+                delay_until_ms: 0,
+                create_index: index,
+                modify_index: index,
+            });
+        lock.limit = limit;
+        let delay_left = lock.delay_left_ms(now_ms);
+        let outcome = if lock.waiters.is_empty() && delay_left == 0 && lock.admits(mode) {
+            let token = grant(lock, &mut self.last_token, session, mode, index, now_ms);
+            LockOutcome::Held { token }
+        } else if try_only {
+            self.drop_if_idle(name, now_ms);
+            return Ok(LockOutcome::Busy {
+                lock_delay_ms: delay_left,
+            });
+        } else {
+            lock.waiters.push_back(LockWaiter {
+                session: session.to_owned(),
+                mode,
+                since_ms: now_ms,
+                index,
+            });
+            if delay_left > 0 {
+                fx.delays.push((name.to_owned(), lock.delay_until_ms));
+            }
+            LockOutcome::Queued {
+                position: lock.waiters.len() as u64,
+                index,
+            }
+        };
+        lock.modify_index = index;
+        self.table_index = index;
+        self.by_session
+            .entry(session.to_owned())
+            .or_default()
+            .insert(name.to_owned());
+        fx.changed.push(name.to_owned());
+        Ok(outcome)
+    }
+
+    fn release(
+        &mut self,
+        name: &str,
+        session: &str,
+        index: u64,
+        now_ms: u64,
+        fx: &mut LockEffects,
+    ) -> LockOutcome {
+        let Some(lock) = self.locks.get_mut(name) else {
+            return LockOutcome::Released {
+                held: false,
+                queued: false,
+            };
+        };
+        let (held, queued) = remove(lock, session);
+        if !held && !queued {
+            return LockOutcome::Released { held, queued };
+        }
+        if queued {
+            fx.standings.push((name.to_owned(), session.to_owned()));
+        }
+        promote(lock, &mut self.last_token, index, now_ms, fx);
+        lock.modify_index = index;
+        self.table_index = index;
+        fx.changed.push(name.to_owned());
+        self.forget(session, name);
+        self.drop_if_idle(name, now_ms);
+        LockOutcome::Released { held, queued }
+    }
+
+    /// Removes an invalidated session from every lock it holds or waits on. A lost holder arms
+    /// the session's lock-delay (capped to 60 s) on that lock; whoever is due is granted.
+    pub fn invalidate_session(
+        &mut self,
+        session: &str,
+        lock_delay_ns: u64,
+        index: u64,
+        now_ms: u64,
+        fx: &mut LockEffects,
+    ) {
+        let Some(names) = self.by_session.remove(session) else {
+            return;
+        };
+        let delay_ms = (lock_delay_ns / 1_000_000).min(MAX_LOCK_DELAY_MS);
+        for name in names {
+            let Some(lock) = self.locks.get_mut(&name) else {
+                continue;
+            };
+            let (held, queued) = remove(lock, session);
+            if held && delay_ms > 0 {
+                lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
+            }
+            if queued {
+                fx.standings.push((name.clone(), session.to_owned()));
+            }
+            promote(lock, &mut self.last_token, index, now_ms, fx);
+            lock.modify_index = index;
+            self.table_index = index;
+            fx.changed.push(name.clone());
+            self.drop_if_idle(&name, now_ms);
+        }
+    }
+
+    /// Drops every idle lock whose lock-delay has ended (with the tombstone reaping).
+    pub fn reap(&mut self, now_ms: u64) {
+        self.locks.retain(|_, l| {
+            !(l.holders.is_empty() && l.waiters.is_empty() && l.delay_left_ms(now_ms) == 0)
+        });
+    }
+
+    fn forget(&mut self, session: &str, name: &str) {
+        if let Some(names) = self.by_session.get_mut(session) {
+            names.remove(name);
+            if names.is_empty() {
+                self.by_session.remove(session);
+            }
+        }
+    }
+
+    /// Drops a lock nobody holds or waits on once its lock-delay is over.
+    fn drop_if_idle(&mut self, name: &str, now_ms: u64) {
+        if self.locks.get(name).is_some_and(|l| {
+            l.holders.is_empty() && l.waiters.is_empty() && l.delay_left_ms(now_ms) == 0
+        }) {
+            self.locks.remove(name);
+        }
+    }
+}
+
+/// Takes `session` out of the lock's holders or queue: `(was holder, was waiting)`.
+fn remove(lock: &mut LockState, session: &str) -> (bool, bool) {
+    let holders = lock.holders.len();
+    lock.holders.retain(|h| h.session != session);
+    let waiters = lock.waiters.len();
+    lock.waiters.retain(|w| w.session != session);
+    (lock.holders.len() < holders, lock.waiters.len() < waiters)
+}
+
+fn grant(
+    lock: &mut LockState,
+    last_token: &mut u64,
+    session: &str,
+    mode: LockMode,
+    index: u64,
+    now_ms: u64,
+) -> u64 {
+    let token = (*last_token + 1).max(index);
+    *last_token = token;
+    lock.token = token;
+    lock.grants += 1;
+    lock.holders.push(LockHolder {
+        session: session.to_owned(),
+        mode,
+        token,
+        since_ms: now_ms,
+        index,
+    });
+    token
+}
+
+/// Grants the front waiters while they fit and the lock-delay is over. Returns whether any was
+/// granted; a pending lock-delay is reported for the leader to wake the lock then.
+fn promote(
+    lock: &mut LockState,
+    last_token: &mut u64,
+    index: u64,
+    now_ms: u64,
+    fx: &mut LockEffects,
+) -> bool {
+    if lock.waiters.is_empty() {
+        return false;
+    }
+    if lock.delay_left_ms(now_ms) > 0 {
+        fx.delays.push((lock.name.clone(), lock.delay_until_ms));
+        return false;
+    }
+    let mut granted = false;
+    while lock.waiters.front().is_some_and(|w| lock.admits(w.mode)) {
+        let w = lock.waiters.pop_front().expect("front exists");
+        grant(lock, last_token, &w.session, w.mode, index, now_ms);
+        fx.standings.push((lock.name.clone(), w.session));
+        granted = true;
+    }
+    granted
+}

@@ -1,0 +1,383 @@
+//! Recipes on the server-side lock queue (`/v1/vigil/lock/<name>`): [`LockQueue`] in general,
+//! [`FairMutex`] (first come, first served) and [`RwLock`] (shared readers, exclusive writers,
+//! no writer starvation). An acquisition is one request (enqueue and wait for the grant) and a
+//! release one more; the holder's fencing token is [`Held::lock_index`], larger than any token
+//! the lock granted before. These need a Vigil agent: against Consul, use [`KvFairMutex`]
+//! (crate::client::KvFairMutex) or [`Lock`](crate::client::Lock).
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::held::{Held, Look, MONITOR_WAIT, monitor};
+use super::keeper::SessionKeeper;
+use super::lost::{LossReason, LostSignal, LostTrigger};
+use super::{
+    Client, ClientError, REQUEST_TIMEOUT, ReadOpts, SessionRequest, encode_path, next_wait_index,
+    with_query,
+};
+use crate::lock::LockMode;
+use crate::session::Behavior;
+
+/// Session name of a queue contender that brings no session of its own.
+pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
+/// How long one acquire request waits on the agent before asking again (keeping its place).
+const ACQUIRE_WAIT: Duration = Duration::from_secs(300);
+
+/// What to lock, how, and with which session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueueOptions {
+    pub name: String,
+    pub mode: LockMode,
+    /// Slots of the lock: 1 for a mutex, N for a semaphore (exclusive holders only).
+    pub limit: u32,
+    /// A session the caller keeps alive, reused by every acquisition; `None`: a new session
+    /// per acquisition, destroyed on release.
+    pub session: Option<String>,
+    pub session_name: String,
+    pub session_ttl: Duration,
+    /// `None`: the agent's default (15 s).
+    pub lock_delay: Option<Duration>,
+    /// Give up (and leave the queue) after this long; `None`: wait as long as it takes.
+    pub timeout: Option<Duration>,
+    /// Watch the grant with a long poll, so [`Held::lost`] resolves as soon as the lock is
+    /// lost. Without it only the session tells (its keeper's renewals, or the caller's own
+    /// keeper for a reused session), as with etcd's `concurrency.Mutex`, and an acquisition
+    /// costs two requests instead of three.
+    pub monitor: bool,
+}
+
+impl QueueOptions {
+    pub fn new(name: impl Into<String>) -> QueueOptions {
+        QueueOptions {
+            name: name.into(),
+            mode: LockMode::Exclusive,
+            limit: 1,
+            session: None,
+            session_name: DEFAULT_QUEUE_SESSION_NAME.to_owned(),
+            session_ttl: Duration::from_secs(15),
+            lock_delay: None,
+            timeout: None,
+            monitor: true,
+        }
+    }
+}
+
+/// The agent's answer to an acquire.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct QueueReply {
+    pub acquired: bool,
+    #[serde(default)]
+    pub token: Option<u64>,
+    /// Why not: `held`, `lock-delay`, `queued` (still waiting), `timeout`, `removed`.
+    #[serde(default)]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub position: Option<u64>,
+    #[serde(default)]
+    pub lock_delay_remaining_ms: Option<u64>,
+}
+
+/// Whether an acquisition waits for its turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    Try,
+    Until(Option<Instant>),
+}
+
+impl Client {
+    /// `PUT /v1/vigil/lock/<name>?session=…`: one acquire request. `wait` bounds how long the
+    /// agent holds it; `timeout` makes the contender leave the queue when it passes.
+    pub async fn lock_queue_acquire(
+        &self,
+        opts: &QueueOptions,
+        session: &str,
+        try_only: bool,
+        wait: Duration,
+        timeout: Option<Duration>,
+    ) -> Result<QueueReply, ClientError> {
+        let mut query = vec![
+            ("session", session.to_owned()),
+            ("mode", opts.mode.as_str().to_owned()),
+            ("limit", opts.limit.to_string()),
+            ("wait", format!("{}ms", wait.as_millis())),
+        ];
+        if try_only {
+            query.push(("try", String::new()));
+        }
+        if let Some(t) = timeout {
+            query.push(("timeout", format!("{}ms", t.as_millis())));
+        }
+        let path = format!("/v1/vigil/lock/{}", encode_path(&opts.name));
+        let reply = self
+            .send(
+                Method::PUT,
+                &with_query(&path, &query),
+                None,
+                wait + wait / 16 + REQUEST_TIMEOUT,
+            )
+            .await;
+        if !try_only {
+            self.count_blocking_return();
+        }
+        let reply = reply?;
+        if reply.status != 200 {
+            return Err(ClientError::api(&reply));
+        }
+        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// Releases the lock or leaves its queue: whether `session` had either.
+    pub async fn lock_queue_release(&self, name: &str, session: &str) -> Result<bool, ClientError> {
+        let path = format!("/v1/vigil/lock/{}", encode_path(name));
+        let query = [("release", String::new()), ("session", session.to_owned())];
+        let reply = self
+            .send(
+                Method::PUT,
+                &with_query(&path, &query),
+                None,
+                REQUEST_TIMEOUT,
+            )
+            .await?;
+        if reply.status != 200 {
+            return Err(ClientError::api(&reply));
+        }
+        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// `GET /v1/vigil/lock/<name>`: the lock's holders and queue, `None` when nobody uses it.
+    pub async fn lock_queue_get(
+        &self,
+        name: &str,
+        opts: ReadOpts,
+    ) -> Result<(Option<serde_json::Value>, super::QueryMeta), ClientError> {
+        self.lock_queue_read(name, &[], opts).await
+    }
+
+    /// `GET /v1/vigil/lock/<name>?session=`: whether `session` holds the lock (and its token);
+    /// blocks only until that session's own standing changes.
+    pub async fn lock_queue_standing(
+        &self,
+        name: &str,
+        session: &str,
+        opts: ReadOpts,
+    ) -> Result<(Option<u64>, super::QueryMeta), ClientError> {
+        let query = [("session", session.to_owned())];
+        let (body, meta) = self.lock_queue_read(name, &query, opts).await?;
+        let token = body
+            .filter(|b| b["Held"] == true)
+            .and_then(|b| b["Token"].as_u64());
+        Ok((token, meta))
+    }
+
+    async fn lock_queue_read(
+        &self,
+        name: &str,
+        query: &[(&str, String)],
+        opts: ReadOpts,
+    ) -> Result<(Option<serde_json::Value>, super::QueryMeta), ClientError> {
+        let path = format!("/v1/vigil/lock/{}", encode_path(name));
+        let (reply, meta) = self.read(&path, query, &opts).await?;
+        if reply.status == 404 {
+            return Ok((None, meta));
+        }
+        let lock =
+            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        Ok((Some(lock), meta))
+    }
+}
+
+/// A lock on the server-side queue. See the module doc.
+#[derive(Clone)]
+pub struct LockQueue {
+    client: Client,
+    opts: QueueOptions,
+}
+
+impl LockQueue {
+    pub fn new(client: &Client, opts: QueueOptions) -> Result<LockQueue, ClientError> {
+        if opts.name.is_empty() {
+            return Err(ClientError::MissingKey);
+        }
+        if opts.limit == 0 {
+            return Err(ClientError::BadLimit);
+        }
+        Ok(LockQueue {
+            client: client.clone(),
+            opts,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.opts.name
+    }
+
+    /// Waits for the grant (up to the options' timeout: then [`ClientError::Timeout`]).
+    /// Dropping the future leaves the queue.
+    pub async fn acquire(&self) -> Result<Held, ClientError> {
+        let deadline = self.opts.timeout.map(|t| Instant::now() + t);
+        self.take(Wait::Until(deadline))
+            .await?
+            .ok_or(ClientError::Timeout)
+    }
+
+    /// Takes the lock only if it is free now and nobody waits.
+    pub async fn try_acquire(&self) -> Result<Option<Held>, ClientError> {
+        self.take(Wait::Try).await
+    }
+
+    async fn take(&self, wait: Wait) -> Result<Option<Held>, ClientError> {
+        let client = &self.client;
+        let request = SessionRequest {
+            name: self.opts.session_name.clone(),
+            ttl: Some(self.opts.session_ttl),
+            lock_delay: self.opts.lock_delay,
+            behavior: Behavior::Release,
+            ..SessionRequest::default()
+        };
+        let mut keeper =
+            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
+        let session = keeper.id().to_owned();
+        // From here on, leaving (a drop, an error, a timeout) releases or leaves the queue.
+        let (c, name, s) = (client.clone(), self.opts.name.clone(), session.clone());
+        keeper.on_close(Box::pin(async move {
+            c.lock_queue_release(&name, &s).await.map(|_| ())
+        }));
+        let session_lost = keeper.lost();
+        let token = loop {
+            let (try_only, timeout) = match wait {
+                Wait::Try => (true, None),
+                Wait::Until(deadline) => (
+                    false,
+                    deadline.map(|d| d.saturating_duration_since(Instant::now())),
+                ),
+            };
+            let reply = tokio::select! {
+                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
+                reply = client.lock_queue_acquire(&self.opts, &session, try_only, ACQUIRE_WAIT, timeout) => reply?,
+            };
+            match (reply.acquired, reply.token, reply.reason.as_deref()) {
+                (true, Some(token), _) => break token,
+                (_, _, Some("queued")) => continue,
+                (_, _, Some("removed")) => {
+                    return Err(ClientError::SessionLost(LossReason::SessionInvalidated));
+                }
+                _ => {
+                    // Busy or timed out: nothing held, nothing queued.
+                    keeper.clear_cleanups();
+                    keeper.close().await?;
+                    return Ok(None);
+                }
+            }
+        };
+        let (trigger, lost) = LostTrigger::new();
+        let monitor = if self.opts.monitor {
+            tokio::spawn(monitor_holder(
+                client.clone(),
+                self.opts.name.clone(),
+                session,
+                session_lost,
+                trigger,
+                keeper.ttl(),
+            ))
+        } else {
+            tokio::spawn(async move { trigger.fire(session_lost.wait().await) })
+        };
+        Ok(Some(
+            Held::new(self.opts.name.clone(), token, keeper, monitor, lost).queued(),
+        ))
+    }
+}
+
+/// Watches lock `name` until `session` no longer holds it (see [`monitor`]).
+async fn monitor_holder(
+    client: Client,
+    name: String,
+    session: String,
+    keeper_lost: LostSignal,
+    trigger: LostTrigger,
+    unreachable_after: Duration,
+) {
+    let look = |index: u64| {
+        let (client, name, session) = (client.clone(), name.clone(), session.clone());
+        async move {
+            let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
+            let (token, meta) = client.lock_queue_standing(&name, &session, opts).await?;
+            if token.is_some() {
+                return Ok(Look::Held {
+                    index: next_wait_index(index, meta.index),
+                });
+            }
+            Ok(Look::Lost(
+                match client.session_info(&session, ReadOpts::default()).await {
+                    Ok((None, _)) => LossReason::SessionInvalidated,
+                    _ => LossReason::KeyReleased,
+                },
+            ))
+        }
+    };
+    monitor(0, keeper_lost, trigger, unreachable_after, look).await;
+}
+
+/// A first-come, first-served mutex on the server-side queue.
+#[derive(Clone)]
+pub struct FairMutex(LockQueue);
+
+impl FairMutex {
+    /// `opts.mode` and `opts.limit` are set to exclusive, 1.
+    pub fn new(client: &Client, opts: QueueOptions) -> Result<FairMutex, ClientError> {
+        let opts = QueueOptions {
+            mode: LockMode::Exclusive,
+            limit: 1,
+            ..opts
+        };
+        LockQueue::new(client, opts).map(FairMutex)
+    }
+
+    /// Queues up and blocks until granted. Dropping the future leaves the queue.
+    pub async fn acquire(&self) -> Result<Held, ClientError> {
+        self.0.acquire().await
+    }
+
+    pub async fn try_acquire(&self) -> Result<Option<Held>, ClientError> {
+        self.0.try_acquire().await
+    }
+}
+
+/// A readers-writer lock on the server-side queue: readers share it, a writer excludes all;
+/// a reader behind a waiting writer waits, so writers never starve.
+#[derive(Clone)]
+pub struct RwLock {
+    read: LockQueue,
+    write: LockQueue,
+}
+
+impl RwLock {
+    pub fn new(client: &Client, opts: QueueOptions) -> Result<RwLock, ClientError> {
+        let shared = QueueOptions {
+            mode: LockMode::Shared,
+            limit: 1,
+            ..opts.clone()
+        };
+        let exclusive = QueueOptions {
+            mode: LockMode::Exclusive,
+            limit: 1,
+            ..opts
+        };
+        Ok(RwLock {
+            read: LockQueue::new(client, shared)?,
+            write: LockQueue::new(client, exclusive)?,
+        })
+    }
+
+    pub async fn read(&self) -> Result<Held, ClientError> {
+        self.read.acquire().await
+    }
+
+    pub async fn write(&self) -> Result<Held, ClientError> {
+        self.write.acquire().await
+    }
+}
