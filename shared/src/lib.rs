@@ -1,6 +1,7 @@
 //! The vocabulary Vigil agents and servers share: domain types (KV entries, sessions, catalog),
 //! the server request/response messages, Go-style durations, and the Consul JSON shapes.
 
+pub mod acl;
 pub mod api;
 pub mod autopilot;
 pub mod catalog;
