@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod rules;
+
 /// The built-in policy that grants everything (Consul's `global-management`).
 pub const GLOBAL_MANAGEMENT_POLICY_ID: &str = "00000000-0000-0000-0000-000000000001";
 pub const GLOBAL_MANAGEMENT_POLICY_NAME: &str = "global-management";
