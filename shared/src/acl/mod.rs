@@ -5,7 +5,10 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod authz;
 pub mod rules;
+#[cfg(test)]
+mod tests;
 
 /// The built-in policy that grants everything (Consul's `global-management`).
 pub const GLOBAL_MANAGEMENT_POLICY_ID: &str = "00000000-0000-0000-0000-000000000001";
