@@ -30,10 +30,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::time::{DelayQueue, delay_queue};
 use vigil_shared::SESSION_TTL_MULTIPLIER;
+use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
 use vigil_shared::catalog::MemberStatus;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::lock::LockOp;
-use vigil_shared::rpc::Op;
+use vigil_shared::rpc::{AclOp, Op, Response};
 
 use crate::proposer::{Proposer, wall_ms};
 use crate::raft::state_store::{SessionEvent, SharedState};
@@ -268,6 +269,8 @@ pub struct LeaderDuties {
     pub inputs: mpsc::UnboundedReceiver<DutyInput>,
     /// The gossip member list to reconcile into the catalog, and this server's node name.
     pub members: Option<(watch::Receiver<Vec<MemberStatus>>, String)>,
+    /// With ACLs enabled: the initial management token's secret, if one is configured.
+    pub acls: Option<Option<String>>,
     pub shutdown: CancellationToken,
     pub tasks: TaskTracker,
 }
@@ -332,6 +335,7 @@ impl LeaderDuties {
                             lock_delays.arm(name, until_ms, now);
                         }
                         self.spawn_reconcile(t.token.clone());
+                        self.spawn_acl_init(t.token.clone());
                     }
                     (TermEvent::Checkpointed { term: n, done }, Some(t)) if t.number == n => {
                         t.checkpointing = false;
@@ -566,6 +570,58 @@ impl LeaderDuties {
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(BARRIER_RETRY_MAX);
+            }
+        });
+    }
+
+    /// With ACLs enabled, writes the built-in policy, the anonymous token and the initial
+    /// management token if the state lacks any of them, retrying until it commits or the term
+    /// ends.
+    fn spawn_acl_init(&self, term: CancellationToken) {
+        let Some(initial) = &self.acls else {
+            return;
+        };
+        let needed = {
+            let state = self.shared.read();
+            let acl = state.acl();
+            acl.policy(GLOBAL_MANAGEMENT_POLICY_ID, false).is_none()
+                || acl.token(ANONYMOUS_TOKEN_ACCESSOR_ID).is_none()
+                || initial.as_ref().is_some_and(|s| acl.resolve(s).is_none())
+        };
+        if !needed {
+            return;
+        }
+        let op = Op::Acl(AclOp::Init {
+            initial_management: initial.as_ref().map(|secret| Token {
+                description: "Initial Management Token".to_owned(),
+                policies: vec![Link {
+                    id: GLOBAL_MANAGEMENT_POLICY_ID.to_owned(),
+                    name: String::new(),
+                }],
+                create_time_ms: wall_ms(),
+                ..Token::new(uuid::Uuid::new_v4().to_string(), secret.clone())
+            }),
+        });
+        let proposer = self.proposer.clone();
+        self.tasks.spawn(async move {
+            let mut pause = BARRIER_RETRY_MIN;
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = term.cancelled() => return,
+                    result = proposer.propose(op.clone()) => match result {
+                        Ok(Response::Done) => {
+                            tracing::info!("ACLs initialized");
+                            return;
+                        }
+                        other => tracing::warn!(result = ?other, retry_in = ?pause, "ACL initialization failed"),
+                    },
+                }
+                tokio::select! {
+                    _ = term.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(BARRIER_RETRY_MAX);
             }
         });
     }

@@ -172,6 +172,7 @@ mod tests {
             checks: Vec::new(),
             create_index: 0,
             modify_index: 0,
+            owner: String::new(),
         };
         next += 1;
         sm.apply(

@@ -120,6 +120,7 @@ fn session() -> Session {
         checks: vec!["disk".to_owned()],
         create_index: 7,
         modify_index: 7,
+        owner: String::new(),
     }
 }
 

@@ -21,6 +21,7 @@ struct Registry {
     catalog: Waiters,
     services: HashMap<String, Waiters>,
     queries: Waiters,
+    acl: Waiters,
     lock_standings: HashMap<(String, String), Waiters>,
     lock_prefixes: HashMap<String, Waiters>,
 }
@@ -34,6 +35,7 @@ impl Registry {
             Interest::Catalog => Some(&mut self.catalog),
             Interest::Service(name) => Some(self.services.entry(name.clone()).or_default()),
             Interest::Queries => Some(&mut self.queries),
+            Interest::Acl => Some(&mut self.acl),
             Interest::LockStanding { name, session } => Some(
                 self.lock_standings
                     .entry((name.clone(), session.clone()))
@@ -159,6 +161,7 @@ impl Watches {
             && !fx.sessions_changed
             && !fx.catalog_changed
             && !fx.queries_changed
+            && !fx.acl_changed
             && fx.locks.changed.is_empty()
         {
             return;
@@ -194,6 +197,9 @@ impl Watches {
         if fx.queries_changed {
             wake_all(std::mem::take(&mut reg.queries));
         }
+        if fx.acl_changed {
+            wake_all(std::mem::take(&mut reg.acl));
+        }
     }
 
     /// Wakes every waiter (after a snapshot install replaced the whole state).
@@ -217,6 +223,7 @@ impl Watches {
         wake_all(std::mem::take(&mut reg.sessions));
         wake_all(std::mem::take(&mut reg.catalog));
         wake_all(std::mem::take(&mut reg.queries));
+        wake_all(std::mem::take(&mut reg.acl));
     }
 
     /// Number of registered waiters (leak checks in tests).
@@ -231,6 +238,7 @@ impl Watches {
             + reg.sessions.len()
             + reg.catalog.len()
             + reg.queries.len()
+            + reg.acl.len()
     }
 
     #[cfg(test)]

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use std::collections::BTreeMap;
 
+use crate::acl::{Policy, Resolved, Role, Token};
 use crate::autopilot::AutopilotConfig;
 use crate::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
 use crate::kv::{KvEntry, KvOp, TxnOutcome};
@@ -74,6 +75,32 @@ pub enum Op {
         bytes: Vec<u8>,
         last: bool,
     },
+    /// 18: a change to the ACL tables (tokens, policies, roles).
+    Acl(AclOp),
+}
+
+/// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
+/// its policy or role by ID or, with an empty ID, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AclOp {
+    /// 0: what the leader writes when it finds ACLs enabled: the built-in `global-management`
+    /// policy and the anonymous token if missing, and the configured initial management token
+    /// (which also ends bootstrapping, as Consul's does).
+    Init { initial_management: Option<Token> },
+    /// 1: `PUT /v1/acl/bootstrap`: creates a management token, once.
+    Bootstrap(Token),
+    /// 2: creates a token (`create`, its accessor must be new) or replaces one.
+    SetToken { token: Token, create: bool },
+    /// 3
+    DeleteToken { accessor_id: String },
+    /// 4: creates a policy (`create`) or replaces one.
+    SetPolicy { policy: Policy, create: bool },
+    /// 5
+    DeletePolicy { id: String },
+    /// 6: creates a role (`create`) or replaces one.
+    SetRole { role: Role, create: bool },
+    /// 7
+    DeleteRole { id: String },
 }
 
 /// A check as registered; indexes and the service's name and tags are filled in by the
@@ -138,6 +165,15 @@ pub enum ApplyError {
     /// meanwhile): nothing was changed; run the restore again.
     #[error("the restore was interrupted by another one; run it again")]
     RestoreInterrupted,
+    /// Bootstrapping ACLs again, or after an initial management token was configured.
+    #[error("ACL bootstrap no longer allowed (reset index: {reset_index})")]
+    AclBootstrapped { reset_index: u64 },
+    /// An ACL change that names what does not exist (Consul answers 403 `ACL not found`).
+    #[error("ACL not found")]
+    AclNotFound,
+    /// An ACL change Consul refuses, with its text.
+    #[error("{0}")]
+    AclInvalid(String),
 }
 
 /// The result of applying one command.
@@ -281,6 +317,20 @@ reads! {
         token: u64,
         session: String,
     } => Sequencer(Result<(), String>);
+    /// 23: what the token with this secret resolves to; `None` when there is none.
+    AclResolve { secret_id: String } => AclResolved(Option<Resolved>);
+    /// 24: a token by accessor ID, its links' names filled in.
+    AclToken { accessor_id: String } => AclTokens(Vec<Token>);
+    /// 25: every token, its links' names filled in.
+    AclTokenList {} => AclTokens(Vec<Token>);
+    /// 26: a policy by ID or, with `by_name`, by name.
+    AclPolicy { id: String, by_name: bool } => AclPolicies(Vec<Policy>);
+    /// 27
+    AclPolicyList {} => AclPolicies(Vec<Policy>);
+    /// 28: a role by ID or, with `by_name`, by name, its links' names filled in.
+    AclRole { id: String, by_name: bool } => AclRoles(Vec<Role>);
+    /// 29
+    AclRoleList {} => AclRoles(Vec<Role>);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -318,6 +368,14 @@ pub enum QueryResult {
     Locks(Vec<LockState>),
     /// 15
     Standing(LockStanding),
+    /// 16
+    AclResolved(Option<Resolved>),
+    /// 17
+    AclTokens(Vec<Token>),
+    /// 18
+    AclPolicies(Vec<Policy>),
+    /// 19
+    AclRoles(Vec<Role>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

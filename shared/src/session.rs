@@ -83,6 +83,10 @@ pub struct Session {
     pub checks: Vec<String>,
     pub create_index: u64,
     pub modify_index: u64,
+    /// The accessor ID of the ACL token that created it (empty: created with ACLs off). Only
+    /// that token, or a management token, may destroy, renew or lock with it (a Vigil rule
+    /// over Consul's, which checks only `session:write` on its node).
+    pub owner: String,
 }
 
 impl Session {

@@ -7,13 +7,14 @@
 
 use serde::Serialize;
 
+use crate::acl::{Policy, Role, Token};
 use crate::autopilot::AutopilotConfig;
 use crate::catalog::{Check, HealthStatus};
 use crate::kv::{KvOp, TxnOutcome};
 use crate::lock::{LockMode, LockOp, LockOutcome, LockStanding};
 use crate::query::PreparedQuery;
 use crate::rpc::{
-    ApplyError, Op, Query as _, ReadQuery, Registration, Response, ServerError, reads,
+    AclOp, ApplyError, Op, Query as _, ReadQuery, Registration, Response, ServerError, reads,
 };
 use crate::session::{Behavior, Session};
 
@@ -51,6 +52,7 @@ fn expected_op(op: &Op) -> u8 {
         Op::RestoreSnapshot { .. } => 15,
         Op::SetAutopilotConfig { .. } => 16,
         Op::RestoreChunk { .. } => 17,
+        Op::Acl(_) => 18,
     }
 }
 
@@ -67,6 +69,7 @@ fn session() -> Session {
         checks: Vec::new(),
         create_index: 0,
         modify_index: 0,
+        owner: String::new(),
     }
 }
 
@@ -117,8 +120,79 @@ fn op_variants_keep_their_indexes() {
             bytes: Vec::new(),
             last: true,
         },
+        Op::Acl(AclOp::DeleteRole { id: s("r") }),
     ];
     check(&samples, expected_op);
+}
+
+fn expected_acl_op(op: &AclOp) -> u8 {
+    match op {
+        AclOp::Init { .. } => 0,
+        AclOp::Bootstrap(_) => 1,
+        AclOp::SetToken { .. } => 2,
+        AclOp::DeleteToken { .. } => 3,
+        AclOp::SetPolicy { .. } => 4,
+        AclOp::DeletePolicy { .. } => 5,
+        AclOp::SetRole { .. } => 6,
+        AclOp::DeleteRole { .. } => 7,
+    }
+}
+
+fn token() -> Token {
+    Token::new("a", "s")
+}
+
+fn policy() -> Policy {
+    Policy {
+        id: s("p"),
+        name: s("p"),
+        description: String::new(),
+        rules: String::new(),
+        datacenters: Vec::new(),
+        create_index: 0,
+        modify_index: 0,
+    }
+}
+
+fn role() -> Role {
+    Role {
+        id: s("r"),
+        name: s("r"),
+        description: String::new(),
+        policies: Vec::new(),
+        service_identities: Vec::new(),
+        node_identities: Vec::new(),
+        create_index: 0,
+        modify_index: 0,
+    }
+}
+
+#[test]
+fn acl_op_variants_keep_their_indexes() {
+    let samples = [
+        AclOp::Init {
+            initial_management: None,
+        },
+        AclOp::Bootstrap(token()),
+        AclOp::SetToken {
+            token: token(),
+            create: true,
+        },
+        AclOp::DeleteToken {
+            accessor_id: s("a"),
+        },
+        AclOp::SetPolicy {
+            policy: policy(),
+            create: true,
+        },
+        AclOp::DeletePolicy { id: s("p") },
+        AclOp::SetRole {
+            role: role(),
+            create: true,
+        },
+        AclOp::DeleteRole { id: s("r") },
+    ];
+    check(&samples, expected_acl_op);
 }
 
 fn expected_kv_op(op: &KvOp) -> u8 {
@@ -304,6 +378,9 @@ fn expected_apply_error(e: &ApplyError) -> u8 {
         ApplyError::LockLimitConflict { .. } => 9,
         ApplyError::InvalidSnapshot => 10,
         ApplyError::RestoreInterrupted => 11,
+        ApplyError::AclBootstrapped { .. } => 12,
+        ApplyError::AclNotFound => 13,
+        ApplyError::AclInvalid(_) => 14,
     }
 }
 
@@ -325,6 +402,9 @@ fn apply_error_variants_keep_their_indexes() {
         ApplyError::LockLimitConflict { lock: 1, local: 2 },
         ApplyError::InvalidSnapshot,
         ApplyError::RestoreInterrupted,
+        ApplyError::AclBootstrapped { reset_index: 1 },
+        ApplyError::AclNotFound,
+        ApplyError::AclInvalid(s("x")),
     ];
     check(&samples, expected_apply_error);
 }
@@ -354,6 +434,13 @@ fn expected_read(q: &ReadQuery) -> u8 {
         ReadQuery::Locks { .. } => 20,
         ReadQuery::LockStanding { .. } => 21,
         ReadQuery::LockSequencer { .. } => 22,
+        ReadQuery::AclResolve { .. } => 23,
+        ReadQuery::AclToken { .. } => 24,
+        ReadQuery::AclTokenList {} => 25,
+        ReadQuery::AclPolicy { .. } => 26,
+        ReadQuery::AclPolicyList {} => 27,
+        ReadQuery::AclRole { .. } => 28,
+        ReadQuery::AclRoleList {} => 29,
     }
 }
 
@@ -401,6 +488,24 @@ fn read_variants_keep_their_indexes_and_bytes() {
             session: s("s"),
         }
         .into(),
+        reads::AclResolve { secret_id: s("x") }.into(),
+        reads::AclToken {
+            accessor_id: s("a"),
+        }
+        .into(),
+        reads::AclTokenList {}.into(),
+        reads::AclPolicy {
+            id: s("p"),
+            by_name: false,
+        }
+        .into(),
+        reads::AclPolicyList {}.into(),
+        reads::AclRole {
+            id: s("r"),
+            by_name: true,
+        }
+        .into(),
+        reads::AclRoleList {}.into(),
     ];
     check(&samples, expected_read);
     // Whole encodings, as older builds wrote them (fields in order, no names; a read without

@@ -102,6 +102,9 @@ pub struct ServerConfig {
     /// Blocking queries this server holds at once at most (its own and forwarded ones);
     /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
     pub max_blocking_queries: usize,
+    /// `Some` with ACLs enabled, holding the initial management token's secret if one is
+    /// configured (Consul's `acl.tokens.initial_management`): the leader creates it.
+    pub acls: Option<Option<String>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -208,6 +211,7 @@ impl Server {
                     .members
                     .clone()
                     .map(|m| (m, config.node_name.clone())),
+                acls: config.acls.clone(),
                 shutdown: shutdown.clone(),
                 tasks: tasks.clone(),
             }

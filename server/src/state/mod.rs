@@ -2,6 +2,7 @@
 //! committed [`Command`] at a raft index. Apply reads no clock and does no I/O; it validates
 //! first and then mutates, so a refused command changes nothing.
 
+pub mod acl;
 pub mod catalog;
 pub mod kv;
 pub mod locks;
@@ -28,6 +29,7 @@ use vigil_shared::rpc::{
 };
 use vigil_shared::session::Session;
 
+use acl::AclStore;
 use catalog::{Catalog, Touched};
 use kv::{KvStore, TxnContext};
 use locks::{LockEffects, LockTable};
@@ -45,6 +47,7 @@ pub struct Effects {
     /// Service names whose instances or health changed.
     pub services_changed: Vec<String>,
     pub queries_changed: bool,
+    pub acl_changed: bool,
     /// Sessions created with a TTL: (ID, TTL string).
     pub ttl_sessions_created: Vec<(String, String)>,
     pub sessions_destroyed: Vec<String>,
@@ -72,6 +75,8 @@ pub enum Interest {
     /// One service's instances and health.
     Service(String),
     Queries,
+    /// The ACL tables.
+    Acl,
     /// One session's standing on one native lock.
     LockStanding {
         name: String,
@@ -102,6 +107,13 @@ impl Interest {
             | ReadQuery::ServiceChecks { name }
             | ReadQuery::HealthService { name } => Interest::Service(name.clone()),
             ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => Interest::Queries,
+            ReadQuery::AclResolve { .. }
+            | ReadQuery::AclToken { .. }
+            | ReadQuery::AclTokenList {}
+            | ReadQuery::AclPolicy { .. }
+            | ReadQuery::AclPolicyList {}
+            | ReadQuery::AclRole { .. }
+            | ReadQuery::AclRoleList {} => Interest::Acl,
             ReadQuery::Lock { name } => Interest::Locks(name.clone()),
             ReadQuery::Locks { prefix } => Interest::Locks(prefix.clone()),
             // Session IDs are lowercase UUIDs, and a lock's effects name them so.
@@ -124,6 +136,7 @@ pub struct StateMachine {
     catalog: Catalog,
     queries: QueryStore,
     locks: LockTable,
+    acl: AclStore,
     /// Latest leader clock seen; command clocks are clamped to never go backwards.
     last_now_ms: u64,
     /// Checkpointed TTL deadlines of live sessions (leader wall clock, ms). Soft state: not in
@@ -171,6 +184,10 @@ impl StateMachine {
 
     pub fn locks(&self) -> &LockTable {
         &self.locks
+    }
+
+    pub fn acl(&self) -> &AclStore {
+        &self.acl
     }
 
     /// The leader clock of the latest applied command.
@@ -333,6 +350,13 @@ impl StateMachine {
             Op::SetAutopilotConfig { config, cas } => {
                 Response::Applied(self.autopilot.set(config, index, cas))
             }
+            Op::Acl(op) => match self.acl.apply(op, index, now_ms) {
+                Ok(()) => {
+                    fx.acl_changed = true;
+                    Response::Done
+                }
+                Err(e) => Response::Rejected(e),
+            },
         }
     }
 
@@ -551,6 +575,34 @@ impl StateMachine {
             } => (
                 reads::LockSequencer::answer(self.locks.check_sequencer(name, *token, session)),
                 self.locks.table_index(),
+            ),
+            ReadQuery::AclResolve { secret_id } => (
+                reads::AclResolve::answer(self.acl.resolve(secret_id)),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclToken { accessor_id } => (
+                reads::AclToken::answer(self.acl.token(accessor_id).into_iter().collect()),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclTokenList {} => (
+                reads::AclTokenList::answer(self.acl.tokens()),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclPolicy { id, by_name } => (
+                reads::AclPolicy::answer(self.acl.policy(id, *by_name).into_iter().collect()),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclPolicyList {} => (
+                reads::AclPolicyList::answer(self.acl.policies()),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclRole { id, by_name } => (
+                reads::AclRole::answer(self.acl.role(id, *by_name).into_iter().collect()),
+                self.acl.table_index(),
+            ),
+            ReadQuery::AclRoleList {} => (
+                reads::AclRoleList::answer(self.acl.roles()),
+                self.acl.table_index(),
             ),
         }
     }

@@ -750,6 +750,7 @@ impl Run {
                 checks: Vec::new(),
                 create_index: 0,
                 modify_index: 0,
+                owner: String::new(),
             }),
             Action::Destroy { slot, upper } => Op::DestroySession {
                 id: Run::session_ref(Who::Session {

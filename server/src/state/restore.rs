@@ -97,6 +97,7 @@ pub fn restore(current: &mut StateMachine, state: &[u8], fx: &mut Effects) -> Re
     fx.sessions_changed = true;
     fx.catalog_changed = true;
     fx.queries_changed = true;
+    fx.acl_changed = true;
     fx.sessions_destroyed.extend(
         current
             .sessions
@@ -179,6 +180,7 @@ mod tests {
             checks: Vec::new(),
             create_index: 0,
             modify_index: 0,
+            owner: String::new(),
         };
         apply(&mut sm, 2, Op::CreateSession(session));
         sm

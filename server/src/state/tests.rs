@@ -48,6 +48,7 @@ pub(super) fn session(id: &str, node: &str) -> Session {
         checks: Vec::new(),
         create_index: 0,
         modify_index: 0,
+        owner: String::new(),
     }
 }
 
@@ -425,6 +426,7 @@ fn session_create_stores_indexes_and_check_mappings() {
         let want = Session {
             create_index: index,
             modify_index: index,
+            owner: String::new(),
             ..case.session.clone()
         };
         assert_eq!(stored, want, "{name}");

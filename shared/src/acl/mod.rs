@@ -90,6 +90,25 @@ pub struct Token {
 }
 
 impl Token {
+    /// A token with these IDs and nothing else: no description, links or expiry.
+    pub fn new(accessor_id: impl Into<String>, secret_id: impl Into<String>) -> Token {
+        Token {
+            accessor_id: accessor_id.into(),
+            secret_id: secret_id.into(),
+            description: String::new(),
+            policies: Vec::new(),
+            roles: Vec::new(),
+            service_identities: Vec::new(),
+            node_identities: Vec::new(),
+            local: false,
+            expiration_ttl_ns: 0,
+            expiration_time_ms: None,
+            create_time_ms: 0,
+            create_index: 0,
+            modify_index: 0,
+        }
+    }
+
     /// Whether the token has expired at `now_ms` (milliseconds since the Unix epoch).
     pub fn expired(&self, now_ms: u64) -> bool {
         self.expiration_time_ms.is_some_and(|at| at <= now_ms)
