@@ -5,8 +5,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use vigil_shared::acl::authz::DefaultPolicy;
 use vigil_shared::duration::parse_go_duration;
 
+use crate::acl::AclConfig;
 use crate::gossip::{Key, KeyringFile, TimingProfile};
 use crate::local::config::LocalDefinitions;
 use crate::{AgentConfig, AgentMode, TlsSource};
@@ -155,6 +157,25 @@ pub struct AgentArgs {
     /// `node_meta`), as Consul's `-node-meta`.
     #[arg(long = "node-meta", value_parser = parse_meta_pair)]
     pub node_meta: Vec<(String, String)>,
+    /// Enables ACLs with this default policy for what no rule covers (Consul's
+    /// `acl.default_policy`; `acl.enabled` in the config file enables them with `allow`).
+    #[arg(long, value_parser = parse_default_policy)]
+    pub acl_default_policy: Option<DefaultPolicy>,
+    /// The management token that exists from the first start (Consul's
+    /// `acl.tokens.initial_management`); it also ends `acl bootstrap`.
+    #[arg(long)]
+    pub acl_initial_management_token: Option<String>,
+    /// The token this agent's own requests use (Consul's `acl.tokens.agent`).
+    #[arg(long)]
+    pub acl_agent_token: Option<String>,
+}
+
+fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
+    match s {
+        "allow" => Ok(DefaultPolicy::Allow),
+        "deny" => Ok(DefaultPolicy::Deny),
+        _ => Err(format!("must be allow or deny, not {s:?}")),
+    }
 }
 
 /// Consul's `-node-meta key:value` (no `:`: an empty value).
@@ -272,6 +293,14 @@ impl AgentArgs {
             http_limits: crate::http::serve::ConnLimits {
                 max_conns_per_client: self.http_max_conns_per_client,
                 header_timeout: self.http_header_timeout,
+            },
+            acl: AclConfig {
+                default_policy: self.acl_default_policy.or(file.acl.default_policy),
+                initial_management: self
+                    .acl_initial_management_token
+                    .clone()
+                    .or(file.acl.initial_management),
+                agent_token: self.acl_agent_token.clone().or(file.acl.agent_token),
             },
         })
     }

@@ -3,6 +3,7 @@
 //! that knows the bound addresses, so tests start agents on port 0 through the same code path as
 //! `main`.
 
+pub mod acl;
 pub mod backend;
 pub mod cli;
 pub mod cmd;
@@ -100,6 +101,8 @@ pub struct AgentConfig {
     pub config_file: Option<PathBuf>,
     /// Per-client connection cap and header timeout of the HTTP API.
     pub http_limits: http::serve::ConnLimits,
+    /// ACL settings (`--acl-*`, the config file's `[acl]`).
+    pub acl: acl::AclConfig,
 }
 
 /// A running agent.
@@ -243,6 +246,10 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     members: Some(gossip.subscribe()),
                     max_blocking_queries: config.max_blocking_queries,
                     session_ttl_min: config.session_ttl_min,
+                    acls: config
+                        .acl
+                        .default_policy
+                        .map(|_| config.acl.initial_management.clone()),
                 },
                 &tls,
                 socket,
@@ -287,6 +294,12 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         session_ttl_min: config.session_ttl_min,
         shutdown: shutdown.clone(),
         reloader,
+        acls: Arc::new(acl::Acls::new(
+            &config.acl,
+            DATACENTER,
+            Arc::clone(&backend),
+            shutdown.clone(),
+        )),
     });
     tasks.spawn(http::serve::serve(
         listener,

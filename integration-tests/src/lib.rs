@@ -83,6 +83,8 @@ pub struct Http {
     /// `http://host:port`.
     pub base: String,
     client: reqwest::Client,
+    /// Sent as `X-Consul-Token` on every request, if set.
+    token: Option<String>,
 }
 
 impl Http {
@@ -93,6 +95,15 @@ impl Http {
                 .timeout(Duration::from_secs(120))
                 .build()
                 .expect("HTTP client"),
+            token: None,
+        }
+    }
+
+    /// The same API, sending `token` as `X-Consul-Token` on every request.
+    pub fn with_token(&self, token: &str) -> Http {
+        Http {
+            token: Some(token.to_owned()),
+            ..self.clone()
         }
     }
 
@@ -108,6 +119,9 @@ impl Http {
         body: Option<Vec<u8>>,
     ) -> reqwest::Result<Reply> {
         let mut req = self.client.request(method, self.url(path));
+        if let Some(token) = &self.token {
+            req = req.header("X-Consul-Token", token);
+        }
         if let Some(body) = body {
             req = req.body(body);
         }

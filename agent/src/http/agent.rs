@@ -6,8 +6,10 @@
 use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::json as json_value;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::duration::format_go_duration;
 
+use super::acl::Authz;
 use super::error::ApiError;
 use super::members::local_member;
 use super::params::Params;
@@ -16,8 +18,10 @@ use crate::backend::Backend;
 
 pub async fn agent_self(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
     let params = Params::parse(uri.query());
     let status = state.backend.status().await?;
     let leader_addr = status.leader.unwrap_or_default();

@@ -6,8 +6,10 @@
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::HealthStatus;
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -43,6 +45,7 @@ impl From<DefinitionError> for ApiError {
 /// `GET /v1/agent/checks`: every local check keyed by ID, in Consul's `HealthCheck` shape.
 pub async fn list(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -51,6 +54,10 @@ pub async fn list(
         &params,
         checks
             .iter()
+            .filter(|c| match c.service_name.as_str() {
+                "" => authz.allows(Resource::Node, Access::Read, &c.node),
+                service => authz.allows(Resource::Service, Access::Read, service),
+            })
             .map(|c| (c.check_id.clone(), CheckJson::new(c))),
     )?;
     Ok(json(&params, &out))
@@ -59,8 +66,10 @@ pub async fn list(
 /// `PUT /v1/agent/check/register`.
 pub async fn register(
     State(state): State<AppState>,
+    authz: Authz,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     let check = parse_check_body(&body)?;
     limits::check(&check)?;
     state.local.add_check(check, Source::Remote)?;
@@ -71,8 +80,10 @@ pub async fn register(
 /// `PUT /v1/agent/check/deregister/<id>`: also invalidates the sessions bound to the check.
 pub async fn deregister(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     state.local.remove_check(&id)?;
     state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
@@ -100,36 +111,44 @@ fn note(uri: &axum::http::Uri) -> String {
 /// `PUT /v1/agent/check/pass/<id>?note=`.
 pub async fn pass(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     set_ttl(&state, &id, HealthStatus::Passing, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/warn/<id>?note=`.
 pub async fn warn(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     set_ttl(&state, &id, HealthStatus::Warning, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/fail/<id>?note=`.
 pub async fn fail(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     set_ttl(&state, &id, HealthStatus::Critical, &note(&uri)).await
 }
 
 /// `PUT /v1/agent/check/update/<id>` with `{"Status": ..., "Output": ...}`.
 pub async fn update(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     let (status, output) = parse_check_update(&body)?;
     set_ttl(&state, &id, status, &output).await
 }
@@ -151,8 +170,10 @@ pub fn enable_param(params: &Params) -> Result<bool, ApiError> {
 /// `_node_maintenance` check while enabled.
 pub async fn node_maintenance(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Write, &state.node_name)?;
     let params = Params::parse(uri.query());
     let enable = enable_param(&params)?;
     state

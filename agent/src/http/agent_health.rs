@@ -8,8 +8,10 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{Check, HealthStatus, Service};
 
+use super::acl::Authz;
 use super::agent_service::AgentServiceJson;
 use super::error::ApiError;
 use super::params::Params;
@@ -103,10 +105,12 @@ fn reply(
 /// `GET /v1/agent/health/service/id/<id>`.
 pub async fn by_id(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Read, &state.node_name)?;
     let params = Params::parse(uri.query());
     let text = wants_text(&params, &headers);
     let Some(service) = state.local.service(&id) else {
@@ -130,10 +134,12 @@ pub async fn by_id(
 /// the code and text are the worst instance's (404 if there is none).
 pub async fn by_name(
     State(state): State<AppState>,
+    authz: Authz,
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Service, Access::Read, &name)?;
     let params = Params::parse(uri.query());
     let text = wants_text(&params, &headers);
     let all = state.local.checks();

@@ -11,9 +11,11 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use tokio::time::Instant;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
 use vigil_shared::duration::parse_go_duration;
 
+use super::acl::Authz;
 use super::agent_check::enable_param;
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -90,6 +92,7 @@ impl<'a> AgentServiceJson<'a> {
 /// `GET /v1/agent/services`: every local service keyed by ID.
 pub async fn list(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -98,6 +101,7 @@ pub async fn list(
         &params,
         services
             .iter()
+            .filter(|s| authz.allows(Resource::Service, Access::Read, &s.name))
             .map(|s| (s.id.clone(), AgentServiceJson::new(s))),
     )?;
     Ok(json(&params, &out))
@@ -108,9 +112,11 @@ pub async fn list(
 /// `?wait=` (default 5 min, at most 10) passes.
 pub async fn get(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Read, &state.node_name)?;
     let params = Params::parse(uri.query());
     let wait = match params.get("wait").filter(|w| !w.is_empty()) {
         None => DEFAULT_WAIT,
@@ -147,11 +153,13 @@ pub async fn get(
 /// `PUT /v1/agent/service/register[?replace-existing-checks]`.
 pub async fn register(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let service = parse_service_body(&body)?;
+    authz.check(Resource::Service, Access::Write, &service.name)?;
     limits::name("ID", &service.id)?;
     limits::name("Name", &service.name)?;
     limits::tags("Tags", &service.tags)?;
@@ -165,12 +173,23 @@ pub async fn register(
     Ok(StatusCode::OK.into_response())
 }
 
+/// Changing a local service needs `service:write` on its name (an unknown ID is left for the
+/// local state to refuse).
+fn check_local_service_write(state: &AppState, authz: &Authz, id: &str) -> Result<(), ApiError> {
+    match state.local.services().iter().find(|s| s.id == id) {
+        Some(s) => authz.check(Resource::Service, Access::Write, &s.name),
+        None => Ok(()),
+    }
+}
+
 /// `PUT /v1/agent/service/deregister/<id>`: the service and its checks (invalidating the
 /// sessions bound to them).
 pub async fn deregister(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    check_local_service_write(&state, &authz, &id)?;
     state.local.remove_service(&id)?;
     state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
@@ -185,9 +204,11 @@ pub async fn missing_maintenance_id() -> ApiError {
 /// `_service_maintenance:<id>` check while enabled.
 pub async fn maintenance(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    check_local_service_write(&state, &authz, &id)?;
     let params = Params::parse(uri.query());
     let enable = enable_param(&params)?;
     let reason = params.get("reason").unwrap_or_default();

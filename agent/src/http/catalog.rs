@@ -7,10 +7,12 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Map, Value};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, Weights};
 use vigil_shared::rpc::{Op, QueryOptions, Registration, Response as ServerResponse, reads};
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -167,9 +169,16 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
 /// `PUT /v1/catalog/register`: a node, optionally a service and checks; answers `true`.
 pub async fn register(
     State(state): State<AppState>,
+    authz: Authz,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let registration = registration(&body)?;
+    if !registration.skip_node_update {
+        authz.check(Resource::Node, Access::Write, &registration.node)?;
+    }
+    if let Some(service) = &registration.service {
+        authz.check(Resource::Service, Access::Write, &service.name)?;
+    }
     done(&state, Op::CatalogRegister(registration)).await
 }
 
@@ -218,12 +227,14 @@ struct DeregisterBody {
 /// `PUT /v1/catalog/deregister`: a check, a service with its checks, or a whole node.
 pub async fn deregister(
     State(state): State<AppState>,
+    authz: Authz,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let body: DeregisterBody = decode(&body)?;
     if body.node.is_empty() {
         return Err(ApiError::server("Must provide node"));
     }
+    authz.check(Resource::Node, Access::Write, &body.node)?;
     let op = if !body.checkid.is_empty() {
         Op::DeregisterCheck {
             node: body.node,
@@ -251,6 +262,7 @@ async fn done(state: &AppState, op: Op) -> Result<Response, ApiError> {
 
 pub async fn nodes(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -258,6 +270,7 @@ pub async fn nodes(
     let out = nodes
         .iter()
         .filter(|n| node_meta_matches(&params, n))
+        .filter(|n| authz.allows(Resource::Node, Access::Read, &n.name))
         .map(NodeJson::new)
         .collect();
     Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
@@ -274,10 +287,12 @@ pub async fn datacenters(OriginalUri(uri): OriginalUri) -> Response {
 /// that pass (and are on nodes with the `?node-meta=` pairs) contribute.
 pub async fn services(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let (services, meta) = read(&state, &params, reads::CatalogServices {}).await?;
+    let (mut services, meta) = read(&state, &params, reads::CatalogServices {}).await?;
+    services.retain(|s| authz.allows(Resource::Service, Access::Read, &s.name));
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     if params.has("node-meta") || params.get("filter").is_some_and(|f| !f.is_empty()) {
         // The instances' nodes, read at once with the same consistency.
@@ -314,10 +329,12 @@ pub async fn services(
 /// `GET /v1/catalog/service/<name>[?tag=][&node-meta=][&filter=]`.
 pub async fn service(
     State(state): State<AppState>,
+    authz: Authz,
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
+    authz.check(Resource::Service, Access::Read, &name)?;
     let (instances, meta) = read(&state, &params, reads::CatalogService { name }).await?;
     let out = instances
         .iter()
@@ -330,9 +347,11 @@ pub async fn service(
 /// `GET /v1/catalog/node/<name>`: `{"Node":…,"Services":{id:…}}`, or `null` for an unknown node.
 pub async fn node(
     State(state): State<AppState>,
+    authz: Authz,
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Read, &node)?;
     let params = Params::parse(uri.query());
     let (found, meta) = read(&state, &params, reads::CatalogNode { node }).await?;
     let Some((node, services)) = &found else {

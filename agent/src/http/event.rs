@@ -11,8 +11,10 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use regex_lite::Regex;
 use serde::Serialize;
 use tokio::time::Instant;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::Params;
@@ -64,10 +66,12 @@ fn filter(what: &str, pattern: &str) -> Result<(), ApiError> {
 /// `PUT /v1/event/fire/<name>[?node=][&service=][&tag=]`, the body the payload.
 pub async fn fire(
     State(state): State<AppState>,
+    authz: Authz,
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Event, Access::Write, &name)?;
     let params = Params::parse(uri.query());
     let param = |name: &str| params.get(name).unwrap_or_default().to_owned();
     let event = UserEvent {
@@ -125,6 +129,7 @@ fn concerns_us(event: &UserEvent, node: &str, services: &[Service]) -> bool {
 /// `GET /v1/event/list[?name=][&index=&wait=]`: oldest first.
 pub async fn list(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -138,6 +143,7 @@ pub async fn list(
         let ours: Vec<&UserEvent> = seen
             .iter()
             .filter(|e| name.is_none_or(|n| e.name == n))
+            .filter(|e| authz.allows(Resource::Event, Access::Read, &e.name))
             .filter(|e| concerns_us(e, &state.node_name, &services))
             .collect();
         // As Consul: 1 for no events, so a watch on an empty list blocks.

@@ -4,9 +4,11 @@
 
 use axum::extract::{OriginalUri, Path, State};
 use axum::response::Response;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{Check, HealthStatus};
 use vigil_shared::rpc::{QueryMeta, reads};
 
+use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::{CheckJson, HealthJson, filtered, node_meta_matches, tags_match};
@@ -24,9 +26,11 @@ fn checks_response(
 /// `GET /v1/health/node/<node>`.
 pub async fn node(
     State(state): State<AppState>,
+    authz: Authz,
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Node, Access::Read, &node)?;
     let params = Params::parse(uri.query());
     let (list, meta) = read(&state, &params, reads::NodeChecks { node }).await?;
     checks_response(&params, &list, meta)
@@ -35,9 +39,11 @@ pub async fn node(
 /// `GET /v1/health/checks/<service>`.
 pub async fn service_checks(
     State(state): State<AppState>,
+    authz: Authz,
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Service, Access::Read, &name)?;
     let params = Params::parse(uri.query());
     let (list, meta) = read(&state, &params, reads::ServiceChecks { name }).await?;
     checks_response(&params, &list, meta)
@@ -51,6 +57,7 @@ pub async fn missing_state() -> ApiError {
 /// `GET /v1/health/state/<passing|warning|critical|any>`.
 pub async fn state(
     State(state): State<AppState>,
+    authz: Authz,
     Path(wanted): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
@@ -63,7 +70,11 @@ pub async fn state(
         ),
     };
     let query = reads::ChecksInState { state: wanted };
-    let (list, meta) = read(&state, &params, query).await?;
+    let (mut list, meta) = read(&state, &params, query).await?;
+    list.retain(|c| match c.service_name.as_str() {
+        "" => authz.allows(Resource::Node, Access::Read, &c.node),
+        service => authz.allows(Resource::Service, Access::Read, service),
+    });
     checks_response(&params, &list, meta)
 }
 
@@ -71,9 +82,11 @@ pub async fn state(
 /// the instances whose every check, node checks included, is passing.
 pub async fn service(
     State(state): State<AppState>,
+    authz: Authz,
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Service, Access::Read, &name)?;
     let params = Params::parse(uri.query());
     let passing_only = params
         .bool("passing")

@@ -12,8 +12,10 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::{Params, go_quote, parse_bool};
@@ -116,10 +118,17 @@ fn check_params(params: &Params, method: &Method) -> Result<(), ApiError> {
 /// `GET|POST|PUT|DELETE /v1/operator/keyring[?relay-factor=N][&local-only=B]`.
 pub async fn keyring(
     State(state): State<AppState>,
+    authz: Authz,
     method: Method,
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    let access = if method == Method::GET {
+        Access::Read
+    } else {
+        Access::Write
+    };
+    authz.check(Resource::Keyring, access, "")?;
     let params = Params::parse(uri.query());
     let key = if method == Method::GET || body.is_empty() {
         String::new()

@@ -5,11 +5,13 @@ use axum::body::Body;
 use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::DirEntry;
 use vigil_shared::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
 use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
 
+use super::acl::{Authz, check_session_write, filtered_by_acls};
 use super::body::{Limit, read};
 use super::error::ApiError;
 use super::params::{Params, decode_path};
@@ -31,6 +33,7 @@ fn key_of(uri: &axum::http::Uri) -> Result<String, ApiError> {
 
 pub async fn get(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -50,13 +53,22 @@ pub async fn get(
             prefix: key.clone(),
             separator,
         };
-        let (list, meta) = state.backend.read(opts, query).await?;
+        let (mut list, meta) = state.backend.read(opts, query).await?;
+        let found = list.len();
+        list.retain(|k| authz.allows(Resource::Key, Access::Read, k));
+        let filtered = list.len() < found;
         if list.is_empty() && !key.is_empty() {
-            return Ok(not_found_with_meta(meta));
+            return Ok(filtered_by_acls(filtered, not_found_with_meta(meta)));
         }
-        return Ok(with_meta(meta, json(&params, &list)));
+        return Ok(filtered_by_acls(
+            filtered,
+            with_meta(meta, json(&params, &list)),
+        ));
     }
-    let (entries, meta) = if recurse {
+    if !recurse {
+        authz.check(Resource::Key, Access::Read, &key)?;
+    }
+    let (mut entries, meta) = if recurse {
         let query = reads::KvList {
             prefix: key.clone(),
         };
@@ -64,8 +76,11 @@ pub async fn get(
     } else {
         state.backend.read(opts, reads::KvGet { key }).await?
     };
+    let found = entries.len();
+    entries.retain(|e| authz.allows(Resource::Key, Access::Read, &e.key));
+    let filtered = entries.len() < found;
     if entries.is_empty() {
-        return Ok(not_found_with_meta(meta));
+        return Ok(filtered_by_acls(filtered, not_found_with_meta(meta)));
     }
     if params.has("raw") && !recurse {
         let value = entries
@@ -85,7 +100,10 @@ pub async fn get(
         return Ok(with_meta(meta, response));
     }
     let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
-    Ok(with_meta(meta, json(&params, &dir)))
+    Ok(filtered_by_acls(
+        filtered,
+        with_meta(meta, json(&params, &dir)),
+    ))
 }
 
 fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
@@ -100,6 +118,7 @@ fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
 
 pub async fn put(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
     body: Body,
@@ -110,6 +129,10 @@ pub async fn put(
         return Err(ApiError::bad_request("Missing key name"));
     }
     conflicting(&params, &["cas", "acquire", "release"])?;
+    authz.check(Resource::Key, Access::Write, &key)?;
+    if let Some(session) = params.get("acquire").or_else(|| params.get("release")) {
+        check_session_write(&state, &authz, session).await?;
+    }
     let flags = params.u64("flags")?.unwrap_or(0);
     let cas = params.u64("cas")?;
     let value = read(&headers, body, Limit::KvValue).await?.to_vec();
@@ -142,6 +165,7 @@ pub async fn put(
 
 pub async fn delete(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -150,6 +174,11 @@ pub async fn delete(
     conflicting(&params, &["cas", "recurse"])?;
     if key.is_empty() && !recurse {
         return Err(ApiError::bad_request("Missing key name"));
+    }
+    if recurse {
+        authz.0.check_key_write_prefix(&key)?;
+    } else {
+        authz.check(Resource::Key, Access::Write, &key)?;
     }
     let op = if recurse {
         KvOp::DeleteTree { prefix: key }

@@ -18,11 +18,13 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json as json_value};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::lock::{LockMode, LockOp, LockOutcome, LockStanding, LockState, MAX_LOCK_LIMIT};
 use vigil_shared::rpc::{Op, QueryOptions, Response as Applied, ServerError, reads};
 use vigil_shared::session::Session;
 
+use super::acl::{Authz, check_session_write};
 use super::error::ApiError;
 use super::params::{DEFAULT_WAIT, MAX_WAIT, Params, decode_path, parse_uint};
 use super::{AppState, json, with_meta};
@@ -70,12 +72,16 @@ fn duration_param(params: &Params, name: &str) -> Result<Option<Duration>, ApiEr
 /// `PUT` and `DELETE /v1/vigil/lock/<name>`.
 pub async fn change(
     State(state): State<AppState>,
+    authz: Authz,
     method: Method,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let name = name_of(&uri)?;
     let session = session_of(&params)?;
+    // A native lock's name is guarded as a key of that name is.
+    authz.check(Resource::Key, Access::Write, &name)?;
+    check_session_write(&state, &authz, &session).await?;
     if method == Method::DELETE || params.has("release") {
         let released = release(&state.backend, &name, &session).await?;
         return Ok(json(&params, &released));
@@ -275,10 +281,12 @@ impl Drop for LeaveOnDrop {
 /// `GET /v1/vigil/lock/<name>`: one lock, or 404; with `?session=`, that session's standing.
 pub async fn get(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let name = name_of(&uri)?;
+    authz.check(Resource::Key, Access::Read, &name)?;
     let opts = params.query_options()?;
     if params.has("session") {
         let query = reads::LockStanding {

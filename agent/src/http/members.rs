@@ -7,8 +7,10 @@ use axum::extract::{OriginalUri, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{MemberRole, MemberStatus};
 
+use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json};
@@ -98,14 +100,19 @@ fn gossip_error(e: GossipError) -> ApiError {
     }
 }
 
-pub async fn members(State(state): State<AppState>, OriginalUri(uri): OriginalUri) -> Response {
+/// Members the token may read (`node:read` on their name).
+pub async fn members(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+) -> Response {
     let params = Params::parse(uri.query());
     // Pruned members are Left for the leader but no longer listed (Consul's `?prune`).
     let out: Vec<MemberJson> = state
         .gossip
         .members()
         .iter()
-        .filter(|m| !m.pruned)
+        .filter(|m| !m.pruned && authz.allows(Resource::Node, Access::Read, &m.name))
         .map(MemberJson::from_member)
         .collect();
     json(&params, &out)
@@ -113,8 +120,10 @@ pub async fn members(State(state): State<AppState>, OriginalUri(uri): OriginalUr
 
 pub async fn join(
     State(state): State<AppState>,
+    authz: Authz,
     Path(addr): Path<String>,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Agent, Access::Write, &state.node_name)?;
     let addr: SocketAddr = addr
         .parse()
         .map_err(|e| ApiError::server(format!("Failed to join {addr}: {e}")))?;
@@ -134,9 +143,11 @@ pub async fn leave(State(state): State<AppState>) -> Result<Response, ApiError> 
 /// also no longer listed).
 pub async fn force_leave(
     State(state): State<AppState>,
+    authz: Authz,
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Write, "")?;
     if node == state.node_name {
         // This agent is alive: as for any live member, nothing to do.
         return Ok(StatusCode::OK.into_response());

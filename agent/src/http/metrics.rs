@@ -9,6 +9,9 @@ use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 use vigil_server::telemetry::{self, Sink};
 
+use vigil_shared::acl::authz::{Access, Resource};
+
+use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json};
@@ -21,8 +24,10 @@ const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// and state gauges.
 pub async fn metrics(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
     let params = Params::parse(uri.query());
     telemetry::record_gossip(
         &state.gossip.members(),

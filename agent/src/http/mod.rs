@@ -1,6 +1,7 @@
 //! The Consul-compatible HTTP API: one route table, one file per resource. Handlers translate
 //! HTTP into server requests and back; Consul's status codes, texts and headers are kept.
 
+pub mod acl;
 mod agent;
 mod agent_check;
 mod agent_health;
@@ -63,6 +64,8 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Re-reads the config file for `/v1/agent/reload`.
     pub reloader: Arc<crate::local::reload::Reloader>,
+    /// Resolves request tokens (everything is allowed with ACLs disabled).
+    pub acls: Arc<crate::acl::Acls>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -72,6 +75,35 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/kv/", kv.clone())
         .route("/v1/kv/{*key}", kv)
         .route("/v1/txn", put(txn::txn))
+        .route("/v1/acl/bootstrap", put(acl::bootstrap))
+        .route("/v1/acl/token", put(acl::create_token))
+        .route("/v1/acl/token/self", get(acl::token_self))
+        .route(
+            "/v1/acl/token/{id}",
+            get(acl::get_token)
+                .put(acl::update_token)
+                .delete(acl::delete_token),
+        )
+        .route("/v1/acl/token/{id}/clone", put(acl::clone_token))
+        .route("/v1/acl/tokens", get(acl::list_tokens))
+        .route("/v1/acl/policy", put(acl::create_policy))
+        .route(
+            "/v1/acl/policy/{id}",
+            get(acl::get_policy)
+                .put(acl::update_policy)
+                .delete(acl::delete_policy),
+        )
+        .route("/v1/acl/policy/name/{name}", get(acl::get_policy_by_name))
+        .route("/v1/acl/policies", get(acl::list_policies))
+        .route("/v1/acl/role", put(acl::create_role))
+        .route(
+            "/v1/acl/role/{id}",
+            get(acl::get_role)
+                .put(acl::update_role)
+                .delete(acl::delete_role),
+        )
+        .route("/v1/acl/role/name/{name}", get(acl::get_role_by_name))
+        .route("/v1/acl/roles", get(acl::list_roles))
         .route("/v1/snapshot", get(snapshot::save).put(snapshot::restore))
         .route("/v1/session/create", put(session::create))
         .route("/v1/session/destroy/", put(session::missing_id))

@@ -10,7 +10,10 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt as _;
 use tokio::sync::broadcast::error::RecvError;
 
+use vigil_shared::acl::authz::{Access, Resource};
+
 use super::AppState;
+use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use crate::monitor::{parse_level, subscribe};
@@ -29,8 +32,10 @@ pub async fn reload(State(state): State<AppState>) -> Result<Response, ApiError>
 /// `--log-level` lets through can be shown.
 pub async fn monitor(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
     let params = Params::parse(uri.query());
     let name = params.get("loglevel").unwrap_or("info");
     let level = parse_level(name)

@@ -9,10 +9,12 @@ use serde::{Deserialize, Serialize};
 use vigil_server::operator::{
     AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef,
 };
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::duration::parse_go_duration;
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::Params;
@@ -26,8 +28,10 @@ fn parse_id(id: &str) -> Result<u64, ApiError> {
 /// `DELETE /v1/operator/raft/peer?id=<ID>` or `?address=<IP:port>`.
 pub async fn remove_peer(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Write, "")?;
     let params = Params::parse(uri.query());
     let peer = match (params.get("id"), params.get("address")) {
         (Some(id), _) => PeerRef::Id(parse_id(id)?),
@@ -54,8 +58,10 @@ struct TransferReply {
 /// `POST /v1/operator/raft/transfer-leader` (optionally `?id=<ID>`).
 pub async fn transfer_leader(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Write, "")?;
     let params = Params::parse(uri.query());
     let to = params
         .get("id")
@@ -130,8 +136,10 @@ fn duration_setting(name: &str, value: String) -> Result<String, ApiError> {
 /// `GET /v1/operator/autopilot/configuration`.
 pub async fn autopilot_configuration(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Read, "")?;
     let params = Params::parse(uri.query());
     match state
         .backend
@@ -146,9 +154,11 @@ pub async fn autopilot_configuration(
 /// `PUT /v1/operator/autopilot/configuration` (`?cas=<ModifyIndex>`): `true` when applied.
 pub async fn set_autopilot_configuration(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Write, "")?;
     let params = Params::parse(uri.query());
     let cas = params.u64("cas")?;
     let body: AutopilotBody = decode_case_insensitive(&body, &[])
@@ -233,8 +243,10 @@ impl From<AutopilotHealth> for HealthJson {
 /// `GET /v1/operator/autopilot/health`: 200 when every server is healthy, else 429 (as Consul).
 pub async fn autopilot_health(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Read, "")?;
     let params = Params::parse(uri.query());
     match state
         .backend

@@ -9,11 +9,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json as json_value};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::duration::parse_go_duration;
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
 use vigil_shared::rpc::{ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -162,12 +164,47 @@ async fn write(state: &AppState, op: Op) -> Result<(), ApiError> {
     }
 }
 
+/// A named query needs `query:write` on its name; an unnamed one is reached only by its ID.
+fn check_query_write(authz: &Authz, name: &str) -> Result<(), ApiError> {
+    if name.is_empty() {
+        return Ok(());
+    }
+    authz.check(Resource::Query, Access::Write, name)
+}
+
+/// Changing a query needs `query:write` on the name it has now.
+async fn check_existing_query_write(
+    state: &AppState,
+    authz: &Authz,
+    id: &str,
+) -> Result<(), ApiError> {
+    let query = reads::QueryGet {
+        id_or_name: id.to_owned(),
+    };
+    let (queries, _) = state.backend.read(QueryOptions::default(), query).await?;
+    match queries.first() {
+        Some(q) => check_query_write(authz, &q.name),
+        None => Ok(()),
+    }
+}
+
+/// Listed are the named queries the token may read, and unnamed ones for management tokens.
+fn may_read(authz: &Authz, query: &PreparedQuery) -> bool {
+    if query.name.is_empty() {
+        authz.allows(Resource::Acl, Access::Write, "")
+    } else {
+        authz.allows(Resource::Query, Access::Read, &query.name)
+    }
+}
+
 /// `POST /v1/query` → `{"ID":"…"}`.
 pub async fn create(
     State(state): State<AppState>,
+    authz: Authz,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
+    check_query_write(&authz, &query.name)?;
     let id = query.id.clone();
     write(
         &state,
@@ -183,17 +220,23 @@ pub async fn create(
 /// `GET /v1/query`.
 pub async fn list(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let (queries, meta) = read(&state, &params, reads::QueryList {}).await?;
-    let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
+    let out: Vec<QueryJson<'_>> = queries
+        .iter()
+        .filter(|q| may_read(&authz, q))
+        .map(QueryJson::new)
+        .collect();
     Ok(with_meta(meta, json(&params, &out)))
 }
 
 /// `GET /v1/query/<id>` → `[query]`, or 404.
 pub async fn get(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
@@ -202,6 +245,9 @@ pub async fn get(
     if queries.is_empty() {
         return Err(query_not_found());
     }
+    for q in &queries {
+        authz.check(Resource::Query, Access::Read, &q.name)?;
+    }
     let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
     Ok(with_meta(meta, json(&params, &out)))
 }
@@ -209,10 +255,13 @@ pub async fn get(
 /// `PUT /v1/query/<id>`: replaces the query's definition.
 pub async fn update(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
+    check_existing_query_write(&state, &authz, &id).await?;
     let query = parse(id, &body)?;
+    check_query_write(&authz, &query.name)?;
     write(
         &state,
         Op::SetQuery {
@@ -227,8 +276,10 @@ pub async fn update(
 /// `DELETE /v1/query/<id>`.
 pub async fn delete(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
+    check_existing_query_write(&state, &authz, &id).await?;
     write(&state, Op::DeleteQuery { id }).await?;
     Ok(StatusCode::OK.into_response())
 }
@@ -236,6 +287,7 @@ pub async fn delete(
 /// `GET /v1/query/<id or name>/execute[?limit=N]`.
 pub async fn execute(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id_or_name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
@@ -252,6 +304,10 @@ pub async fn execute(
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };
+    nodes.retain(|h| {
+        authz.allows(Resource::Service, Access::Read, &h.service.name)
+            && authz.allows(Resource::Node, Access::Read, &h.node.name)
+    });
     if let Some(limit) = limit.filter(|l| *l > 0) {
         nodes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
     }
@@ -268,6 +324,7 @@ pub async fn execute(
 /// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
 pub async fn explain(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id_or_name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
@@ -281,6 +338,7 @@ pub async fn explain(
         .read(opts, reads::QueryGet { id_or_name })
         .await?;
     let query = queries.first().ok_or_else(query_not_found)?;
+    authz.check(Resource::Query, Access::Read, &query.name)?;
     let out = json_value!({ "Query": QueryJson::new(query) });
     Ok(with_meta(meta, json(&params, &out)))
 }

@@ -6,12 +6,14 @@ use axum::response::Response;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
 use vigil_shared::DEFAULT_LOCK_DELAY_NS;
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
 use vigil_shared::duration::{duration_ns_from_json, parse_go_duration};
 use vigil_shared::rpc::{Op, Query, Response as ServerResponse, reads};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
+use super::acl::{Authz, check_session_write, filtered_by_acls};
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -129,16 +131,20 @@ pub(super) fn build_session(node_name: &str, body: &[u8]) -> Result<Session, Api
         checks,
         create_index: 0,
         modify_index: 0,
+        owner: String::new(),
     })
 }
 
 pub async fn create(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
-    let session = build_session(&state.node_name, &body)?;
+    let mut session = build_session(&state.node_name, &body)?;
+    authz.check(Resource::Session, Access::Write, &session.node)?;
+    session.owner = authz.0.accessor_id().to_owned();
     match state.backend.write(Op::CreateSession(session)).await? {
         ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
         ServerResponse::Rejected(e) => Err(ApiError::server(format!("apply failed: {e}"))),
@@ -156,57 +162,74 @@ pub async fn missing_node() -> ApiError {
 
 pub async fn destroy(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
+    check_session_write(&state, &authz, &id).await?;
     state.backend.write(Op::DestroySession { id }).await?;
     Ok(json(&params, &true))
 }
 
 pub async fn renew(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
+    check_session_write(&state, &authz, &id).await?;
     let session = state.backend.renew(&id).await?;
     Ok(json(&params, &[SessionJson::from_session(&session)]))
 }
 
+/// Sessions the token may read (`session:read` on their node).
 async fn read_sessions<Q: Query<Output = Vec<Session>>>(
     state: &AppState,
+    authz: &Authz,
     uri: &axum::http::Uri,
     query: Q,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
     let opts = params.query_options()?;
     let (sessions, meta) = state.backend.read(opts, query).await?;
-    let out: Vec<SessionJson> = sessions.iter().map(SessionJson::from_session).collect();
-    Ok(with_meta(meta, json(&params, &out)))
+    let out: Vec<SessionJson> = sessions
+        .iter()
+        .filter(|s| authz.allows(Resource::Session, Access::Read, &s.node))
+        .map(SessionJson::from_session)
+        .collect();
+    let filtered = out.len() < sessions.len();
+    Ok(filtered_by_acls(
+        filtered,
+        with_meta(meta, json(&params, &out)),
+    ))
 }
 
 pub async fn info(
     State(state): State<AppState>,
+    authz: Authz,
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, reads::SessionInfo { id }).await
+    read_sessions(&state, &authz, &uri, reads::SessionInfo { id }).await
 }
 
 pub async fn list(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, reads::SessionList {}).await
+    read_sessions(&state, &authz, &uri, reads::SessionList {}).await
 }
 
 pub async fn node(
     State(state): State<AppState>,
+    authz: Authz,
     Path(node): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    read_sessions(&state, &uri, reads::SessionNode { node }).await
+    read_sessions(&state, &authz, &uri, reads::SessionNode { node }).await
 }
 
 #[cfg(test)]

@@ -8,7 +8,10 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use vigil_server::operator::{OperatorReply, OperatorRequest};
 
+use vigil_shared::acl::authz::{Access, Resource};
+
 use super::AppState;
+use super::acl::Authz;
 use super::body::{Limit, read};
 use super::error::ApiError;
 
@@ -38,9 +41,11 @@ pub async fn save(State(state): State<AppState>) -> Result<Response, ApiError> {
 /// `PUT /v1/snapshot` with an archive as the body.
 pub async fn restore(
     State(state): State<AppState>,
+    authz: Authz,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Acl, Access::Write, "")?;
     let archive = read(&headers, body, Limit::Snapshot).await?;
     state
         .backend

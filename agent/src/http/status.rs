@@ -5,6 +5,9 @@ use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde::Serialize;
 
+use vigil_shared::acl::authz::{Access, Resource};
+
+use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json};
@@ -55,8 +58,10 @@ struct RaftConfiguration {
 /// Consul's `GET /v1/operator/raft/configuration`.
 pub async fn raft_configuration(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
+    authz.check(Resource::Operator, Access::Read, "")?;
     let params = Params::parse(uri.query());
     let status = state.backend.status().await?;
     let servers = status

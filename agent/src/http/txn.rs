@@ -9,11 +9,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Deserialize;
 use serde_json::{Value, json as json_value};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::{DirEntry, decode_case_insensitive};
 use vigil_shared::kv::{KvOp, TxnOutcome};
 use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
 use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS};
 
+use super::acl::{Authz, check_session_write};
 use super::body::{Limit, read};
 use super::error::ApiError;
 use super::params::Params;
@@ -174,8 +176,57 @@ fn render(params: &Params, outcome: TxnOutcome) -> Response {
     }
 }
 
+/// What each op needs of the token, as Consul vets a transaction before applying it: writes
+/// need `key:write` (a tree delete on the whole prefix; a lock or unlock also `session:write`
+/// on the session's node), reads `key:read`, checks both. A refused op is a 409 error.
+async fn vet(state: &AppState, authz: &Authz, ops: &[KvOp]) -> Vec<(usize, String)> {
+    let mut errors = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        let key = op.key();
+        let verdict = match op {
+            KvOp::DeleteTree { .. } => authz.0.check_key_write_prefix(key).map_err(ApiError::from),
+            KvOp::Get { .. } | KvOp::GetOrEmpty { .. } => {
+                authz.check(Resource::Key, Access::Read, key)
+            }
+            KvOp::GetTree { .. } => Ok(()),
+            KvOp::CheckIndex { .. } | KvOp::CheckSession { .. } | KvOp::CheckNotExists { .. } => {
+                authz
+                    .check(Resource::Key, Access::Read, key)
+                    .and_then(|()| authz.check(Resource::Key, Access::Write, key))
+            }
+            KvOp::Lock { session, .. } | KvOp::Unlock { session, .. } => {
+                match authz.check(Resource::Key, Access::Write, key) {
+                    Ok(()) => check_session_write(state, authz, session).await,
+                    Err(e) => Err(e),
+                }
+            }
+            KvOp::Set { .. } | KvOp::Cas { .. } | KvOp::Delete { .. } | KvOp::DeleteCas { .. } => {
+                authz.check(Resource::Key, Access::Write, key)
+            }
+        };
+        if let Err(e) = verdict {
+            errors.push((i, e.message));
+        }
+    }
+    errors
+}
+
+/// Leaves out of a committed transaction's results the entries the token may not read.
+fn filter_results(authz: &Authz, outcome: TxnOutcome) -> TxnOutcome {
+    match outcome {
+        TxnOutcome::Committed(entries) => TxnOutcome::Committed(
+            entries
+                .into_iter()
+                .filter(|e| authz.allows(Resource::Key, Access::Read, &e.key))
+                .collect(),
+        ),
+        rolled_back => rolled_back,
+    }
+}
+
 pub async fn txn(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
     body: Body,
@@ -190,16 +241,20 @@ pub async fn txn(
             ));
         }
     };
+    let denied = vet(&state, &authz, &ops).await;
+    if !denied.is_empty() {
+        return Ok(conflict(denied));
+    }
     if ops.iter().all(|op| !op.is_write()) {
         let mut opts = params.query_options()?;
         opts.min_index = 0;
         let (outcome, meta) = state.backend.read(opts, reads::Txn { ops }).await?;
-        let mut response = render(&params, outcome);
+        let mut response = render(&params, filter_results(&authz, outcome));
         set_leader_headers(response.headers_mut(), meta);
         return Ok(response);
     }
     match state.backend.write(Op::Kv(ops)).await? {
-        ServerResponse::Txn(outcome) => Ok(render(&params, outcome)),
+        ServerResponse::Txn(outcome) => Ok(render(&params, filter_results(&authz, outcome))),
         other => Err(ApiError::unexpected(other)),
     }
 }

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::{Value, json as json_value};
+use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::client::{
     FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
 };
@@ -14,6 +15,7 @@ use vigil_shared::kv::KvEntry;
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
 
+use super::acl::{Authz, filtered_by_acls};
 use super::error::ApiError;
 use super::params::{Params, parse_uint};
 use super::{AppState, json, with_meta};
@@ -23,6 +25,7 @@ use super::{AppState, json, with_meta};
 /// lock's fencing token. Always a read-index (linearizable) read.
 pub async fn sequencer(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -42,6 +45,7 @@ pub async fn sequencer(
     };
     let (verdict, meta) = match params.get("lock") {
         Some(lock) if !lock.is_empty() => {
+            authz.check(Resource::Key, Access::Read, lock)?;
             let query = reads::LockSequencer {
                 name: lock.to_owned(),
                 token: number("token")?,
@@ -50,8 +54,10 @@ pub async fn sequencer(
             state.backend.read(opts, query).await?
         }
         _ => {
+            let key = required("key")?;
+            authz.check(Resource::Key, Access::Read, key)?;
             let query = reads::Sequencer {
-                key: required("key")?.to_owned(),
+                key: key.to_owned(),
                 lock_index: number("lock-index")?,
                 session,
             };
@@ -78,6 +84,7 @@ pub async fn sequencer(
 ///   the owner.
 pub async fn locks(
     State(state): State<AppState>,
+    authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
     let params = Params::parse(uri.query());
@@ -94,17 +101,24 @@ pub async fn locks(
     let list = reads::KvList {
         prefix: prefix.clone(),
     };
-    let (entries, _) = state.backend.read(now, list).await?;
+    let (mut entries, _) = state.backend.read(now, list).await?;
+    let found = entries.len() + queues.len();
+    entries.retain(|e| authz.allows(Resource::Key, Access::Read, &e.key));
     let sessions = super::lock::sessions(&state.backend, opts).await?;
     let mut report = locks_report(&prefix, &entries, &sessions);
     let queues: Vec<Value> = queues
         .iter()
+        .filter(|lock| authz.allows(Resource::Key, Access::Read, &lock.name))
         .map(|lock| super::lock::lock_report(lock, &sessions))
         .collect();
+    let filtered = entries.len() + queues.len() < found;
     if let Some(report) = report.as_object_mut() {
         report.insert("Queues".to_owned(), Value::from(queues));
     }
-    Ok(with_meta(meta, json(&params, &report)))
+    Ok(filtered_by_acls(
+        filtered,
+        with_meta(meta, json(&params, &report)),
+    ))
 }
 
 /// Builds the `/v1/vigil/locks` body from a listing and the sessions (pure, for tests).

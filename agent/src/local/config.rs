@@ -34,6 +34,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
+use vigil_shared::acl::authz::DefaultPolicy;
+
+use crate::acl::AclConfig;
 use crate::gossip::Key;
 
 /// Everything a config file sets.
@@ -42,6 +45,9 @@ pub struct ConfigFile {
     /// The gossip key (Consul's `encrypt`; `--encrypt` wins over it).
     pub encrypt: Option<Key>,
     pub local: LocalDefinitions,
+    /// The `[acl]` table, as Consul's `acl` block: `enabled`, `default_policy` and
+    /// `[acl.tokens]` `initial_management` and `agent`.
+    pub acl: AclConfig,
 }
 
 /// What a config file declares for the agent's local state.
@@ -100,6 +106,59 @@ fn flag(value: &Value, key: &str) -> Result<bool, String> {
         .ok_or_else(|| format!("`{key}` must be true or false"))
 }
 
+fn string(value: &Value, key: &str) -> Result<String, String> {
+    value
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("`{key}` must be a string"))
+}
+
+/// Consul's `acl` block: ACLs are on with `enabled = true` (default policy `allow`) or with a
+/// `default_policy`.
+fn parse_acl(value: &Value) -> Result<AclConfig, String> {
+    let table = value.as_object().ok_or("`acl` must be a table")?;
+    let mut acl = AclConfig::default();
+    let mut enabled = false;
+    for (key, value) in table {
+        match key.as_str() {
+            "enabled" => enabled = flag(value, "acl.enabled")?,
+            "default_policy" => {
+                acl.default_policy = Some(match value.as_str() {
+                    Some("allow") => DefaultPolicy::Allow,
+                    Some("deny") => DefaultPolicy::Deny,
+                    _ => return Err("`acl.default_policy` must be \"allow\" or \"deny\"".into()),
+                });
+            }
+            "tokens" => {
+                let tokens = value.as_object().ok_or("`acl.tokens` must be a table")?;
+                for (key, value) in tokens {
+                    match key.as_str() {
+                        "initial_management" => {
+                            acl.initial_management =
+                                Some(string(value, "acl.tokens.initial_management")?);
+                        }
+                        "agent" => acl.agent_token = Some(string(value, "acl.tokens.agent")?),
+                        other => {
+                            return Err(format!(
+                                "unknown key `acl.tokens.{other}` (expected initial_management or agent)"
+                            ));
+                        }
+                    }
+                }
+            }
+            other => {
+                return Err(format!(
+                    "unknown key `acl.{other}` (expected enabled, default_policy or tokens)"
+                ));
+            }
+        }
+    }
+    if enabled && acl.default_policy.is_none() {
+        acl.default_policy = Some(DefaultPolicy::Allow);
+    }
+    Ok(acl)
+}
+
 /// Parses a config file's text.
 pub fn parse(text: &str) -> Result<ConfigFile, String> {
     let doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
@@ -131,10 +190,11 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
                     local.checks.push(check);
                 }
             }
+            "acl" => out.acl = parse_acl(&value)?,
             other => {
                 return Err(format!(
                     "unknown key `{other}` (expected encrypt, enable_script_checks, \
-                     enable_local_script_checks, node_meta, service or check)"
+                     enable_local_script_checks, node_meta, acl, service or check)"
                 ));
             }
         }

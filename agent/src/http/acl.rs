@@ -1,0 +1,938 @@
+//! `/v1/acl/*`: bootstrapping ACLs and managing tokens, policies and roles, with Consul's
+//! shapes, codes and texts; and [`Authz`], what a request's token may do, which every handler
+//! that reads or changes state asks. Auth methods, binding rules, login and templated
+//! policies are not built: their routes answer 404.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRequestParts, OriginalUri, Path, State};
+use axum::http::StatusCode;
+use axum::http::request::Parts;
+use axum::response::Response;
+use serde::Deserialize;
+use serde_json::{Value, json as json_value};
+use vigil_shared::acl::authz::{Access, Authorizer, PermissionDenied, Resource};
+use vigil_shared::acl::{
+    GLOBAL_MANAGEMENT_POLICY_ID, Link, NodeIdentity, Policy, Role, ServiceIdentity, Token, rules,
+};
+use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::duration::parse_go_duration;
+use vigil_shared::rpc::{AclOp, ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
+
+use super::body::RequestBody;
+use super::error::ApiError;
+use super::params::Params;
+use super::{AppState, json, read, with_meta};
+use crate::acl::ResolveError;
+
+/// What the request's token may do: resolved from `X-Consul-Token`, `Authorization: Bearer`
+/// or `?token=` (in that order, as Consul reads them), or the anonymous token.
+pub struct Authz(pub Arc<Authorizer>);
+
+impl Authz {
+    pub fn check(&self, resource: Resource, access: Access, name: &str) -> Result<(), ApiError> {
+        Ok(self.0.check(resource, access, name)?)
+    }
+
+    pub fn allows(&self, resource: Resource, access: Access, name: &str) -> bool {
+        self.0.allows(resource, access, name)
+    }
+}
+
+/// Marks a response whose results the token's rules cut down, as Consul does.
+pub fn filtered_by_acls(filtered: bool, mut response: Response) -> Response {
+    if filtered {
+        response.headers_mut().insert(
+            "X-Consul-Results-Filtered-By-ACLs",
+            axum::http::HeaderValue::from_static("true"),
+        );
+    }
+    response
+}
+
+/// Using a session (to lock, unlock, renew or destroy it) needs `session:write` on its node,
+/// and, a Vigil rule over Consul's, to be the token that created it or a management token
+/// (`acl:write`). An unknown session is left for the servers to refuse with Consul's text.
+pub async fn check_session_write(
+    state: &AppState,
+    authz: &Authz,
+    session: &str,
+) -> Result<(), ApiError> {
+    if !state.acls.enabled() {
+        return Ok(());
+    }
+    let query = reads::SessionInfo {
+        id: session.to_owned(),
+    };
+    let (sessions, _) = state.backend.read(fresh(), query).await?;
+    let Some(s) = sessions.first() else {
+        return Ok(());
+    };
+    authz.check(Resource::Session, Access::Write, &s.node)?;
+    let owned = s.owner.is_empty() || s.owner == authz.0.accessor_id();
+    if !owned && !authz.allows(Resource::Acl, Access::Write, "") {
+        return Err(PermissionDenied {
+            accessor_id: authz.0.accessor_id().to_owned(),
+            resource: Resource::Session,
+            access: Access::Write,
+            name: s.id.clone(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// The secret a request presents, if any.
+pub fn request_token(parts: &Parts) -> Option<String> {
+    let header = |name: &str| {
+        parts
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    if let Some(token) = header("X-Consul-Token") {
+        return Some(token.to_owned());
+    }
+    if let Some(bearer) = header("Authorization").and_then(|v| {
+        v.split_once(' ')
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim())
+    }) {
+        return Some(bearer.to_owned());
+    }
+    Params::parse(parts.uri.query())
+        .get("token")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+}
+
+impl FromRequestParts<AppState> for Authz {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Authz, ApiError> {
+        let token = request_token(parts);
+        Ok(Authz(state.acls.authorize(token.as_deref()).await?))
+    }
+}
+
+impl From<ResolveError> for ApiError {
+    fn from(e: ResolveError) -> ApiError {
+        match e {
+            ResolveError::NotFound => acl_not_found(),
+            ResolveError::Rules(text) => ApiError::server(text),
+            ResolveError::Server(e) => e.into(),
+        }
+    }
+}
+
+impl From<PermissionDenied> for ApiError {
+    fn from(e: PermissionDenied) -> ApiError {
+        ApiError::new(StatusCode::FORBIDDEN, e.to_string())
+    }
+}
+
+fn acl_not_found() -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, "ACL not found")
+}
+
+fn acl_disabled(state: &AppState) -> Result<(), ApiError> {
+    if state.acls.enabled() {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "ACL support disabled",
+        ))
+    }
+}
+
+/// Commits an ACL change; Consul's codes for what the servers refuse.
+async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
+    match state.backend.write(Op::Acl(op)).await? {
+        ServerResponse::Done => Ok(()),
+        ServerResponse::Rejected(ApplyError::AclNotFound) => Err(acl_not_found()),
+        ServerResponse::Rejected(e @ ApplyError::AclBootstrapped { .. }) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("Permission denied: {e}"),
+        )),
+        ServerResponse::Rejected(e) => Err(ApiError::server(e.to_string())),
+        other => Err(ApiError::unexpected(other)),
+    }
+}
+
+/// Reads from the leader (so a change just written is seen).
+fn fresh() -> QueryOptions {
+    QueryOptions::default()
+}
+
+fn rfc3339_ms(ms: u64) -> String {
+    let at = time::OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(ms as i64);
+    at.format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+fn links(links: &[Link]) -> Value {
+    links
+        .iter()
+        .map(|l| json_value!({"ID": l.id, "Name": l.name}))
+        .collect()
+}
+
+fn service_identities(ids: &[ServiceIdentity]) -> Value {
+    ids.iter()
+        .map(|s| {
+            let mut v = json_value!({ "ServiceName": s.service_name });
+            if !s.datacenters.is_empty() {
+                v["Datacenters"] = json_value!(s.datacenters);
+            }
+            v
+        })
+        .collect()
+}
+
+fn node_identities(ids: &[NodeIdentity]) -> Value {
+    ids.iter()
+        .map(|n| json_value!({"NodeName": n.node_name, "Datacenter": n.datacenter}))
+        .collect()
+}
+
+/// A token as Consul prints it (`omitempty` fields left out when empty).
+fn token_json(t: &Token) -> Value {
+    let mut v = json_value!({
+        "AccessorID": t.accessor_id,
+        "SecretID": t.secret_id,
+        "Description": t.description,
+        "Local": t.local,
+        "CreateTime": rfc3339_ms(t.create_time_ms),
+        "CreateIndex": t.create_index,
+        "ModifyIndex": t.modify_index,
+    });
+    if !t.policies.is_empty() {
+        v["Policies"] = links(&t.policies);
+    }
+    if !t.roles.is_empty() {
+        v["Roles"] = links(&t.roles);
+    }
+    if !t.service_identities.is_empty() {
+        v["ServiceIdentities"] = service_identities(&t.service_identities);
+    }
+    if !t.node_identities.is_empty() {
+        v["NodeIdentities"] = node_identities(&t.node_identities);
+    }
+    if let Some(at) = t.expiration_time_ms {
+        v["ExpirationTime"] = json_value!(rfc3339_ms(at));
+    }
+    if t.expiration_ttl_ns > 0 {
+        v["ExpirationTTL"] = json_value!(t.expiration_ttl_ns);
+    }
+    v
+}
+
+fn policy_json(p: &Policy) -> Value {
+    let mut v = json_value!({
+        "ID": p.id,
+        "Name": p.name,
+        "Description": p.description,
+        "Rules": p.rules,
+        "CreateIndex": p.create_index,
+        "ModifyIndex": p.modify_index,
+    });
+    if !p.datacenters.is_empty() {
+        v["Datacenters"] = json_value!(p.datacenters);
+    }
+    v
+}
+
+/// A policy in a list: everything but its rules.
+fn policy_entry_json(p: &Policy) -> Value {
+    let mut v = policy_json(p);
+    if let Some(o) = v.as_object_mut() {
+        o.remove("Rules");
+    }
+    v
+}
+
+fn role_json(r: &Role) -> Value {
+    let mut v = json_value!({
+        "ID": r.id,
+        "Name": r.name,
+        "Description": r.description,
+        "CreateIndex": r.create_index,
+        "ModifyIndex": r.modify_index,
+    });
+    if !r.policies.is_empty() {
+        v["Policies"] = links(&r.policies);
+    }
+    if !r.service_identities.is_empty() {
+        v["ServiceIdentities"] = service_identities(&r.service_identities);
+    }
+    if !r.node_identities.is_empty() {
+        v["NodeIdentities"] = node_identities(&r.node_identities);
+    }
+    v
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct LinkBody {
+    id: String,
+    name: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ServiceIdentityBody {
+    servicename: String,
+    datacenters: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct NodeIdentityBody {
+    nodename: String,
+    datacenter: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct TokenBody {
+    accessorid: String,
+    secretid: String,
+    description: String,
+    policies: Vec<LinkBody>,
+    roles: Vec<LinkBody>,
+    serviceidentities: Vec<ServiceIdentityBody>,
+    nodeidentities: Vec<NodeIdentityBody>,
+    local: bool,
+    expirationtime: Option<String>,
+    expirationttl: Option<Value>,
+}
+
+fn decode<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    decode_case_insensitive(body, &[])
+        .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))
+}
+
+fn to_links(links: Vec<LinkBody>) -> Vec<Link> {
+    links
+        .into_iter()
+        .map(|l| Link {
+            id: l.id,
+            name: l.name,
+        })
+        .collect()
+}
+
+fn to_service_identities(ids: Vec<ServiceIdentityBody>) -> Result<Vec<ServiceIdentity>, ApiError> {
+    ids.into_iter()
+        .map(|s| {
+            if s.servicename.is_empty() {
+                return Err(ApiError::server(
+                    "Service identity is missing the service name field on this token",
+                ));
+            }
+            Ok(ServiceIdentity {
+                service_name: s.servicename,
+                datacenters: s.datacenters,
+            })
+        })
+        .collect()
+}
+
+fn to_node_identities(ids: Vec<NodeIdentityBody>) -> Result<Vec<NodeIdentity>, ApiError> {
+    ids.into_iter()
+        .map(|n| {
+            if n.nodename.is_empty() {
+                return Err(ApiError::server(
+                    "Node identity is missing the node name field on this token",
+                ));
+            }
+            if n.datacenter.is_empty() {
+                return Err(ApiError::server(
+                    "Node identity is missing the datacenter field on this token",
+                ));
+            }
+            Ok(NodeIdentity {
+                node_name: n.nodename,
+                datacenter: n.datacenter,
+            })
+        })
+        .collect()
+}
+
+/// ms since the epoch from RFC 3339.
+fn parse_time(text: &str) -> Result<u64, ApiError> {
+    let at = time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?;
+    Ok(u64::try_from(at.unix_timestamp_nanos() / 1_000_000).unwrap_or(0))
+}
+
+/// A token from a create or update body; new IDs where none are given.
+fn token_from(body: TokenBody, now_ms: u64) -> Result<Token, ApiError> {
+    let ttl_ns = match body.expirationttl {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => n.as_u64().unwrap_or(0),
+        Some(Value::String(s)) => parse_go_duration(&s)
+            .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
+            .as_nanos() as u64,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Request decode failed: invalid ExpirationTTL {other}"
+            )));
+        }
+    };
+    let mut expiration = body.expirationtime.as_deref().map(parse_time).transpose()?;
+    if ttl_ns > 0 {
+        if expiration.is_some() {
+            return Err(ApiError::server(
+                "Token Expiration TTL and Expiration Time cannot both be set",
+            ));
+        }
+        expiration = Some(now_ms + ttl_ns / 1_000_000);
+    }
+    let new_id = || uuid::Uuid::new_v4().to_string();
+    Ok(Token {
+        accessor_id: if body.accessorid.is_empty() {
+            new_id()
+        } else {
+            body.accessorid
+        },
+        secret_id: body.secretid,
+        description: body.description,
+        policies: to_links(body.policies),
+        roles: to_links(body.roles),
+        service_identities: to_service_identities(body.serviceidentities)?,
+        node_identities: to_node_identities(body.nodeidentities)?,
+        local: body.local,
+        expiration_ttl_ns: ttl_ns,
+        expiration_time_ms: expiration,
+        create_time_ms: now_ms,
+        create_index: 0,
+        modify_index: 0,
+    })
+}
+
+async fn read_token(state: &AppState, accessor_id: &str) -> Result<Token, ApiError> {
+    let (tokens, _) = state
+        .backend
+        .read(
+            fresh(),
+            reads::AclToken {
+                accessor_id: accessor_id.to_owned(),
+            },
+        )
+        .await?;
+    tokens.into_iter().next().ok_or_else(acl_not_found)
+}
+
+/// `PUT /v1/acl/bootstrap`: the first management token, once.
+pub async fn bootstrap(
+    State(state): State<AppState>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    let token = Token {
+        description: "Bootstrap Token (Global Management)".to_owned(),
+        policies: vec![Link {
+            id: GLOBAL_MANAGEMENT_POLICY_ID.to_owned(),
+            name: String::new(),
+        }],
+        create_time_ms: vigil_server::proposer::wall_ms(),
+        ..Token::new(
+            uuid::Uuid::new_v4().to_string(),
+            uuid::Uuid::new_v4().to_string(),
+        )
+    };
+    let accessor = token.accessor_id.clone();
+    write(&state, AclOp::Bootstrap(token)).await?;
+    let token = read_token(&state, &accessor).await?;
+    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+}
+
+/// `PUT /v1/acl/token`.
+pub async fn create_token(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let mut token = token_from(decode(&body)?, vigil_server::proposer::wall_ms())?;
+    if token.secret_id.is_empty() {
+        token.secret_id = uuid::Uuid::new_v4().to_string();
+    }
+    let accessor = token.accessor_id.clone();
+    write(
+        &state,
+        AclOp::SetToken {
+            token,
+            create: true,
+        },
+    )
+    .await?;
+    let token = read_token(&state, &accessor).await?;
+    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+}
+
+/// `GET /v1/acl/token/self`: the token the request presents.
+pub async fn token_self(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    let token = read_token(&state, authz.0.accessor_id()).await?;
+    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+}
+
+/// `GET /v1/acl/token/<accessor>`.
+pub async fn get_token(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let params = Params::parse(uri.query());
+    let (tokens, meta) = read(&state, &params, reads::AclToken { accessor_id: id }).await?;
+    let token = tokens.first().ok_or_else(acl_not_found)?;
+    Ok(with_meta(meta, json(&params, &token_json(token))))
+}
+
+/// `PUT /v1/acl/token/<accessor>`: replaces what the body sets.
+pub async fn update_token(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: TokenBody = decode(&body)?;
+    if !body.accessorid.is_empty() && body.accessorid != id {
+        return Err(ApiError::bad_request(
+            "Token Accessor ID in URL and payload do not match",
+        ));
+    }
+    let token = token_from(
+        TokenBody {
+            accessorid: id.clone(),
+            ..body
+        },
+        vigil_server::proposer::wall_ms(),
+    )?;
+    write(
+        &state,
+        AclOp::SetToken {
+            token,
+            create: false,
+        },
+    )
+    .await?;
+    let token = read_token(&state, &id).await?;
+    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct CloneBody {
+    description: String,
+}
+
+/// `PUT /v1/acl/token/<accessor>/clone`: the same links under new IDs.
+pub async fn clone_token(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: CloneBody = decode(&body)?;
+    let original = read_token(&state, &id).await?;
+    let clone = Token {
+        description: if body.description.is_empty() {
+            original.description.clone()
+        } else {
+            body.description
+        },
+        create_time_ms: vigil_server::proposer::wall_ms(),
+        ..Token::new(
+            uuid::Uuid::new_v4().to_string(),
+            uuid::Uuid::new_v4().to_string(),
+        )
+    };
+    let clone = Token {
+        policies: original.policies,
+        roles: original.roles,
+        service_identities: original.service_identities,
+        node_identities: original.node_identities,
+        local: original.local,
+        expiration_time_ms: original.expiration_time_ms,
+        expiration_ttl_ns: original.expiration_ttl_ns,
+        ..clone
+    };
+    let accessor = clone.accessor_id.clone();
+    write(
+        &state,
+        AclOp::SetToken {
+            token: clone,
+            create: true,
+        },
+    )
+    .await?;
+    let token = read_token(&state, &accessor).await?;
+    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+}
+
+/// `DELETE /v1/acl/token/<accessor>` → `true`.
+pub async fn delete_token(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    write(&state, AclOp::DeleteToken { accessor_id: id }).await?;
+    Ok(json(&Params::parse(uri.query()), &true))
+}
+
+/// `GET /v1/acl/tokens`, with Consul's `policy`, `role` and `servicename` filters.
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let params = Params::parse(uri.query());
+    let (tokens, meta) = read(&state, &params, reads::AclTokenList {}).await?;
+    let policy = params.get("policy").filter(|p| !p.is_empty());
+    let role = params.get("role").filter(|r| !r.is_empty());
+    let service = params.get("servicename").filter(|s| !s.is_empty());
+    let out: Vec<Value> = tokens
+        .iter()
+        .filter(|t| policy.is_none_or(|p| t.policies.iter().any(|l| l.id == p)))
+        .filter(|t| role.is_none_or(|r| t.roles.iter().any(|l| l.id == r)))
+        .filter(|t| {
+            service.is_none_or(|s| t.service_identities.iter().any(|i| i.service_name == s))
+        })
+        .map(|t| {
+            let mut v = token_json(t);
+            v["Legacy"] = json_value!(false);
+            v
+        })
+        .collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct PolicyBody {
+    id: String,
+    name: String,
+    description: String,
+    rules: String,
+    datacenters: Vec<String>,
+}
+
+fn policy_from(body: PolicyBody, id: String) -> Result<Policy, ApiError> {
+    rules::parse(&body.rules).map_err(|e| ApiError::server(e.to_string()))?;
+    Ok(Policy {
+        id,
+        name: body.name,
+        description: body.description,
+        rules: body.rules,
+        datacenters: body.datacenters,
+        create_index: 0,
+        modify_index: 0,
+    })
+}
+
+async fn read_policy(state: &AppState, id: &str) -> Result<Policy, ApiError> {
+    let query = reads::AclPolicy {
+        id: id.to_owned(),
+        by_name: false,
+    };
+    let (policies, _) = state.backend.read(fresh(), query).await?;
+    policies.into_iter().next().ok_or_else(acl_not_found)
+}
+
+/// `PUT /v1/acl/policy`.
+pub async fn create_policy(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: PolicyBody = decode(&body)?;
+    if !body.id.is_empty() {
+        return Err(ApiError::bad_request(
+            "Cannot specify a policy ID when creating a new policy",
+        ));
+    }
+    let policy = policy_from(body, uuid::Uuid::new_v4().to_string())?;
+    let id = policy.id.clone();
+    write(
+        &state,
+        AclOp::SetPolicy {
+            policy,
+            create: true,
+        },
+    )
+    .await?;
+    let policy = read_policy(&state, &id).await?;
+    Ok(json(&Params::parse(uri.query()), &policy_json(&policy)))
+}
+
+async fn get_policy_by(
+    state: AppState,
+    authz: Authz,
+    id: String,
+    by_name: bool,
+    params: Params,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let (policies, meta) = read(&state, &params, reads::AclPolicy { id, by_name }).await?;
+    let policy = policies.first().ok_or_else(acl_not_found)?;
+    Ok(with_meta(meta, json(&params, &policy_json(policy))))
+}
+
+/// `GET /v1/acl/policy/<id>`.
+pub async fn get_policy(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    get_policy_by(state, authz, id, false, Params::parse(uri.query())).await
+}
+
+/// `GET /v1/acl/policy/name/<name>`.
+pub async fn get_policy_by_name(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(name): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    get_policy_by(state, authz, name, true, Params::parse(uri.query())).await
+}
+
+/// `PUT /v1/acl/policy/<id>`.
+pub async fn update_policy(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: PolicyBody = decode(&body)?;
+    if !body.id.is_empty() && body.id != id {
+        return Err(ApiError::bad_request(
+            "Policy ID in URL and payload do not match",
+        ));
+    }
+    let policy = policy_from(body, id.clone())?;
+    write(
+        &state,
+        AclOp::SetPolicy {
+            policy,
+            create: false,
+        },
+    )
+    .await?;
+    let policy = read_policy(&state, &id).await?;
+    Ok(json(&Params::parse(uri.query()), &policy_json(&policy)))
+}
+
+/// `DELETE /v1/acl/policy/<id>` → `true`.
+pub async fn delete_policy(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    write(&state, AclOp::DeletePolicy { id }).await?;
+    Ok(json(&Params::parse(uri.query()), &true))
+}
+
+/// `GET /v1/acl/policies`.
+pub async fn list_policies(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let params = Params::parse(uri.query());
+    let (policies, meta) = read(&state, &params, reads::AclPolicyList {}).await?;
+    let out: Vec<Value> = policies.iter().map(policy_entry_json).collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RoleBody {
+    id: String,
+    name: String,
+    description: String,
+    policies: Vec<LinkBody>,
+    serviceidentities: Vec<ServiceIdentityBody>,
+    nodeidentities: Vec<NodeIdentityBody>,
+}
+
+fn role_from(body: RoleBody, id: String) -> Result<Role, ApiError> {
+    Ok(Role {
+        id,
+        name: body.name,
+        description: body.description,
+        policies: to_links(body.policies),
+        service_identities: to_service_identities(body.serviceidentities)?,
+        node_identities: to_node_identities(body.nodeidentities)?,
+        create_index: 0,
+        modify_index: 0,
+    })
+}
+
+async fn read_role(state: &AppState, id: &str) -> Result<Role, ApiError> {
+    let query = reads::AclRole {
+        id: id.to_owned(),
+        by_name: false,
+    };
+    let (roles, _) = state.backend.read(fresh(), query).await?;
+    roles.into_iter().next().ok_or_else(acl_not_found)
+}
+
+/// `PUT /v1/acl/role`.
+pub async fn create_role(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: RoleBody = decode(&body)?;
+    if !body.id.is_empty() {
+        return Err(ApiError::bad_request(
+            "Cannot specify a role ID when creating a new role",
+        ));
+    }
+    let role = role_from(body, uuid::Uuid::new_v4().to_string())?;
+    let id = role.id.clone();
+    write(&state, AclOp::SetRole { role, create: true }).await?;
+    let role = read_role(&state, &id).await?;
+    Ok(json(&Params::parse(uri.query()), &role_json(&role)))
+}
+
+async fn get_role_by(
+    state: AppState,
+    authz: Authz,
+    id: String,
+    by_name: bool,
+    params: Params,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let (roles, meta) = read(&state, &params, reads::AclRole { id, by_name }).await?;
+    let role = roles.first().ok_or_else(acl_not_found)?;
+    Ok(with_meta(meta, json(&params, &role_json(role))))
+}
+
+/// `GET /v1/acl/role/<id>`.
+pub async fn get_role(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    get_role_by(state, authz, id, false, Params::parse(uri.query())).await
+}
+
+/// `GET /v1/acl/role/name/<name>`.
+pub async fn get_role_by_name(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(name): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    get_role_by(state, authz, name, true, Params::parse(uri.query())).await
+}
+
+/// `PUT /v1/acl/role/<id>`.
+pub async fn update_role(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    let body: RoleBody = decode(&body)?;
+    if !body.id.is_empty() && body.id != id {
+        return Err(ApiError::bad_request(
+            "Role ID in URL and payload do not match",
+        ));
+    }
+    let role = role_from(body, id.clone())?;
+    write(
+        &state,
+        AclOp::SetRole {
+            role,
+            create: false,
+        },
+    )
+    .await?;
+    let role = read_role(&state, &id).await?;
+    Ok(json(&Params::parse(uri.query()), &role_json(&role)))
+}
+
+/// `DELETE /v1/acl/role/<id>` → `true`.
+pub async fn delete_role(
+    State(state): State<AppState>,
+    authz: Authz,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Write, "")?;
+    write(&state, AclOp::DeleteRole { id }).await?;
+    Ok(json(&Params::parse(uri.query()), &true))
+}
+
+/// `GET /v1/acl/roles`, with Consul's `policy` filter.
+pub async fn list_roles(
+    State(state): State<AppState>,
+    authz: Authz,
+    OriginalUri(uri): OriginalUri,
+) -> Result<Response, ApiError> {
+    acl_disabled(&state)?;
+    authz.check(Resource::Acl, Access::Read, "")?;
+    let params = Params::parse(uri.query());
+    let (roles, meta) = read(&state, &params, reads::AclRoleList {}).await?;
+    let policy = params.get("policy").filter(|p| !p.is_empty());
+    let out: Vec<Value> = roles
+        .iter()
+        .filter(|r| policy.is_none_or(|p| r.policies.iter().any(|l| l.id == p)))
+        .map(role_json)
+        .collect();
+    Ok(with_meta(meta, json(&params, &out)))
+}

@@ -1,0 +1,403 @@
+//! Access control through the HTTP API, as Consul's ACL system: a default-deny agent with an
+//! initial management token; a token for one application's key prefix takes and releases its
+//! lock but cannot read, release or delete another's, nor destroy another token's session;
+//! listings are filtered; bootstrapping works once; an expiring token stops working; ACL state
+//! survives a leader failover.
+
+use std::time::Duration;
+
+use integration_tests::cluster::Cluster;
+use integration_tests::{Agent, Http, eventually};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001";
+
+async fn deny_agent() -> Agent {
+    Agent::dev_with(&[
+        "--session-ttl-min",
+        "1s",
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        ROOT,
+    ])
+    .await
+}
+
+/// Waits until the leader has written the initial management token.
+async fn management(agent: &Http) -> Http {
+    let root = agent.with_token(ROOT);
+    eventually(Duration::from_secs(20), "the initial management token", || {
+        let root = root.clone();
+        async move { (root.get("/v1/acl/token/self").await.status == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    root
+}
+
+fn ok(reply: &integration_tests::Reply) -> Value {
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    reply.json()
+}
+
+fn denied(reply: &integration_tests::Reply) {
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text());
+    assert!(
+        reply.text().starts_with("Permission denied"),
+        "{}",
+        reply.text()
+    );
+}
+
+/// A token for `prefix` (key write) and every session (write), as the issue's application.
+async fn app_token(root: &Http, name: &str, prefix: &str) -> String {
+    let rules = format!(
+        "key_prefix \"{prefix}\" {{\n  policy = \"write\"\n}}\nsession_prefix \"\" {{\n  policy = \"write\"\n}}\n"
+    );
+    let policy = ok(&root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": name, "Rules": rules}).to_string(),
+        )
+        .await);
+    assert_eq!(policy["Name"], name);
+    let token = ok(&root
+        .put(
+            "/v1/acl/token",
+            json!({"Description": name, "Policies": [{"Name": name}]}).to_string(),
+        )
+        .await);
+    assert_eq!(token["Policies"][0]["Name"], name);
+    token["SecretID"].as_str().expect("SecretID").to_owned()
+}
+
+#[tokio::test]
+async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
+    let agent = deny_agent().await;
+    let root = management(&agent).await;
+
+    // Anonymous requests are denied; an unknown token is not found.
+    denied(&agent.get("/v1/kv/app/lock").await);
+    let unknown = agent.with_token("00000000-1111-2222-3333-444444444444");
+    let reply = unknown.get("/v1/kv/app/lock").await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(reply.text(), "ACL not found");
+
+    let app = agent.with_token(&app_token(&root, "app", "app/").await);
+    let other = agent.with_token(&app_token(&root, "other", "other/").await);
+
+    // The other application holds other/lock.
+    let other_session = other.session(r#"{"Name":"other"}"#).await;
+    let took = other
+        .put(&format!("/v1/kv/other/lock?acquire={other_session}"), "x")
+        .await;
+    assert_eq!(ok(&took), true);
+
+    // The app takes and releases its own lock.
+    let session = app.session(r#"{"Name":"app"}"#).await;
+    let took = app
+        .put(&format!("/v1/kv/app/lock?acquire={session}"), "me")
+        .await;
+    assert_eq!(ok(&took), true);
+    let entry = ok(&app.get("/v1/kv/app/lock").await);
+    assert_eq!(entry[0]["Session"], session.as_str());
+
+    // ... but cannot read, release or delete the other's, nor destroy its session.
+    denied(&app.get("/v1/kv/other/lock").await);
+    denied(
+        &app.put(&format!("/v1/kv/other/lock?release={other_session}"), "")
+            .await,
+    );
+    denied(&app.delete("/v1/kv/other/lock").await);
+    denied(&app.delete("/v1/kv/?recurse").await);
+    denied(
+        &app.put(&format!("/v1/session/destroy/{other_session}"), "")
+            .await,
+    );
+    denied(
+        &app.put(&format!("/v1/kv/app/stolen?acquire={other_session}"), "")
+            .await,
+    );
+    // A transaction touching the other's key is refused as a whole.
+    let txn = json!([
+        {"KV": {"Verb": "set", "Key": "app/a", "Value": "eA=="}},
+        {"KV": {"Verb": "delete", "Key": "other/lock"}},
+    ]);
+    let reply = app.put("/v1/txn", txn.to_string()).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.text());
+    assert_eq!(reply.json()["Errors"][0]["OpIndex"], 1);
+    assert_eq!(agent_key(&root, "app/a").await, None);
+
+    // Listings show only what the token may read, and say so.
+    let listed = app.get("/v1/kv/?recurse").await;
+    let entries = ok(&listed);
+    let keys: Vec<&str> = entries
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["Key"].as_str())
+        .collect();
+    assert_eq!(keys, ["app/lock"]);
+    assert_eq!(
+        listed
+            .header("X-Consul-Results-Filtered-By-ACLs")
+            .as_deref(),
+        Some("true")
+    );
+    let locks = ok(&app.get("/v1/vigil/locks").await);
+    let held: Vec<&Value> = locks["Locks"].as_array().expect("Locks").iter().collect();
+    assert_eq!(held.len(), 1, "{locks}");
+    assert_eq!(held[0]["Key"], "app/lock");
+
+    // The other's lock is untouched; the app's release works.
+    let entry = ok(&root.get("/v1/kv/other/lock").await);
+    assert_eq!(entry[0]["Session"], other_session.as_str());
+    let released = app
+        .put(&format!("/v1/kv/app/lock?release={session}"), "")
+        .await;
+    assert_eq!(ok(&released), true);
+    // Its own session it may destroy; ACL management needs acl:write.
+    assert_eq!(
+        ok(&app.put(&format!("/v1/session/destroy/{session}"), "").await),
+        true
+    );
+    denied(&app.get("/v1/acl/tokens").await);
+}
+
+async fn agent_key(http: &Http, key: &str) -> Option<Value> {
+    let reply = http.get(&format!("/v1/kv/{key}")).await;
+    (reply.status == StatusCode::OK).then(|| reply.json())
+}
+
+#[tokio::test]
+async fn tokens_policies_and_roles_are_managed_as_in_consul() {
+    let agent = deny_agent().await;
+    let root = management(&agent).await;
+
+    // Bootstrapping after an initial management token is refused, as Consul does.
+    let again = agent.put("/v1/acl/bootstrap", "").await;
+    assert_eq!(again.status, StatusCode::FORBIDDEN);
+    assert!(
+        again
+            .text()
+            .starts_with("Permission denied: ACL bootstrap no longer allowed (reset index: "),
+        "{}",
+        again.text()
+    );
+
+    // The built-ins exist.
+    let me = ok(&root.get("/v1/acl/token/self").await);
+    assert_eq!(me["Description"], "Initial Management Token");
+    assert_eq!(me["Policies"][0]["Name"], "global-management");
+    let anonymous = ok(&root
+        .get("/v1/acl/token/00000000-0000-0000-0000-000000000002")
+        .await);
+    assert_eq!(anonymous["SecretID"], "anonymous");
+
+    // A role grants through its policies; the anonymous token can be given rights too.
+    let policy = ok(&root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": "read-all", "Rules": "key_prefix \"\" { policy = \"read\" }"})
+                .to_string(),
+        )
+        .await);
+    let role = ok(&root
+        .put(
+            "/v1/acl/role",
+            json!({"Name": "readers", "Policies": [{"ID": policy["ID"]}]}).to_string(),
+        )
+        .await);
+    assert_eq!(role["Policies"][0]["Name"], "read-all");
+    let reader = ok(&root
+        .put(
+            "/v1/acl/token",
+            json!({"Roles": [{"Name": "readers"}]}).to_string(),
+        )
+        .await);
+    let reader_http = agent.with_token(reader["SecretID"].as_str().expect("secret"));
+    ok(&root.put("/v1/kv/k", "v").await);
+    ok(&reader_http.get("/v1/kv/k").await);
+    denied(&reader_http.put("/v1/kv/k", "w").await);
+
+    // A bad rule is refused with the parser's text; names are unique.
+    let bad = root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": "bad", "Rules": "key_prefix \"\" { policy = \"sometimes\" }"})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(bad.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        bad.text().contains("Invalid key_prefix policy"),
+        "{}",
+        bad.text()
+    );
+    let dup = root
+        .put("/v1/acl/policy", json!({"Name": "read-all"}).to_string())
+        .await;
+    assert_eq!(
+        dup.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        dup.text()
+    );
+
+    // Changing the policy changes what the token may do at once; deleting the token ends it.
+    let id = policy["ID"].as_str().expect("ID");
+    ok(&root
+        .put(
+            &format!("/v1/acl/policy/{id}"),
+            json!({"Name": "read-all", "Rules": "key_prefix \"\" { policy = \"write\" }"})
+                .to_string(),
+        )
+        .await);
+    eventually(Duration::from_secs(10), "the wider policy", || {
+        let reader_http = reader_http.clone();
+        async move { (reader_http.put("/v1/kv/k", "w").await.status == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    let accessor = reader["AccessorID"].as_str().expect("AccessorID");
+    assert_eq!(
+        ok(&root.delete(&format!("/v1/acl/token/{accessor}")).await),
+        true
+    );
+    eventually(Duration::from_secs(10), "the deleted token refused", || {
+        let reader_http = reader_http.clone();
+        async move { (reader_http.get("/v1/kv/k").await.text() == "ACL not found").then_some(()) }
+    })
+    .await;
+    let listed = ok(&root.get("/v1/acl/tokens").await);
+    assert!(
+        listed
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .all(|t| t["AccessorID"] != accessor)
+    );
+    let policies = ok(&root.get("/v1/acl/policies").await);
+    let names: Vec<&str> = policies
+        .as_array()
+        .expect("policies")
+        .iter()
+        .filter_map(|p| p["Name"].as_str())
+        .collect();
+    assert!(names.contains(&"global-management") && names.contains(&"read-all"));
+    let by_name = ok(&root.get("/v1/acl/role/name/readers").await);
+    assert_eq!(by_name["ID"], role["ID"]);
+}
+
+#[tokio::test]
+async fn an_expiring_token_stops_working() {
+    let agent = deny_agent().await;
+    let root = management(&agent).await;
+    let token = ok(&root
+        .put(
+            "/v1/acl/token",
+            json!({"Policies": [{"Name": "global-management"}], "ExpirationTTL": "2s"}).to_string(),
+        )
+        .await);
+    assert!(token["ExpirationTime"].is_string(), "{token}");
+    let short = agent.with_token(token["SecretID"].as_str().expect("secret"));
+    ok(&short.put("/v1/kv/while-valid", "x").await);
+    eventually(Duration::from_secs(10), "the token to expire", || {
+        let short = short.clone();
+        async move { (short.get("/v1/kv/while-valid").await.text() == "ACL not found").then_some(()) }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bootstrap_works_once_and_acls_off_answers_401() {
+    let open = Agent::dev().await;
+    let reply = open.put("/v1/acl/bootstrap", "").await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(reply.text(), "ACL support disabled");
+
+    let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
+    let token = eventually(Duration::from_secs(20), "bootstrap", || {
+        let agent = agent.http();
+        async move {
+            let reply = agent.put("/v1/acl/bootstrap", "").await;
+            (reply.status == StatusCode::OK).then(|| reply.json())
+        }
+    })
+    .await;
+    assert_eq!(token["Policies"][0]["Name"], "global-management");
+    let again = agent.put("/v1/acl/bootstrap", "").await;
+    assert_eq!(again.status, StatusCode::FORBIDDEN, "{}", again.text());
+    let root = agent.with_token(token["SecretID"].as_str().expect("secret"));
+    ok(&root.put("/v1/kv/x", "y").await);
+    denied(&agent.put("/v1/kv/x", "y").await);
+}
+
+#[tokio::test]
+async fn acl_state_survives_a_leader_failover() {
+    let mut spec = Cluster::servers(3).clients(1);
+    for arg in [
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        ROOT,
+    ] {
+        spec = spec.arg(arg);
+    }
+    let mut cluster = spec.start().await;
+    // Through a client agent, which resolves tokens on the servers.
+    let client = cluster.client(0).http();
+    let root = management(&client).await;
+    let secret = app_token(&root, "app", "app/").await;
+    let leader = cluster.leader().await;
+    cluster.kill9(leader).await;
+    let app = client.with_token(&secret);
+    eventually(
+        Duration::from_secs(30),
+        "a write with the token after failover",
+        || {
+            let app = app.clone();
+            async move {
+                let reply = app
+                    .try_request(Method::PUT, "/v1/kv/app/x", Some(b"1".to_vec()))
+                    .await
+                    .ok()?;
+                (reply.status == StatusCode::OK).then_some(())
+            }
+        },
+    )
+    .await;
+    denied(&app.put("/v1/kv/other/x", "1").await);
+}
+
+#[tokio::test]
+async fn py_consul_manages_acls() {
+    let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let pydeps = workspace.join("target/pydeps");
+    assert!(
+        pydeps.join("consul").is_dir(),
+        "py-consul is missing: run scripts/install-test-deps.sh"
+    );
+    let agent = deny_agent().await;
+    management(&agent).await;
+    let addr = agent.base.trim_start_matches("http://").to_owned();
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("python3")
+            .arg(workspace.join("integration-tests/py/consul_acl.py"))
+            .args([host, port, ROOT])
+            .env("PYTHONPATH", &pydeps)
+            .output(),
+    )
+    .await
+    .expect("py-consul script finished in time")
+    .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "py-consul script failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("checks passed"), "{stdout}");
+}
