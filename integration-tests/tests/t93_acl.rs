@@ -290,7 +290,7 @@ async fn tokens_policies_and_roles_are_managed_as_in_consul() {
 }
 
 #[tokio::test]
-async fn an_expiring_token_stops_working() {
+async fn a_token_expiring_mid_hold_stops_working_and_its_lock_stays_with_the_session() {
     let agent = deny_agent().await;
     let root = management(&agent).await;
     let token = ok(&root
@@ -301,12 +301,34 @@ async fn an_expiring_token_stops_working() {
         .await);
     assert!(token["ExpirationTime"].is_string(), "{token}");
     let short = agent.with_token(token["SecretID"].as_str().expect("secret"));
-    ok(&short.put("/v1/kv/while-valid", "x").await);
+    let session = short.session(r#"{"TTL":"30s"}"#).await;
+    let took = short
+        .put(&format!("/v1/kv/held?acquire={session}"), "x")
+        .await;
+    assert_eq!(ok(&took), true);
     eventually(Duration::from_secs(10), "the token to expire", || {
         let short = short.clone();
-        async move { (short.get("/v1/kv/while-valid").await.text() == "ACL not found").then_some(()) }
+        async move { (short.get("/v1/kv/held").await.text() == "ACL not found").then_some(()) }
     })
     .await;
+    // The holder can no longer release or renew; the lock stays with the session (a lock is
+    // the session's, not the token's), and a management token can end it.
+    let release = short
+        .put(&format!("/v1/kv/held?release={session}"), "")
+        .await;
+    assert_eq!(release.status, StatusCode::FORBIDDEN);
+    let renew = short.put(&format!("/v1/session/renew/{session}"), "").await;
+    assert_eq!(renew.status, StatusCode::FORBIDDEN);
+    let entry = ok(&root.get("/v1/kv/held").await);
+    assert_eq!(entry[0]["Session"], session.as_str());
+    assert_eq!(
+        ok(&root
+            .put(&format!("/v1/session/destroy/{session}"), "")
+            .await),
+        true
+    );
+    let entry = ok(&root.get("/v1/kv/held").await);
+    assert!(entry[0].get("Session").is_none(), "{entry}");
 }
 
 #[tokio::test]
@@ -368,6 +390,26 @@ async fn acl_state_survives_a_leader_failover() {
     )
     .await;
     denied(&app.put("/v1/kv/other/x", "1").await);
+
+    // And a restart: the old leader comes back with the same state.
+    cluster.restart(leader).await;
+    let restarted = cluster.server(leader).http().with_token(&secret);
+    eventually(
+        Duration::from_secs(30),
+        "the token on the restarted server",
+        || {
+            let restarted = restarted.clone();
+            async move {
+                let reply = restarted
+                    .try_request(Method::GET, "/v1/kv/app/x", None)
+                    .await
+                    .ok()?;
+                (reply.status == StatusCode::OK).then_some(())
+            }
+        },
+    )
+    .await;
+    denied(&restarted.get("/v1/kv/other/x").await);
 }
 
 #[tokio::test]
