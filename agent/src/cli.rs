@@ -9,7 +9,7 @@ use vigil_shared::duration::parse_go_duration;
 
 use crate::gossip::{Key, KeyringFile, TimingProfile};
 use crate::local::config::LocalDefinitions;
-use crate::{AgentConfig, AgentMode, TlsSource};
+use crate::{AgentConfig, AgentMode, HttpsConfig, TlsSource};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -111,9 +111,18 @@ pub struct AgentArgs {
     /// Node name (default: the hostname).
     #[arg(long)]
     pub node: Option<String>,
-    /// HTTP API address.
-    #[arg(long, default_value = "127.0.0.1:8500")]
-    pub http_addr: SocketAddr,
+    /// Plain-HTTP API address, or `off` to serve the API over HTTPS only (Consul's
+    /// `ports.http = -1`) [default: the config file's `http_addr`, else 127.0.0.1:8500].
+    #[arg(long, value_parser = parse_listen_addr)]
+    pub http_addr: Option<ListenAddr>,
+    /// HTTPS API address: the same API over TLS with this agent's certificate (--cert-file)
+    /// [default: the config file's `https_addr`, else none].
+    #[arg(long)]
+    pub https_addr: Option<SocketAddr>,
+    /// Require HTTPS clients to present a certificate signed by the CA (--ca-file); Consul's
+    /// `verify_incoming_https`.
+    #[arg(long)]
+    pub verify_incoming_https: bool,
     /// RPC address of a server (port 0 picks a free port); a client agent serves no RPC and
     /// ignores it.
     #[arg(long, default_value = "127.0.0.1:8300")]
@@ -155,6 +164,18 @@ pub struct AgentArgs {
     /// `node_meta`), as Consul's `-node-meta`.
     #[arg(long = "node-meta", value_parser = parse_meta_pair)]
     pub node_meta: Vec<(String, String)>,
+}
+
+/// The default plain-HTTP API address (Consul's).
+const DEFAULT_HTTP_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8500);
+
+/// A listener's address, or off (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub Option<SocketAddr>);
+
+fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
+    crate::local::config::parse_listen_addr(s).map(ListenAddr)
 }
 
 /// Consul's `-node-meta key:value` (no `:`: an empty value).
@@ -235,6 +256,29 @@ impl AgentArgs {
                 "--ca-file, --cert-file and --key-file are required together (only --dev generates throwaway certificates)"
             ),
         };
+        // A flag wins over the config file.
+        let http_addr = match self.http_addr {
+            Some(ListenAddr(addr)) => addr,
+            None => file.http_addr.unwrap_or(Some(DEFAULT_HTTP_ADDR)),
+        };
+        let verify_incoming_https = self.verify_incoming_https || file.verify_incoming_https;
+        let https = match self.https_addr.or(file.https_addr) {
+            Some(addr) => Some(HttpsConfig {
+                addr,
+                verify_incoming: verify_incoming_https,
+            }),
+            None => {
+                anyhow::ensure!(
+                    !verify_incoming_https,
+                    "--verify-incoming-https needs an HTTPS address (--https-addr)"
+                );
+                None
+            }
+        };
+        anyhow::ensure!(
+            http_addr.is_some() || https.is_some(),
+            "--http-addr off needs --https-addr: the agent must serve its API somewhere"
+        );
         anyhow::ensure!(
             !self.ae_interval.is_zero(),
             "--ae-interval must be greater than 0"
@@ -245,7 +289,8 @@ impl AgentArgs {
         );
         Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
-            http_addr: self.http_addr,
+            http_addr,
+            https,
             rpc_addr: self.rpc_addr,
             serf_addr: self.serf_addr,
             join: self.join.clone(),

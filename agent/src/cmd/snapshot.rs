@@ -48,9 +48,10 @@ pub async fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
             let bytes = std::fs::read(&args.file)
                 .with_context(|| format!("reading {}", args.file.display()))?;
             Archive::decode(&bytes).with_context(|| format!("{}", args.file.display()))?;
-            let base = args.agent.client()?.base().to_owned();
-            let response = reqwest::Client::new()
-                .put(format!("{base}/v1/snapshot"))
+            let response = args
+                .agent
+                .client()?
+                .request(reqwest::Method::PUT, "/v1/snapshot")
                 .body(bytes)
                 .send()
                 .await?;
