@@ -178,7 +178,10 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         ),
         None => None,
     };
-    let http_addr = http_listener.as_ref().map(TcpListener::local_addr).transpose()?;
+    let http_addr = http_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
     let https_listener = match config.https {
         Some(https) => {
             let acceptor = tokio_rustls::TlsAcceptor::from(

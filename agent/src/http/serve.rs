@@ -124,7 +124,8 @@ pub async fn serve(
             match tls {
                 None => serve_connection(stream, router, limits, shutdown).await,
                 Some(acceptor) => {
-                    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
                     match handshake.await {
                         Ok(Ok(stream)) => serve_connection(stream, router, limits, shutdown).await,
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),

@@ -126,7 +126,8 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
             }
             "http_addr" => {
                 let addr = value.as_str().ok_or("`http_addr` must be a string")?;
-                out.http_addr = Some(parse_listen_addr(addr).map_err(|e| format!("http_addr: {e}"))?);
+                out.http_addr =
+                    Some(parse_listen_addr(addr).map_err(|e| format!("http_addr: {e}"))?);
             }
             "https_addr" => {
                 let addr = value.as_str().ok_or("`https_addr` must be a string")?;

@@ -202,7 +202,10 @@ mod tests {
         };
         assert_eq!(config("h:1", false).base_url().unwrap(), "http://h:1");
         assert_eq!(config("h:1", true).base_url().unwrap(), "https://h:1");
-        assert_eq!(config("https://h:1/", false).base_url().unwrap(), "https://h:1");
+        assert_eq!(
+            config("https://h:1/", false).base_url().unwrap(),
+            "https://h:1"
+        );
         assert_eq!(config("http://h:1", true).base_url().unwrap(), "http://h:1");
         assert!(config("ftp://h:1", false).base_url().is_err());
         assert_eq!(

@@ -222,7 +222,15 @@ impl Client {
         let url = format!("{}{path_and_query}", self.inner.base);
         let request = self.inner.http.request(method, url);
         match &self.inner.token {
-            Some(token) => request.header("X-Consul-Token", token.secret()),
+            Some(token) => match reqwest::header::HeaderValue::from_str(token.secret()) {
+                Ok(mut value) => {
+                    // Kept out of any debug output of the HTTP stack.
+                    value.set_sensitive(true);
+                    request.header("X-Consul-Token", value)
+                }
+                // A token that cannot be a header value is not sent (nor printed).
+                Err(_) => request,
+            },
             None => request,
         }
     }
