@@ -365,6 +365,53 @@ mod tests {
     }
 
     #[test]
+    fn http_can_be_off_only_with_https_and_flags_win_over_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "http_addr = \"off\"\nhttps_addr = \"127.0.0.1:8501\"\nverify_incoming_https = true\n",
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+
+        // Defaults: plain HTTP on Consul's port, no HTTPS.
+        let config = agent(&[]).config().unwrap();
+        assert_eq!(config.http_addr, Some("127.0.0.1:8500".parse().unwrap()));
+        assert_eq!(config.https, None);
+
+        // The file alone: HTTPS only, client certificates required.
+        let config = agent(&["--config", path]).config().unwrap();
+        assert_eq!(config.http_addr, None);
+        assert_eq!(
+            config.https,
+            Some(HttpsConfig {
+                addr: "127.0.0.1:8501".parse().unwrap(),
+                verify_incoming: true
+            })
+        );
+
+        // Flags win.
+        let config = agent(&["--config", path, "--http-addr", "127.0.0.1:1"])
+            .config()
+            .unwrap();
+        assert_eq!(config.http_addr, Some("127.0.0.1:1".parse().unwrap()));
+        let config = agent(&["--config", path, "--https-addr", "127.0.0.1:2"])
+            .config()
+            .unwrap();
+        assert_eq!(config.https.unwrap().addr, "127.0.0.1:2".parse().unwrap());
+
+        // Nothing to serve on, or client verification without HTTPS: refused.
+        let err = agent(&["--http-addr", "off"]).config().unwrap_err();
+        assert!(err.to_string().contains("--https-addr"), "{err}");
+        let err = agent(&["--verify-incoming-https"]).config().unwrap_err();
+        assert!(err.to_string().contains("--https-addr"), "{err}");
+        assert!(
+            Cli::try_parse_from(["vigil", "agent", "--dev", "--http-addr", "nowhere"]).is_err()
+        );
+    }
+
+    #[test]
     fn the_gossip_key_comes_from_the_flag_or_else_the_config_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("agent.toml");
