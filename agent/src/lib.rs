@@ -184,6 +184,12 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         .transpose()?;
     let https_listener = match config.https {
         Some(https) => {
+            if matches!(config.tls, TlsSource::Throwaway) {
+                tracing::warn!(
+                    "HTTPS with --dev's throwaway certificate: no client can verify it; give \
+                     --ca-file, --cert-file and --key-file from `vigil tls`"
+                );
+            }
             let acceptor = tokio_rustls::TlsAcceptor::from(
                 tls.https_server_config(https.verify_incoming)
                     .context("building the HTTPS configuration")?,
