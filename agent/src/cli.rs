@@ -11,7 +11,7 @@ use vigil_shared::duration::parse_go_duration;
 use crate::acl::AclConfig;
 use crate::gossip::{Key, KeyringFile, TimingProfile};
 use crate::local::config::LocalDefinitions;
-use crate::{AgentConfig, AgentMode, TlsSource};
+use crate::{AgentConfig, AgentMode, HttpsConfig, TlsSource};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -113,9 +113,18 @@ pub struct AgentArgs {
     /// Node name (default: the hostname).
     #[arg(long)]
     pub node: Option<String>,
-    /// HTTP API address.
-    #[arg(long, default_value = "127.0.0.1:8500")]
-    pub http_addr: SocketAddr,
+    /// Plain-HTTP API address, or `off` to serve the API over HTTPS only (Consul's
+    /// `ports.http = -1`) [default: the config file's `http_addr`, else 127.0.0.1:8500].
+    #[arg(long, value_parser = parse_listen_addr)]
+    pub http_addr: Option<ListenAddr>,
+    /// HTTPS API address: the same API over TLS with this agent's certificate (--cert-file)
+    /// [default: the config file's `https_addr`, else none].
+    #[arg(long)]
+    pub https_addr: Option<SocketAddr>,
+    /// Require HTTPS clients to present a certificate signed by the CA (--ca-file); Consul's
+    /// `verify_incoming_https`.
+    #[arg(long)]
+    pub verify_incoming_https: bool,
     /// RPC address of a server (port 0 picks a free port); a client agent serves no RPC and
     /// ignores it.
     #[arg(long, default_value = "127.0.0.1:8300")]
@@ -176,6 +185,18 @@ fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
         "deny" => Ok(DefaultPolicy::Deny),
         _ => Err(format!("must be allow or deny, not {s:?}")),
     }
+}
+
+/// The default plain-HTTP API address (Consul's).
+const DEFAULT_HTTP_ADDR: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8500);
+
+/// A listener's address, or off (`None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenAddr(pub Option<SocketAddr>);
+
+fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
+    crate::local::config::parse_listen_addr(s).map(ListenAddr)
 }
 
 /// Consul's `-node-meta key:value` (no `:`: an empty value).
@@ -256,6 +277,29 @@ impl AgentArgs {
                 "--ca-file, --cert-file and --key-file are required together (only --dev generates throwaway certificates)"
             ),
         };
+        // A flag wins over the config file.
+        let http_addr = match self.http_addr {
+            Some(ListenAddr(addr)) => addr,
+            None => file.http_addr.unwrap_or(Some(DEFAULT_HTTP_ADDR)),
+        };
+        let verify_incoming_https = self.verify_incoming_https || file.verify_incoming_https;
+        let https = match self.https_addr.or(file.https_addr) {
+            Some(addr) => Some(HttpsConfig {
+                addr,
+                verify_incoming: verify_incoming_https,
+            }),
+            None => {
+                anyhow::ensure!(
+                    !verify_incoming_https,
+                    "--verify-incoming-https needs an HTTPS address (--https-addr)"
+                );
+                None
+            }
+        };
+        anyhow::ensure!(
+            http_addr.is_some() || https.is_some(),
+            "--http-addr off needs --https-addr: the agent must serve its API somewhere"
+        );
         anyhow::ensure!(
             !self.ae_interval.is_zero(),
             "--ae-interval must be greater than 0"
@@ -266,7 +310,8 @@ impl AgentArgs {
         );
         Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
-            http_addr: self.http_addr,
+            http_addr,
+            https,
             rpc_addr: self.rpc_addr,
             serf_addr: self.serf_addr,
             join: self.join.clone(),
@@ -346,6 +391,53 @@ mod tests {
             assert_eq!(agent(&[flag, "lan"]).timing_profile, TimingProfile::Lan);
         }
         assert!(Cli::try_parse_from(["vigil", "agent", "--timing-profile", "wan"]).is_err());
+    }
+
+    #[test]
+    fn http_can_be_off_only_with_https_and_flags_win_over_the_config_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(
+            &path,
+            "http_addr = \"off\"\nhttps_addr = \"127.0.0.1:8501\"\nverify_incoming_https = true\n",
+        )
+        .unwrap();
+        let path = path.to_str().unwrap();
+
+        // Defaults: plain HTTP on Consul's port, no HTTPS.
+        let config = agent(&[]).config().unwrap();
+        assert_eq!(config.http_addr, Some("127.0.0.1:8500".parse().unwrap()));
+        assert_eq!(config.https, None);
+
+        // The file alone: HTTPS only, client certificates required.
+        let config = agent(&["--config", path]).config().unwrap();
+        assert_eq!(config.http_addr, None);
+        assert_eq!(
+            config.https,
+            Some(HttpsConfig {
+                addr: "127.0.0.1:8501".parse().unwrap(),
+                verify_incoming: true
+            })
+        );
+
+        // Flags win.
+        let config = agent(&["--config", path, "--http-addr", "127.0.0.1:1"])
+            .config()
+            .unwrap();
+        assert_eq!(config.http_addr, Some("127.0.0.1:1".parse().unwrap()));
+        let config = agent(&["--config", path, "--https-addr", "127.0.0.1:2"])
+            .config()
+            .unwrap();
+        assert_eq!(config.https.unwrap().addr, "127.0.0.1:2".parse().unwrap());
+
+        // Nothing to serve on, or client verification without HTTPS: refused.
+        let err = agent(&["--http-addr", "off"]).config().unwrap_err();
+        assert!(err.to_string().contains("--https-addr"), "{err}");
+        let err = agent(&["--verify-incoming-https"]).config().unwrap_err();
+        assert!(err.to_string().contains("--https-addr"), "{err}");
+        assert!(
+            Cli::try_parse_from(["vigil", "agent", "--dev", "--http-addr", "nowhere"]).is_err()
+        );
     }
 
     #[test]

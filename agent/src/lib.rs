@@ -69,7 +69,11 @@ pub enum TlsSource {
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub node_name: String,
-    pub http_addr: SocketAddr,
+    /// The plain-HTTP API's address; `None` turns plain HTTP off (`--http-addr off`, Consul's
+    /// `ports.http = -1`), leaving HTTPS.
+    pub http_addr: Option<SocketAddr>,
+    /// The HTTPS API (`--https-addr`), served with this agent's certificate.
+    pub https: Option<HttpsConfig>,
     pub rpc_addr: SocketAddr,
     /// Gossip (Serf) address; port 0 picks a free port.
     pub serf_addr: SocketAddr,
@@ -105,9 +109,20 @@ pub struct AgentConfig {
     pub acl: acl::AclConfig,
 }
 
+/// The HTTPS API: where it listens and whether clients must present a certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpsConfig {
+    pub addr: SocketAddr,
+    /// Consul's `verify_incoming_https`: a client certificate signed by the CA is required.
+    pub verify_incoming: bool,
+}
+
 /// A running agent.
 pub struct Handle {
-    pub http_addr: SocketAddr,
+    /// The bound plain-HTTP address (`None`: plain HTTP is off).
+    pub http_addr: Option<SocketAddr>,
+    /// The bound HTTPS address (`None`: no HTTPS).
+    pub https_addr: Option<SocketAddr>,
     pub rpc_addr: SocketAddr,
     pub serf_addr: SocketAddr,
     pub backend: Arc<Backend>,
@@ -158,10 +173,41 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             .with_context(|| "loading the TLS files (--ca-file, --cert-file, --key-file)")?,
     };
     vigil_server::telemetry::Sink::install();
-    let listener = TcpListener::bind(config.http_addr)
-        .await
-        .with_context(|| format!("binding the HTTP address {}", config.http_addr))?;
-    let http_addr = listener.local_addr()?;
+    let http_listener = match config.http_addr {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the HTTP address {addr}"))?,
+        ),
+        None => None,
+    };
+    let http_addr = http_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    let https_listener = match config.https {
+        Some(https) => {
+            if matches!(config.tls, TlsSource::Throwaway) {
+                tracing::warn!(
+                    "HTTPS with --dev's throwaway certificate: no client can verify it; give \
+                     --ca-file, --cert-file and --key-file from `vigil tls`"
+                );
+            }
+            let acceptor = tokio_rustls::TlsAcceptor::from(
+                tls.https_server_config(https.verify_incoming)
+                    .context("building the HTTPS configuration")?,
+            );
+            let listener = TcpListener::bind(https.addr)
+                .await
+                .with_context(|| format!("binding the HTTPS address {}", https.addr))?;
+            Some((listener, acceptor))
+        }
+        None => None,
+    };
+    let https_addr = https_listener
+        .as_ref()
+        .map(|(listener, _)| listener.local_addr())
+        .transpose()?;
     let is_server = !matches!(config.mode, AgentMode::Client);
     let rpc_socket = if is_server {
         Some(
@@ -290,6 +336,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         gossip: gossip.clone(),
         node_name: config.node_name.clone(),
         http_addr,
+        https_addr,
         rpc_addr,
         session_ttl_min: config.session_ttl_min,
         shutdown: shutdown.clone(),
@@ -301,14 +348,27 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             shutdown.clone(),
         )),
     });
-    tasks.spawn(http::serve::serve(
-        listener,
-        router,
-        config.http_limits,
-        shutdown.clone(),
-    ));
+    if let Some(listener) = http_listener {
+        tasks.spawn(http::serve::serve(
+            listener,
+            router.clone(),
+            config.http_limits,
+            None,
+            shutdown.clone(),
+        ));
+    }
+    if let Some((listener, acceptor)) = https_listener {
+        tasks.spawn(http::serve::serve(
+            listener,
+            router,
+            config.http_limits,
+            Some(acceptor),
+            shutdown.clone(),
+        ));
+    }
     Ok(Handle {
         http_addr,
+        https_addr,
         rpc_addr,
         serf_addr: gossip.gossip_addr(),
         backend,

@@ -34,12 +34,28 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let config = args.config()?;
     let shutdown = CancellationToken::new();
     let handle = crate::start(config.clone(), shutdown.clone()).await?;
-    // One stable line on stdout that scripts and tests read for the bound addresses.
+    // One stable line on stdout that scripts and tests read for the bound addresses: `http=off`
+    // when plain HTTP is off, and `https=ADDR` appended when HTTPS is on.
+    let http = handle
+        .http_addr
+        .map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let https = handle
+        .https_addr
+        .map(|a| format!(" https={a}"))
+        .unwrap_or_default();
     println!(
-        "vigil agent running: node={} http={} rpc={} serf={}",
-        config.node_name, handle.http_addr, handle.rpc_addr, handle.serf_addr
+        "vigil agent running: node={} http={http} rpc={} serf={}{https}",
+        config.node_name, handle.rpc_addr, handle.serf_addr
     );
-    tracing::info!(http = %handle.http_addr, rpc = %handle.rpc_addr, node = %config.node_name, "agent started");
+    tracing::info!(
+        http = %http,
+        https = %handle.https_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        verify_incoming_https = config.https.is_some_and(|h| h.verify_incoming),
+        rpc = %handle.rpc_addr,
+        serf = %handle.serf_addr,
+        node = %config.node_name,
+        "agent started"
+    );
     let mut term = signal(SignalKind::terminate())?;
     let token = shutdown.clone();
     let gossip = handle.gossip.clone();

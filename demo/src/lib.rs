@@ -113,24 +113,24 @@ pub struct ChecksArgs {
 /// Where the agent is (the flags of `vigil`'s client commands).
 #[derive(Debug, Clone, Args)]
 pub struct AgentAddr {
-    /// HTTP address of the local agent [default: $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500]
+    /// Address of the local agent, `host:port`, `http://…` or `https://…` [default:
+    /// $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500; the TLS files from $CONSUL_CACERT,
+    /// $CONSUL_CLIENT_CERT, $CONSUL_CLIENT_KEY as for `vigil`]
     #[arg(long = "http-addr")]
     pub http_addr: Option<String>,
-    /// ACL token sent as `X-Consul-Token` [default: $CONSUL_HTTP_TOKEN]
-    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// ACL token sent as `X-Consul-Token` [default: $VIGIL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN]
+    #[arg(long)]
+    pub token: Option<vigil_shared::client::Token>,
 }
 
 impl AgentAddr {
     pub fn client(&self) -> anyhow::Result<Client> {
-        let client = match &self.http_addr {
-            Some(addr) => Client::new(addr)?,
-            None => Client::from_env()?,
+        let config = vigil_shared::client::ClientConfig {
+            addr: self.http_addr.clone(),
+            token: self.token.clone(),
+            ..Default::default()
         };
-        Ok(match self.token.as_deref().filter(|t| !t.is_empty()) {
-            Some(token) => client.with_token(token),
-            None => client,
-        })
+        Ok(config.from_env()?.build()?)
     }
 }
 

@@ -199,6 +199,9 @@ pub struct Agent {
     pub rpc_addr: String,
     /// The node name from the ready line.
     pub node: String,
+    /// The HTTPS API's address from the ready line (`--https-addr`), if it serves one. With
+    /// `--http-addr off` the plain [`Http`] handle reaches nothing.
+    pub https_addr: Option<String>,
 }
 
 impl Deref for Agent {
@@ -270,6 +273,10 @@ impl Agent {
         let http = field("http=");
         let rpc_addr = field("rpc=");
         let node = field("node=");
+        let https_addr = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("https="))
+            .map(str::to_owned);
         // Keep draining stdout so the agent never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Agent {
@@ -277,6 +284,7 @@ impl Agent {
             http: Http::new(format!("http://{http}")),
             rpc_addr,
             node,
+            https_addr,
         }
     }
 

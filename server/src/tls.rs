@@ -1,8 +1,10 @@
 //! Certificates and the TLS side of the QUIC transport: the cluster CA and the server/client
 //! certificates it signs (`vigil tls ...`, or throwaway ones for `--dev`), and the rustls/quinn
-//! configurations built from them. Invariants: every rustls config is built with the ring
-//! provider passed explicitly (never a process default), TLS 1.3 only, mutual authentication
-//! against our CA only, no session resumption and no 0-RTT. A peer's [`Role`] comes from its
+//! configurations built from them (QUIC RPC, and the agent's HTTPS API). Invariants: every
+//! rustls config is built with the ring provider passed explicitly (never a process default);
+//! the RPC's are TLS 1.3 only, mutual authentication against our CA only, no session resumption
+//! and no 0-RTT; the HTTPS API's also speaks TLS 1.2 and asks for a client certificate only
+//! with `verify_incoming`. A peer's [`Role`] comes from its
 //! verified certificate: only the exact DNS SAN `server.<dc>.<domain>` makes it a server
 //! (Consul's `verify_server_hostname`); a node-specific name `<node>.server.<dc>.<domain>`
 //! also names the server's node, and node names never contain dots, so no client certificate
@@ -30,6 +32,8 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 /// The ALPN protocol id of Vigil's RPC (agent→server and server↔server).
 pub const ALPN_RPC: &[u8] = b"vigil-rpc/1";
+/// The ALPN protocol id the HTTPS API offers (Consul's API speaks HTTP/1.1 only).
+pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 /// Consul's `domain`, with Vigil's default.
 pub const DEFAULT_DOMAIN: &str = "vigil";
 /// The datacenter used when none is given.
@@ -589,6 +593,30 @@ impl TlsMaterial {
         let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));
         config.transport_config(Arc::new(transport_config()));
         Ok(config)
+    }
+
+    /// The HTTPS API's server side (`--https-addr`): our certificate chain, TLS 1.2 and 1.3
+    /// (what HTTP clients such as curl, Go's and Python's speak), ALPN `http/1.1`. With
+    /// `verify_incoming` (Consul's `verify_incoming_https`) a client must present a certificate
+    /// signed by our CA, else the handshake fails; without it none is asked for.
+    pub fn https_server_config(
+        &self,
+        verify_incoming: bool,
+    ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+        let provider = provider();
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?;
+        let builder = if verify_incoming {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(self.root_store()?), provider)
+                    .build()?;
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut tls = builder.with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        tls.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+        Ok(Arc::new(tls))
     }
 
     /// Endpoint settings that let a node restarted on the same address reset its peers' stale

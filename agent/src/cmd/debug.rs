@@ -129,8 +129,10 @@ fn archive(dir: &Path) -> anyhow::Result<PathBuf> {
 /// Writes the agent's answer to `path` into `file` (an error answer is kept too: it is part of
 /// the picture).
 async fn capture(agent: &AgentAddr, path: &str, file: &Path) -> anyhow::Result<()> {
-    let base = agent.client()?.base().to_owned();
-    let response = reqwest::get(format!("{base}{path}"))
+    let response = agent
+        .client()?
+        .request(reqwest::Method::GET, path)
+        .send()
         .await
         .with_context(|| format!("GET {path}"))?;
     let body = response.bytes().await?;

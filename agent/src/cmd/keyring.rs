@@ -119,13 +119,13 @@ pub async fn run(args: KeyringArgs) -> anyhow::Result<i32> {
     if args.local_only {
         query.push("local-only=true".to_owned());
     }
-    let base = args.agent.client()?.base().to_owned();
-    let mut url = format!("{base}/v1/operator/keyring");
+    let client = args.agent.client()?;
+    let mut path = "/v1/operator/keyring".to_owned();
     if !query.is_empty() {
-        url = format!("{url}?{}", query.join("&"));
+        path = format!("{path}?{}", query.join("&"));
     }
     println!("==> {doing}");
-    let mut request = reqwest::Client::new().request(method, url);
+    let mut request = client.request(method, &path);
     if let Some(key) = key {
         request = request.body(serde_json::json!({ "Key": key }).to_string());
     }

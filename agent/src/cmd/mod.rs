@@ -1,7 +1,8 @@
 //! Client commands: `vigil lock`, `vigil elect`, `vigil kv`, `vigil session`, `vigil keyring`
-//! and the rest. Each talks to the local agent's HTTP API (`--http-addr`, else
-//! `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500) through the
-//! `vigil_shared::client` library and returns an exit status.
+//! and the rest. Each talks to the local agent's HTTP(S) API (`--http-addr`, else
+//! `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500; TLS files and the token
+//! likewise, see [`AgentAddr`]) through the `vigil_shared::client` library and returns an exit
+//! status.
 
 pub mod child;
 pub mod debug;
@@ -18,36 +19,54 @@ pub mod watch;
 
 use std::ffi::OsString;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use vigil_shared::client::Client;
+use vigil_shared::client::{Client, ClientConfig, Token};
 use vigil_shared::duration::parse_go_duration;
 
 /// Exit status for errors of `vigil` itself (agent unreachable, conflicting key, bad input).
 pub const EXIT_ERROR: i32 = 1;
 
-/// Where the agent is.
+/// Where the agent is and how to reach it: every command that talks to an agent flattens
+/// these flags, and [`AgentAddr::client`] is the one place they (and the `VIGIL_`/`CONSUL_`
+/// environment, see `vigil_shared::client::ClientConfig`) become a client.
 #[derive(Debug, Clone, Args)]
 pub struct AgentAddr {
-    /// HTTP address of the local agent [default: $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500]
+    /// Address of the local agent, `host:port`, `http://…` or `https://…` [default:
+    /// $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500; https when $CONSUL_HTTP_SSL=true]
     #[arg(long = "http-addr")]
     pub http_addr: Option<String>,
-    /// ACL token sent as `X-Consul-Token` [default: $CONSUL_HTTP_TOKEN]
-    #[arg(long, env = "CONSUL_HTTP_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    /// ACL token sent as `X-Consul-Token` [default: $VIGIL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN, or
+    /// the file $CONSUL_HTTP_TOKEN_FILE names]
+    #[arg(long)]
+    pub token: Option<Token>,
+    /// CA certificate (PEM) that signed the agent's HTTPS certificate [default: $VIGIL_CACERT,
+    /// $CONSUL_CACERT]
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate (PEM) for an agent that verifies HTTPS clients [default:
+    /// $VIGIL_CLIENT_CERT, $CONSUL_CLIENT_CERT]
+    #[arg(long)]
+    pub client_cert: Option<PathBuf>,
+    /// Key of --client-cert (PEM) [default: $VIGIL_CLIENT_KEY, $CONSUL_CLIENT_KEY]
+    #[arg(long)]
+    pub client_key: Option<PathBuf>,
 }
 
 impl AgentAddr {
+    /// The client these flags and the environment describe (a flag wins over the environment).
     pub fn client(&self) -> anyhow::Result<Client> {
-        let client = match &self.http_addr {
-            Some(addr) => Client::new(addr)?,
-            None => Client::from_env()?,
+        let config = ClientConfig {
+            addr: self.http_addr.clone(),
+            https: false,
+            ca_file: self.ca_file.clone(),
+            client_cert: self.client_cert.clone(),
+            client_key: self.client_key.clone(),
+            token: self.token.clone(),
         };
-        Ok(match self.token.as_deref().filter(|t| !t.is_empty()) {
-            Some(token) => client.with_token(token),
-            None => client,
-        })
+        Ok(config.from_env()?.build()?)
     }
 }
 

@@ -173,11 +173,7 @@ pub async fn call(
     method: reqwest::Method,
     path: &str,
 ) -> anyhow::Result<reqwest::Response> {
-    let base = agent.client()?.base().to_owned();
-    let response = reqwest::Client::new()
-        .request(method, format!("{base}{path}"))
-        .send()
-        .await?;
+    let response = agent.client()?.request(method, path).send().await?;
     let status = response.status();
     if !status.is_success() && status != reqwest::StatusCode::TOO_MANY_REQUESTS {
         let text = response.text().await.unwrap_or_default();

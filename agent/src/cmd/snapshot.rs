@@ -48,9 +48,10 @@ pub async fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
             let bytes = std::fs::read(&args.file)
                 .with_context(|| format!("reading {}", args.file.display()))?;
             Archive::decode(&bytes).with_context(|| format!("{}", args.file.display()))?;
-            let base = args.agent.client()?.base().to_owned();
-            let response = reqwest::Client::new()
-                .put(format!("{base}/v1/snapshot"))
+            let response = args
+                .agent
+                .client()?
+                .request(reqwest::Method::PUT, "/v1/snapshot")
                 .body(bytes)
                 .send()
                 .await?;
@@ -79,9 +80,23 @@ pub async fn run(cmd: SnapshotCommand) -> anyhow::Result<i32> {
     }
 }
 
+/// Writes the snapshot readable by the owner only (0600): it holds every key's value.
 fn write_atomically(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
     let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+        file.write_all(bytes)?;
+        file.sync_all()
+    };
+    write().with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
     Ok(())
 }

@@ -70,7 +70,7 @@ pub struct WatchArgs {
 }
 
 /// `consul watch`'s flags that take a value; the others are booleans.
-const VALUE_FLAGS: [&str; 8] = [
+const VALUE_FLAGS: [&str; 11] = [
     "type",
     "key",
     "prefix",
@@ -79,6 +79,9 @@ const VALUE_FLAGS: [&str; 8] = [
     "state",
     "http-addr",
     "token",
+    "ca-file",
+    "client-cert",
+    "client-key",
 ];
 
 /// Rewrites `vigil watch`'s arguments written as Go's flag package reads them (`-type=key`,

@@ -179,12 +179,15 @@ impl KeyringFile {
     }
 
     /// Writes the ring atomically (a temporary file renamed over the old one), readable by
-    /// the agent's user only.
+    /// the agent's user only (0600, in a 0700 directory), also when a temporary file from an
+    /// interrupted write is still there with other permissions.
     fn write(&self, ring: &Keyring) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt as _;
         let keys: Vec<String> = ring.keys().iter().map(Key::to_base64).collect();
         let json = serde_json::to_vec(&keys).map_err(std::io::Error::other)?;
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }
         let mut temp = self.path.clone().into_os_string();
         temp.push(".tmp");
@@ -193,6 +196,7 @@ impl KeyringFile {
         options.write(true).create(true).truncate(true);
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let mut file = options.open(&temp)?;
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         file.write_all(&json)?;
         file.sync_all()?;
         std::fs::rename(&temp, &self.path)

@@ -52,6 +52,12 @@ pub async fn agent_self(
         }
     };
     let ttl_min = format_go_duration(state.session_ttl_min);
+    // Consul reports a listener that is off as port -1.
+    let port = |addr: Option<std::net::SocketAddr>| addr.map_or(-1, |a| i32::from(a.port()));
+    let client_ip = state
+        .http_addr
+        .or(state.https_addr)
+        .map(|a| a.ip().to_string());
     let body = json_value!({
         "Config": {
             "Datacenter": crate::DATACENTER,
@@ -70,8 +76,9 @@ pub async fn agent_self(
             "NodeName": state.node_name,
             "ServerMode": is_server,
             "SessionTTLMin": ttl_min,
-            "ClientAddrs": [state.http_addr.ip().to_string()],
-            "HTTPPort": state.http_addr.port(),
+            "ClientAddrs": client_ip.into_iter().collect::<Vec<_>>(),
+            "HTTPPort": port(state.http_addr),
+            "HTTPSPort": port(state.https_addr),
             "SerfBindAddrLAN": serf.to_string(),
             "ServerPort": rpc.port(),
             "NodeMeta": state.local.node_meta(),
@@ -98,7 +105,8 @@ pub async fn agent_self(
                 "members": state.gossip.members().len().to_string(),
             },
             "agent": {
-                "http_addr": state.http_addr.to_string(),
+                "http_addr": state.http_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+                "https_addr": state.https_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
             },
             "consul": {
                 "server": is_server.to_string(),

@@ -56,7 +56,10 @@ pub struct AppState {
     pub local: Arc<crate::local::LocalState>,
     pub gossip: Gossip,
     pub node_name: String,
-    pub http_addr: std::net::SocketAddr,
+    /// The bound plain-HTTP address (`None`: turned off).
+    pub http_addr: Option<std::net::SocketAddr>,
+    /// The bound HTTPS address (`None`: no HTTPS).
+    pub https_addr: Option<std::net::SocketAddr>,
     pub rpc_addr: std::net::SocketAddr,
     /// The smallest session TTL this agent's servers accept (`/v1/agent/self`).
     pub session_ttl_min: std::time::Duration,

@@ -1,6 +1,11 @@
-//! Serving the HTTP API on its listener: HTTP/1.1 (Consul's API speaks nothing else), with
-//! Consul's per-client connection cap and a header timeout, and a graceful drain on shutdown.
+//! Serving the HTTP API on its listeners: HTTP/1.1 (Consul's API speaks nothing else), in plain
+//! text (`--http-addr`) or over TLS (`--https-addr`, the same router), with Consul's per-client
+//! connection cap and a header timeout, and a graceful drain on shutdown.
 //!
+//! - **TLS**: the handshake runs in the connection's own task, bounded by the header timeout,
+//!   so a slow or silent client never holds up the accept loop. With `verify_incoming_https`
+//!   the rustls config requires a client certificate signed by the CA and the handshake fails
+//!   without one (see `vigil_server::tls::TlsMaterial::https_server_config`).
 //! - **Connections per client IP** (Consul's `limits.http_max_conns_per_client`, default 200):
 //!   a connection over the cap gets Consul's `429 Too Many Requests` (written only if it fits
 //!   the socket buffer at once) and is closed at once, so one client cannot use up the agent's
@@ -21,7 +26,9 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -82,11 +89,13 @@ impl Drop for Slot {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown`, then lets open requests finish.
+/// Serves `router` on `listener` until `shutdown`, then lets open requests finish. With `tls`
+/// every connection is a TLS one (HTTPS).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnLimits,
+    tls: Option<TlsAcceptor>,
     shutdown: CancellationToken,
 ) {
     let counts = Arc::new(ConnCounts::default());
@@ -110,8 +119,20 @@ pub async fn serve(
         };
         let router = router.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            serve_connection(stream, router, limits, shutdown).await;
+            match tls {
+                None => serve_connection(stream, router, limits, shutdown).await,
+                Some(acceptor) => {
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+                    match handshake.await {
+                        Ok(Ok(stream)) => serve_connection(stream, router, limits, shutdown).await,
+                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    }
+                }
+            }
             drop(slot);
         });
     }
@@ -126,12 +147,14 @@ fn refuse(stream: TcpStream, peer: SocketAddr) {
     let _ = stream.try_write(TOO_MANY_CONNS);
 }
 
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<S>(
+    stream: S,
     router: Router,
     limits: ConnLimits,
     shutdown: CancellationToken,
-) {
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())

@@ -9,6 +9,11 @@
 //! encrypt = "cg8StVXbQJ0gPvMd9o7yrg1Ttd/ZCXtSFKgSbtXaV2k="
 //! enable_script_checks = false
 //! enable_local_script_checks = true
+//! # The HTTP API's listeners (the `--http-addr`, `--https-addr` and `--verify-incoming-https`
+//! # flags win): plain HTTP off, HTTPS with the agent's certificate, client certificates required.
+//! http_addr = "off"
+//! https_addr = "127.0.0.1:8501"
+//! verify_incoming_https = true
 //! # This node's metadata in the catalog (Consul's `node_meta`; `--node-meta key:value` adds).
 //! node_meta = { rack = "r1" }
 //!
@@ -29,6 +34,7 @@
 //! `services` and `checks` are accepted as well as `service` and `check`.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::path::Path;
 
 use serde_json::Value;
@@ -44,6 +50,12 @@ use crate::gossip::Key;
 pub struct ConfigFile {
     /// The gossip key (Consul's `encrypt`; `--encrypt` wins over it).
     pub encrypt: Option<Key>,
+    /// `http_addr`: the plain-HTTP API's address, `Some(None)` for `"off"` (`--http-addr` wins).
+    pub http_addr: Option<Option<SocketAddr>>,
+    /// `https_addr`: the HTTPS API's address (`--https-addr` wins).
+    pub https_addr: Option<SocketAddr>,
+    /// `verify_incoming_https`: HTTPS clients must present a certificate signed by the CA.
+    pub verify_incoming_https: bool,
     pub local: LocalDefinitions,
     /// The `[acl]` table, as Consul's `acl` block: `enabled`, `default_policy` and
     /// `[acl.tokens]` `initial_management` and `agent`.
@@ -171,6 +183,19 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
                 let key = value.as_str().ok_or("`encrypt` must be a string")?;
                 out.encrypt = Some(Key::from_base64(key).map_err(|e| format!("encrypt: {e}"))?);
             }
+            "http_addr" => {
+                let addr = value.as_str().ok_or("`http_addr` must be a string")?;
+                out.http_addr =
+                    Some(parse_listen_addr(addr).map_err(|e| format!("http_addr: {e}"))?);
+            }
+            "https_addr" => {
+                let addr = value.as_str().ok_or("`https_addr` must be a string")?;
+                out.https_addr = Some(
+                    addr.parse()
+                        .map_err(|_| format!("https_addr: {addr:?} is not HOST:PORT"))?,
+                );
+            }
+            "verify_incoming_https" => out.verify_incoming_https = flag(&value, &key)?,
             "enable_script_checks" => local.enable_script_checks = flag(&value, &key)?,
             "enable_local_script_checks" => local.enable_local_script_checks = flag(&value, &key)?,
             "node_meta" => {
@@ -193,13 +218,25 @@ pub fn parse(text: &str) -> Result<ConfigFile, String> {
             "acl" => out.acl = parse_acl(&value)?,
             other => {
                 return Err(format!(
-                    "unknown key `{other}` (expected encrypt, enable_script_checks, \
+                    "unknown key `{other}` (expected encrypt, http_addr, https_addr, \
+                     verify_incoming_https, enable_script_checks, \
                      enable_local_script_checks, node_meta, acl, service or check)"
                 ));
             }
         }
     }
     Ok(out)
+}
+
+/// A listener's address, `HOST:PORT`, or `off` for none (Consul's port -1, also accepted).
+pub fn parse_listen_addr(s: &str) -> Result<Option<SocketAddr>, String> {
+    match s.trim() {
+        "off" | "-1" => Ok(None),
+        addr => addr
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{s:?} is neither HOST:PORT nor off")),
+    }
 }
 
 /// Reads and parses the config file at `path`.

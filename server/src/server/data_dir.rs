@@ -31,10 +31,25 @@ pub(super) fn load_or_create_node_id(dir: &std::path::Path) -> Result<NodeId, St
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let id: NodeId = rand::random::<u64>() >> 1;
             let tmp = dir.join("node-id.tmp");
-            std::fs::write(&tmp, id.to_string()).map_err(data_dir_error)?;
+            write_private(&tmp, id.to_string().as_bytes()).map_err(data_dir_error)?;
             std::fs::rename(&tmp, &path).map_err(data_dir_error)?;
             Ok(id)
         }
         Err(e) => Err(data_dir_error(e)),
     }
+}
+
+/// Writes `path` readable by the owner only (0600), whatever permissions an older file had.
+fn write_private(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    file.write_all(bytes)?;
+    file.sync_all()
 }

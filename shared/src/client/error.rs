@@ -21,6 +21,9 @@ pub enum ClientError {
     Decode(String),
     #[error("invalid agent address {0:?}")]
     BadAddress(String),
+    /// The client's settings (TLS files, `CONSUL_HTTP_SSL`, the token file) are unusable.
+    #[error("client configuration: {0}")]
+    BadConfig(String),
     #[error("missing key")]
     MissingKey,
     #[error("missing prefix")]

@@ -10,6 +10,7 @@
 //! queue the cleanup on the client; [`Client::drain_cleanups`] waits for it before exiting).
 
 mod agent;
+mod config;
 mod election;
 mod error;
 mod fair;
@@ -31,6 +32,7 @@ use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
+pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
 pub use error::ClientError;
 pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step};
@@ -112,7 +114,7 @@ struct Inner {
     /// Cleanups queued by dropped holders (release, delete, session destroy).
     cleanups: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Sent as `X-Consul-Token` on every request, as Consul's clients do with `-token`.
-    token: Option<String>,
+    token: Option<Token>,
 }
 
 /// A raw answer.
@@ -140,56 +142,45 @@ impl Reply {
 }
 
 impl Client {
-    /// A client for the agent at `addr` (`host:port` or `http://host:port`).
+    /// A client for the agent at `addr` (`host:port` or `http://host:port`), with no token and
+    /// no TLS files: HTTPS and tokens go through [`ClientConfig`].
     pub fn new(addr: &str) -> Result<Client, ClientError> {
-        let addr = addr.trim().trim_end_matches('/');
-        if addr.is_empty() {
-            return Err(ClientError::BadAddress(addr.to_owned()));
+        ClientConfig {
+            addr: Some(addr.to_owned()),
+            ..ClientConfig::default()
         }
-        let base = if addr.contains("://") {
-            addr.to_owned()
-        } else {
-            format!("http://{addr}")
-        };
-        let http = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_secs(90))
-            .tcp_nodelay(true)
-            .build()
-            .map_err(|e| ClientError::BadAddress(format!("{base}: {e}")))?;
-        Ok(Client {
+        .build()
+    }
+
+    /// Assembles a client; [`ClientConfig::build`] is the one caller.
+    fn from_parts(http: reqwest::Client, base: String, token: Option<Token>) -> Client {
+        Client {
             inner: Arc::new(Inner {
                 http,
                 base,
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
-                token: None,
-            }),
-        })
-    }
-
-    /// The same agent, with `token` sent as `X-Consul-Token` on every request.
-    pub fn with_token(&self, token: &str) -> Client {
-        Client {
-            inner: Arc::new(Inner {
-                http: self.inner.http.clone(),
-                base: self.inner.base.clone(),
-                blocking_returns: AtomicU64::new(0),
-                cleanups: Mutex::new(Vec::new()),
-                token: Some(token.to_owned()),
+                token,
             }),
         }
     }
 
-    /// The agent named by `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500.
-    pub fn from_env() -> Result<Client, ClientError> {
-        let addr = ["VIGIL_HTTP_ADDR", "CONSUL_HTTP_ADDR"]
-            .iter()
-            .find_map(|name| std::env::var(name).ok().filter(|v| !v.trim().is_empty()))
-            .unwrap_or_else(|| DEFAULT_HTTP_ADDR.to_owned());
-        Client::new(&addr)
+    /// The same agent, with `token` sent as `X-Consul-Token` on every request.
+    pub fn with_token(&self, token: &str) -> Client {
+        Client::from_parts(
+            self.inner.http.clone(),
+            self.inner.base.clone(),
+            Token::new(token),
+        )
     }
 
-    /// `http://host:port` of the agent.
+    /// The agent, TLS files and token the environment names (`VIGIL_HTTP_ADDR`, else
+    /// `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500; see [`ClientConfig`]).
+    pub fn from_env() -> Result<Client, ClientError> {
+        ClientConfig::default().from_env()?.build()
+    }
+
+    /// `http://host:port` (or `https://…`) of the agent.
     pub fn base(&self) -> &str {
         &self.inner.base
     }
@@ -224,6 +215,26 @@ impl Client {
         let _ = tokio::time::timeout(limit, all).await;
     }
 
+    /// A request to any endpoint (`path_and_query` already encoded) through this client's
+    /// connection pool, TLS settings and token, for callers that need the raw answer (a
+    /// streamed log, a snapshot's bytes). Sets no timeout.
+    pub fn request(&self, method: Method, path_and_query: &str) -> reqwest::RequestBuilder {
+        let url = format!("{}{path_and_query}", self.inner.base);
+        let request = self.inner.http.request(method, url);
+        match &self.inner.token {
+            Some(token) => match reqwest::header::HeaderValue::from_str(token.secret()) {
+                Ok(mut value) => {
+                    // Kept out of any debug output of the HTTP stack.
+                    value.set_sensitive(true);
+                    request.header("X-Consul-Token", value)
+                }
+                // A token that cannot be a header value is not sent (nor printed).
+                Err(_) => request,
+            },
+            None => request,
+        }
+    }
+
     /// Sends one request; `path_and_query` is already encoded.
     pub(crate) async fn send(
         &self,
@@ -232,11 +243,7 @@ impl Client {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Reply, ClientError> {
-        let url = format!("{}{path_and_query}", self.inner.base);
-        let mut request = self.inner.http.request(method, &url).timeout(timeout);
-        if let Some(token) = &self.inner.token {
-            request = request.header("X-Consul-Token", token);
-        }
+        let mut request = self.request(method, path_and_query).timeout(timeout);
         if let Some(body) = body {
             request = request.body(body);
         }
