@@ -65,6 +65,8 @@ pub enum Command {
     Info(crate::cmd::AgentAddr),
     /// Re-read the local agent's config file (its services and checks).
     Reload(crate::cmd::AgentAddr),
+    /// Bootstrap ACLs and manage tokens, policies and roles (`consul acl`).
+    Acl(crate::cmd::acl::AclCommand),
     /// Save, restore and inspect snapshots of the cluster's state.
     #[command(subcommand)]
     Snapshot(crate::cmd::snapshot::SnapshotCommand),

@@ -103,6 +103,7 @@ pub async fn main() -> anyhow::Result<()> {
         Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
         Command::Operator(cmd) => crate::cmd::exit(crate::cmd::operator::run(cmd).await),
         Command::Snapshot(cmd) => crate::cmd::exit(crate::cmd::snapshot::run(cmd).await),
+        Command::Acl(cmd) => crate::cmd::exit(crate::cmd::acl::run(cmd).await),
         Command::Debug(args) => crate::cmd::exit(crate::cmd::debug::run(args).await),
         Command::Monitor(args) => crate::cmd::exit(crate::cmd::monitor::monitor(args).await),
         Command::Info(agent) => crate::cmd::exit(crate::cmd::monitor::info(agent).await),

@@ -443,3 +443,112 @@ async fn py_consul_manages_acls() {
     );
     assert!(stdout.contains("checks passed"), "{stdout}");
 }
+
+/// `vigil <args>` against `agent`, with `token` (if any) in `CONSUL_HTTP_TOKEN`.
+async fn vigil(agent: &Agent, token: Option<&str>, args: &[&str]) -> std::process::Output {
+    let mut command = tokio::process::Command::new(integration_tests::binary());
+    command
+        .args(args)
+        .env("CONSUL_HTTP_ADDR", &agent.base)
+        .env_remove("VIGIL_HTTP_ADDR")
+        .env_remove("VIGIL_HTTP_TOKEN")
+        .env_remove("CONSUL_HTTP_TOKEN")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    if let Some(token) = token {
+        command.env("CONSUL_HTTP_TOKEN", token);
+    }
+    tokio::time::timeout(Duration::from_secs(30), command.output())
+        .await
+        .expect("vigil finished in time")
+        .expect("run vigil")
+}
+
+fn stdout_json(output: &std::process::Output) -> Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON output")
+}
+
+#[tokio::test]
+async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
+    let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
+    let root = eventually(Duration::from_secs(20), "vigil acl bootstrap", || {
+        let agent = &agent;
+        async move {
+            let out = vigil(agent, None, &["acl", "bootstrap", "--format", "json"]).await;
+            out.status.success().then(|| stdout_json(&out))
+        }
+    })
+    .await;
+    let root = root["SecretID"].as_str().expect("SecretID").to_owned();
+    let again = vigil(&agent, None, &["acl", "bootstrap"]).await;
+    assert!(!again.status.success());
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("ACL bootstrap no longer allowed"),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+
+    let rules = "key_prefix \"app/\" { policy = \"write\" }";
+    let policy = vigil(
+        &agent,
+        Some(&root),
+        &["acl", "policy", "create", "--name", "app", "--rules", rules],
+    )
+    .await;
+    let printed = String::from_utf8_lossy(&policy.stdout);
+    assert!(
+        policy.status.success() && printed.contains("Name:         app"),
+        "{printed}"
+    );
+    let token = vigil(
+        &agent,
+        Some(&root),
+        &[
+            "acl",
+            "token",
+            "create",
+            "--policy-name",
+            "app",
+            "--format",
+            "json",
+        ],
+    )
+    .await;
+    let token = stdout_json(&token);
+    let app = token["SecretID"].as_str().expect("SecretID");
+
+    let put = vigil(&agent, Some(app), &["kv", "put", "app/x", "1"]).await;
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    let other = vigil(&agent, Some(app), &["kv", "put", "other/x", "1"]).await;
+    assert!(!other.status.success());
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("Permission denied"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    let listed = vigil(
+        &agent,
+        Some(&root),
+        &["acl", "token", "list", "--format", "json"],
+    )
+    .await;
+    let listed = stdout_json(&listed);
+    assert!(
+        listed
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .any(|t| t["AccessorID"] == token["AccessorID"])
+    );
+    let refused = vigil(&agent, Some(app), &["acl", "token", "list"]).await;
+    assert!(!refused.status.success());
+}

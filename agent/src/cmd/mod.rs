@@ -4,6 +4,7 @@
 //! likewise, see [`AgentAddr`]) through the `vigil_shared::client` library and returns an exit
 //! status.
 
+pub mod acl;
 pub mod child;
 pub mod debug;
 pub mod elect;

@@ -69,15 +69,14 @@ async fn set_config(args: SetConfigArgs) -> anyhow::Result<i32> {
     if let Some(v) = args.min_quorum {
         config["MinQuorum"] = v.into();
     }
-    let base = args.agent.client()?.base().to_owned();
-    let response = reqwest::Client::new()
-        .put(format!("{base}{path}?cas={index}"))
-        .body(config.to_string())
-        .send()
-        .await?;
-    let status = response.status();
+    let response = call_with(
+        &args.agent,
+        reqwest::Method::PUT,
+        &format!("{path}?cas={index}"),
+        Some(config.to_string()),
+    )
+    .await?;
     let text = response.text().await.unwrap_or_default();
-    anyhow::ensure!(status.is_success(), "{status}: {}", text.trim());
     if text.trim() == "true" {
         println!("Configuration updated!");
         Ok(0)
@@ -173,7 +172,21 @@ pub async fn call(
     method: reqwest::Method,
     path: &str,
 ) -> anyhow::Result<reqwest::Response> {
-    let response = agent.client()?.request(method, path).send().await?;
+    call_with(agent, method, path, None).await
+}
+
+/// [`call`] with a request body.
+pub async fn call_with(
+    agent: &AgentAddr,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<String>,
+) -> anyhow::Result<reqwest::Response> {
+    let mut request = agent.client()?.request(method, path);
+    if let Some(body) = body {
+        request = request.body(body);
+    }
+    let response = request.send().await?;
     let status = response.status();
     if !status.is_success() && status != reqwest::StatusCode::TOO_MANY_REQUESTS {
         let text = response.text().await.unwrap_or_default();

@@ -1,0 +1,512 @@
+//! `vigil acl bootstrap|token|policy|role ...`: Consul's `consul acl` commands through the local
+//! agent's HTTP API. Results print as Consul's CLI prints them, or as the API's JSON with
+//! `--format json`.
+
+use clap::{Args, Subcommand, ValueEnum};
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::AgentAddr;
+use super::operator::call_with;
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum Format {
+    #[default]
+    Pretty,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct AclCommand {
+    #[command(subcommand)]
+    pub action: AclAction,
+    #[command(flatten)]
+    pub agent: AgentAddr,
+    /// How to print results.
+    #[arg(long, value_enum, default_value_t, global = true)]
+    pub format: Format,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AclAction {
+    /// Create the first management token (once).
+    Bootstrap,
+    #[command(subcommand)]
+    Token(TokenAction),
+    #[command(subcommand)]
+    Policy(PolicyAction),
+    #[command(subcommand)]
+    Role(RoleAction),
+}
+
+/// Links to policies and roles, and identities, as `consul acl token create` takes them.
+#[derive(Debug, Args, Default)]
+pub struct Grants {
+    /// Policy to link, by ID (repeatable).
+    #[arg(long = "policy-id")]
+    policy_ids: Vec<String>,
+    /// Policy to link, by name (repeatable).
+    #[arg(long = "policy-name")]
+    policy_names: Vec<String>,
+    /// Role to link, by ID (repeatable).
+    #[arg(long = "role-id")]
+    role_ids: Vec<String>,
+    /// Role to link, by name (repeatable).
+    #[arg(long = "role-name")]
+    role_names: Vec<String>,
+    /// A service identity, `NAME` or `NAME:DC1,DC2` (repeatable).
+    #[arg(long = "service-identity")]
+    service_identities: Vec<String>,
+    /// A node identity, `NODE:DC` (repeatable).
+    #[arg(long = "node-identity")]
+    node_identities: Vec<String>,
+}
+
+impl Grants {
+    /// Adds the links and identities to a token or role body.
+    fn into_body(self, body: &mut Value, with_roles: bool) -> anyhow::Result<()> {
+        let links = |ids: Vec<String>, names: Vec<String>| -> Vec<Value> {
+            ids.into_iter()
+                .map(|id| json!({ "ID": id }))
+                .chain(names.into_iter().map(|name| json!({ "Name": name })))
+                .collect()
+        };
+        let policies = links(self.policy_ids, self.policy_names);
+        if !policies.is_empty() {
+            body["Policies"] = policies.into();
+        }
+        let roles = links(self.role_ids, self.role_names);
+        if !roles.is_empty() {
+            anyhow::ensure!(with_roles, "a role cannot link roles");
+            body["Roles"] = roles.into();
+        }
+        let services: Vec<Value> = self
+            .service_identities
+            .iter()
+            .map(|s| match s.split_once(':') {
+                Some((name, dcs)) => json!({
+                    "ServiceName": name,
+                    "Datacenters": dcs.split(',').collect::<Vec<_>>(),
+                }),
+                None => json!({ "ServiceName": s }),
+            })
+            .collect();
+        if !services.is_empty() {
+            body["ServiceIdentities"] = services.into();
+        }
+        let nodes = self
+            .node_identities
+            .iter()
+            .map(|n| {
+                let (node, dc) = n
+                    .split_once(':')
+                    .ok_or_else(|| anyhow::anyhow!("--node-identity must be NODE:DC, not {n:?}"))?;
+                Ok(json!({ "NodeName": node, "Datacenter": dc }))
+            })
+            .collect::<anyhow::Result<Vec<Value>>>()?;
+        if !nodes.is_empty() {
+            body["NodeIdentities"] = nodes.into();
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenAction {
+    /// Create a token.
+    Create {
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        grants: Grants,
+        /// The token expires this long after it is created (Go duration).
+        #[arg(long = "expires-ttl")]
+        expires_ttl: Option<String>,
+        /// Local to this datacenter.
+        #[arg(long)]
+        local: bool,
+        /// Use this secret instead of a random one.
+        #[arg(long)]
+        secret: Option<String>,
+    },
+    /// Show a token by accessor ID, or the one in use with --self.
+    Read {
+        #[arg(long, required_unless_present = "self_")]
+        id: Option<String>,
+        #[arg(long = "self")]
+        self_: bool,
+    },
+    /// Replace a token's description and links.
+    Update {
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        grants: Grants,
+    },
+    /// A new token with the same links.
+    Clone {
+        #[arg(long)]
+        id: String,
+        #[arg(long, default_value = "")]
+        description: String,
+    },
+    /// Delete a token.
+    Delete {
+        #[arg(long)]
+        id: String,
+    },
+    /// Every token.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyAction {
+    /// Create a policy; `--rules @FILE` reads them from a file.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[arg(long, default_value = "")]
+        rules: String,
+    },
+    /// Show a policy by ID or name.
+    Read {
+        #[arg(long, required_unless_present = "name")]
+        id: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Replace a policy's name, description and rules.
+    Update {
+        #[arg(long)]
+        id: String,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[arg(long, default_value = "")]
+        rules: String,
+    },
+    /// Delete a policy by ID or name.
+    Delete {
+        #[arg(long, required_unless_present = "name")]
+        id: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Every policy.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RoleAction {
+    /// Create a role.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value = "")]
+        description: String,
+        #[command(flatten)]
+        grants: Grants,
+    },
+    /// Show a role by ID or name.
+    Read {
+        #[arg(long, required_unless_present = "name")]
+        id: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Delete a role by ID or name.
+    Delete {
+        #[arg(long, required_unless_present = "name")]
+        id: Option<String>,
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Every role.
+    List,
+}
+
+/// `--rules @FILE` reads the file, as Consul's CLI does.
+fn rules_text(rules: String) -> anyhow::Result<String> {
+    match rules.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("reading rules from {path}: {e}")),
+        None => Ok(rules),
+    }
+}
+
+async fn send(
+    agent: &AgentAddr,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<Value> {
+    let response = call_with(agent, method, path, body.map(|b| b.to_string())).await?;
+    Ok(response.json().await?)
+}
+
+/// An ID, or the ID of the policy or role with `name` (`kind`: `policy` or `role`).
+async fn id_of(
+    agent: &AgentAddr,
+    kind: &str,
+    id: Option<String>,
+    name: Option<String>,
+) -> anyhow::Result<String> {
+    match (id, name) {
+        (Some(id), _) => Ok(id),
+        (None, Some(name)) => {
+            let found = send(
+                agent,
+                Method::GET,
+                &format!("/v1/acl/{kind}/name/{name}"),
+                None,
+            )
+            .await?;
+            Ok(found["ID"].as_str().unwrap_or_default().to_owned())
+        }
+        (None, None) => anyhow::bail!("give --id or --name"),
+    }
+}
+
+fn text(v: &Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+fn print_links(title: &str, links: &Value) {
+    if let Some(links) = links.as_array().filter(|l| !l.is_empty()) {
+        println!("{title}:");
+        for l in links {
+            println!("   {} - {}", text(&l["ID"]), text(&l["Name"]));
+        }
+    }
+}
+
+fn print_identities(v: &Value) {
+    if let Some(ids) = v["ServiceIdentities"].as_array() {
+        println!("Service Identities:");
+        for s in ids {
+            let dcs: Vec<&str> = s["Datacenters"]
+                .as_array()
+                .map(|d| d.iter().map(text).collect())
+                .unwrap_or_default();
+            let dcs = if dcs.is_empty() {
+                "all".to_owned()
+            } else {
+                dcs.join(", ")
+            };
+            println!("   {} (Datacenters: {dcs})", text(&s["ServiceName"]));
+        }
+    }
+    if let Some(ids) = v["NodeIdentities"].as_array() {
+        println!("Node Identities:");
+        for n in ids {
+            println!(
+                "   {} (Datacenter: {})",
+                text(&n["NodeName"]),
+                text(&n["Datacenter"])
+            );
+        }
+    }
+}
+
+fn print_token(t: &Value) {
+    println!("AccessorID:       {}", text(&t["AccessorID"]));
+    println!("SecretID:         {}", text(&t["SecretID"]));
+    println!("Description:      {}", text(&t["Description"]));
+    println!("Local:            {}", t["Local"]);
+    println!("Create Time:      {}", text(&t["CreateTime"]));
+    if let Some(at) = t["ExpirationTime"].as_str() {
+        println!("Expiration Time:  {at}");
+    }
+    print_links("Policies", &t["Policies"]);
+    print_links("Roles", &t["Roles"]);
+    print_identities(t);
+}
+
+fn print_policy(p: &Value) {
+    println!("ID:           {}", text(&p["ID"]));
+    println!("Name:         {}", text(&p["Name"]));
+    println!("Description:  {}", text(&p["Description"]));
+    let dcs: Vec<&str> = p["Datacenters"]
+        .as_array()
+        .map(|d| d.iter().map(text).collect())
+        .unwrap_or_default();
+    println!("Datacenters:  {}", dcs.join(", "));
+    if let Some(rules) = p["Rules"].as_str() {
+        println!("Rules:");
+        println!("{rules}");
+    }
+}
+
+fn print_role(r: &Value) {
+    println!("ID:           {}", text(&r["ID"]));
+    println!("Name:         {}", text(&r["Name"]));
+    println!("Description:  {}", text(&r["Description"]));
+    print_links("Policies", &r["Policies"]);
+    print_identities(r);
+}
+
+/// Prints one result, or a list (blank line between items), in the chosen format.
+fn output(format: Format, value: &Value, print: fn(&Value)) -> anyhow::Result<()> {
+    match (format, value.as_array()) {
+        (Format::Json, _) => println!("{}", serde_json::to_string_pretty(value)?),
+        (Format::Pretty, Some(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print(item);
+            }
+        }
+        (Format::Pretty, None) => print(value),
+    }
+    Ok(())
+}
+
+pub async fn run(cmd: AclCommand) -> anyhow::Result<i32> {
+    let agent = &cmd.agent;
+    let format = cmd.format;
+    match cmd.action {
+        AclAction::Bootstrap => {
+            let token = send(agent, Method::PUT, "/v1/acl/bootstrap", None).await?;
+            output(format, &token, print_token)?;
+        }
+        AclAction::Token(action) => token(agent, format, action).await?,
+        AclAction::Policy(action) => policy(agent, format, action).await?,
+        AclAction::Role(action) => role(agent, format, action).await?,
+    }
+    Ok(0)
+}
+
+async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow::Result<()> {
+    let result = match action {
+        TokenAction::Create {
+            description,
+            grants,
+            expires_ttl,
+            local,
+            secret,
+        } => {
+            let mut body = json!({ "Description": description, "Local": local });
+            grants.into_body(&mut body, true)?;
+            if let Some(ttl) = expires_ttl {
+                body["ExpirationTTL"] = ttl.into();
+            }
+            if let Some(secret) = secret {
+                body["SecretID"] = secret.into();
+            }
+            send(agent, Method::PUT, "/v1/acl/token", Some(body)).await?
+        }
+        TokenAction::Read { id, self_ } => {
+            let path = match id.filter(|_| !self_) {
+                Some(id) => format!("/v1/acl/token/{id}"),
+                None => "/v1/acl/token/self".to_owned(),
+            };
+            send(agent, Method::GET, &path, None).await?
+        }
+        TokenAction::Update {
+            id,
+            description,
+            grants,
+        } => {
+            let mut body = json!({ "Description": description });
+            grants.into_body(&mut body, true)?;
+            send(
+                agent,
+                Method::PUT,
+                &format!("/v1/acl/token/{id}"),
+                Some(body),
+            )
+            .await?
+        }
+        TokenAction::Clone { id, description } => {
+            let body = json!({ "Description": description });
+            send(
+                agent,
+                Method::PUT,
+                &format!("/v1/acl/token/{id}/clone"),
+                Some(body),
+            )
+            .await?
+        }
+        TokenAction::Delete { id } => {
+            send(agent, Method::DELETE, &format!("/v1/acl/token/{id}"), None).await?;
+            println!("Token \"{id}\" deleted successfully");
+            return Ok(());
+        }
+        TokenAction::List => send(agent, Method::GET, "/v1/acl/tokens", None).await?,
+    };
+    output(format, &result, print_token)
+}
+
+async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyhow::Result<()> {
+    let result = match action {
+        PolicyAction::Create {
+            name,
+            description,
+            rules,
+        } => {
+            let body =
+                json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
+            send(agent, Method::PUT, "/v1/acl/policy", Some(body)).await?
+        }
+        PolicyAction::Read { id, name } => {
+            let id = id_of(agent, "policy", id, name).await?;
+            send(agent, Method::GET, &format!("/v1/acl/policy/{id}"), None).await?
+        }
+        PolicyAction::Update {
+            id,
+            name,
+            description,
+            rules,
+        } => {
+            let body =
+                json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
+            send(
+                agent,
+                Method::PUT,
+                &format!("/v1/acl/policy/{id}"),
+                Some(body),
+            )
+            .await?
+        }
+        PolicyAction::Delete { id, name } => {
+            let id = id_of(agent, "policy", id, name).await?;
+            send(agent, Method::DELETE, &format!("/v1/acl/policy/{id}"), None).await?;
+            println!("Policy \"{id}\" deleted successfully");
+            return Ok(());
+        }
+        PolicyAction::List => send(agent, Method::GET, "/v1/acl/policies", None).await?,
+    };
+    output(format, &result, print_policy)
+}
+
+async fn role(agent: &AgentAddr, format: Format, action: RoleAction) -> anyhow::Result<()> {
+    let result = match action {
+        RoleAction::Create {
+            name,
+            description,
+            grants,
+        } => {
+            let mut body = json!({ "Name": name, "Description": description });
+            grants.into_body(&mut body, false)?;
+            send(agent, Method::PUT, "/v1/acl/role", Some(body)).await?
+        }
+        RoleAction::Read { id, name } => {
+            let id = id_of(agent, "role", id, name).await?;
+            send(agent, Method::GET, &format!("/v1/acl/role/{id}"), None).await?
+        }
+        RoleAction::Delete { id, name } => {
+            let id = id_of(agent, "role", id, name).await?;
+            send(agent, Method::DELETE, &format!("/v1/acl/role/{id}"), None).await?;
+            println!("Role \"{id}\" deleted successfully");
+            return Ok(());
+        }
+        RoleAction::List => send(agent, Method::GET, "/v1/acl/roles", None).await?,
+    };
+    output(format, &result, print_role)
+}
