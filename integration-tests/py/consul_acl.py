@@ -10,16 +10,7 @@ import json
 import sys
 
 import consul
-
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise SystemExit(f"FAILED: {what}")
-    checks += 1
-
+from checks import check, passed
 
 def refused(call, what):
     try:
@@ -75,7 +66,7 @@ def main(host, port, root):
 
     check(c.acl.token.delete(clone["AccessorID"]), "token delete")
     check(c.acl.role.delete(role["ID"]), "role delete")
-    print(f"{checks} checks passed")
+    passed("py-consul acl")
 
 
 if __name__ == "__main__":

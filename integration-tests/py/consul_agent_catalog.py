@@ -8,17 +8,8 @@ import sys
 import time
 
 import consul
+from checks import check, passed
 from consul import Check
-
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise SystemExit(f"FAILED: {what}")
-    checks += 1
-
 
 def eventually(what, probe, limit=20.0):
     """Polls `probe` until it returns something true, within `limit` seconds."""
@@ -124,7 +115,7 @@ def main(host, port, node):
 
     check(c.agent.service.deregister("web2") is True, "service deregister")
     check("web2" not in c.agent.services(), "web2 gone")
-    print(f"py-consul agent/catalog: {checks} checks passed")
+    passed("py-consul agent/catalog")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,7 @@ import sys
 import threading
 
 import consul
-
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise SystemExit(f"FAILED: {what}")
-    checks += 1
-
+from checks import check, passed
 
 def main(host, port):
     c = consul.Consul(host=host, port=int(port))
@@ -93,7 +84,7 @@ def main(host, port):
     check(len(c.status.peers()) == 1, "one peer")
 
     c.session.destroy(s1)
-    print(f"py-consul: {checks} checks passed")
+    passed()
 
 
 if __name__ == "__main__":

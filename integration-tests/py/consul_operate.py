@@ -8,16 +8,7 @@ Exits non-zero on the first failed check.
 import sys
 
 import consul
-
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        raise SystemExit(f"FAILED: {what}")
-    checks += 1
-
+from checks import check, passed
 
 def main(host, port, key, new_key):
     c = consul.Consul(host=host, port=int(port))
@@ -78,7 +69,7 @@ def main(host, port, key, new_key):
     pools = c.operator.keyring_list(local_only=True)
     check(pools[0]["Keys"] == {new_key: 1} and pools[0]["PrimaryKeys"] == {new_key: 1}, f"rotated {pools}")
 
-    print(f"{checks} checks passed")
+    passed("py-consul operate")
 
 
 if __name__ == "__main__":

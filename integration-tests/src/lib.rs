@@ -351,6 +351,40 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     format!("--- last lines of {} ---\n{tail}", path.display())
 }
 
+/// Runs `integration-tests/py/<script>` with py-consul against `agent` (host, port and
+/// `extra` arguments) and returns its stdout; panics unless it exits 0 having printed its
+/// `checks passed` line.
+pub async fn run_py_consul(script: &str, agent: &Agent, extra: &[&str]) -> String {
+    let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let pydeps = workspace.join("target/pydeps");
+    assert!(
+        pydeps.join("consul").is_dir(),
+        "py-consul is missing: run scripts/install-test-deps.sh"
+    );
+    let addr = agent.base.trim_start_matches("http://").to_owned();
+    let (host, port) = addr.rsplit_once(':').expect("host:port");
+
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("python3")
+            .arg(workspace.join("integration-tests/py").join(script))
+            .args([host, port])
+            .args(extra)
+            .env("PYTHONPATH", &pydeps)
+            .output(),
+    )
+    .await
+    .expect("py-consul script finished in time")
+    .expect("run python3");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains("checks passed"),
+        "py-consul script failed:\n{stdout}\n{stderr}"
+    );
+    stdout
+}
+
 /// Polls `check` until it returns `Some`, or panics with `what` after `limit`.
 pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
 where

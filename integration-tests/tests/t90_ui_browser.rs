@@ -489,6 +489,107 @@ async fn scenario(agent: &Agent, browser: &Browser) {
     }
 }
 
+const ROOT: &str = "9b0c8a52-41d6-4f3e-8e57-2f6d1a0c3b11";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ui_shows_what_its_token_may_read_and_the_servers_refusals() {
+    let agent = Agent::dev_with(&[
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        ROOT,
+    ])
+    .await;
+    let root = agent.with_token(ROOT);
+    eventually(SLOW, "the initial management token", || async {
+        (root.get("/v1/acl/token/self").await.status == StatusCode::OK).then_some(())
+    })
+    .await;
+    // A token that reads and writes app/ and reads every session, but may not destroy them.
+    let rules =
+        "key_prefix \"app/\" { policy = \"write\" }\nsession_prefix \"\" { policy = \"read\" }";
+    let policy = root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": "app", "Rules": rules}).to_string(),
+        )
+        .await;
+    assert_eq!(policy.status, StatusCode::OK, "{}", policy.text());
+    let token = root
+        .put(
+            "/v1/acl/token",
+            json!({"Policies": [{"Name": "app"}]}).to_string(),
+        )
+        .await
+        .json();
+    let secret = token["SecretID"].as_str().expect("SecretID").to_owned();
+    // Locks under app/ and other/, both held by the management token's sessions.
+    let mut held = Vec::new();
+    for key in ["app/lock", "other/lock"] {
+        let session = root.session(&json!({"Name": key}).to_string()).await;
+        let took = root
+            .put(&format!("/v1/kv/{key}?acquire={session}"), "x")
+            .await;
+        assert_eq!(took.json(), json!(true), "{key}");
+        held.push(session);
+    }
+
+    let browser = Browser::start(&agent.base).await;
+    let outcome = AssertUnwindSafe(async {
+        // Without a token nothing is readable: the locks page shows nothing held.
+        browser.open("#/locks", "locks").await;
+        let text = browser.text("#locks").await.unwrap_or_default();
+        assert!(text.contains("Nothing is locked"), "{text}");
+
+        // With the app's token, app/lock shows and other/lock does not.
+        browser.click(".token summary").await;
+        browser
+            .driver
+            .find(Locator::Css("#token"))
+            .await
+            .expect("the token field")
+            .send_keys(&secret)
+            .await
+            .expect("type the token");
+        browser.click("#token-form button[type=submit]").await;
+        browser.rendered("locks").await;
+        eventually(SLOW, "app/lock on the locks page", || async {
+            let rows = browser.rows("tr[data-key=\"app/lock\"]").await;
+            (sessions(&rows) == [held[0].as_str()]).then_some(())
+        })
+        .await;
+        assert!(browser.rows("tr[data-key=\"other/lock\"]").await.is_empty());
+
+        // Destroying a session it may only read is refused with the server's message, and
+        // the session lives on.
+        browser.click("nav a[data-page=sessions]").await;
+        browser.rendered("sessions").await;
+        browser
+            .click(&format!("button[data-destroy=\"{}\"]", held[0]))
+            .await;
+        browser.click("dialog[open] #confirm-destroy").await;
+        let refusal = eventually(SLOW, "the refusal shown", || async {
+            let shown = browser
+                .driver
+                .find(Locator::Css("dialog[open] .dialog-error"))
+                .await
+                .ok()?;
+            let text = shown.text().await.ok()?;
+            text.contains("Permission denied").then_some(text)
+        })
+        .await;
+        assert!(refusal.contains("403"), "{refusal}");
+        let info = root.get(&format!("/v1/session/info/{}", held[0])).await;
+        assert_eq!(info.json()[0]["ID"], held[0].as_str());
+    })
+    .catch_unwind()
+    .await;
+    browser.close().await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
 /// The `Session` of a holder or waiter in `/v1/vigil/locks`.
 fn session_of(entry: &Value) -> String {
     entry["Session"].as_str().unwrap_or_default().to_owned()

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, Http, binary, eventually};
+use integration_tests::{Agent, Http, binary, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_agent::gossip::generate_key;
@@ -573,34 +573,9 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
 
 #[tokio::test]
 async fn py_consul_operates_an_agent() {
-    let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let pydeps = workspace.join("target/pydeps");
-    assert!(
-        pydeps.join("consul").is_dir(),
-        "py-consul is missing: run scripts/install-test-deps.sh"
-    );
     let (key, new_key) = (generate_key(), generate_key());
     let agent = Agent::dev_with(&["--session-ttl-min", "1s", "--encrypt", &key]).await;
-    let addr = agent.base.trim_start_matches("http://").to_owned();
-    let (host, port) = addr.rsplit_once(':').expect("host:port");
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("python3")
-            .arg(workspace.join("integration-tests/py/consul_operate.py"))
-            .args([host, port, &key, &new_key])
-            .env("PYTHONPATH", &pydeps)
-            .output(),
-    )
-    .await
-    .expect("py-consul script finished in time")
-    .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "py-consul script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("checks passed"), "{stdout}");
+    run_py_consul("consul_operate.py", &agent, &[&key, &new_key]).await;
 }
 
 /// `GET /v1/operator/keyring` through `agent`: Consul's list of pools.

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::Cluster;
-use integration_tests::{Agent, Http, eventually};
+use integration_tests::{Agent, Http, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -414,34 +414,9 @@ async fn acl_state_survives_a_leader_failover() {
 
 #[tokio::test]
 async fn py_consul_manages_acls() {
-    let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let pydeps = workspace.join("target/pydeps");
-    assert!(
-        pydeps.join("consul").is_dir(),
-        "py-consul is missing: run scripts/install-test-deps.sh"
-    );
     let agent = deny_agent().await;
     management(&agent).await;
-    let addr = agent.base.trim_start_matches("http://").to_owned();
-    let (host, port) = addr.rsplit_once(':').expect("host:port");
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("python3")
-            .arg(workspace.join("integration-tests/py/consul_acl.py"))
-            .args([host, port, ROOT])
-            .env("PYTHONPATH", &pydeps)
-            .output(),
-    )
-    .await
-    .expect("py-consul script finished in time")
-    .expect("run python3");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "py-consul script failed:\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("checks passed"), "{stdout}");
+    run_py_consul("consul_acl.py", &agent, &[ROOT]).await;
 }
 
 /// `vigil <args>` against `agent`, with `token` (if any) in `CONSUL_HTTP_TOKEN`.

@@ -17,7 +17,9 @@ use vigil_shared::acl::{
 };
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::duration::parse_go_duration;
-use vigil_shared::rpc::{AclOp, ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
+use vigil_shared::rpc::{
+    AclOp, ApplyError, Op, Query, QueryMeta, QueryOptions, Response as ServerResponse, reads,
+};
 
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -64,7 +66,7 @@ pub async fn check_session_write(
     let query = reads::SessionInfo {
         id: session.to_owned(),
     };
-    let (sessions, _) = state.backend.read(fresh(), query).await?;
+    let (sessions, _) = state.backend.read(QueryOptions::default(), query).await?;
     let Some(s) = sessions.first() else {
         return Ok(());
     };
@@ -148,6 +150,41 @@ fn acl_disabled(state: &AppState) -> Result<(), ApiError> {
     }
 }
 
+/// Changing ACLs needs them enabled and `acl:write`.
+fn manage(state: &AppState, authz: &Authz) -> Result<(), ApiError> {
+    acl_disabled(state)?;
+    authz.check(Resource::Acl, Access::Write, "")
+}
+
+/// Reading ACLs needs them enabled and `acl:read`.
+fn inspect(state: &AppState, authz: &Authz) -> Result<(), ApiError> {
+    acl_disabled(state)?;
+    authz.check(Resource::Acl, Access::Read, "")
+}
+
+/// The one item a read by ID or name found, or Consul's 403 `ACL not found`.
+async fn read_one<T, Q: Query<Output = Vec<T>>>(
+    state: &AppState,
+    params: &Params,
+    query: Q,
+) -> Result<(T, QueryMeta), ApiError> {
+    let (items, meta) = read(state, params, query).await?;
+    let item = items.into_iter().next().ok_or_else(acl_not_found)?;
+    Ok((item, meta))
+}
+
+/// Commits a deletion and answers Consul's `true`.
+async fn delete(
+    state: &AppState,
+    authz: &Authz,
+    op: AclOp,
+    uri: &axum::http::Uri,
+) -> Result<Response, ApiError> {
+    manage(state, authz)?;
+    write(state, op).await?;
+    Ok(json(&Params::parse(uri.query()), &true))
+}
+
 /// Commits an ACL change; Consul's codes for what the servers refuse.
 async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
     match state.backend.write(Op::Acl(op)).await? {
@@ -160,11 +197,6 @@ async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
         ServerResponse::Rejected(e) => Err(ApiError::server(e.to_string())),
         other => Err(ApiError::unexpected(other)),
     }
-}
-
-/// Reads from the leader (so a change just written is seen).
-fn fresh() -> QueryOptions {
-    QueryOptions::default()
 }
 
 fn rfc3339_ms(ms: u64) -> String {
@@ -418,16 +450,10 @@ fn token_from(body: TokenBody, now_ms: u64) -> Result<Token, ApiError> {
 }
 
 async fn read_token(state: &AppState, accessor_id: &str) -> Result<Token, ApiError> {
-    let (tokens, _) = state
-        .backend
-        .read(
-            fresh(),
-            reads::AclToken {
-                accessor_id: accessor_id.to_owned(),
-            },
-        )
-        .await?;
-    tokens.into_iter().next().ok_or_else(acl_not_found)
+    let query = reads::AclToken {
+        accessor_id: accessor_id.to_owned(),
+    };
+    Ok(read_one(state, &Params::default(), query).await?.0)
 }
 
 /// `PUT /v1/acl/bootstrap`: the first management token, once.
@@ -461,8 +487,7 @@ pub async fn create_token(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let mut token = token_from(decode(&body)?, vigil_server::proposer::wall_ms())?;
     if token.secret_id.is_empty() {
         token.secret_id = uuid::Uuid::new_v4().to_string();
@@ -498,12 +523,10 @@ pub async fn get_token(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
+    inspect(&state, &authz)?;
     let params = Params::parse(uri.query());
-    let (tokens, meta) = read(&state, &params, reads::AclToken { accessor_id: id }).await?;
-    let token = tokens.first().ok_or_else(acl_not_found)?;
-    Ok(with_meta(meta, json(&params, &token_json(token))))
+    let (token, meta) = read_one(&state, &params, reads::AclToken { accessor_id: id }).await?;
+    Ok(with_meta(meta, json(&params, &token_json(&token))))
 }
 
 /// `PUT /v1/acl/token/<accessor>`: replaces what the body sets.
@@ -514,8 +537,7 @@ pub async fn update_token(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: TokenBody = decode(&body)?;
     if !body.accessorid.is_empty() && body.accessorid != id {
         return Err(ApiError::bad_request(
@@ -555,8 +577,7 @@ pub async fn clone_token(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: CloneBody = decode(&body)?;
     let original = read_token(&state, &id).await?;
     let clone = Token {
@@ -601,10 +622,7 @@ pub async fn delete_token(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
-    write(&state, AclOp::DeleteToken { accessor_id: id }).await?;
-    Ok(json(&Params::parse(uri.query()), &true))
+    delete(&state, &authz, AclOp::DeleteToken { accessor_id: id }, &uri).await
 }
 
 /// `GET /v1/acl/tokens`, with Consul's `policy`, `role` and `servicename` filters.
@@ -613,8 +631,7 @@ pub async fn list_tokens(
     authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
+    inspect(&state, &authz)?;
     let params = Params::parse(uri.query());
     let (tokens, meta) = read(&state, &params, reads::AclTokenList {}).await?;
     let policy = params.get("policy").filter(|p| !p.is_empty());
@@ -664,8 +681,7 @@ async fn read_policy(state: &AppState, id: &str) -> Result<Policy, ApiError> {
         id: id.to_owned(),
         by_name: false,
     };
-    let (policies, _) = state.backend.read(fresh(), query).await?;
-    policies.into_iter().next().ok_or_else(acl_not_found)
+    Ok(read_one(state, &Params::default(), query).await?.0)
 }
 
 /// `PUT /v1/acl/policy`.
@@ -675,8 +691,7 @@ pub async fn create_policy(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: PolicyBody = decode(&body)?;
     if !body.id.is_empty() {
         return Err(ApiError::bad_request(
@@ -704,11 +719,9 @@ async fn get_policy_by(
     by_name: bool,
     params: Params,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
-    let (policies, meta) = read(&state, &params, reads::AclPolicy { id, by_name }).await?;
-    let policy = policies.first().ok_or_else(acl_not_found)?;
-    Ok(with_meta(meta, json(&params, &policy_json(policy))))
+    inspect(&state, &authz)?;
+    let (policy, meta) = read_one(&state, &params, reads::AclPolicy { id, by_name }).await?;
+    Ok(with_meta(meta, json(&params, &policy_json(&policy))))
 }
 
 /// `GET /v1/acl/policy/<id>`.
@@ -739,8 +752,7 @@ pub async fn update_policy(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: PolicyBody = decode(&body)?;
     if !body.id.is_empty() && body.id != id {
         return Err(ApiError::bad_request(
@@ -767,10 +779,7 @@ pub async fn delete_policy(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
-    write(&state, AclOp::DeletePolicy { id }).await?;
-    Ok(json(&Params::parse(uri.query()), &true))
+    delete(&state, &authz, AclOp::DeletePolicy { id }, &uri).await
 }
 
 /// `GET /v1/acl/policies`.
@@ -779,8 +788,7 @@ pub async fn list_policies(
     authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
+    inspect(&state, &authz)?;
     let params = Params::parse(uri.query());
     let (policies, meta) = read(&state, &params, reads::AclPolicyList {}).await?;
     let out: Vec<Value> = policies.iter().map(policy_entry_json).collect();
@@ -816,8 +824,7 @@ async fn read_role(state: &AppState, id: &str) -> Result<Role, ApiError> {
         id: id.to_owned(),
         by_name: false,
     };
-    let (roles, _) = state.backend.read(fresh(), query).await?;
-    roles.into_iter().next().ok_or_else(acl_not_found)
+    Ok(read_one(state, &Params::default(), query).await?.0)
 }
 
 /// `PUT /v1/acl/role`.
@@ -827,8 +834,7 @@ pub async fn create_role(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: RoleBody = decode(&body)?;
     if !body.id.is_empty() {
         return Err(ApiError::bad_request(
@@ -849,11 +855,9 @@ async fn get_role_by(
     by_name: bool,
     params: Params,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
-    let (roles, meta) = read(&state, &params, reads::AclRole { id, by_name }).await?;
-    let role = roles.first().ok_or_else(acl_not_found)?;
-    Ok(with_meta(meta, json(&params, &role_json(role))))
+    inspect(&state, &authz)?;
+    let (role, meta) = read_one(&state, &params, reads::AclRole { id, by_name }).await?;
+    Ok(with_meta(meta, json(&params, &role_json(&role))))
 }
 
 /// `GET /v1/acl/role/<id>`.
@@ -884,8 +888,7 @@ pub async fn update_role(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
+    manage(&state, &authz)?;
     let body: RoleBody = decode(&body)?;
     if !body.id.is_empty() && body.id != id {
         return Err(ApiError::bad_request(
@@ -912,10 +915,7 @@ pub async fn delete_role(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Write, "")?;
-    write(&state, AclOp::DeleteRole { id }).await?;
-    Ok(json(&Params::parse(uri.query()), &true))
+    delete(&state, &authz, AclOp::DeleteRole { id }, &uri).await
 }
 
 /// `GET /v1/acl/roles`, with Consul's `policy` filter.
@@ -924,8 +924,7 @@ pub async fn list_roles(
     authz: Authz,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    authz.check(Resource::Acl, Access::Read, "")?;
+    inspect(&state, &authz)?;
     let params = Params::parse(uri.query());
     let (roles, meta) = read(&state, &params, reads::AclRoleList {}).await?;
     let policy = params.get("policy").filter(|p| !p.is_empty());

@@ -268,6 +268,28 @@ mod tests {
     }
 
     #[test]
+    fn the_acl_table_is_consuls_acl_block() {
+        let file = parse(
+            "[acl]\ndefault_policy = \"deny\"\n[acl.tokens]\ninitial_management = \"root\"\nagent = \"a\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            file.acl,
+            AclConfig {
+                default_policy: Some(DefaultPolicy::Deny),
+                initial_management: Some("root".into()),
+                agent_token: Some("a".into()),
+            }
+        );
+        let enabled = parse("[acl]\nenabled = true\n").unwrap();
+        assert_eq!(enabled.acl.default_policy, Some(DefaultPolicy::Allow));
+        assert_eq!(parse("").unwrap().acl, AclConfig::default());
+        assert!(parse("[acl]\ndefault_policy = \"maybe\"\n").is_err());
+        let err = parse("[acl]\ntokens = { master = \"x\" }\n").unwrap_err();
+        assert!(err.contains("acl.tokens.master"), "{err}");
+    }
+
+    #[test]
     fn services_and_checks_in_config_spelling() {
         let defs = parse(
             r#"
