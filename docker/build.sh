@@ -3,8 +3,10 @@
 #   1. statically linked `vigil` and `vigil-demo` (the fencing demo's bank and worker;
 #      crt-static glibc, release)                             -> docker/rootfs/bin/
 #   2. Debian's static busybox (package busybox-static)         -> docker/rootfs/bin/busybox
-#   3. the gossip key and the TLS CA and certificates (s1-s3, c1-c3) -> docker/secrets/ (kept
-#      if they exist; VIGIL_NEW_SECRETS=1 makes new ones)
+#   3. the gossip key, the TLS CA and certificates (s1-s3, c1-c3) and the ACL token secrets
+#      (acl-management.token: the initial management token; acl-demo-worker.token: the demo
+#      workers' least-privilege token) -> docker/secrets/ (each kept if it exists;
+#      VIGIL_NEW_SECRETS=1 makes new ones)
 #   4. the image vigil:dev (FROM scratch; VIGIL_IMAGE overrides the tag)
 # Then: `docker compose up -d` (or `docker-compose up -d`).
 set -euo pipefail
@@ -49,26 +51,50 @@ if ! is_static "$ROOTFS/busybox"; then
   is_static "$ROOTFS/busybox" || { echo "build.sh: no static busybox" >&2; exit 1; }
 fi
 
-echo "==> 3/4 gossip key and TLS certificates in $SECRETS"
+echo "==> 3/4 gossip key, TLS certificates and ACL tokens in $SECRETS"
+vigil=$PWD/$ROOTFS/vigil
+# `tls cert create` prints "==> Saved <cert>" and "==> Saved <cert>-key.pem".
+cert() { # server|client node, in $SECRETS
+  local saved
+  saved=$("$vigil" tls cert create "--$1" --node "$2" | awk '/Saved/ && !/-key\.pem$/ {print $3}')
+  mv -f "$saved" "$2.pem"
+  mv -f "${saved%.pem}-key.pem" "$2-key.pem"
+}
 if [ -n "${VIGIL_NEW_SECRETS:-}" ] || [ ! -s "$SECRETS/gossip.key" ]; then
   rm -rf "$SECRETS"
   mkdir -p "$SECRETS"
-  vigil=$PWD/$ROOTFS/vigil
   (
     cd "$SECRETS"
     "$vigil" keygen > gossip.key
     "$vigil" tls ca create
-    # `tls cert create` prints "==> Saved <cert>" and "==> Saved <cert>-key.pem".
-    cert() {
-      local saved
-      saved=$("$vigil" tls cert create "--$1" --node "$2" | awk '/Saved/ && !/-key\.pem$/ {print $3}')
-      mv "$saved" "$2.pem"
-      mv "${saved%.pem}-key.pem" "$2-key.pem"
-    }
     for node in s1 s2 s3; do cert server "$node"; done
     for node in c1 c2 c3; do cert client "$node"; done
   )
+elif command -v openssl >/dev/null; then
+  # Client certificates made before they named 127.0.0.1 cannot serve HTTPS to clients on
+  # 127.0.0.1 (in the container and through the published ports): issue those again, same CA.
+  (
+    cd "$SECRETS"
+    for node in s1 s2 s3 c1 c2 c3; do
+      if ! openssl x509 -in "$node.pem" -noout -ext subjectAltName 2>/dev/null |
+        grep -q 'IP Address:127\.0\.0\.1'; then
+        case $node in s*) role=server ;; *) role=client ;; esac
+        echo "build.sh: $node.pem does not name 127.0.0.1; issuing it again"
+        cert "$role" "$node"
+      fi
+    done
+  )
+else
+  echo "build.sh: no openssl to check that the certificates name 127.0.0.1 (VIGIL_NEW_SECRETS=1 remakes them)" >&2
 fi
+# ACL token secrets (UUIDs, as Consul's SecretIDs), kept if they exist: the servers' initial
+# management token, and the fixed secret of the demo workers' token (docker/node.sh creates the
+# token with it).
+for name in acl-management acl-demo-worker; do
+  if [ ! -s "$SECRETS/$name.token" ]; then
+    (umask 077 && cat /proc/sys/kernel/random/uuid > "$SECRETS/$name.token")
+  fi
+done
 ls "$SECRETS"
 
 echo "==> 4/4 image $IMAGE (FROM scratch)"

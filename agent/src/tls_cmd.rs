@@ -54,7 +54,7 @@ pub struct CertCreateArgs {
     /// A server certificate (`server.<dc>.<domain>`, localhost, 127.0.0.1).
     #[arg(long)]
     pub server: bool,
-    /// A client agent certificate (`client.<dc>.<domain>`, localhost).
+    /// A client agent certificate (`client.<dc>.<domain>`, localhost, 127.0.0.1).
     #[arg(long)]
     pub client: bool,
     /// Datacenter the certificate is for.

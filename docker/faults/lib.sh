@@ -8,6 +8,12 @@ compose() {
   if docker compose version >/dev/null 2>&1; then docker compose "$@"; else docker-compose "$@"; fi
 }
 
+# ACLs deny every request without a token: what the scripts ask the cluster, and the commands
+# their "Watch:" lines suggest, use the management token (docker/secrets/acl-management.token,
+# mounted at /secrets in every node).
+TOKEN_ENV=CONSUL_HTTP_TOKEN_FILE=/secrets/acl-management.token
+EXEC="docker compose exec -e $TOKEN_ENV"
+
 # The container of a service (empty when it does not exist).
 cid() { compose ps -q "$1"; }
 
@@ -17,13 +23,14 @@ in_cluster() {
   for node in c1 c2 c3 s1 s2 s3; do
     id=$(cid "$node") || continue
     [ -n "$id" ] || continue
-    if docker exec "$id" "$@" 2>/dev/null; then return 0; fi
+    if docker exec -e "$TOKEN_ENV" "$id" "$@" 2>/dev/null; then return 0; fi
   done
   echo "no node of the cluster answers" >&2
   return 1
 }
 
 # The server leading raft (s1, s2 or s3): /v1/status/leader names its RPC address, x.x.x.1N.
+# (Plain HTTP on the container's loopback, for busybox wget; the status endpoints need no token.)
 leader_node() {
   local addr
   addr=$(in_cluster wget -qO- http://127.0.0.1:8500/v1/status/leader | tr -d '"')

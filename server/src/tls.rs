@@ -277,9 +277,10 @@ impl CertificateAuthority {
 
     /// Signs a new leaf certificate with a fresh key. Server certificates name
     /// `server.<dc>.<domain>` (and `<node>.server.<dc>.<domain>` when a node is given),
-    /// `localhost` and 127.0.0.1; client certificates `client.<dc>.<domain>` and `localhost`.
-    /// Both carry the serverAuth and clientAuth usages, so either can sit on both sides of mTLS
-    /// (a client agent's endpoint also accepts connections).
+    /// `localhost` and 127.0.0.1; client certificates `client.<dc>.<domain>`, `localhost` and
+    /// 127.0.0.1 (as Consul's: a client agent serves its HTTPS API on loopback too). Both carry
+    /// the serverAuth and clientAuth usages, so either can sit on both sides of mTLS (a client
+    /// agent's endpoint also accepts connections).
     fn sign_leaf(
         &self,
         role: Role,
@@ -294,9 +295,7 @@ impl CertificateAuthority {
             sans.push(format!("{node}.{name}"));
         }
         sans.push("localhost".to_owned());
-        if role == Role::Server {
-            sans.push("127.0.0.1".to_owned());
-        }
+        sans.push("127.0.0.1".to_owned());
         let mut params = CertificateParams::new(sans)?;
         params.distinguished_name.push(DnType::CommonName, name);
         params.is_ca = IsCa::ExplicitNoCa;
@@ -791,6 +790,23 @@ mod tests {
         &material.chain[0]
     }
 
+    fn ip_sans(cert: &[u8]) -> Vec<String> {
+        use x509_parser::extensions::GeneralName;
+        let (_, cert) = x509_parser::parse_x509_certificate(cert).unwrap();
+        let san = cert.subject_alternative_name().unwrap().unwrap();
+        san.value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::IPAddress(ip) => {
+                    let octets: [u8; 4] = (*ip).try_into().ok()?;
+                    Some(std::net::Ipv4Addr::from(octets).to_string())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn role_comes_from_the_certificate_names() {
         // A server certificate proves Role::Server, a client certificate Role::Client.
@@ -826,6 +842,10 @@ mod tests {
             dns_names(leaf(&client)).unwrap(),
             ["client.dc1.vigil", "localhost"]
         );
+        // Both serve HTTPS on 127.0.0.1 too.
+        for material in [&server, &client] {
+            assert_eq!(ip_sans(leaf(material)), ["127.0.0.1"]);
+        }
 
         // Both dial servers by the same name; the chain carries the CA after the leaf.
         assert_eq!(server.server_name(), "server.dc1.vigil");

@@ -3,6 +3,10 @@
 //! through the published ports. Faults are the user-facing scripts in `docker/faults/`, run
 //! with the hold time as their argument, so CI checks that each does what it prints. Worker
 //! lines come from the client containers' logs. Everything is removed (`down -v`) on drop.
+//!
+//! The cluster runs with ACLs on (default deny) and publishes only its HTTPS API: the checker
+//! trusts the demo's CA ([`CA_FILE`]) and acts with the management token ([`MANAGEMENT_TOKEN`]),
+//! both from `docker/secrets` (written by `docker/build.sh`), through the shared client.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -12,11 +16,11 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::time::Instant;
 use vigil_demo::{BANK_CHECK, WORKER_CHECK, WorkerLine};
+use vigil_shared::client::{Client, ClientConfig, ReadOpts, Token};
 
-use super::register::AgentBoard;
+use super::register::{AgentBoard, client};
 use super::schedule::FaultKind;
 use super::{Env, Plan};
-use crate::Http;
 
 /// The image `docker/build.sh` builds.
 pub const IMAGE: &str = "vigil:dev";
@@ -26,6 +30,12 @@ const PROJECT: &str = "vigil-safety";
 const NET: &str = "10.214";
 /// How long the cluster may take to come up.
 const UP_TIMEOUT: Duration = Duration::from_secs(90);
+/// The CA that signed every node's certificate, under the repository root.
+const CA_FILE: &str = "docker/secrets/vigil-agent-ca.pem";
+/// The servers' initial management token, under the repository root.
+const MANAGEMENT_TOKEN: &str = "docker/secrets/acl-management.token";
+/// One request of the start-up polls may take this long (a node may not answer yet).
+const POLL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Whether the Docker scenario can run here.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,6 +78,9 @@ pub fn docker_status() -> DockerStatus {
     if !repo_root().join("docker/secrets/gossip.key").exists() {
         return DockerStatus::NotBuilt("no docker/secrets".to_owned());
     }
+    if !repo_root().join(MANAGEMENT_TOKEN).exists() {
+        return DockerStatus::NotBuilt(format!("no {MANAGEMENT_TOKEN}"));
+    }
     DockerStatus::Ready
 }
 
@@ -102,6 +115,8 @@ pub(crate) struct Docker {
     env: Vec<(String, String)>,
     servers: Vec<String>,
     agents: AgentBoard,
+    /// The CA and the management token (no address).
+    client_config: ClientConfig,
     bank: String,
     /// Client containers, for their logs.
     clients: Vec<String>,
@@ -151,14 +166,24 @@ impl Docker {
             ]
             .map(|(k, v)| (k.to_owned(), v)),
         );
-        let base = |p: &u16| format!("http://127.0.0.1:{p}");
+        let https = |p: &u16| format!("https://127.0.0.1:{p}");
+        let token = std::fs::read_to_string(repo_root().join(MANAGEMENT_TOKEN))
+            .with_context(|| format!("reading {MANAGEMENT_TOKEN}"))?;
+        let client_config = ClientConfig {
+            ca_file: Some(repo_root().join(CA_FILE)),
+            token: Some(
+                Token::new(&token).with_context(|| format!("{MANAGEMENT_TOKEN} is empty"))?,
+            ),
+            ..ClientConfig::default()
+        };
         let fault_log = std::env::temp_dir().join(format!("{PROJECT}-faults.log"));
         let mut docker = Docker {
             compose,
             env,
-            servers: ports[..3].iter().map(base).collect(),
-            agents: AgentBoard::new(ports[3..6].iter().map(|p| Some(base(p))).collect()),
-            bank: base(&ports[6]),
+            servers: ports[..3].iter().map(https).collect(),
+            agents: AgentBoard::new(ports[3..6].iter().map(|p| Some(https(p))).collect()),
+            client_config,
+            bank: format!("http://127.0.0.1:{}", ports[6]),
             clients: Vec::new(),
             fault_log,
         };
@@ -200,25 +225,38 @@ impl Docker {
             .with_context(|| format!("running compose {args:?}"))
     }
 
+    /// A client of `base` with the checker's CA and token.
+    fn client(&self, base: &str) -> Client {
+        client(&self.client_config, base)
+    }
+
+    /// GET `path` as JSON, `None` when the node does not answer with one in time.
+    async fn poll(client: &Client, path: &str) -> Option<serde_json::Value> {
+        let read = client.get_json(path, &[], ReadOpts::default());
+        match tokio::time::timeout(POLL_TIMEOUT, read).await {
+            Ok(Ok((body, _))) => body,
+            _ => None,
+        }
+    }
+
     /// Every client node registered its health checks through its agent's API: the catalog
     /// shows `demo-bank` passing (the node reaches the bank) and `demo-worker` passing (its
     /// worker has had a turn).
     async fn wait_for_checks(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + UP_TIMEOUT;
-        let server = Http::new(self.servers[0].clone());
+        let server = self.client(&self.servers[0]);
         for node in ["c1", "c2", "c3"] {
             loop {
-                let passing = |reply: &crate::Reply, id: &str| {
-                    reply.json().as_array().is_some_and(|checks| {
+                let passing = |checks: &serde_json::Value, id: &str| {
+                    checks.as_array().is_some_and(|checks| {
                         checks
                             .iter()
                             .any(|c| c["CheckID"] == id && c["Status"] == "passing")
                     })
                 };
-                if let Some(reply) = server.try_get(&format!("/v1/health/node/{node}")).await
-                    && reply.status == 200
-                    && passing(&reply, BANK_CHECK)
-                    && passing(&reply, WORKER_CHECK)
+                if let Some(checks) = Self::poll(&server, &format!("/v1/health/node/{node}")).await
+                    && passing(&checks, BANK_CHECK)
+                    && passing(&checks, WORKER_CHECK)
                 {
                     break;
                 }
@@ -236,10 +274,8 @@ impl Docker {
         let deadline = Instant::now() + UP_TIMEOUT;
         loop {
             for server in &self.servers {
-                let http = Http::new(server.clone());
-                if let Some(reply) = http.try_get("/v1/status/leader").await
-                    && reply.status == 200
-                    && reply.json().as_str().is_some_and(|l| !l.is_empty())
+                if let Some(leader) = Self::poll(&self.client(server), "/v1/status/leader").await
+                    && leader.as_str().is_some_and(|l| !l.is_empty())
                 {
                     return Ok(());
                 }
@@ -277,6 +313,10 @@ impl Env for Docker {
 
     fn readers(&self) -> Vec<String> {
         self.servers.clone()
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        self.client_config.clone()
     }
 
     fn bank(&self) -> String {

@@ -19,6 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 use vigil_demo::{WorkerEvent, WorkerLine};
+use vigil_shared::client::ClientConfig;
 
 use super::register::AgentBoard;
 use super::schedule::FaultKind;
@@ -371,6 +372,11 @@ impl Env for Loopback {
             .into_iter()
             .map(|i| self.cluster.server(i).base.clone())
             .collect()
+    }
+
+    fn client_config(&self) -> ClientConfig {
+        // Plain HTTP, ACLs off.
+        ClientConfig::default()
     }
 
     fn bank(&self) -> String {

@@ -26,6 +26,7 @@ use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use vigil_demo::{Decision, WorkerLine};
+use vigil_shared::client::ClientConfig;
 
 use check::Violation;
 pub use docker::{DockerStatus, docker_status};
@@ -263,6 +264,9 @@ pub(crate) trait Env {
     fn agents(&self) -> AgentBoard;
     /// HTTP addresses of the servers, for the final reads.
     fn readers(&self) -> Vec<String>;
+    /// How the checker's clients reach the agents of [`Env::agents`] and [`Env::readers`]: the
+    /// CA for HTTPS and the ACL token (the address is filled in per agent).
+    fn client_config(&self) -> ClientConfig;
     /// `http://host:port` of the bank.
     fn bank(&self) -> String;
     /// Applies `kind`, waits `hold`, heals it; returns the target.
@@ -292,6 +296,7 @@ async fn drive<E: Env>(env: &mut E, plan: &Plan) -> anyhow::Result<Report> {
     let (stop, stopped) = watch::channel(false);
     let registers = tokio::spawn(register::write(
         env.agents(),
+        env.client_config(),
         plan.register_writers,
         stopped,
     ));
@@ -340,7 +345,7 @@ async fn drive<E: Env>(env: &mut E, plan: &Plan) -> anyhow::Result<Report> {
     let _ = stop.send(true);
     let registers = registers.await.context("register workload")?;
     env.stop_workers().await;
-    let final_state = register::read_back(&env.readers()).await;
+    let final_state = register::read_back(&env.readers(), &env.client_config()).await;
     let decisions: Vec<Decision> = reqwest::get(format!("{}/history", env.bank()))
         .await
         .context("reading the bank's history")?

@@ -2,7 +2,8 @@
 //! [`PREFIX`] through whichever client agent is up, round-robin, for the whole run. A write
 //! answered `true` is acknowledged (it must read back at the end); one that failed or timed out
 //! is in doubt (it may or may not have been applied). Also the board of agent addresses the
-//! environments keep up to date as nodes die and come back.
+//! environments keep up to date as nodes die and come back. Every client is built from the
+//! environment's [`ClientConfig`] (its CA and ACL token) with the agent's address filled in.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
-use vigil_shared::client::{Client, ReadOpts};
+use vigil_shared::client::{Client, ClientConfig, ReadOpts};
 
 /// Where the register keys live.
 pub const PREFIX: &str = "safety/register/";
@@ -67,9 +68,25 @@ impl RegisterLog {
     }
 }
 
+/// A client for the agent at `base` (`http://…` or `https://…`), with `config`'s TLS files and
+/// token.
+pub fn client(config: &ClientConfig, base: &str) -> Client {
+    ClientConfig {
+        addr: Some(base.to_owned()),
+        ..config.clone()
+    }
+    .build()
+    .expect("agent address and TLS files")
+}
+
 /// Runs `writers` writers until `stop` says so.
-pub async fn write(agents: AgentBoard, writers: usize, stop: watch::Receiver<bool>) -> RegisterLog {
-    let runs = (0..writers).map(|w| writer(w, agents.clone(), stop.clone()));
+pub async fn write(
+    agents: AgentBoard,
+    config: ClientConfig,
+    writers: usize,
+    stop: watch::Receiver<bool>,
+) -> RegisterLog {
+    let runs = (0..writers).map(|w| writer(w, agents.clone(), config.clone(), stop.clone()));
     let mut log = RegisterLog::default();
     for one in futures::future::join_all(runs).await {
         log.merge(one);
@@ -77,7 +94,12 @@ pub async fn write(agents: AgentBoard, writers: usize, stop: watch::Receiver<boo
     log
 }
 
-async fn writer(w: usize, agents: AgentBoard, mut stop: watch::Receiver<bool>) -> RegisterLog {
+async fn writer(
+    w: usize,
+    agents: AgentBoard,
+    config: ClientConfig,
+    mut stop: watch::Receiver<bool>,
+) -> RegisterLog {
     let mut log = RegisterLog::default();
     let mut clients: HashMap<String, Client> = HashMap::new();
     let mut turn = w;
@@ -90,7 +112,7 @@ async fn writer(w: usize, agents: AgentBoard, mut stop: watch::Receiver<bool>) -
             let client = match clients.get(base) {
                 Some(c) => c.clone(),
                 None => {
-                    let c = Client::new(base).expect("agent address");
+                    let c = client(&config, base);
                     clients.insert(base.clone(), c.clone());
                     c
                 }
@@ -115,14 +137,13 @@ async fn writer(w: usize, agents: AgentBoard, mut stop: watch::Receiver<bool>) -
 }
 
 /// Reads every register back with a linearizable read through one of `readers`.
-pub async fn read_back(readers: &[String]) -> BTreeMap<String, String> {
+pub async fn read_back(readers: &[String], config: &ClientConfig) -> BTreeMap<String, String> {
     let deadline = Instant::now() + READ_LIMIT;
     let mut attempt = 0;
     loop {
         let base = &readers[attempt % readers.len()];
         attempt += 1;
-        let client = Client::new(base).expect("reader address");
-        let error = match client
+        let error = match client(config, base)
             .kv_list(PREFIX, ReadOpts::default().consistent())
             .await
         {
