@@ -65,10 +65,11 @@ pub struct ClientConfig {
 
 /// `VIGIL_<name>`, else `CONSUL_<name>`, ignoring empty values.
 fn env(name: &str) -> Option<String> {
-    ["VIGIL_", "CONSUL_"]
-        .iter()
-        .find_map(|prefix| std::env::var(format!("{prefix}{name}")).ok())
-        .filter(|v| !v.trim().is_empty())
+    ["VIGIL_", "CONSUL_"].iter().find_map(|prefix| {
+        std::env::var(format!("{prefix}{name}"))
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+    })
 }
 
 /// Go's `strconv.ParseBool`, as Consul reads `CONSUL_HTTP_SSL`.
