@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use vigil_shared::acl::authz::DefaultPolicy;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 use crate::acl::AclConfig;
 use crate::gossip::{Key, KeyringFile, TimingProfile};

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 use vigil_shared::client::Client;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 pub use bank::{Bank, BankWrite, Decision, Token};
 pub use checks::{BANK_CHECK, WORKER_CHECK};

@@ -11,7 +11,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 /// Upper bound for anything that should happen promptly (a woken blocking query, say).
 const PROMPTLY: Duration = Duration::from_secs(10);

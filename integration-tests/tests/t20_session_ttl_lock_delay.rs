@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use integration_tests::{Agent, Reply, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 /// The 1 s TTL used throughout: the agent's minimum here.
 const TTL: Duration = Duration::from_secs(1);

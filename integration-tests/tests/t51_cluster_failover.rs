@@ -16,7 +16,7 @@ use integration_tests::{Http, Reply, eventually};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::{Instant, sleep, timeout};
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 /// A new leader must be in place (every live server naming it) within this.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(10);

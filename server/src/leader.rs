@@ -32,7 +32,7 @@ use tokio_util::time::{DelayQueue, delay_queue};
 use vigil_shared::SESSION_TTL_MULTIPLIER;
 use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
 use vigil_shared::catalog::MemberStatus;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::lock::LockOp;
 use vigil_shared::rpc::{AclOp, Op, Response};
 

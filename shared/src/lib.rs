@@ -7,8 +7,7 @@ pub mod autopilot;
 pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
-pub mod duration;
-pub mod filter;
+pub mod go;
 pub mod kv;
 pub mod lock;
 pub mod query;

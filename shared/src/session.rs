@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::SESSION_TTL_MAX_NS;
-use crate::duration::{format_go_duration, parse_go_duration_ns};
+use crate::go::duration::{format_go_duration, parse_go_duration_ns};
 
 /// Checks a session's TTL as Consul's servers do, against `[min, 24h]` (empty or zero: no TTL),
 /// with Consul's texts: `Session TTL '10z' invalid: ...` or

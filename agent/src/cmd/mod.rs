@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use clap::Args;
 use vigil_shared::client::{Client, ClientConfig, Token};
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 /// Exit status for errors of `vigil` itself (agent unreachable, conflicting key, bad input).
 pub const EXIT_ERROR: i32 = 1;
@@ -169,7 +169,7 @@ pub(crate) fn clap_flag<'a>(
 ) -> Option<OsString> {
     let mut rewritten = OsString::from(format!("--{long}"));
     match (value, takes_value) {
-        (Some(value), false) => match go_bool(value) {
+        (Some(value), false) => match vigil_shared::go::strconv::parse_bool(value) {
             Some(true) => {}
             Some(false) => return None,
             None => rewritten.push(format!("={value}")),
@@ -214,15 +214,6 @@ pub fn go_flags_argv(argv: Vec<OsString>) -> Vec<OsString> {
             _ => arg,
         })
         .collect()
-}
-
-/// Go's `strconv.ParseBool`.
-fn go_bool(s: &str) -> Option<bool> {
-    match s {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

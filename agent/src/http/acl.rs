@@ -16,7 +16,7 @@ use vigil_shared::acl::{
     GLOBAL_MANAGEMENT_POLICY_ID, Link, NodeIdentity, Policy, Role, ServiceIdentity, Token, rules,
 };
 use vigil_shared::api::decode_case_insensitive;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::rpc::{
     AclOp, ApplyError, Op, Query, QueryMeta, QueryOptions, Response as ServerResponse, reads,
 };

@@ -7,7 +7,7 @@ use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::json as json_value;
 use vigil_shared::acl::authz::{Access, Resource};
-use vigil_shared::duration::format_go_duration;
+use vigil_shared::go::duration::format_go_duration;
 
 use super::acl::Authz;
 use super::error::ApiError;

@@ -8,12 +8,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::HealthStatus;
+use vigil_shared::go::strconv::parse_bool;
 
 use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
-use super::params::{Params, parse_bool};
+use super::params::Params;
 use super::shapes::{CheckJson, keyed_by_id};
 use super::{AppState, json};
 use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
@@ -186,18 +187,6 @@ pub async fn node_maintenance(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn go_bools() {
-        for t in ["1", "t", "T", "true", "TRUE", "True"] {
-            assert_eq!(parse_bool(t), Some(true), "{t}");
-        }
-        for f in ["0", "f", "F", "false", "FALSE", "False"] {
-            assert_eq!(parse_bool(f), Some(false), "{f}");
-        }
-        assert_eq!(parse_bool("yes"), None);
-        assert_eq!(parse_bool(""), None);
-    }
 
     #[test]
     fn enable_parameter_messages() {

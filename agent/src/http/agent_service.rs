@@ -13,7 +13,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 use super::acl::Authz;
 use super::agent_check::enable_param;

@@ -11,7 +11,7 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::BytesMut;
 use http_body_util::BodyExt as _;
-use vigil_shared::duration::format_go_duration;
+use vigil_shared::go::duration::format_go_duration;
 use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_REQ_LEN};
 
 use super::error::ApiError;

@@ -21,11 +21,12 @@ use vigil_shared::{KV_MAX_VALUE_SIZE, SESSION_TTL_MAX_NS, TXN_MAX_OPS};
 
 use super::error::ApiError;
 use super::limits::{self, DEPTH_MAX, ITEMS_MAX, NAME_MAX, STRING_MAX};
-use super::params::{Params, decode_path, parse_uint};
+use super::params::{Params, decode_path};
 use super::{catalog, query, session, txn};
 use crate::local::definition::{
     DEFAULT_OUTPUT_MAX, DefinitionError, parse_check_body, parse_check_update, parse_service_body,
 };
+use vigil_shared::go::strconv::parse_uint;
 
 // ---------------------------------------------------------------------------------------------
 // Generators
@@ -580,7 +581,7 @@ proptest! {
             prop_assert!(s.name.len() <= NAME_MAX);
             // The servers' TTL check admits only TTLs in range.
             if vigil_shared::session::check_ttl(&s.ttl, min).is_ok() {
-                let ttl = vigil_shared::duration::parse_go_duration_ns(&s.ttl).unwrap_or(0);
+                let ttl = vigil_shared::go::duration::parse_go_duration_ns(&s.ttl).unwrap_or(0);
                 prop_assert!(ttl == 0 || (10_000_000_000..=SESSION_TTL_MAX_NS as i64).contains(&ttl));
             }
         }
@@ -870,7 +871,7 @@ proptest! {
                 prop_assert_eq!(params.get(name).map(str::parse::<u64>), Some(Ok(n)));
             }
             prop_assert_eq!(params.bool(name).is_ok(), params.get(name).is_none_or(|v| {
-                v.is_empty() || super::params::parse_bool(v).is_some()
+                v.is_empty() || vigil_shared::go::strconv::parse_bool(v).is_some()
             }));
         }
         let sorted = params.encoded_sorted();

@@ -14,11 +14,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::go::strconv::{parse_bool, quote as go_quote};
 
 use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
-use super::params::{Params, go_quote, parse_bool};
+use super::params::Params;
 use super::{AppState, json};
 use crate::DATACENTER;
 use crate::gossip::{KeyOp, KeyResponse};

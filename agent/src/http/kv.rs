@@ -7,7 +7,7 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::DirEntry;
-use vigil_shared::duration::format_go_duration;
+use vigil_shared::go::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
 use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
 

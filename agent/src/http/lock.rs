@@ -19,14 +19,15 @@ use serde_json::{Value, json as json_value};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
+use vigil_shared::go::strconv::parse_uint;
 use vigil_shared::lock::{LockMode, LockOp, LockOutcome, LockStanding, LockState, MAX_LOCK_LIMIT};
 use vigil_shared::rpc::{Op, QueryOptions, Response as Applied, ServerError, reads};
 use vigil_shared::session::Session;
 
 use super::acl::{Authz, check_session_write};
 use super::error::ApiError;
-use super::params::{DEFAULT_WAIT, MAX_WAIT, Params, decode_path, parse_uint};
+use super::params::{DEFAULT_WAIT, MAX_WAIT, Params, decode_path};
 use super::{AppState, json, with_meta};
 use vigil_server::telemetry;
 

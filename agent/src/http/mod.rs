@@ -264,7 +264,7 @@ async fn other_datacenter(req: Request, next: Next) -> Response {
 /// `PUT /v1/kv//x` never stores the key `/x`.
 async fn redirect_unclean_path(req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let clean = clean_path(path);
+    let clean = vigil_shared::go::path::clean(path);
     if clean == path || req.method() == Method::CONNECT {
         return next.run(req).await;
     }
@@ -277,25 +277,6 @@ async fn redirect_unclean_path(req: Request, next: Next) -> Response {
         Ok(value) => go_redirect(req.method(), value),
         Err(_) => next.run(req).await,
     }
-}
-
-/// Go's `cleanPath`: `path.Clean` of the path made absolute, with a trailing slash kept.
-fn clean_path(path: &str) -> String {
-    let mut segments: Vec<&str> = Vec::new();
-    for segment in path.split('/') {
-        match segment {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => segments.push(s),
-        }
-    }
-    let mut clean = format!("/{}", segments.join("/"));
-    if path.ends_with('/') && clean != "/" {
-        clean.push('/');
-    }
-    clean
 }
 
 /// Go's `http.Redirect` with 301: a `Location` header; GET also gets a small HTML body and HEAD
@@ -427,30 +408,4 @@ pub fn set_leader_headers(headers: &mut HeaderMap, meta: QueryMeta) {
 /// A 404 with an empty body and the read headers (a missing key).
 pub fn not_found_with_meta(meta: QueryMeta) -> Response {
     with_meta(meta, StatusCode::NOT_FOUND.into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cleans_paths_like_go() {
-        let cases = [
-            ("/v1/kv/app/config", "/v1/kv/app/config"),
-            ("/v1/kv//app/config", "/v1/kv/app/config"),
-            ("/v1//catalog/services", "/v1/catalog/services"),
-            ("/v1/kv/a/../b", "/v1/kv/b"),
-            ("/v1/kv/a/./b/", "/v1/kv/a/b/"),
-            ("/v1/kv/", "/v1/kv/"),
-            ("/v1/kv//", "/v1/kv/"),
-            ("/v1/kv/..", "/v1"),
-            ("/../..", "/"),
-            ("/", "/"),
-            ("//", "/"),
-            ("/v1/kv/a%2F%2Fb", "/v1/kv/a%2F%2Fb"),
-        ];
-        for (path, clean) in cases {
-            assert_eq!(clean_path(path), clean, "{path}");
-        }
-    }
 }

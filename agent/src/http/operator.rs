@@ -12,7 +12,7 @@ use vigil_server::operator::{
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::autopilot::AutopilotConfig;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 
 use super::acl::Authz;
 use super::body::RequestBody;

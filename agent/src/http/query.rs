@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json as json_value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
-use vigil_shared::duration::parse_go_duration;
+use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
 use vigil_shared::rpc::{ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
 

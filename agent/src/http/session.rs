@@ -9,7 +9,7 @@ use vigil_shared::DEFAULT_LOCK_DELAY_NS;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
-use vigil_shared::duration::{duration_ns_from_json, parse_go_duration};
+use vigil_shared::go::duration::{duration_ns_from_json, parse_go_duration};
 use vigil_shared::rpc::{Op, Query, Response as ServerResponse, reads};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 

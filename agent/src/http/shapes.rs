@@ -299,7 +299,7 @@ fn filtered_keyed<K, T: Serialize>(
     let filter = params
         .get("filter")
         .filter(|f| !f.is_empty())
-        .map(vigil_shared::filter::Filter::parse)
+        .map(vigil_shared::go::filter::Filter::parse)
         .transpose()
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut out = Vec::new();

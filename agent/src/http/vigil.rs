@@ -11,13 +11,14 @@ use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::client::{
     FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
 };
+use vigil_shared::go::strconv::parse_uint;
 use vigil_shared::kv::KvEntry;
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
 
 use super::acl::{Authz, filtered_by_acls};
 use super::error::ApiError;
-use super::params::{Params, parse_uint};
+use super::params::Params;
 use super::{AppState, json, with_meta};
 
 /// `GET /v1/vigil/sequencer?key=K&lock-index=N&session=S` → `{"Valid":true}` while S holds K at

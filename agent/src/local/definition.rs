@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use vigil_shared::catalog::{HealthStatus, Weights};
-use vigil_shared::duration::{duration_ns_from_json, format_go_duration, parse_go_duration_ns};
+use vigil_shared::go::duration::{duration_ns_from_json, format_go_duration, parse_go_duration_ns};
 
 /// Checks never run more often than this (Consul's `checks.MinInterval`).
 pub const MIN_INTERVAL: Duration = Duration::from_secs(1);

@@ -154,7 +154,7 @@ impl Inner {
         let service = self.services.get(&check.def.service_id);
         let duration = |d: Option<Duration>| {
             d.filter(|d| !d.is_zero())
-                .map(vigil_shared::duration::format_go_duration)
+                .map(vigil_shared::go::duration::format_go_duration)
                 .unwrap_or_default()
         };
         Check {

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_shared::catalog::HealthStatus;
-use vigil_shared::duration::format_go_duration;
+use vigil_shared::go::duration::format_go_duration;
 
 use super::LocalState;
 use super::definition::{CheckDefinition, CheckKind, HttpCheck, MIN_INTERVAL, Thresholds};

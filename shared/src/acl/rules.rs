@@ -12,6 +12,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::go::strconv::quote as go_quote;
+
 /// An access level a rule grants. Merging keeps the one with the highest
 /// [`precedence`](Level::precedence): deny > write > list > read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -861,27 +863,6 @@ fn scalar_text(item: &Item) -> Result<String, RulesError> {
             format!("{}: expected a string", item.name),
         )),
     }
-}
-
-/// A string as Go's `%#v`/`%q` prints it.
-fn go_quote(text: &str) -> String {
-    let mut quoted = String::with_capacity(text.len() + 2);
-    quoted.push('"');
-    for c in text.chars() {
-        match c {
-            '"' => quoted.push_str("\\\""),
-            '\\' => quoted.push_str("\\\\"),
-            '\n' => quoted.push_str("\\n"),
-            '\t' => quoted.push_str("\\t"),
-            '\r' => quoted.push_str("\\r"),
-            c if (c as u32) < 0x20 || c == '\u{7f}' => {
-                quoted.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c => quoted.push(c),
-        }
-    }
-    quoted.push('"');
-    quoted
 }
 
 impl fmt::Display for Level {

@@ -74,13 +74,9 @@ fn env(name: &str) -> Option<String> {
 
 /// Go's `strconv.ParseBool`, as Consul reads `CONSUL_HTTP_SSL`.
 fn parse_bool(name: &str, value: &str) -> Result<bool, ClientError> {
-    match value.trim() {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
-        other => Err(ClientError::BadConfig(format!(
-            "{name}: {other:?} is not a boolean"
-        ))),
-    }
+    let value = value.trim();
+    crate::go::strconv::parse_bool(value)
+        .ok_or_else(|| ClientError::BadConfig(format!("{name}: {value:?} is not a boolean")))
 }
 
 impl ClientConfig {

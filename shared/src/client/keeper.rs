@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::{Client, ClientError, SessionRequest};
-use crate::duration::parse_go_duration;
+use crate::go::duration::parse_go_duration;
 
 /// Pause between failed renew attempts.
 const RENEW_RETRY: Duration = Duration::from_secs(1);

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path, with_query};
 use crate::api::DirEntry;
-use crate::duration::parse_go_duration;
+use crate::go::duration::parse_go_duration;
 use crate::kv::{KvEntry, KvOp};
 
 /// Header with which Vigil says an acquire was refused by lock-delay, and for how long.

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path};
 use crate::api::SessionJson;
-use crate::duration::format_go_duration;
+use crate::go::duration::format_go_duration;
 use crate::session::Behavior;
 
 /// What to create. Unset fields take the agent's defaults (this node, `serfHealth`, 15 s

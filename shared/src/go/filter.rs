@@ -2,13 +2,13 @@
 //! objects our list endpoints return, so a handler filters what it already built:
 //!
 //! ```
-//! # use vigil_shared::filter::Filter;
+//! # use vigil_shared::go::filter::Filter;
 //! # use serde_json::json;
 //! let mut items = vec![json!({"Node": "a", "Meta": {"env": "prod"}}), json!({"Node": "b"})];
 //! let f = Filter::parse(r#"Meta.env == "prod""#)?;
 //! items.retain(|v| f.matches(v));
 //! assert_eq!(items.len(), 1);
-//! # Ok::<(), vigil_shared::filter::FilterError>(())
+//! # Ok::<(), vigil_shared::go::filter::FilterError>(())
 //! ```
 //!
 //! # Syntax (go-bexpr's `grammar.peg`, the release Consul vendors)
@@ -190,7 +190,7 @@ impl Test {
 fn scalar_equals(value: &Value, raw: &str) -> bool {
     match value {
         Value::String(s) => s == raw,
-        Value::Bool(b) => parse_go_bool(raw) == Some(*b),
+        Value::Bool(b) => super::strconv::parse_bool(raw) == Some(*b),
         Value::Number(n) => number_equals(n, raw),
         Value::Null | Value::Array(_) | Value::Object(_) => false,
     }
@@ -205,15 +205,6 @@ fn number_equals(n: &Number, raw: &str) -> bool {
     match integer {
         Some(i) => parse_go_int(raw).map_or_else(as_float, |lit| lit == i),
         None => as_float(),
-    }
-}
-
-/// Go's `strconv.ParseBool`.
-fn parse_go_bool(raw: &str) -> Option<bool> {
-    match raw {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
     }
 }
 

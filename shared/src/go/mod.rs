@@ -1,0 +1,8 @@
+//! What must match Go byte for byte, because Consul's clients send it or read it: durations
+//! (`time.ParseDuration`, `Duration.String`), go-bexpr filters (`?filter=`), `strconv`'s
+//! parsers and quoting with their error texts, and `path.Clean`. Everything else uses crates.
+
+pub mod duration;
+pub mod filter;
+pub mod path;
+pub mod strconv;
