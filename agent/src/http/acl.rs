@@ -663,25 +663,163 @@ struct PolicyBody {
     datacenters: Vec<String>,
 }
 
-fn policy_from(body: PolicyBody, id: String) -> Result<Policy, ApiError> {
-    rules::parse(&body.rules).map_err(|e| ApiError::server(e.to_string()))?;
-    Ok(Policy {
-        id,
-        name: body.name,
-        description: body.description,
-        rules: body.rules,
-        datacenters: body.datacenters,
-        create_index: 0,
-        modify_index: 0,
-    })
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RoleBody {
+    id: String,
+    name: String,
+    description: String,
+    policies: Vec<LinkBody>,
+    serviceidentities: Vec<ServiceIdentityBody>,
+    nodeidentities: Vec<NodeIdentityBody>,
 }
 
-async fn read_policy(state: &AppState, id: &str) -> Result<Policy, ApiError> {
-    let query = reads::AclPolicy {
-        id: id.to_owned(),
-        by_name: false,
+/// A policy or a role: the two are created, read, updated and deleted the same way, by ID or
+/// by name; this is what they differ in.
+trait Named: Sized {
+    type Body: serde::de::DeserializeOwned + Default;
+    type Read: Query<Output = Vec<Self>>;
+    /// `policy` or `role`, as Consul's texts say it.
+    const KIND: &'static str;
+    fn body_id(body: &Self::Body) -> &str;
+    /// The item a create or update body describes, under `id`.
+    fn from_body(body: Self::Body, id: String) -> Result<Self, ApiError>;
+    fn set(self, create: bool) -> AclOp;
+    fn read(id: String, by_name: bool) -> Self::Read;
+    fn id(&self) -> &str;
+    fn json(&self) -> Value;
+}
+
+impl Named for Policy {
+    type Body = PolicyBody;
+    type Read = reads::AclPolicy;
+    const KIND: &'static str = "policy";
+
+    fn body_id(body: &PolicyBody) -> &str {
+        &body.id
+    }
+
+    fn from_body(body: PolicyBody, id: String) -> Result<Policy, ApiError> {
+        rules::parse(&body.rules).map_err(|e| ApiError::server(e.to_string()))?;
+        Ok(Policy {
+            id,
+            name: body.name,
+            description: body.description,
+            rules: body.rules,
+            datacenters: body.datacenters,
+            create_index: 0,
+            modify_index: 0,
+        })
+    }
+
+    fn set(self, create: bool) -> AclOp {
+        AclOp::SetPolicy {
+            policy: self,
+            create,
+        }
+    }
+
+    fn read(id: String, by_name: bool) -> reads::AclPolicy {
+        reads::AclPolicy { id, by_name }
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn json(&self) -> Value {
+        policy_json(self)
+    }
+}
+
+impl Named for Role {
+    type Body = RoleBody;
+    type Read = reads::AclRole;
+    const KIND: &'static str = "role";
+
+    fn body_id(body: &RoleBody) -> &str {
+        &body.id
+    }
+
+    fn from_body(body: RoleBody, id: String) -> Result<Role, ApiError> {
+        Ok(Role {
+            id,
+            name: body.name,
+            description: body.description,
+            policies: to_links(body.policies),
+            service_identities: to_service_identities(body.serviceidentities)?,
+            node_identities: to_node_identities(body.nodeidentities)?,
+            create_index: 0,
+            modify_index: 0,
+        })
+    }
+
+    fn set(self, create: bool) -> AclOp {
+        AclOp::SetRole { role: self, create }
+    }
+
+    fn read(id: String, by_name: bool) -> reads::AclRole {
+        reads::AclRole { id, by_name }
+    }
+
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn json(&self) -> Value {
+        role_json(self)
+    }
+}
+
+/// Creates (`id` none) or replaces a policy or role, and answers it as stored.
+async fn put<T: Named>(
+    state: &AppState,
+    authz: &Authz,
+    id: Option<String>,
+    uri: &axum::http::Uri,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    manage(state, authz)?;
+    let body: T::Body = decode(body)?;
+    let given = T::body_id(&body);
+    let kind = T::KIND;
+    let create = id.is_none();
+    let item = match id {
+        None if !given.is_empty() => {
+            return Err(ApiError::bad_request(format!(
+                "Cannot specify a {kind} ID when creating a new {kind}"
+            )));
+        }
+        Some(id) if !given.is_empty() && given != id => {
+            let mut title = kind.to_owned();
+            title[..1].make_ascii_uppercase();
+            return Err(ApiError::bad_request(format!(
+                "{title} ID in URL and payload do not match"
+            )));
+        }
+        None => T::from_body(body, uuid::Uuid::new_v4().to_string())?,
+        Some(id) => T::from_body(body, id)?,
     };
-    Ok(read_one(state, &Params::default(), query).await?.0)
+    let id = item.id().to_owned();
+    write(state, item.set(create)).await?;
+    let stored = read_one(state, &Params::default(), T::read(id, false))
+        .await?
+        .0;
+    Ok(json(&Params::parse(uri.query()), &stored.json()))
+}
+
+/// A policy or role by ID or, with `by_name`, by name.
+async fn get<T: Named>(
+    state: &AppState,
+    authz: &Authz,
+    id: String,
+    by_name: bool,
+    uri: &axum::http::Uri,
+) -> Result<Response, ApiError> {
+    inspect(state, authz)?;
+    let params = Params::parse(uri.query());
+    let (item, meta) = read_one(state, &params, T::read(id, by_name)).await?;
+    Ok(with_meta(meta, json(&params, &item.json())))
 }
 
 /// `PUT /v1/acl/policy`.
@@ -691,37 +829,7 @@ pub async fn create_policy(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
-    let body: PolicyBody = decode(&body)?;
-    if !body.id.is_empty() {
-        return Err(ApiError::bad_request(
-            "Cannot specify a policy ID when creating a new policy",
-        ));
-    }
-    let policy = policy_from(body, uuid::Uuid::new_v4().to_string())?;
-    let id = policy.id.clone();
-    write(
-        &state,
-        AclOp::SetPolicy {
-            policy,
-            create: true,
-        },
-    )
-    .await?;
-    let policy = read_policy(&state, &id).await?;
-    Ok(json(&Params::parse(uri.query()), &policy_json(&policy)))
-}
-
-async fn get_policy_by(
-    state: AppState,
-    authz: Authz,
-    id: String,
-    by_name: bool,
-    params: Params,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let (policy, meta) = read_one(&state, &params, reads::AclPolicy { id, by_name }).await?;
-    Ok(with_meta(meta, json(&params, &policy_json(&policy))))
+    put::<Policy>(&state, &authz, None, &uri, &body).await
 }
 
 /// `GET /v1/acl/policy/<id>`.
@@ -731,7 +839,7 @@ pub async fn get_policy(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    get_policy_by(state, authz, id, false, Params::parse(uri.query())).await
+    get::<Policy>(&state, &authz, id, false, &uri).await
 }
 
 /// `GET /v1/acl/policy/name/<name>`.
@@ -741,7 +849,7 @@ pub async fn get_policy_by_name(
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    get_policy_by(state, authz, name, true, Params::parse(uri.query())).await
+    get::<Policy>(&state, &authz, name, true, &uri).await
 }
 
 /// `PUT /v1/acl/policy/<id>`.
@@ -752,24 +860,7 @@ pub async fn update_policy(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
-    let body: PolicyBody = decode(&body)?;
-    if !body.id.is_empty() && body.id != id {
-        return Err(ApiError::bad_request(
-            "Policy ID in URL and payload do not match",
-        ));
-    }
-    let policy = policy_from(body, id.clone())?;
-    write(
-        &state,
-        AclOp::SetPolicy {
-            policy,
-            create: false,
-        },
-    )
-    .await?;
-    let policy = read_policy(&state, &id).await?;
-    Ok(json(&Params::parse(uri.query()), &policy_json(&policy)))
+    put::<Policy>(&state, &authz, Some(id), &uri, &body).await
 }
 
 /// `DELETE /v1/acl/policy/<id>` → `true`.
@@ -795,38 +886,6 @@ pub async fn list_policies(
     Ok(with_meta(meta, json(&params, &out)))
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-struct RoleBody {
-    id: String,
-    name: String,
-    description: String,
-    policies: Vec<LinkBody>,
-    serviceidentities: Vec<ServiceIdentityBody>,
-    nodeidentities: Vec<NodeIdentityBody>,
-}
-
-fn role_from(body: RoleBody, id: String) -> Result<Role, ApiError> {
-    Ok(Role {
-        id,
-        name: body.name,
-        description: body.description,
-        policies: to_links(body.policies),
-        service_identities: to_service_identities(body.serviceidentities)?,
-        node_identities: to_node_identities(body.nodeidentities)?,
-        create_index: 0,
-        modify_index: 0,
-    })
-}
-
-async fn read_role(state: &AppState, id: &str) -> Result<Role, ApiError> {
-    let query = reads::AclRole {
-        id: id.to_owned(),
-        by_name: false,
-    };
-    Ok(read_one(state, &Params::default(), query).await?.0)
-}
-
 /// `PUT /v1/acl/role`.
 pub async fn create_role(
     State(state): State<AppState>,
@@ -834,30 +893,7 @@ pub async fn create_role(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
-    let body: RoleBody = decode(&body)?;
-    if !body.id.is_empty() {
-        return Err(ApiError::bad_request(
-            "Cannot specify a role ID when creating a new role",
-        ));
-    }
-    let role = role_from(body, uuid::Uuid::new_v4().to_string())?;
-    let id = role.id.clone();
-    write(&state, AclOp::SetRole { role, create: true }).await?;
-    let role = read_role(&state, &id).await?;
-    Ok(json(&Params::parse(uri.query()), &role_json(&role)))
-}
-
-async fn get_role_by(
-    state: AppState,
-    authz: Authz,
-    id: String,
-    by_name: bool,
-    params: Params,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let (role, meta) = read_one(&state, &params, reads::AclRole { id, by_name }).await?;
-    Ok(with_meta(meta, json(&params, &role_json(&role))))
+    put::<Role>(&state, &authz, None, &uri, &body).await
 }
 
 /// `GET /v1/acl/role/<id>`.
@@ -867,7 +903,7 @@ pub async fn get_role(
     Path(id): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    get_role_by(state, authz, id, false, Params::parse(uri.query())).await
+    get::<Role>(&state, &authz, id, false, &uri).await
 }
 
 /// `GET /v1/acl/role/name/<name>`.
@@ -877,7 +913,7 @@ pub async fn get_role_by_name(
     Path(name): Path<String>,
     OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    get_role_by(state, authz, name, true, Params::parse(uri.query())).await
+    get::<Role>(&state, &authz, name, true, &uri).await
 }
 
 /// `PUT /v1/acl/role/<id>`.
@@ -888,24 +924,7 @@ pub async fn update_role(
     OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
-    let body: RoleBody = decode(&body)?;
-    if !body.id.is_empty() && body.id != id {
-        return Err(ApiError::bad_request(
-            "Role ID in URL and payload do not match",
-        ));
-    }
-    let role = role_from(body, id.clone())?;
-    write(
-        &state,
-        AclOp::SetRole {
-            role,
-            create: false,
-        },
-    )
-    .await?;
-    let role = read_role(&state, &id).await?;
-    Ok(json(&Params::parse(uri.query()), &role_json(&role)))
+    put::<Role>(&state, &authz, Some(id), &uri, &body).await
 }
 
 /// `DELETE /v1/acl/role/<id>` → `true`.
