@@ -218,6 +218,36 @@ async fn tokens_policies_and_roles_are_managed_as_in_consul() {
         .await);
     let reader_http = agent.with_token(reader["SecretID"].as_str().expect("secret"));
     ok(&root.put("/v1/kv/k", "v").await);
+    // acl:read alone sees tokens without their secrets.
+    let auditor = ok(&root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": "auditor", "Rules": "acl = \"read\""}).to_string(),
+        )
+        .await);
+    let auditor = ok(&root
+        .put(
+            "/v1/acl/token",
+            json!({"Policies": [{"ID": auditor["ID"]}]}).to_string(),
+        )
+        .await);
+    let auditor = agent.with_token(auditor["SecretID"].as_str().expect("secret"));
+    let seen = ok(&auditor
+        .get(&format!(
+            "/v1/acl/token/{}",
+            reader["AccessorID"].as_str().expect("id")
+        ))
+        .await);
+    assert_eq!(seen["SecretID"], "<hidden>");
+    let listed = ok(&auditor.get("/v1/acl/tokens").await);
+    assert!(
+        listed
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .all(|t| t["SecretID"] == "<hidden>")
+    );
+    denied(&auditor.put("/v1/acl/token", "{}").await);
     ok(&reader_http.get("/v1/kv/k").await);
     denied(&reader_http.put("/v1/kv/k", "w").await);
 

@@ -262,6 +262,15 @@ fn token_json(t: &Token) -> Value {
     v
 }
 
+/// A token's secret is shown only to a token that may change ACLs (`acl:write`), as Consul
+/// does; `acl:read` alone sees `<hidden>`.
+fn redacted(authz: &Authz, mut token: Value) -> Value {
+    if !authz.allows(Resource::Acl, Access::Write, "") {
+        token["SecretID"] = json_value!("<hidden>");
+    }
+    token
+}
+
 fn policy_json(p: &Policy) -> Value {
     let mut v = json_value!({
         "ID": p.id,
@@ -526,7 +535,8 @@ pub async fn get_token(
     inspect(&state, &authz)?;
     let params = Params::parse(uri.query());
     let (token, meta) = read_one(&state, &params, reads::AclToken { accessor_id: id }).await?;
-    Ok(with_meta(meta, json(&params, &token_json(&token))))
+    let shown = redacted(&authz, token_json(&token));
+    Ok(with_meta(meta, json(&params, &shown)))
 }
 
 /// `PUT /v1/acl/token/<accessor>`: replaces what the body sets.
@@ -645,7 +655,7 @@ pub async fn list_tokens(
             service.is_none_or(|s| t.service_identities.iter().any(|i| i.service_name == s))
         })
         .map(|t| {
-            let mut v = token_json(t);
+            let mut v = redacted(&authz, token_json(t));
             v["Legacy"] = json_value!(false);
             v
         })
