@@ -199,12 +199,6 @@ async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
     }
 }
 
-fn rfc3339_ms(ms: u64) -> String {
-    let at = time::OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(ms as i64);
-    at.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
-}
-
 fn links(links: &[Link]) -> Value {
     links
         .iter()
@@ -237,7 +231,7 @@ fn token_json(t: &Token) -> Value {
         "SecretID": t.secret_id,
         "Description": t.description,
         "Local": t.local,
-        "CreateTime": rfc3339_ms(t.create_time_ms),
+        "CreateTime": super::lock::rfc3339(t.create_time_ms),
         "CreateIndex": t.create_index,
         "ModifyIndex": t.modify_index,
     });
@@ -254,7 +248,7 @@ fn token_json(t: &Token) -> Value {
         v["NodeIdentities"] = node_identities(&t.node_identities);
     }
     if let Some(at) = t.expiration_time_ms {
-        v["ExpirationTime"] = json_value!(rfc3339_ms(at));
+        v["ExpirationTime"] = json_value!(super::lock::rfc3339(at));
     }
     if t.expiration_ttl_ns > 0 {
         v["ExpirationTTL"] = json_value!(t.expiration_ttl_ns);

@@ -334,11 +334,10 @@ fn wall_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
-/// RFC 3339 in UTC with milliseconds, from ms since the epoch.
-fn rfc3339(ms: u64) -> String {
-    let at = time::OffsetDateTime::UNIX_EPOCH + time::Duration::milliseconds(ms as i64);
-    at.format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+/// RFC 3339 in UTC to the millisecond (always three digits, so the texts sort as the times
+/// do), from ms since the epoch.
+pub fn rfc3339(ms: u64) -> String {
+    vigil_server::telemetry::rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// A lock as `/v1/vigil/lock/<name>` and `/v1/vigil/locks` show it. Times since are measured
