@@ -272,6 +272,15 @@ async fn id_of(
     }
 }
 
+/// Deletes the token, policy or role `id` (`kind`) and says so, as Consul's CLI does.
+async fn delete(agent: &AgentAddr, kind: &str, id: &str) -> anyhow::Result<()> {
+    send(agent, Method::DELETE, &format!("/v1/acl/{kind}/{id}"), None).await?;
+    let mut title = kind.to_owned();
+    title[..1].make_ascii_uppercase();
+    println!("{title} \"{id}\" deleted successfully");
+    Ok(())
+}
+
 fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
 }
@@ -433,11 +442,7 @@ async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow
             )
             .await?
         }
-        TokenAction::Delete { id } => {
-            send(agent, Method::DELETE, &format!("/v1/acl/token/{id}"), None).await?;
-            println!("Token \"{id}\" deleted successfully");
-            return Ok(());
-        }
+        TokenAction::Delete { id } => return delete(agent, "token", &id).await,
         TokenAction::List => send(agent, Method::GET, "/v1/acl/tokens", None).await?,
     };
     output(format, &result, print_token)
@@ -476,9 +481,7 @@ async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyh
         }
         PolicyAction::Delete { id, name } => {
             let id = id_of(agent, "policy", id, name).await?;
-            send(agent, Method::DELETE, &format!("/v1/acl/policy/{id}"), None).await?;
-            println!("Policy \"{id}\" deleted successfully");
-            return Ok(());
+            return delete(agent, "policy", &id).await;
         }
         PolicyAction::List => send(agent, Method::GET, "/v1/acl/policies", None).await?,
     };
@@ -502,9 +505,7 @@ async fn role(agent: &AgentAddr, format: Format, action: RoleAction) -> anyhow::
         }
         RoleAction::Delete { id, name } => {
             let id = id_of(agent, "role", id, name).await?;
-            send(agent, Method::DELETE, &format!("/v1/acl/role/{id}"), None).await?;
-            println!("Role \"{id}\" deleted successfully");
-            return Ok(());
+            return delete(agent, "role", &id).await;
         }
         RoleAction::List => send(agent, Method::GET, "/v1/acl/roles", None).await?,
     };
