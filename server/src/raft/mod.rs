@@ -1,9 +1,10 @@
-//! Raft plumbing: openraft's types instantiated once for Vigil, the log store (redb, on disk for
-//! server sets and in memory for `--dev`), the state-machine store that applies committed
-//! commands and keeps snapshots, and the network used between servers.
+//! Raft plumbing: openraft's types instantiated once for Vigil, the log store (raft-log's
+//! write-ahead log, in the data directory for server sets and in a temporary one for `--dev`),
+//! the state-machine store that applies committed commands and keeps snapshots, and the network
+//! used between servers.
 
+pub mod log_store;
 pub mod network;
-pub mod redb_log;
 pub mod state_store;
 
 #[cfg(test)]

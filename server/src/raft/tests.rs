@@ -1,25 +1,25 @@
 //! openraft's storage conformance suite run against the stores a server uses: the
-//! [`RedbLogStore`] on a file (server sets) and in memory (`--dev`), each with a [`StateStore`]
-//! keeping snapshots in its own temporary directory.
+//! [`LogStore`] in a data directory (server sets) and in a temporary one (`--dev`), each with a
+//! [`StateStore`] keeping snapshots in its own temporary directory.
 
 use openraft::testing::{StoreBuilder, Suite};
 
-use super::redb_log::{LOG_FILE_NAME, RedbLogStore};
+use super::log_store::LogStore;
 use super::state_store::{SharedState, StateStore};
 use super::{StorageError, TypeConfig};
 
 /// Where the log lives.
 enum Log {
-    File,
-    Memory,
+    DataDir,
+    Temporary,
 }
 
-impl StoreBuilder<TypeConfig, RedbLogStore, StateStore, tempfile::TempDir> for Log {
-    async fn build(&self) -> Result<(tempfile::TempDir, RedbLogStore, StateStore), StorageError> {
+impl StoreBuilder<TypeConfig, LogStore, StateStore, tempfile::TempDir> for Log {
+    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError> {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = match self {
-            Log::File => RedbLogStore::open(dir.path().join(LOG_FILE_NAME)),
-            Log::Memory => RedbLogStore::in_memory(),
+            Log::DataDir => LogStore::open(dir.path()),
+            Log::Temporary => LogStore::temporary(),
         }
         .expect("open log");
         let (events, _) = tokio::sync::mpsc::unbounded_channel();
@@ -30,12 +30,12 @@ impl StoreBuilder<TypeConfig, RedbLogStore, StateStore, tempfile::TempDir> for L
 }
 
 #[test]
-fn the_file_log_passes_the_openraft_suite() -> Result<(), StorageError> {
+fn the_data_dir_log_passes_the_openraft_suite() -> Result<(), StorageError> {
     // The suite builds its own tokio runtime per case, so this is a plain test.
-    Suite::test_all(Log::File)
+    Suite::test_all(Log::DataDir)
 }
 
 #[test]
-fn the_in_memory_log_passes_the_openraft_suite() -> Result<(), StorageError> {
-    Suite::test_all(Log::Memory)
+fn the_temporary_log_passes_the_openraft_suite() -> Result<(), StorageError> {
+    Suite::test_all(Log::Temporary)
 }

@@ -34,8 +34,8 @@ use vigil_shared::session::{Session, check_ttl};
 
 use crate::leader::{DutyInput, LeaderDuties, session_ttl};
 use crate::proposer::Proposer;
+use crate::raft::log_store::LogStore;
 use crate::raft::network::QuicNetwork;
-use crate::raft::redb_log::RedbLogStore;
 use crate::raft::state_store::{SharedState, StateStore};
 use crate::raft::{NodeId, Raft};
 use crate::rpc::{
@@ -175,7 +175,7 @@ impl Server {
         let shared = SharedState::new(events_tx);
         let (node_id, raft) = match &config.mode {
             ServerMode::Dev => {
-                let log = RedbLogStore::in_memory().map_err(data_dir_error)?;
+                let log = LogStore::temporary().map_err(data_dir_error)?;
                 let raft = Raft::new(
                     1,
                     raft_config,
@@ -188,8 +188,7 @@ impl Server {
             }
             ServerMode::Cluster { data_dir, .. } => {
                 let node_id = load_or_create_node_id(data_dir)?;
-                let log = RedbLogStore::open(data_dir.join(crate::raft::redb_log::LOG_FILE_NAME))
-                    .map_err(data_dir_error)?;
+                let log = LogStore::open(data_dir).map_err(data_dir_error)?;
                 let state =
                     StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
                 let raft = Raft::new(node_id, raft_config, network, log, state).await;

@@ -1,20 +1,19 @@
 use std::collections::{BTreeMap, BTreeSet};
+use std::fs::OpenOptions;
 use std::io::{BufRead as _, BufReader, Seek as _, SeekFrom, Write as _};
-use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command as Process, Stdio};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use openraft::Membership;
 use openraft::storage::RaftLogStorageExt as _;
-use openraft::{EntryPayload, Membership};
-use redb::WriteTransaction;
 use vigil_shared::kv::KvOp;
 use vigil_shared::rpc::{Command, Op};
 
 use super::*;
 use crate::rpc::ServerNode;
 
-/// How long a test waits for the writer before it calls it stuck.
+/// How long a test waits for the flush thread before it calls it stuck.
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn log_id(term: u64, index: u64) -> LogId {
@@ -66,54 +65,39 @@ fn sample_log(upto: u64) -> Vec<Entry> {
     entries
 }
 
-fn open(dir: &tempfile::TempDir) -> RedbLogStore {
-    RedbLogStore::open(dir.path().join(LOG_FILE_NAME)).expect("open")
+fn open(dir: &tempfile::TempDir) -> LogStore {
+    LogStore::open(dir.path()).expect("open")
 }
 
 /// A completion that reports to the returned receiver.
-fn probe() -> (OnDurable, mpsc::Receiver<io::Result<()>>) {
-    let (tx, rx) = mpsc::channel();
-    let done: OnDurable = Box::new(move |result| {
-        let _ = tx.send(result);
-    });
-    (done, rx)
+fn probe() -> (Done, tokio::sync::oneshot::Receiver<io::Result<()>>) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    (Done::Wait(tx), rx)
 }
 
-fn wait_durable(flushed: &mpsc::Receiver<io::Result<()>>) {
-    flushed
-        .recv_timeout(PATIENCE)
-        .expect("the writer reported")
-        .expect("the commit succeeded");
+async fn wait_durable(flushed: tokio::sync::oneshot::Receiver<io::Result<()>>) {
+    tokio::time::timeout(PATIENCE, flushed)
+        .await
+        .expect("the flush thread reported in time")
+        .expect("the flush thread reported")
+        .expect("the sync succeeded");
 }
 
-/// Holds redb's single write transaction, so the writer cannot commit until it is dropped.
-fn stall(store: &RedbLogStore) -> WriteTransaction {
-    store.shared.db.begin_write().expect("stall the writer")
-}
-
-/// The log ids the file itself holds, overlay aside.
-fn in_file(store: &RedbLogStore) -> Vec<LogId> {
-    let tx = store.shared.db.begin_read().expect("read");
-    let table = tx.open_table(LOGS).expect("table");
-    table
-        .iter()
-        .expect("iter")
-        .map(|item| {
-            decode_entry(item.expect("item").1.value())
-                .expect("decode")
-                .log_id
-        })
-        .collect()
-}
-
-fn ids(entries: &[Entry]) -> Vec<LogId> {
-    entries.iter().map(|e| e.log_id).collect()
+/// The chunk files of the log in `dir`, oldest first.
+fn chunks(dir: &tempfile::TempDir) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.path().join(LOG_DIR_NAME))
+        .expect("read the log directory")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.file_name().is_some_and(|n| n != "LOCK"))
+        .collect();
+    files.sort();
+    files
 }
 
 fn encoded_len(entries: &[Entry]) -> usize {
     entries
         .iter()
-        .map(|e| postcard::to_allocvec(e).expect("encode").len())
+        .map(|e| postcard::to_allocvec(&e.payload).expect("encode").len())
         .sum()
 }
 
@@ -200,14 +184,13 @@ async fn empty_and_fully_purged_logs() {
 }
 
 #[tokio::test]
-async fn appended_entries_are_readable_before_they_are_durable() {
+async fn appended_entries_are_readable_as_soon_as_append_returns() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = open(&dir);
     store.blocking_append(sample_log(3)).await.expect("append");
     let mut reader = store.get_log_reader().await;
 
-    // With the writer held up, an append returns and is readable, but is not reported durable.
-    let stalled = stall(&store);
+    // Readable at once, whether or not the sync has happened yet.
     let (done, flushed) = probe();
     store
         .append_then([set(2, 4), set(2, 5)], done)
@@ -222,89 +205,77 @@ async fn appended_entries_are_readable_before_they_are_durable() {
     );
     let state = store.get_log_state().await.expect("log state");
     assert_eq!(state.last_log_id, Some(log_id(2, 5)));
-    assert!(matches!(flushed.try_recv(), Err(mpsc::TryRecvError::Empty)));
-    assert_eq!(in_file(&store), ids(&sample_log(3)));
-
-    // Once the writer may commit, the entries are in the file and reported durable.
-    drop(stalled);
-    wait_durable(&flushed);
-    assert_eq!(in_file(&store), ids(&sample_log(5)));
-    assert_eq!(
-        reader.try_get_log_entries(..).await.expect("read"),
-        sample_log(5)
-    );
+    wait_durable(flushed).await;
 }
 
 #[tokio::test]
-async fn flushes_report_in_order_once_their_commit_holds_them() {
+async fn flushes_report_in_order_and_a_vote_waits_for_everything_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = open(&dir);
 
-    // Queue appends, a truncation and a re-append behind a held-up writer. Each completion
-    // records, in the order it is called, what the file holds at its batch's first index.
-    let stalled = stall(&store);
-    let reports = Arc::new(Mutex::new(Vec::new()));
+    // Appends, a truncation and a re-append, none waited for; each completion records its
+    // batch's first index in the order it is called.
+    let (reports, reported) = std::sync::mpsc::channel();
     let batches = [
         vec![set(1, 1), set(1, 2), set(1, 3)],
         vec![set(1, 4), set(1, 5), set(1, 6)],
         vec![set(1, 7), set(1, 8), set(1, 9)],
         vec![set(2, 8)],
     ];
+    let mut waits = Vec::new();
     for (n, batch) in batches.into_iter().enumerate() {
         if n == 3 {
             store.truncate(log_id(1, 8)).await.expect("truncate");
         }
         let first = batch[0].log_id.index;
-        let shared = Arc::clone(&store.shared);
-        let reports = Arc::clone(&reports);
-        let done: OnDurable = Box::new(move |result| {
-            let tx = shared.db.begin_read().expect("read");
-            let table = tx.open_table(LOGS).expect("table");
-            let held = table
-                .get(first)
-                .expect("get")
-                .map(|v| decode_entry(v.value()).expect("decode").log_id);
-            reports.lock().push((first, result.is_ok(), held));
+        let reports = reports.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (done, flushed) = probe();
+        tokio::spawn(async move {
+            let result = flushed.await.expect("reported");
+            reports.send((first, result.is_ok())).expect("report");
+            let _ = tx.send(());
         });
+        waits.push(rx);
         store.append_then(batch, done).expect("append");
     }
     store
         .save_committed(Some(log_id(1, 7)))
         .await
         .expect("committed");
-    assert!(reports.lock().is_empty());
 
-    // A vote saved after them returns only once its commit is durable, and so theirs too.
-    drop(stalled);
+    // A vote saved after them returns only once its sync is durable, and so theirs too.
     store
         .save_vote(&Vote::new_committed(2, 1))
         .await
         .expect("vote");
+    for wait in waits {
+        wait.await.expect("reported");
+    }
     assert_eq!(
-        *reports.lock(),
-        vec![
-            (1, true, Some(log_id(1, 1))),
-            (4, true, Some(log_id(1, 4))),
-            (7, true, Some(log_id(1, 7))),
-            (8, true, Some(log_id(2, 8))),
-        ]
+        reported.try_iter().collect::<Vec<_>>(),
+        vec![(1, true), (4, true), (7, true), (8, true)]
     );
-    let expected: Vec<LogId> = (1..=7)
-        .map(|i| log_id(1, i))
-        .chain([log_id(2, 8)])
-        .collect();
-    assert_eq!(in_file(&store), expected);
+
+    // What a reopened store holds is what openraft was told is durable.
+    drop(store);
+    let mut store = open(&dir);
+    let expected: Vec<Entry> = (1..=7).map(|i| set(1, i)).chain([set(2, 8)]).collect();
+    assert_eq!(store.try_get_log_entries(..).await.expect("read"), expected);
+    assert_eq!(
+        store.read_vote().await.expect("vote"),
+        Some(Vote::new_committed(2, 1))
+    );
 }
 
 #[tokio::test]
-async fn truncate_and_purge_hide_entries_still_waiting_for_their_commit() {
+async fn truncate_and_purge_hide_entries_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut store = open(&dir);
     store.blocking_append(sample_log(6)).await.expect("append");
     let mut reader = store.get_log_reader().await;
 
-    // Entries both in the file (5, 6) and still queued (7..=9) disappear at once.
-    let stalled = stall(&store);
+    // Entries durable (5, 6) and maybe not yet (7..=9) disappear at once.
     let (done, queued) = probe();
     store
         .append_then([set(2, 7), set(2, 8), set(2, 9)], done)
@@ -321,7 +292,7 @@ async fn truncate_and_purge_hide_entries_still_waiting_for_their_commit() {
     let state = store.get_log_state().await.expect("log state");
     assert_eq!(state.last_log_id, Some(log_id(2, 4)));
 
-    // A new entry at a truncated index replaces the stale one the file still holds.
+    // A new entry at a truncated index replaces the stale one.
     let (done, replaced) = probe();
     store.append_then([set(3, 5)], done).expect("append");
     let mut expected = sample_log(4);
@@ -330,7 +301,6 @@ async fn truncate_and_purge_hide_entries_still_waiting_for_their_commit() {
         reader.try_get_log_entries(..).await.expect("read"),
         expected
     );
-    assert_eq!(ids(&sample_log(6)), in_file(&store));
 
     // A purge hides the prefix at once too.
     store.purge(log_id(1, 2)).await.expect("purge");
@@ -341,11 +311,9 @@ async fn truncate_and_purge_hide_entries_still_waiting_for_their_commit() {
     let state = store.get_log_state().await.expect("log state");
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 2)));
 
-    // Committed, the file agrees with what readers saw, and so does a reopened store.
-    drop(stalled);
-    wait_durable(&queued);
-    wait_durable(&replaced);
-    assert_eq!(in_file(&store), ids(&expected[2..]));
+    // Durable, a reopened store agrees with what readers saw.
+    wait_durable(queued).await;
+    wait_durable(replaced).await;
     drop((reader, store));
     let mut store = open(&dir);
     assert_eq!(
@@ -376,7 +344,7 @@ fn budget_log() -> Vec<Entry> {
     log
 }
 
-async fn read_within_budget(reader: &mut RedbLogReader, log: &[Entry]) {
+async fn read_within_budget(reader: &mut LogReader, log: &[Entry]) {
     for (from, count) in [(1, 3), (4, 3), (9, 2), (10, 1), (11, 1)] {
         let got = reader
             .limited_get_log_entries(from, 12)
@@ -397,22 +365,23 @@ async fn limited_reads_stay_within_the_byte_budget() {
     let mut reader = store.get_log_reader().await;
     let log = budget_log();
 
-    // Still queued: the overlay answers.
-    let stalled = stall(&store);
+    // From the cache, as soon as the append returns.
     let (done, flushed) = probe();
     store.append_then(log[..11].to_vec(), done).expect("append");
     read_within_budget(&mut reader, &log).await;
+    wait_durable(flushed).await;
 
-    // Committed: the file answers.
-    drop(stalled);
-    wait_durable(&flushed);
-    assert_eq!(in_file(&store).len(), 11);
+    // From the file, after a reopen.
+    drop((reader, store));
+    let mut store = open(&dir);
+    let mut reader = store.get_log_reader().await;
     read_within_budget(&mut reader, &log).await;
 
-    // A small tail queued behind the file: both answer one read.
-    let stalled = stall(&store);
-    let (done, flushed) = probe();
-    store.append_then(log[11..].to_vec(), done).expect("append");
+    // A small tail behind them: one read answers both.
+    store
+        .blocking_append(log[11..].to_vec())
+        .await
+        .expect("append");
     read_within_budget(&mut reader, &log).await;
     let got = reader.limited_get_log_entries(10, 14).await.expect("read");
     expect_read(&got, &log, 10, 1);
@@ -420,8 +389,6 @@ async fn limited_reads_stay_within_the_byte_budget() {
     expect_read(&got, &log, 11, 1);
     let got = reader.limited_get_log_entries(12, 14).await.expect("read");
     expect_read(&got, &log, 12, 2);
-    drop(stalled);
-    wait_durable(&flushed);
 }
 
 #[tokio::test]
@@ -442,15 +409,15 @@ async fn every_flushed_entry_survives_drop_and_reopen() {
         .save_committed(Some(log_id(1, 90)))
         .await
         .expect("committed");
-    for flushed in &flushes {
-        wait_durable(flushed);
+    for flushed in flushes {
+        wait_durable(flushed).await;
     }
 
-    // Appends still queued when the store is dropped are committed before it closes.
+    // An append still queued when the store is dropped is synced before the flush thread ends.
     let (done, last) = probe();
     store.append_then([set(1, 101)], done).expect("append");
     drop(store);
-    wait_durable(&last);
+    wait_durable(last).await;
 
     let mut store = open(&dir);
     let expected: Vec<Entry> = (1..=101).map(|i| set(1, i)).collect();
@@ -462,12 +429,13 @@ async fn every_flushed_entry_survives_drop_and_reopen() {
 }
 
 #[tokio::test]
-async fn second_open_of_the_same_file_is_refused() {
+async fn second_open_of_the_same_log_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(LOG_FILE_NAME);
-    let _first = RedbLogStore::open(&path).expect("open");
-    match RedbLogStore::open(&path) {
-        Err(LogStoreError::AlreadyOpen { path: p }) => assert_eq!(p, path),
+    let _first = open(&dir);
+    match LogStore::open(dir.path()) {
+        Err(LogStoreError::AlreadyOpen { path }) => {
+            assert_eq!(path, dir.path().join(LOG_DIR_NAME))
+        }
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a second open of a locked log succeeded"),
     }
@@ -477,18 +445,18 @@ async fn second_open_of_the_same_file_is_refused() {
 async fn a_newer_format_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
 
-    // Stamp the file as if a future build wrote it.
+    // Stamp the log as if a future build wrote it.
     {
         let store = open(&dir);
-        let tx = store.shared.db.begin_write().expect("write");
-        tx.open_table(META)
-            .expect("meta")
-            .insert(KEY_FORMAT, [FORMAT_VERSION + 1].as_slice())
-            .expect("stamp");
-        tx.commit().expect("commit");
+        let mut log = store.log.lock();
+        let stamp = Stamp {
+            format: FORMAT_VERSION + 1,
+        };
+        log.save_user_data(Some(Stored(stamp))).expect("stamp");
+        log.flush(true, None).expect("flush");
     }
 
-    match RedbLogStore::open(dir.path().join(LOG_FILE_NAME)) {
+    match LogStore::open(dir.path()) {
         Err(LogStoreError::UnsupportedFormat { found, .. }) => {
             assert_eq!(found, FORMAT_VERSION + 1)
         }
@@ -498,9 +466,21 @@ async fn a_newer_format_is_refused() {
 }
 
 #[tokio::test]
-async fn a_corrupt_file_is_refused() {
+async fn an_older_builds_log_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join(LOG_FILE_NAME);
+    std::fs::write(dir.path().join(OLD_LOG_FILE_NAME), b"redb").expect("an old log");
+    match LogStore::open(dir.path()) {
+        Err(e @ LogStoreError::OldLog { .. }) => {
+            assert!(e.to_string().contains("raft.redb"), "{e}")
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+        Ok(_) => panic!("an old log was ignored"),
+    }
+}
+
+#[tokio::test]
+async fn a_corrupt_log_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
     {
         let mut store = open(&dir);
         store
@@ -509,27 +489,29 @@ async fn a_corrupt_file_is_refused() {
             .expect("append");
     }
 
-    // Scribble over every page after the header, as a failing disk might.
-    let len = std::fs::metadata(&path).expect("metadata").len();
-    let mut file = OpenOptions::new().write(true).open(&path).expect("open");
-    let mut offset = 4096;
-    while offset < len {
-        file.seek(SeekFrom::Start(offset + 64)).expect("seek");
-        file.write_all(&[0xA5; 512]).expect("scribble");
-        offset += 4096;
-    }
+    // Flip a byte of entry 100's value in the middle of the log, as a failing disk might.
+    let chunk = chunks(&dir).pop().expect("a chunk file");
+    let bytes = std::fs::read(&chunk).expect("read the chunk");
+    let at = bytes
+        .windows(16)
+        .position(|w| w == [100u8; 16])
+        .expect("entry 100's value");
+    let mut file = OpenOptions::new().write(true).open(&chunk).expect("open");
+    file.seek(SeekFrom::Start(at as u64 + 3)).expect("seek");
+    file.write_all(&[0xA5]).expect("flip");
     file.sync_all().expect("sync");
 
-    match RedbLogStore::open(&path) {
-        Err(LogStoreError::Corrupt { path: p, .. }) => assert_eq!(p, path),
+    match LogStore::open(dir.path()) {
+        Err(LogStoreError::Corrupt { path, .. }) => assert_eq!(path, dir.path().join(LOG_DIR_NAME)),
         Err(e) => panic!("unexpected error: {e}"),
         Ok(_) => panic!("a corrupt log was accepted"),
     }
 }
 
 #[tokio::test]
-async fn the_log_file_is_private() {
+async fn the_log_directory_is_private() {
     let dir = tempfile::tempdir().expect("tempdir");
+    let log_dir = dir.path().join(LOG_DIR_NAME);
     let mode = |path: &Path| {
         std::fs::metadata(path)
             .expect("metadata")
@@ -538,16 +520,14 @@ async fn the_log_file_is_private() {
             & 0o777
     };
 
-    // A new file is created 0600, whatever the umask allows.
+    // A new directory is created 0700, whatever the umask allows.
     drop(open(&dir));
-    assert_eq!(mode(&dir.path().join(LOG_FILE_NAME)), 0o600);
+    assert_eq!(mode(&log_dir), 0o700);
 
-    // A file an older build left readable to others is narrowed when opened.
-    let old = dir.path().join("old.redb");
-    drop(RedbLogStore::open(&old).expect("open"));
-    std::fs::set_permissions(&old, Permissions::from_mode(0o644)).expect("chmod");
-    drop(RedbLogStore::open(&old).expect("reopen"));
-    assert_eq!(mode(&old), 0o600);
+    // One left readable to others is narrowed when opened.
+    std::fs::set_permissions(&log_dir, Permissions::from_mode(0o755)).expect("chmod");
+    drop(open(&dir));
+    assert_eq!(mode(&log_dir), 0o700);
 }
 
 /// Where [`kill9_child`] keeps its log; set only in that child process.
@@ -559,7 +539,7 @@ const KILL9_DIR: &str = "VIGIL_TEST_RAFT_LOG_KILL9_DIR";
 #[ignore = "the child process of acknowledged_appends_survive_kill_9"]
 async fn kill9_child() {
     let dir = std::env::var_os(KILL9_DIR).expect("run by acknowledged_appends_survive_kill_9");
-    let mut store = RedbLogStore::open(Path::new(&dir).join(LOG_FILE_NAME)).expect("open");
+    let mut store = LogStore::open(Path::new(&dir)).expect("open");
     let state = store.get_log_state().await.expect("log state");
     let mut next = state.last_log_id.map_or(1, |id| id.index + 1);
     loop {
@@ -568,8 +548,9 @@ async fn kill9_child() {
         for n in 0..8 {
             let last = next + 2;
             let round_done = if n == 7 { tx.take() } else { None };
-            let done: OnDurable = Box::new(move |result| {
-                result.expect("durable");
+            let (done, flushed) = probe();
+            tokio::spawn(async move {
+                flushed.await.expect("reported").expect("durable");
                 println!("acked {last}");
                 if let Some(tx) = round_done {
                     let _ = tx.send(());
@@ -601,7 +582,7 @@ fn acknowledged_appends_survive_kill_9() {
         let mut child = Process::new(std::env::current_exe().expect("test binary"))
             .args([
                 "--exact",
-                "raft::redb_log::tests::kill9_child",
+                "raft::log_store::tests::kill9_child",
                 "--ignored",
                 "--nocapture",
                 "--test-threads=1",
