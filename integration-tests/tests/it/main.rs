@@ -6,6 +6,8 @@
 //! libtest runs the tests of all files side by side (one thread per core), so no test may
 //! change process-wide state (environment, current directory, signal handlers).
 
+mod common;
+
 mod t10_api;
 mod t10_https;
 mod t10_kv;

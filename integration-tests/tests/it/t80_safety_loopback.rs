@@ -9,15 +9,12 @@
 
 use integration_tests::safety::{Plan, run_loopback};
 
+use crate::common::assert_safe;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_on_loopback_never_let_a_stale_holder_write() {
     let plan = Plan::loopback(80).with_env_overrides();
     let report = run_loopback(&plan).await.expect("the checker's run");
     println!("{report}");
-    assert!(report.violations.is_empty(), "{report}");
-    assert!(
-        report.handoffs >= plan.handoffs,
-        "too few handoffs: {report}"
-    );
-    assert_eq!(report.faults.len(), plan.schedule.faults, "{report}");
+    assert_safe(&report, &plan);
 }
