@@ -1,5 +1,6 @@
 //! What several test files share and the harness (`integration_tests`) has no business
-//! offering: assertions on Consul's error answers, a snapshot of the KV store, a deadline.
+//! offering: assertions on Consul's error answers, a snapshot of the KV store, a deadline, and
+//! the lock that keeps the heaviest tests from running side by side in this one process.
 
 use std::ffi::OsStr;
 use std::time::Duration;
@@ -11,9 +12,21 @@ use integration_tests::{Http, Reply, binary};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tokio::process::Child;
+use tokio::sync::{Mutex, MutexGuard};
 
 /// Deadline for anything that should happen promptly on a busy machine.
 pub const PROMPT: Duration = Duration::from_secs(30);
+
+/// Held by the tests that load the machine so much (many processes, leader kills on a
+/// schedule, hundreds of MB through raft, thousands of sockets) that two of them side by side
+/// would make each other's deadlines: they run one at a time, each beside light tests only.
+static EXCLUSIVE: Mutex<()> = Mutex::const_new(());
+
+/// Waits until no other heavy test runs; the heavy test holds the guard to its end. A tokio
+/// mutex: it is held across `.await`, and a failed test (a panic) releases it for the next.
+pub async fn exclusive() -> MutexGuard<'static, ()> {
+    EXCLUSIVE.lock().await
+}
 
 pub fn b64(bytes: impl AsRef<[u8]>) -> String {
     BASE64.encode(bytes)

@@ -4,7 +4,8 @@
 //! run one file with `cargo test -p integration-tests --test it t80_safety_loopback`.
 //!
 //! libtest runs the tests of all files side by side (one thread per core), so no test may
-//! change process-wide state (environment, current directory, signal handlers).
+//! change process-wide state (environment, current directory, signal handlers), and the
+//! heaviest ones take [`common::exclusive`] so that no two of them run at once.
 
 mod common;
 

@@ -17,6 +17,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::common::exclusive;
+
 /// A new leader must be in place (every live server naming it) within this.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(10);
 
@@ -100,6 +102,7 @@ async fn writer(agent: Http, w: usize, log: Arc<Mutex<Log>>) {
 
 #[tokio::test]
 async fn acknowledged_writes_survive_a_leader_kill_under_load() {
+    let _heavy = exclusive().await;
     let mut cluster = Cluster::servers(3).clients(2).start().await;
     let leader = cluster.leader().await;
     let clients = [cluster.client(0).http(), cluster.client(1).http()];

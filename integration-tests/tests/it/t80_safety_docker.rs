@@ -5,10 +5,11 @@
 
 use integration_tests::safety::{DockerStatus, Plan, docker_status, run_docker};
 
-use crate::common::assert_safe;
+use crate::common::{assert_safe, exclusive};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_in_docker_never_let_a_stale_holder_write() {
+    let _heavy = exclusive().await;
     match docker_status() {
         DockerStatus::Ready => {}
         DockerStatus::NoDocker(why) => {

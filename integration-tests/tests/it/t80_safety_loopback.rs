@@ -9,10 +9,11 @@
 
 use integration_tests::safety::{Plan, run_loopback};
 
-use crate::common::assert_safe;
+use crate::common::{assert_safe, exclusive};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_on_loopback_never_let_a_stale_holder_write() {
+    let _heavy = exclusive().await;
     let plan = Plan::loopback(80).with_env_overrides();
     let report = run_loopback(&plan).await.expect("the checker's run");
     println!("{report}");
