@@ -5,7 +5,7 @@
 //! may be lost, and the lock must be granted again soon after the last fault.
 //!
 //! Longer runs: `VIGIL_SAFETY_HANDOFFS=1000 VIGIL_SAFETY_FAULTS=25 VIGIL_SAFETY_SEED=7 cargo test
-//! -p integration-tests --test t80_safety_loopback -- --nocapture`.
+//! -p integration-tests --test it t80_safety_loopback -- --nocapture`.
 
 use integration_tests::safety::{Plan, run_loopback};
 
