@@ -1,6 +1,7 @@
 //! What several test files share and the harness (`integration_tests`) has no business
-//! offering: assertions on Consul's error answers, a snapshot of the KV store, a deadline, and
-//! the lock that keeps the heaviest tests from running side by side in this one process.
+//! offering: assertions on Consul's error answers, a snapshot of the KV store, a deadline, an
+//! agent that must refuse its config, the safety checker's verdict, and the lock that keeps the
+//! heaviest tests from running side by side in this one process.
 
 use std::ffi::OsStr;
 use std::time::Duration;
@@ -19,7 +20,7 @@ pub const PROMPT: Duration = Duration::from_secs(30);
 
 /// Held by the tests that load the machine so much (many processes, leader kills on a
 /// schedule, hundreds of MB through raft, thousands of sockets) that two of them side by side
-/// would make each other's deadlines: they run one at a time, each beside light tests only.
+/// could make each other miss their deadlines: they run one at a time, beside light tests only.
 static EXCLUSIVE: Mutex<()> = Mutex::const_new(());
 
 /// Waits until no other heavy test runs; the heavy test holds the guard to its end. A tokio
