@@ -13,10 +13,11 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode, header::HeaderMap};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, timeout};
+use vigil_shared::go::duration::parse_go_duration;
 
 /// How long an agent may take to start.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -51,6 +52,14 @@ impl Reply {
             .expect("X-Consul-Index header")
             .parse()
             .expect("numeric index")
+    }
+
+    /// The remaining delay an acquire refusal reports (`X-Vigil-Lock-Delay`).
+    pub fn lock_delay_remaining(&self) -> Duration {
+        let header = self
+            .header("X-Vigil-Lock-Delay")
+            .unwrap_or_else(|| panic!("refusal without X-Vigil-Lock-Delay: {}", self.text()));
+        parse_go_duration(&header).unwrap_or_else(|e| panic!("{header:?} is no Go duration: {e}"))
     }
 }
 
@@ -189,6 +198,98 @@ impl Http {
         assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
         reply.json()["ID"].as_str().expect("session ID").to_owned()
     }
+
+    /// A write that must answer `200 true`.
+    pub async fn put_true(&self, path: &str, body: impl Into<Vec<u8>>) {
+        let reply = self.put(path, body).await;
+        let base = &self.base;
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "PUT {path} through {base}: {}",
+            reply.text()
+        );
+        assert_eq!(reply.json(), json!(true), "PUT {path} through {base}");
+    }
+
+    /// A plain `PUT /v1/kv/<key>` that must answer `200 true`.
+    pub async fn put_key(&self, key: &str, value: &str) {
+        self.put_true(&format!("/v1/kv/{key}"), value).await;
+    }
+
+    /// The single entry stored at `key` (a GET must answer a one-element array).
+    pub async fn kv_entry(&self, key: &str) -> Value {
+        let reply = self.get(&format!("/v1/kv/{key}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "GET {key}: {}", reply.text());
+        let list = reply.json();
+        assert_eq!(list.as_array().map(Vec::len), Some(1), "GET {key}: {list}");
+        list[0].clone()
+    }
+
+    /// The session holding `key` (`None`: not held, or no such key).
+    pub async fn holder(&self, key: &str) -> Option<String> {
+        let reply = self.get(&format!("/v1/kv/{key}")).await;
+        match reply.status {
+            StatusCode::NOT_FOUND => None,
+            StatusCode::OK => reply.json()[0]["Session"].as_str().map(str::to_owned),
+            other => panic!("reading {key}: {other} {}", reply.text()),
+        }
+    }
+
+    /// `?acquire` of `key` for `session` (value `held`); the answer must be a 200, whose body
+    /// says whether the lock was granted.
+    pub async fn acquire(&self, key: &str, session: &str) -> Reply {
+        let reply = self
+            .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply
+    }
+
+    /// An `?acquire` that must be granted.
+    pub async fn acquire_ok(&self, key: &str, session: &str) {
+        let reply = self.acquire(key, session).await;
+        assert_eq!(reply.text(), "true", "acquire {key}");
+    }
+
+    /// `/v1/session/info/<id>`: a one-element array, `[]` once the session is gone.
+    pub async fn session_info(&self, id: &str) -> Value {
+        let reply = self.get(&format!("/v1/session/info/{id}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply.json()
+    }
+
+    /// Whether session `id` still exists.
+    pub async fn session_exists(&self, id: &str) -> bool {
+        let info = self.session_info(id).await;
+        !info.as_array().expect("session list").is_empty()
+    }
+
+    /// Destroys session `id`, which must answer `200 true`.
+    pub async fn destroy_session(&self, id: &str) {
+        self.put_true(&format!("/v1/session/destroy/{id}"), "")
+            .await;
+    }
+
+    /// `/v1/agent/members`.
+    pub async fn members(&self) -> Vec<Value> {
+        let reply = self.get("/v1/agent/members").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply.json().as_array().expect("members array").clone()
+    }
+}
+
+/// A new gossip encryption key from `vigil keygen`.
+pub fn keygen() -> String {
+    let out = std::process::Command::new(binary())
+        .arg("keygen")
+        .output()
+        .expect("run vigil keygen");
+    assert!(out.status.success(), "vigil keygen failed: {out:?}");
+    String::from_utf8(out.stdout)
+        .expect("UTF-8 key")
+        .trim()
+        .to_owned()
 }
 
 /// A running `vigil` process (killed when dropped) and its HTTP API (through `Deref`).

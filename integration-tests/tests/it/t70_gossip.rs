@@ -9,9 +9,8 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Http, Reply, binary, eventually};
+use integration_tests::{Http, eventually, keygen};
 use reqwest::StatusCode;
-use serde_json::Value;
 use tokio::time::{Instant, sleep};
 
 /// A crash must be detected (serfHealth critical) within this under the `local` profile.
@@ -19,16 +18,10 @@ const DETECT_LIMIT: Duration = Duration::from_secs(15);
 /// Gossip membership must converge within this.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
 
-/// `/v1/agent/members` of `agent`.
-async fn members(agent: &Http) -> Vec<Value> {
-    let reply = agent.get("/v1/agent/members").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json().as_array().expect("members array").clone()
-}
-
 /// The `Status` code of member `name` in `agent`'s member list.
 async fn member_status(agent: &Http, name: &str) -> Option<u64> {
-    members(agent)
+    agent
+        .members()
         .await
         .iter()
         .find(|m| m["Name"] == name)
@@ -48,39 +41,6 @@ async fn catalog_nodes(agent: &Http) -> Vec<String> {
         .collect()
 }
 
-/// The session holding `key` (`None`: not held, or no such key).
-async fn holder(agent: &Http, key: &str) -> Option<String> {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    match reply.status {
-        StatusCode::NOT_FOUND => None,
-        StatusCode::OK => reply.json()[0]["Session"].as_str().map(str::to_owned),
-        other => panic!("reading {key}: {other} {}", reply.text()),
-    }
-}
-
-async fn acquire(agent: &Http, key: &str, session: &str) -> Reply {
-    let reply = agent
-        .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply
-}
-
-async fn acquire_ok(agent: &Http, key: &str, session: &str) {
-    assert_eq!(
-        acquire(agent, key, session).await.text(),
-        "true",
-        "acquire {key}"
-    );
-}
-
-/// Whether session `id` still exists.
-async fn session_exists(agent: &Http, id: &str) -> bool {
-    let reply = agent.get(&format!("/v1/session/info/{id}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    !reply.json().as_array().expect("session list").is_empty()
-}
-
 async fn wait_serf_health(agent: &Http, node: &str, status: &str, limit: Duration) {
     eventually(limit, &format!("{node}'s serfHealth {status}"), || async {
         (agent.serf_health(node).await.as_deref() == Some(status)).then_some(())
@@ -91,7 +51,7 @@ async fn wait_serf_health(agent: &Http, node: &str, status: &str, limit: Duratio
 /// Waits until `agent` sees exactly `expected` (name, role) members, all alive (Status 1).
 async fn wait_all_alive(agent: &Http, expected: &[(String, &str)]) {
     eventually(CONVERGE_LIMIT, "every member alive", || async {
-        let list = members(agent).await;
+        let list = agent.members().await;
         let mut seen: Vec<(String, String, u64)> = list
             .iter()
             .map(|m| {
@@ -111,18 +71,6 @@ async fn wait_all_alive(agent: &Http, expected: &[(String, &str)]) {
         (seen == want).then_some(())
     })
     .await;
-}
-
-fn keygen() -> String {
-    let out = std::process::Command::new(binary())
-        .arg("keygen")
-        .output()
-        .expect("run vigil keygen");
-    assert!(out.status.success(), "vigil keygen failed: {out:?}");
-    String::from_utf8(out.stdout)
-        .expect("UTF-8 key")
-        .trim()
-        .to_owned()
 }
 
 fn signal(pid: u32, signal: &str) {
@@ -147,7 +95,7 @@ async fn members_crash_and_graceful_leave() {
     for i in 0..2 {
         wait_all_alive(&cluster.client(i).http(), &expected).await;
     }
-    for m in members(&server).await {
+    for m in server.members().await {
         let name = m["Name"].as_str().expect("Name");
         assert!(
             m["Port"].as_u64().unwrap_or(0) > 0,
@@ -159,13 +107,10 @@ async fn members_crash_and_graceful_leave() {
     // Phase 2: kill -9 of the client whose session holds a lock.
     let (c0, c1) = (cluster.client(0).http(), cluster.client(1).http());
     let victim = create_session(&c1, r#"{"Name":"victim","LockDelay":"2s"}"#).await;
-    acquire_ok(&c1, "t70/crash", &victim).await;
+    c1.acquire_ok("t70/crash", &victim).await;
     let other = create_session(&c0, r#"{"Name":"other","LockDelay":"0s"}"#).await;
     wait_serf_health(&server, "c1", "passing", CONVERGE_LIMIT).await;
-    assert_eq!(
-        holder(&server, "t70/crash").await.as_deref(),
-        Some(&*victim)
-    );
+    assert_eq!(server.holder("t70/crash").await.as_deref(), Some(&*victim));
 
     cluster.kill9_client(1).await;
     let killed = Instant::now();
@@ -174,17 +119,14 @@ async fn members_crash_and_graceful_leave() {
     eventually(
         Duration::from_secs(5),
         "the lock to be released",
-        || async { holder(&server, "t70/crash").await.is_none().then_some(()) },
+        || async { server.holder("t70/crash").await.is_none().then_some(()) },
     )
     .await;
     let released = killed.elapsed();
-    assert!(
-        !session_exists(&server, &victim).await,
-        "victim invalidated"
-    );
+    assert!(!server.session_exists(&victim).await, "victim invalidated");
 
     // The lock-delay (2 s from the invalidation) refuses the other session for a while.
-    let refused = acquire(&c0, "t70/crash", &other).await;
+    let refused = c0.acquire("t70/crash", &other).await;
     assert_eq!(refused.text(), "false", "acquire right after the release");
     assert!(
         refused.header("X-Vigil-Lock-Delay").is_some(),
@@ -195,7 +137,7 @@ async fn members_crash_and_graceful_leave() {
         Duration::from_secs(10),
         "the lock-delay to pass",
         || async {
-            let reply = acquire(&c0, "t70/crash", &other).await;
+            let reply = c0.acquire("t70/crash", &other).await;
             if reply.text() == "true" {
                 return Some(());
             }
@@ -214,7 +156,7 @@ async fn members_crash_and_graceful_leave() {
         acquirable >= critical + Duration::from_millis(1500),
         "lock-delay honoured: critical at {critical:?}, acquired at {acquirable:?}"
     );
-    assert_eq!(holder(&server, "t70/crash").await.as_deref(), Some(&*other));
+    assert_eq!(server.holder("t70/crash").await.as_deref(), Some(&*other));
     println!(
         "t70 kill -9 (local profile): kill→critical {critical:?}, kill→released {released:?}, \
          kill→acquirable {acquirable:?} (lock-delay 2s, {refusals} refusals)"
@@ -222,7 +164,7 @@ async fn members_crash_and_graceful_leave() {
 
     // Phase 3a: PUT /v1/agent/leave on c0: it exits 0, its node is deregistered, its session
     // (which holds a lock) is invalidated.
-    acquire_ok(&c0, "t70/leave0", &other).await;
+    c0.acquire_ok("t70/leave0", &other).await;
     let reply = c0.put("/v1/agent/leave", "").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     let left_at = Instant::now();
@@ -237,11 +179,11 @@ async fn members_crash_and_graceful_leave() {
     .await;
     let deregistered = left_at.elapsed();
     assert!(
-        !session_exists(&server, &other).await,
+        !server.session_exists(&other).await,
         "c0's session invalidated"
     );
     assert_eq!(
-        holder(&server, "t70/leave0").await,
+        server.holder("t70/leave0").await,
         None,
         "c0's lock released"
     );
@@ -251,7 +193,7 @@ async fn members_crash_and_graceful_leave() {
     let c2_index = cluster.add_client(&[0, 1, 2]).await;
     let c2 = cluster.client(c2_index).http();
     let s2 = create_session(&c2, r#"{"Name":"c2","LockDelay":"0s"}"#).await;
-    acquire_ok(&c2, "t70/leave2", &s2).await;
+    c2.acquire_ok("t70/leave2", &s2).await;
     cluster.terminate_client(c2_index).await;
     let terminated_at = Instant::now();
     eventually(CONVERGE_LIMIT, "c2 to be deregistered", || async {
@@ -260,11 +202,11 @@ async fn members_crash_and_graceful_leave() {
     .await;
     let deregistered2 = terminated_at.elapsed();
     assert!(
-        !session_exists(&server, &s2).await,
+        !server.session_exists(&s2).await,
         "c2's session invalidated"
     );
     assert_eq!(
-        holder(&server, "t70/leave2").await,
+        server.holder("t70/leave2").await,
         None,
         "c2's lock released"
     );
@@ -319,20 +261,20 @@ async fn a_client_with_the_wrong_gossip_key_never_joins() {
     })
     .await;
     let session = create_session(&good_http, r#"{"LockDelay":"0s"}"#).await;
-    acquire_ok(&good_http, "t70/encrypted", &session).await;
+    good_http.acquire_ok("t70/encrypted", &session).await;
 
     // The one with the wrong key never shows up, for several re-announce rounds (1 s each).
     let window = Instant::now() + Duration::from_secs(4);
     let mut polls = 0;
     while Instant::now() < window {
         for i in all {
-            let list = members(&cluster.server(i).http()).await;
+            let list = cluster.server(i).http().members().await;
             assert!(
                 !list.iter().any(|m| m["Name"] == bad_name.as_str()),
                 "server {i} lists the client with the wrong key: {list:?}"
             );
         }
-        let own = members(&bad_http).await;
+        let own = bad_http.members().await;
         assert!(
             own.iter().all(|m| m["Name"] == bad_name.as_str()),
             "the wrong-key client knows only itself: {own:?}"
@@ -379,7 +321,7 @@ async fn a_two_second_sigstop_is_not_a_failure_under_the_lan_profile() {
     }
     let c1 = cluster.client(1).http();
     let session = create_session(&c1, r#"{"Name":"paused","LockDelay":"2s"}"#).await;
-    acquire_ok(&c1, "t70/paused", &session).await;
+    c1.acquire_ok("t70/paused", &session).await;
     wait_serf_health(&server, "c1", "passing", CONVERGE_LIMIT).await;
 
     let pid = cluster.client(1).pid().expect("c1 is running");
@@ -406,11 +348,11 @@ async fn a_two_second_sigstop_is_not_a_failure_under_the_lan_profile() {
                 ));
             }
         }
-        if !session_exists(&server, &session).await {
+        if !server.session_exists(&session).await {
             false_invalidations += 1;
             observations.push(format!("{:?}: session gone", stopped.elapsed()));
         }
-        if holder(&server, "t70/paused").await.as_deref() != Some(&*session) {
+        if server.holder("t70/paused").await.as_deref() != Some(&*session) {
             false_invalidations += 1;
             observations.push(format!("{:?}: lock not held", stopped.elapsed()));
         }

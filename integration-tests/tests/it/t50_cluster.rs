@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session, keys, raft_ids, raw};
 use integration_tests::{Http, eventually};
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -25,17 +24,6 @@ async fn assert_still_blocked<T>(query: &mut tokio::task::JoinHandle<T>) {
             .await
             .is_err(),
         "the blocking query returned early"
-    );
-}
-
-/// A plain PUT that must answer `200 true`.
-async fn put_ok(agent: &Http, key: &str, value: &str) {
-    let reply = agent.put(&format!("/v1/kv/{key}"), value).await;
-    assert_eq!(
-        (reply.status, reply.text()),
-        (StatusCode::OK, "true".to_owned()),
-        "PUT {key} through {}",
-        agent.base
     );
 }
 
@@ -109,12 +97,12 @@ async fn three_servers_and_two_clients_share_one_keyspace() {
     // A write through either client is readable through the other at once (default reads go
     // to the leader)...
     let (c0, c1) = (cluster.client(0).http(), cluster.client(1).http());
-    put_ok(&c0, "shared/from-c0", "zero").await;
+    c0.put_key("shared/from-c0", "zero").await;
     assert_eq!(
         raw(&c1, "shared/from-c0", "").await.as_deref(),
         Some("zero")
     );
-    put_ok(&c1, "shared/from-c1", "one").await;
+    c1.put_key("shared/from-c1", "one").await;
     assert_eq!(raw(&c0, "shared/from-c1", "").await.as_deref(), Some("one"));
 
     // ...and, once replicated, from every server's own copy (`?stale`).
@@ -164,7 +152,7 @@ async fn three_servers_and_two_clients_share_one_keyspace() {
 async fn five_servers_tolerate_the_loss_of_two() {
     let mut cluster = Cluster::servers(5).clients(1).start().await;
     let client = cluster.client(0).http();
-    put_ok(&client, "five/before", "0").await;
+    client.put_key("five/before", "0").await;
 
     // Kill the leader and a follower, the one the client talks to first (or its second server
     // when the leader is the first): three of five remain, a majority.
@@ -180,7 +168,7 @@ async fn five_servers_tolerate_the_loss_of_two() {
     let mut expected = BTreeMap::from([("five/before".to_owned(), "0".to_owned())]);
     for n in 1..=10 {
         let (key, value) = (format!("five/after-{n:02}"), n.to_string());
-        put_ok(&client, &key, &value).await;
+        client.put_key(&key, &value).await;
         expected.insert(key, value);
     }
     assert_consistent_values(&client, &expected).await;
@@ -202,7 +190,7 @@ async fn restarted_servers_keep_their_keys_and_the_cluster_its_identity() {
     // Writes through any server (followers forward to the leader).
     for n in 0..5 {
         let (key, value) = (format!("keep/initial-{n}"), format!("v{n}"));
-        put_ok(cluster.server(n % 3), &key, &value).await;
+        cluster.server(n % 3).put_key(&key, &value).await;
         expected.insert(key, value);
     }
 
@@ -229,7 +217,10 @@ async fn restarted_servers_keep_their_keys_and_the_cluster_its_identity() {
     cluster.terminate(follower).await;
     assert!(stopping.elapsed() < STOP_LIMIT, "{:?}", stopping.elapsed());
     blocked.await.expect("blocked query task").ok();
-    put_ok(cluster.server(leader), "keep/while-terminated", "t").await;
+    cluster
+        .server(leader)
+        .put_key("keep/while-terminated", "t")
+        .await;
     expected.insert("keep/while-terminated".to_owned(), "t".to_owned());
     cluster.restart(follower).await;
     await_stale_values(cluster.server(follower), &expected).await;
@@ -237,7 +228,10 @@ async fn restarted_servers_keep_their_keys_and_the_cluster_its_identity() {
     // The leader killed with -9 likewise.
     cluster.kill9(leader).await;
     let second = cluster.leader().await;
-    put_ok(cluster.server(second), "keep/while-killed", "k").await;
+    cluster
+        .server(second)
+        .put_key("keep/while-killed", "k")
+        .await;
     expected.insert("keep/while-killed".to_owned(), "k".to_owned());
     cluster.restart(leader).await;
     await_stale_values(cluster.server(leader), &expected).await;
@@ -256,7 +250,10 @@ async fn restarted_servers_keep_their_keys_and_the_cluster_its_identity() {
         assert_eq!(raft_ids(&cluster.raft_configuration(i).await), ids);
     }
     assert_consistent_values(cluster.server(third), &expected).await;
-    put_ok(cluster.server(third), "keep/after-restart", "r").await;
+    cluster
+        .server(third)
+        .put_key("keep/after-restart", "r")
+        .await;
     expected.insert("keep/after-restart".to_owned(), "r".to_owned());
     for i in 0..3 {
         await_stale_values(cluster.server(i), &expected).await;
@@ -272,7 +269,7 @@ async fn single_server_with_bootstrap_expect_1_survives_restarts() {
     assert_eq!(server.get("/v1/status/peers").await.json(), json!([rpc]));
     let ids = raft_ids(&cluster.raft_configuration(0).await);
 
-    put_ok(&server, "solo/a", "1").await;
+    server.put_key("solo/a", "1").await;
     let session = create_session(&server, r#"{"Name":"solo","LockDelay":"0s"}"#).await;
     let acquired = server
         .put(&format!("/v1/kv/solo/lock?acquire={session}"), "held")
@@ -285,7 +282,7 @@ async fn single_server_with_bootstrap_expect_1_survives_restarts() {
     assert_eq!(cluster.leader().await, 0);
     let server = cluster.server(0).http();
     assert_eq!(raw(&server, "solo/a", "").await.as_deref(), Some("1"));
-    put_ok(&server, "solo/b", "2").await;
+    server.put_key("solo/b", "2").await;
     cluster.kill9(0).await;
     cluster.restart(0).await;
     assert_eq!(cluster.leader().await, 0);
@@ -298,7 +295,7 @@ async fn single_server_with_bootstrap_expect_1_survives_restarts() {
     let lock = server.get("/v1/kv/solo/lock").await.json();
     assert_eq!(lock[0]["Session"], json!(session), "{lock}");
     assert_eq!(raft_ids(&cluster.raft_configuration(0).await), ids);
-    put_ok(&server, "solo/c", "3").await;
+    server.put_key("solo/c", "3").await;
 }
 
 #[tokio::test]
@@ -321,7 +318,7 @@ async fn a_client_agent_with_a_certificate_from_another_ca_cannot_use_the_server
         rogue.put("/v1/kv/rogue/y", "nope"),
         async {
             // Meanwhile the legitimate client works normally.
-            put_ok(&legit, "legit/x", "ok").await;
+            legit.put_key("legit/x", "ok").await;
             assert_eq!(raw(&legit, "legit/x", "").await.as_deref(), Some("ok"));
         }
     );

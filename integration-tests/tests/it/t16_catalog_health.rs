@@ -9,25 +9,11 @@ use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::common::assert_error;
+
 fn ok(reply: &Reply) -> Value {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     reply.json()
-}
-
-fn bad_request(reply: &Reply, message: &str) {
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
-    assert_eq!(reply.text(), message);
-}
-
-/// Consul's 500 for what its servers refuse, with its text.
-fn server_error(reply: &Reply, message: &str) {
-    assert_eq!(
-        reply.status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "{}",
-        reply.text()
-    );
-    assert_eq!(reply.text(), message);
 }
 
 /// Registers `web` instance `id` on `node` with one HTTP-style check in `status`.
@@ -157,9 +143,14 @@ async fn catalog_and_health_reads_in_consul_shapes() {
     assert_eq!(ids(&critical, "/CheckID"), ["web3-http"]);
     let any = ok(&agent.get("/v1/health/state/any").await);
     assert!(ids(&any, "/CheckID").contains(&"serfHealth".to_owned()));
-    bad_request(&agent.get("/v1/health/state/").await, "Missing check state");
-    bad_request(
+    assert_error(
+        &agent.get("/v1/health/state/").await,
+        StatusCode::BAD_REQUEST,
+        "Missing check state",
+    );
+    assert_error(
         &agent.get("/v1/health/state/sideways").await,
+        StatusCode::BAD_REQUEST,
         "Invalid check state: 'sideways'",
     );
     let node_checks = ok(&agent.get("/v1/health/node/ext2").await);
@@ -170,32 +161,36 @@ async fn catalog_and_health_reads_in_consul_shapes() {
 #[tokio::test]
 async fn catalog_register_refuses_bad_input() {
     let agent = Agent::dev().await;
-    server_error(
+    assert_error(
         &agent
             .put("/v1/catalog/register", r#"{"Address":"1.2.3.4"}"#)
             .await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Must provide node",
     );
-    server_error(
+    assert_error(
         &agent.put("/v1/catalog/register", r#"{"Node":"x"}"#).await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Must provide address if SkipNodeUpdate is not set",
     );
-    server_error(
+    assert_error(
         &agent
             .put(
                 "/v1/catalog/register",
                 r#"{"Node":"x","Address":"1.2.3.4","Service":{"ID":"s1"}}"#,
             )
             .await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Must provide service name (Service.Service) when service ID is provided",
     );
-    server_error(
+    assert_error(
         &agent
             .put(
                 "/v1/catalog/register",
                 r#"{"Node":"x","Address":"1.2.3.4","Check":{"CheckID":"c","ServiceID":"nope"}}"#,
             )
             .await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Unknown service ID 'nope' for check ID 'c'",
     );
     // Nothing of the refused registrations landed.
@@ -300,17 +295,19 @@ async fn prepared_queries_run_and_go_with_their_session() {
     register_web(&agent, "ext3", "web3", &["dev"], "critical").await;
 
     // Input errors.
-    server_error(
+    assert_error(
         &agent.post_json("/v1/query", json!({"Name": "q"})).await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Invalid prepared query: Must provide a Service name to query",
     );
-    server_error(
+    assert_error(
         &agent
             .post_json("/v1/query", json!({"Service": {"Service": "web"}}))
             .await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "Invalid prepared query: Must be bound to a session",
     );
-    server_error(
+    assert_error(
         &agent
             .post_json(
                 "/v1/query",
@@ -318,6 +315,7 @@ async fn prepared_queries_run_and_go_with_their_session() {
                        "Service": {"Service": "web"}}),
             )
             .await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "raft apply failed: invalid session \"00000000-0000-0000-0000-000000000000\"",
     );
 

@@ -57,11 +57,7 @@ async fn counter_reaches(agent: &Http, name: &str, labels: &[(&str, &str)], at_l
 
 /// `?acquire` on `key` for `session`: `true` when granted.
 async fn acquire(agent: &Http, key: &str, session: &str) -> bool {
-    let reply = agent
-        .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.text() == "true"
+    agent.acquire(key, session).await.text() == "true"
 }
 
 async fn release(agent: &Http, key: &str, session: &str) {

@@ -13,8 +13,7 @@ use integration_tests::{Agent, binary, eventually};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
 
-/// Deadline for anything that should happen promptly on a busy machine.
-const PROMPT: Duration = Duration::from_secs(30);
+use crate::common::PROMPT;
 
 /// Every environment variable the client reads, removed so the runner's own cannot leak in.
 const CLIENT_ENV: [&str; 14] = [

@@ -4,15 +4,11 @@
 
 use std::time::Duration;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use integration_tests::{Agent, Reply, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-fn b64(bytes: impl AsRef<[u8]>) -> String {
-    BASE64.encode(bytes)
-}
+use crate::common::{b64, kv_state};
 
 async fn txn(agent: &Agent, ops: &Value) -> Reply {
     agent.put("/v1/txn", ops.to_string()).await
@@ -38,31 +34,6 @@ async fn txn_conflict(agent: &Agent, ops: &Value) -> Value {
     let body = reply.json();
     assert_eq!(body["Results"], Value::Null, "{body}");
     body["Errors"].clone()
-}
-
-/// Everything in the store and the global KV index, to prove a refused request changed nothing.
-async fn kv_state(agent: &Agent) -> (u64, Value) {
-    let keys = agent.get("/v1/kv/?keys").await;
-    assert_eq!(keys.status, StatusCode::OK);
-    let all = agent.get("/v1/kv/?recurse").await;
-    let entries = if all.status == StatusCode::OK {
-        all.json()
-    } else {
-        Value::Null
-    };
-    (keys.index(), entries)
-}
-
-async fn put_true(agent: &Agent, path: &str, body: impl Into<Vec<u8>>) {
-    let reply = agent.put(path, body).await;
-    assert_eq!(reply.status, StatusCode::OK, "PUT {path}: {}", reply.text());
-    assert_eq!(reply.json(), json!(true), "PUT {path}");
-}
-
-async fn entry(agent: &Agent, key: &str) -> Value {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "GET {key}: {}", reply.text());
-    reply.json()[0].clone()
 }
 
 fn kv(verb: &str, key: &str) -> Value {
@@ -178,7 +149,7 @@ async fn every_verb_has_its_result_shape_writes_without_values_reads_with_them()
         agent.get("/v1/kv/foo/new").await.status,
         StatusCode::NOT_FOUND
     );
-    assert_eq!(results[4]["KV"], entry(&agent, "foo/lock").await);
+    assert_eq!(results[4]["KV"], agent.kv_entry("foo/lock").await);
 }
 
 #[tokio::test]
@@ -186,9 +157,9 @@ async fn a_conflict_reports_every_failing_op_in_order_and_applies_nothing() {
     let agent = Agent::dev().await;
     let s1 = agent.session("{}").await;
     let s2 = agent.session("{}").await;
-    put_true(&agent, "/v1/kv/a", "a").await;
-    put_true(&agent, &format!("/v1/kv/l?acquire={s1}"), "l").await;
-    let m = entry(&agent, "a").await["ModifyIndex"].as_u64().unwrap();
+    agent.put_true("/v1/kv/a", "a").await;
+    agent.put_true(&format!("/v1/kv/l?acquire={s1}"), "l").await;
+    let m = agent.kv_entry("a").await["ModifyIndex"].as_u64().unwrap();
     let bogus = "00000000-0000-0000-0000-000000000000";
     let before = kv_state(&agent).await;
 
@@ -244,8 +215,8 @@ async fn a_conflict_reports_every_failing_op_in_order_and_applies_nothing() {
 #[tokio::test]
 async fn read_only_txn_sets_leader_headers_but_no_index() {
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/r/1", "one").await;
-    put_true(&agent, "/v1/kv/r/2", "two").await;
+    agent.put_true("/v1/kv/r/1", "one").await;
+    agent.put_true("/v1/kv/r/2", "two").await;
     let before = kv_state(&agent).await;
 
     // Only reads: answered from state, with KnownLeader and LastContact but no X-Consul-Index.
@@ -367,7 +338,7 @@ async fn check_not_exists_passes_once_then_fails_with_key_exists() {
     let results = txn_ok(&agent, &ops).await;
     assert_eq!(results.len(), 1);
     assert_eq!(results[0]["KV"]["Key"], json!("test"));
-    let stored = entry(&agent, "test").await;
+    let stored = agent.kv_entry("test").await;
 
     // Second run: op 0 fails with exactly `key "test" exists`, and nothing is rewritten.
     let errors = txn_conflict(&agent, &ops).await;
@@ -375,7 +346,7 @@ async fn check_not_exists_passes_once_then_fails_with_key_exists() {
         errors,
         json!([{ "OpIndex": 0, "What": r#"key "test" exists"# }])
     );
-    assert_eq!(entry(&agent, "test").await, stored);
+    assert_eq!(agent.kv_entry("test").await, stored);
 }
 
 #[tokio::test]
@@ -383,12 +354,16 @@ async fn txn_lock_is_refused_during_lock_delay_and_succeeds_after_it() {
     // TestTxn_Apply_LockDelay.
     let agent = Agent::dev().await;
     let s1 = agent.session(r#"{"LockDelay":"3s"}"#).await;
-    put_true(&agent, &format!("/v1/kv/test?acquire={s1}"), "s1").await;
+    agent
+        .put_true(&format!("/v1/kv/test?acquire={s1}"), "s1")
+        .await;
 
     // Invalidating the holder arms the key's lock-delay.
-    put_true(&agent, &format!("/v1/session/destroy/{s1}"), Vec::new()).await;
+    agent
+        .put_true(&format!("/v1/session/destroy/{s1}"), Vec::new())
+        .await;
     let s2 = agent.session("{}").await;
-    let released = entry(&agent, "test").await;
+    let released = agent.kv_entry("test").await;
 
     // A txn lock now is a 409 explaining the lock delay, and nothing is written.
     let lock = json!([kv_with(
@@ -401,7 +376,7 @@ async fn txn_lock_is_refused_during_lock_delay_and_succeeds_after_it() {
         errors,
         json!([{ "OpIndex": 0, "What": r#"failed to lock key "test" due to lock delay"# }])
     );
-    assert_eq!(entry(&agent, "test").await, released);
+    assert_eq!(agent.kv_entry("test").await, released);
 
     // Once the delay has passed, the same transaction commits: LockIndex 2, held by s2.
     let results = eventually(Duration::from_secs(20), "lock-delay to pass", || async {
@@ -416,7 +391,7 @@ async fn txn_lock_is_refused_during_lock_delay_and_succeeds_after_it() {
 #[tokio::test]
 async fn unknown_verb_is_a_409_and_nothing_is_applied() {
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/seed", "x").await;
+    agent.put_true("/v1/kv/seed", "x").await;
     let before = kv_state(&agent).await;
 
     // The verb is checked before anything is applied; only the bad op is reported.
@@ -462,7 +437,7 @@ async fn txn_field_names_match_case_insensitively() {
 async fn malformed_txn_bodies_are_400_and_apply_nothing() {
     // TestTxnEndpoint_Bad_JSON and strict decoding.
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/seed", "x").await;
+    agent.put_true("/v1/kv/seed", "x").await;
     let before = kv_state(&agent).await;
 
     let bodies = [
@@ -511,7 +486,7 @@ async fn txn_over_128_ops_is_413_and_exactly_128_commit() {
     };
 
     // 129 ops: 413 with Consul's text, nothing applied.
-    put_true(&agent, "/v1/kv/seed", "x").await;
+    agent.put_true("/v1/kv/seed", "x").await;
     let before = kv_state(&agent).await;
     let reply = txn(&agent, &sets(129, "big")).await;
     assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
@@ -533,7 +508,7 @@ async fn txn_with_a_value_over_512_kib_is_413_and_applies_nothing() {
     // TestTxnEndpoint_Bad_Size_Item / _Net: a value over kv_max_value_size makes the body
     // exceed txn_max_req_len (both 512 KiB), so the body check answers first, as in Consul.
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/seed", "x").await;
+    agent.put_true("/v1/kv/seed", "x").await;
     let before = kv_state(&agent).await;
     let big = vec![b'x'; 512 * 1024 + 1];
     let body = json!([

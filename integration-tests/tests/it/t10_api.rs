@@ -7,10 +7,7 @@ use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-fn assert_bad_request(reply: &Reply, message: &str) {
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{}", reply.text());
-    assert_eq!(reply.text(), message);
-}
+use crate::common::assert_error;
 
 /// The `Allow` header as a list of methods.
 fn allowed(reply: &Reply) -> Vec<String> {
@@ -306,8 +303,9 @@ async fn consistency_and_blocking_parameters_are_validated() {
         "/v1/session/list?consistent&stale",
         "/v1/kv/k?stale=1&consistent=1",
     ] {
-        assert_bad_request(
+        assert_error(
             &agent.get(path).await,
+            StatusCode::BAD_REQUEST,
             "Cannot specify ?stale with ?consistent, conflicting semantics.",
         );
     }
@@ -318,7 +316,11 @@ async fn consistency_and_blocking_parameters_are_validated() {
         "/v1/session/list?index=-1",
         "/v1/kv/k?index=1.5",
     ] {
-        assert_bad_request(&agent.get(path).await, "Invalid index");
+        assert_error(
+            &agent.get(path).await,
+            StatusCode::BAD_REQUEST,
+            "Invalid index",
+        );
     }
     for path in [
         "/v1/session/list?index=1&wait=5z",
@@ -326,7 +328,11 @@ async fn consistency_and_blocking_parameters_are_validated() {
         "/v1/kv/k?index=1&wait=10",
         "/v1/session/list?wait=5z",
     ] {
-        assert_bad_request(&agent.get(path).await, "Invalid wait time");
+        assert_error(
+            &agent.get(path).await,
+            StatusCode::BAD_REQUEST,
+            "Invalid wait time",
+        );
     }
 
     // ?consistent and ?stale reads answer the same data as a default read.

@@ -6,50 +6,14 @@
 
 use std::time::{Duration, Instant};
 
-use integration_tests::{Agent, Reply, eventually};
+use integration_tests::{Agent, eventually};
 use reqwest::StatusCode;
-use serde_json::{Value, json};
-use vigil_shared::go::duration::parse_go_duration;
+use serde_json::json;
 
 /// The 1 s TTL used throughout: the agent's minimum here.
 const TTL: Duration = Duration::from_secs(1);
 /// Room for raft and scheduling on a busy machine, on top of Consul's TTL × 2.
 const SLACK: Duration = Duration::from_secs(5);
-
-/// `info` for `id`: the array, `[]` once the session is gone.
-async fn info(agent: &Agent, id: &str) -> Value {
-    let reply = agent.get(&format!("/v1/session/info/{id}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()
-}
-
-async fn acquire(agent: &Agent, key: &str, session: &str) -> Reply {
-    let reply = agent
-        .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply
-}
-
-async fn destroy(agent: &Agent, id: &str) {
-    let reply = agent.put(&format!("/v1/session/destroy/{id}"), "").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    assert_eq!(reply.json(), json!(true));
-}
-
-async fn kv_entry(agent: &Agent, key: &str) -> Value {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()[0].clone()
-}
-
-/// The remaining delay an acquire refusal reports.
-fn lock_delay_remaining(reply: &Reply) -> Duration {
-    let header = reply
-        .header("X-Vigil-Lock-Delay")
-        .unwrap_or_else(|| panic!("refusal without X-Vigil-Lock-Delay: {}", reply.text()));
-    parse_go_duration(&header).unwrap_or_else(|e| panic!("{header:?} is no Go duration: {e}"))
-}
 
 #[tokio::test]
 async fn unrenewed_ttl_session_expires_between_ttl_and_twice_ttl() {
@@ -57,14 +21,14 @@ async fn unrenewed_ttl_session_expires_between_ttl_and_twice_ttl() {
     let agent = Agent::dev().await;
     let created = Instant::now();
     let id = agent.session(r#"{"TTL":"1s"}"#).await;
-    let session = info(&agent, &id).await;
+    let session = agent.session_info(&id).await;
     assert_eq!(session[0]["TTL"], json!("1s"));
 
     // Without renewals it disappears, within TTL × 2 plus slack …
     eventually(
         TTL * 2 + SLACK,
         "the unrenewed session to expire",
-        || async { (info(&agent, &id).await == json!([])).then_some(()) },
+        || async { (agent.session_info(&id).await == json!([])).then_some(()) },
     )
     .await;
 
@@ -103,11 +67,11 @@ async fn renewed_ttl_session_survives_then_expires_when_renewals_stop() {
         assert_eq!(renewed[0]["TTL"], json!("1s"));
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    assert_eq!(info(&agent, &id).await[0]["Name"], json!("renewed"));
+    assert_eq!(agent.session_info(&id).await[0]["Name"], json!("renewed"));
 
     // Once renewals stop, it expires like any other.
     eventually(TTL * 2 + SLACK, "the session to expire", || async {
-        (info(&agent, &id).await == json!([])).then_some(())
+        (agent.session_info(&id).await == json!([])).then_some(())
     })
     .await;
 }
@@ -117,8 +81,8 @@ async fn ttl_expiry_wakes_blocking_info_and_releases_held_key() {
     // A 1 s TTL session holds a key.
     let agent = Agent::dev().await;
     let id = agent.session(r#"{"TTL":"1s","LockDelay":"0s"}"#).await;
-    assert_eq!(acquire(&agent, "ttl-held", &id).await.json(), json!(true));
-    let held = kv_entry(&agent, "ttl-held").await;
+    assert_eq!(agent.acquire("ttl-held", &id).await.json(), json!(true));
+    let held = agent.kv_entry("ttl-held").await;
     assert_eq!(held["Session"], json!(id));
 
     // A blocking info on it returns `[]` with a higher index when the TTL expires it.
@@ -138,18 +102,15 @@ async fn ttl_expiry_wakes_blocking_info_and_releases_held_key() {
     );
 
     // The expiry released the key at the expiry's index, keeping its LockIndex.
-    let released = kv_entry(&agent, "ttl-held").await;
+    let released = agent.kv_entry("ttl-held").await;
     assert!(released.get("Session").is_none(), "{released}");
     assert_eq!(released["LockIndex"], json!(1));
     assert_eq!(released["ModifyIndex"], json!(woken.index()));
 
     // With no lock-delay, another session takes it at once.
     let other = agent.session("{}").await;
-    assert_eq!(
-        acquire(&agent, "ttl-held", &other).await.json(),
-        json!(true)
-    );
-    assert_eq!(kv_entry(&agent, "ttl-held").await["LockIndex"], json!(2));
+    assert_eq!(agent.acquire("ttl-held", &other).await.json(), json!(true));
+    assert_eq!(agent.kv_entry("ttl-held").await["LockIndex"], json!(2));
 }
 
 #[tokio::test]
@@ -157,23 +118,23 @@ async fn ttl_expiry_applies_lock_delay() {
     // A TTL session with a 10 s lock-delay holds a key and is left to expire.
     let agent = Agent::dev().await;
     let id = agent.session(r#"{"TTL":"1s","LockDelay":"10s"}"#).await;
-    assert_eq!(acquire(&agent, "ttl-delay", &id).await.json(), json!(true));
+    assert_eq!(agent.acquire("ttl-delay", &id).await.json(), json!(true));
     eventually(TTL * 2 + SLACK, "the session to expire", || async {
-        (info(&agent, &id).await == json!([])).then_some(())
+        (agent.session_info(&id).await == json!([])).then_some(())
     })
     .await;
 
     // Invalidation by expiry sets lock-delay like a destroy does: a new session is refused.
     let other = agent.session("{}").await;
-    let refused = acquire(&agent, "ttl-delay", &other).await;
+    let refused = agent.acquire("ttl-delay", &other).await;
     assert_eq!(refused.json(), json!(false));
-    let remaining = lock_delay_remaining(&refused);
+    let remaining = refused.lock_delay_remaining();
     assert!(
         remaining > Duration::ZERO && remaining <= Duration::from_secs(10),
         "{remaining:?}"
     );
     assert!(
-        kv_entry(&agent, "ttl-delay").await.get("Session").is_none(),
+        agent.kv_entry("ttl-delay").await.get("Session").is_none(),
         "the key is released, not held by the new session"
     );
 }
@@ -185,23 +146,20 @@ async fn lock_delay_refuses_acquire_until_it_passes() {
     let delay = Duration::from_secs(1);
     let holder = agent.session(r#"{"LockDelay":"1s"}"#).await;
     let contender = agent.session("{}").await;
-    assert_eq!(
-        acquire(&agent, "delayed", &holder).await.json(),
-        json!(true)
-    );
+    assert_eq!(agent.acquire("delayed", &holder).await.json(), json!(true));
     let destroyed_at = Instant::now();
-    destroy(&agent, &holder).await;
+    agent.destroy_session(&holder).await;
 
     // An immediate acquire by a brand-new session is `200 false`, saying how long is left.
-    let refused = acquire(&agent, "delayed", &contender).await;
+    let refused = agent.acquire("delayed", &contender).await;
     assert_eq!(refused.json(), json!(false));
-    let remaining = lock_delay_remaining(&refused);
+    let remaining = refused.lock_delay_remaining();
     assert!(
         remaining > Duration::ZERO && remaining <= delay,
         "{remaining:?}"
     );
     assert!(
-        kv_entry(&agent, "delayed").await.get("Session").is_none(),
+        agent.kv_entry("delayed").await.get("Session").is_none(),
         "refused, so unheld"
     );
 
@@ -215,7 +173,7 @@ async fn lock_delay_refuses_acquire_until_it_passes() {
         delay + Duration::from_secs(5),
         "lock-delay to pass",
         || async {
-            let reply = acquire(&agent, "delayed", &contender).await;
+            let reply = agent.acquire("delayed", &contender).await;
             (reply.json() == json!(true)).then_some(())
         },
     )
@@ -225,7 +183,7 @@ async fn lock_delay_refuses_acquire_until_it_passes() {
         "acquired {:?} after the destroy",
         destroyed_at.elapsed()
     );
-    let entry = kv_entry(&agent, "delayed").await;
+    let entry = agent.kv_entry("delayed").await;
     assert_eq!(entry["Session"], json!(contender));
     assert_eq!(entry["LockIndex"], json!(2));
 }
@@ -237,15 +195,15 @@ async fn delete_behaviour_sets_lock_delay_on_the_deleted_key() {
     let holder = agent
         .session(r#"{"Behavior":"delete","LockDelay":"10s"}"#)
         .await;
-    assert_eq!(acquire(&agent, "gone", &holder).await.json(), json!(true));
-    destroy(&agent, &holder).await;
+    assert_eq!(agent.acquire("gone", &holder).await.json(), json!(true));
+    agent.destroy_session(&holder).await;
 
     // The key is deleted, and an acquire that would recreate it is still refused.
     assert_eq!(agent.get("/v1/kv/gone").await.status, StatusCode::NOT_FOUND);
     let contender = agent.session("{}").await;
-    let refused = acquire(&agent, "gone", &contender).await;
+    let refused = agent.acquire("gone", &contender).await;
     assert_eq!(refused.json(), json!(false));
-    assert!(lock_delay_remaining(&refused) <= Duration::from_secs(10));
+    assert!(refused.lock_delay_remaining() <= Duration::from_secs(10));
     assert_eq!(agent.get("/v1/kv/gone").await.status, StatusCode::NOT_FOUND);
 }
 
@@ -254,18 +212,15 @@ async fn zero_lock_delay_allows_immediate_reacquire() {
     // With `LockDelay: 0` a destroyed holder's key is free at once.
     let agent = Agent::dev().await;
     let holder = agent.session(r#"{"LockDelay":0}"#).await;
-    assert_eq!(
-        acquire(&agent, "nodelay", &holder).await.json(),
-        json!(true)
-    );
-    destroy(&agent, &holder).await;
+    assert_eq!(agent.acquire("nodelay", &holder).await.json(), json!(true));
+    agent.destroy_session(&holder).await;
 
     // A new session acquires immediately, with no lock-delay header, and LockIndex moves on.
     let contender = agent.session("{}").await;
-    let reply = acquire(&agent, "nodelay", &contender).await;
+    let reply = agent.acquire("nodelay", &contender).await;
     assert_eq!(reply.json(), json!(true));
     assert_eq!(reply.header("X-Vigil-Lock-Delay"), None);
-    let entry = kv_entry(&agent, "nodelay").await;
+    let entry = agent.kv_entry("nodelay").await;
     assert_eq!(entry["Session"], json!(contender));
     assert_eq!(entry["LockIndex"], json!(2));
 }
@@ -276,17 +231,17 @@ async fn lock_delay_is_capped_at_sixty_seconds() {
     let agent = Agent::dev().await;
     let holder = agent.session(r#"{"LockDelay":"120s"}"#).await;
     assert_eq!(
-        info(&agent, &holder).await[0]["LockDelay"],
+        agent.session_info(&holder).await[0]["LockDelay"],
         json!(120_000_000_000u64)
     );
-    assert_eq!(acquire(&agent, "capped", &holder).await.json(), json!(true));
-    destroy(&agent, &holder).await;
+    assert_eq!(agent.acquire("capped", &holder).await.json(), json!(true));
+    agent.destroy_session(&holder).await;
 
     // … but applied as at most 60 s.
     let contender = agent.session("{}").await;
-    let refused = acquire(&agent, "capped", &contender).await;
+    let refused = agent.acquire("capped", &contender).await;
     assert_eq!(refused.json(), json!(false));
-    let remaining = lock_delay_remaining(&refused);
+    let remaining = refused.lock_delay_remaining();
     assert!(
         remaining <= Duration::from_secs(60) && remaining > Duration::from_secs(30),
         "{remaining:?}"
@@ -298,10 +253,7 @@ async fn voluntary_release_sets_no_lock_delay() {
     // A holder with the default 15 s lock-delay releases its key itself.
     let agent = Agent::dev().await;
     let holder = agent.session("{}").await;
-    assert_eq!(
-        acquire(&agent, "handoff", &holder).await.json(),
-        json!(true)
-    );
+    assert_eq!(agent.acquire("handoff", &holder).await.json(), json!(true));
     let reply = agent
         .put(&format!("/v1/kv/handoff?release={holder}"), "")
         .await;
@@ -309,8 +261,8 @@ async fn voluntary_release_sets_no_lock_delay() {
 
     // Another session acquires at once: only invalidation sets a lock-delay.
     let contender = agent.session("{}").await;
-    let reply = acquire(&agent, "handoff", &contender).await;
+    let reply = agent.acquire("handoff", &contender).await;
     assert_eq!(reply.json(), json!(true));
     assert_eq!(reply.header("X-Vigil-Lock-Delay"), None);
-    assert_eq!(kv_entry(&agent, "handoff").await["LockIndex"], json!(2));
+    assert_eq!(agent.kv_entry("handoff").await["LockIndex"], json!(2));
 }

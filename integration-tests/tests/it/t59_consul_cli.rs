@@ -5,7 +5,6 @@
 //! sent as `X-Consul-Token`; and an export imported back.
 
 use std::process::{Output, Stdio};
-use std::time::Duration;
 
 use integration_tests::{Agent, binary, eventually};
 use reqwest::StatusCode;
@@ -13,8 +12,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt as _;
 use tokio::process::{Child, Command};
 
-/// Deadline for anything that should happen promptly on a busy machine.
-const PROMPT: Duration = Duration::from_secs(30);
+use crate::common::{PROMPT, exit_code};
 
 /// `vigil <args>` against `agent`.
 fn vigil(agent: &Agent, args: &[&str]) -> Command {
@@ -73,15 +71,6 @@ async fn exists(agent: &Agent, key: &str) -> bool {
         "{key}: {status}"
     );
     status == StatusCode::OK
-}
-
-async fn exit_code(child: &mut Child) -> i32 {
-    tokio::time::timeout(PROMPT, child.wait())
-        .await
-        .expect("vigil lock did not exit in time")
-        .expect("wait for vigil lock")
-        .code()
-        .expect("exit code")
 }
 
 #[tokio::test]

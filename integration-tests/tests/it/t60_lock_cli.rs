@@ -13,8 +13,7 @@ use integration_tests::{Agent, binary, eventually};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-/// Deadline for anything that should happen promptly on a busy machine.
-const PROMPT: Duration = Duration::from_secs(30);
+use crate::common::{PROMPT, exit_code};
 
 /// `vigil lock <args>` against `agent`, with extra environment for the child's script.
 fn vigil_lock(agent: &Agent, args: &[&str], env: &[(&str, String)]) -> Child {
@@ -28,15 +27,6 @@ fn vigil_lock(agent: &Agent, args: &[&str], env: &[(&str, String)]) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn vigil lock")
-}
-
-/// Waits for a `vigil` process and returns its exit status.
-async fn exit_code(child: &mut Child) -> i32 {
-    let status = tokio::time::timeout(PROMPT, child.wait())
-        .await
-        .expect("vigil lock did not exit in time")
-        .expect("wait for vigil lock");
-    status.code().expect("exit code")
 }
 
 fn lines(path: &Path) -> Vec<String> {
@@ -265,13 +255,6 @@ async fn holder_session(agent: &Agent, key: &str) -> String {
     .await
 }
 
-async fn destroy(agent: &Agent, session: &str) {
-    let reply = agent
-        .put(&format!("/v1/session/destroy/{session}"), "")
-        .await;
-    assert_eq!(reply.status, 200, "{}", reply.text());
-}
-
 #[tokio::test]
 async fn lost_lock_terminates_child_and_grandchild_within_a_second() {
     // The child traps TERM and starts a grandchild (`sh -c`) that traps it too. The sequencer is
@@ -308,7 +291,7 @@ wait
 
     // Destroying the session through the API reaches both processes within a second.
     let destroyed = Instant::now();
-    destroy(&agent, &session).await;
+    agent.destroy_session(&session).await;
     eventually(
         Duration::from_secs(1),
         "SIGTERM in child and grandchild",
@@ -353,7 +336,7 @@ while :; do sleep 0.05; done
 
     // After the session is destroyed the child survives SIGTERM, and is SIGKILLed after 1 s.
     let destroyed = Instant::now();
-    destroy(&agent, &session).await;
+    agent.destroy_session(&session).await;
     assert_eq!(exit_code(&mut proc).await, 75);
     let took = destroyed.elapsed();
     assert!(

@@ -13,6 +13,8 @@ use integration_tests::{Http, eventually};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
+use crate::common::exclusive;
+
 const ROOMY: &str = "256m";
 /// What a write through the client agent may take once the full leader is gone.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
@@ -97,6 +99,7 @@ fn onto_tmpfs(cluster: &Cluster, i: usize) -> Option<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_with_a_full_disk_gives_way() {
+    let _heavy = exclusive().await;
     // Phase 1: three servers and a client agent; then every server's data moves to a tmpfs.
     let mut cluster = Cluster::servers(3).clients(1).start().await;
     for i in 0..3 {

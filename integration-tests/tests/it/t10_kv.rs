@@ -6,35 +6,15 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
 use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use vigil_shared::go::duration::parse_go_duration;
 
+use crate::common::b64;
+
 /// Upper bound for anything that should happen promptly (a woken blocking query, say).
 const PROMPTLY: Duration = Duration::from_secs(10);
-
-fn b64(bytes: impl AsRef<[u8]>) -> String {
-    BASE64.encode(bytes)
-}
-
-/// A write that must answer `200 true`.
-async fn put_true(agent: &Agent, path: &str, body: impl Into<Vec<u8>>) {
-    let reply = agent.put(path, body).await;
-    assert_eq!(reply.status, StatusCode::OK, "PUT {path}: {}", reply.text());
-    assert_eq!(reply.json(), json!(true), "PUT {path}");
-}
-
-/// The single entry stored at `key` (GET must answer a one-element array).
-async fn entry(agent: &Agent, key: &str) -> Value {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "GET {key}: {}", reply.text());
-    let list = reply.json();
-    assert_eq!(list.as_array().map(Vec::len), Some(1), "GET {key}: {list}");
-    list[0].clone()
-}
 
 fn modify_index(entry: &Value) -> u64 {
     entry["ModifyIndex"].as_u64().expect("ModifyIndex")
@@ -123,8 +103,8 @@ async fn missing_key_is_404_with_read_headers_and_index_never_zero() {
     assert_eq!(missing.index(), 1);
 
     // Once something is written, a missing key reports the global KV index.
-    put_true(&agent, "/v1/kv/other", "x").await;
-    let written = modify_index(&entry(&agent, "other").await);
+    agent.put_true("/v1/kv/other", "x").await;
+    let written = modify_index(&agent.kv_entry("other").await);
     let missing = agent.get("/v1/kv/nope").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_read_headers(&missing);
@@ -145,8 +125,8 @@ async fn empty_value_reads_back_as_null_and_raw_as_empty_body() {
     let agent = Agent::dev().await;
 
     // A PUT with no body stores no value: JSON `null`, not "".
-    put_true(&agent, "/v1/kv/empty", Vec::new()).await;
-    let e = entry(&agent, "empty").await;
+    agent.put_true("/v1/kv/empty", Vec::new()).await;
+    let e = agent.kv_entry("empty").await;
     assert_eq!(e["Value"], Value::Null);
     assert!(
         !e.as_object().unwrap().contains_key("Session"),
@@ -160,17 +140,17 @@ async fn empty_value_reads_back_as_null_and_raw_as_empty_body() {
     assert_eq!(raw.header("Content-Length").as_deref(), Some("0"));
 
     // Writing a value and then an empty one goes back to null.
-    put_true(&agent, "/v1/kv/empty", "x").await;
-    assert_eq!(entry(&agent, "empty").await["Value"], json!(b64("x")));
-    put_true(&agent, "/v1/kv/empty", Vec::new()).await;
-    assert_eq!(entry(&agent, "empty").await["Value"], Value::Null);
+    agent.put_true("/v1/kv/empty", "x").await;
+    assert_eq!(agent.kv_entry("empty").await["Value"], json!(b64("x")));
+    agent.put_true("/v1/kv/empty", Vec::new()).await;
+    assert_eq!(agent.kv_entry("empty").await["Value"], Value::Null);
 }
 
 #[tokio::test]
 async fn raw_get_returns_bytes_with_sandbox_headers_and_normal_get_has_none() {
     let agent = Agent::dev().await;
     let bytes = vec![0u8, 159, 146, 150, 255, b'\n'];
-    put_true(&agent, "/v1/kv/bin", bytes.clone()).await;
+    agent.put_true("/v1/kv/bin", bytes.clone()).await;
 
     // TestKVSEndpoint_GET_Raw: the exact bytes, text/plain, nosniff, sandbox, exact length.
     let raw = agent.get("/v1/kv/bin?raw").await;
@@ -215,7 +195,7 @@ async fn raw_get_returns_bytes_with_sandbox_headers_and_normal_get_has_none() {
 async fn recurse_matches_raw_string_prefixes_for_reads_and_deletes() {
     let agent = Agent::dev().await;
     for key in ["foo/b", "foo", "foobar", "foo/a", "fop"] {
-        put_true(&agent, &format!("/v1/kv/{key}"), key).await;
+        agent.put_true(&format!("/v1/kv/{key}"), key).await;
     }
     let names = |reply: &Reply| -> Vec<String> {
         reply
@@ -276,7 +256,7 @@ async fn keys_lists_names_and_separator_collapses_subtrees() {
         "test/sub/key4",
         "testing",
     ] {
-        put_true(&agent, &format!("/v1/kv/{key}"), "v").await;
+        agent.put_true(&format!("/v1/kv/{key}"), "v").await;
     }
 
     // Without a separator, every key under the raw prefix.
@@ -321,16 +301,18 @@ async fn flags_round_trip_and_cas_writes_only_at_the_matching_index() {
     let agent = Agent::dev().await;
 
     // Flags are an opaque uint64: the full range round-trips.
-    put_true(&agent, "/v1/kv/flagged?flags=18446744073709551615", "v").await;
+    agent
+        .put_true("/v1/kv/flagged?flags=18446744073709551615", "v")
+        .await;
     assert_eq!(
-        entry(&agent, "flagged").await["Flags"],
+        agent.kv_entry("flagged").await["Flags"],
         json!(u64::MAX),
         "max uint64 flags"
     );
 
     // TestKVSEndpoint_CAS: cas=0 creates only when the key is absent.
-    put_true(&agent, "/v1/kv/test?flags=50&cas=0", "first").await;
-    let first = entry(&agent, "test").await;
+    agent.put_true("/v1/kv/test?flags=50&cas=0", "first").await;
+    let first = agent.kv_entry("test").await;
     assert_eq!(first["Flags"], json!(50));
     let m1 = modify_index(&first);
     let refused = agent.put("/v1/kv/test?cas=0", "again").await;
@@ -342,11 +324,13 @@ async fn flags_round_trip_and_cas_writes_only_at_the_matching_index() {
         .put(&format!("/v1/kv/test?flags=42&cas={}", m1 + 1000), "stale")
         .await;
     assert_eq!(stale.json(), json!(false));
-    assert_eq!(entry(&agent, "test").await, first);
+    assert_eq!(agent.kv_entry("test").await, first);
 
     // The current index writes the value and the flags.
-    put_true(&agent, &format!("/v1/kv/test?flags=42&cas={m1}"), "second").await;
-    let second = entry(&agent, "test").await;
+    agent
+        .put_true(&format!("/v1/kv/test?flags=42&cas={m1}"), "second")
+        .await;
+    let second = agent.kv_entry("test").await;
     assert_eq!(second["Flags"], json!(42));
     assert_eq!(second["Value"], json!(b64("second")));
     assert!(modify_index(&second) > m1);
@@ -373,8 +357,8 @@ async fn flags_round_trip_and_cas_writes_only_at_the_matching_index() {
 #[tokio::test]
 async fn delete_is_idempotent_and_cas_delete_needs_the_matching_index() {
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/test", "v").await;
-    let m = modify_index(&entry(&agent, "test").await);
+    agent.put_true("/v1/kv/test", "v").await;
+    let m = modify_index(&agent.kv_entry("test").await);
 
     // TestKVSEndpoint_DELETE_CAS: a wrong index is false and the key stays; cas=0 never
     // deletes an existing key.
@@ -382,7 +366,7 @@ async fn delete_is_idempotent_and_cas_delete_needs_the_matching_index() {
         let reply = agent.delete(&format!("/v1/kv/test?cas={cas}")).await;
         assert_eq!(reply.status, StatusCode::OK);
         assert_eq!(reply.json(), json!(false), "cas={cas}");
-        assert_eq!(modify_index(&entry(&agent, "test").await), m);
+        assert_eq!(modify_index(&agent.kv_entry("test").await), m);
     }
 
     // The right index deletes.
@@ -407,8 +391,10 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
     let s2 = agent.session(r#"{"Name":"two"}"#).await;
 
     // TestKVSEndpoint_AcquireRelease: acquiring a new key creates it locked, LockIndex 1.
-    put_true(&agent, &format!("/v1/kv/lock?acquire={s1}&flags=7"), "held").await;
-    let held = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?acquire={s1}&flags=7"), "held")
+        .await;
+    let held = agent.kv_entry("lock").await;
     assert_eq!(held["Session"], json!(s1));
     assert_eq!(held["LockIndex"], json!(1));
     assert_eq!(held["Flags"], json!(7));
@@ -425,51 +411,42 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
         None,
         "not a lock-delay"
     );
-    assert_eq!(entry(&agent, "lock").await, held);
+    assert_eq!(agent.kv_entry("lock").await, held);
 
     // The holder re-acquiring updates value and flags but keeps LockIndex.
-    put_true(
-        &agent,
-        &format!("/v1/kv/lock?acquire={s1}&flags=8"),
-        "updated",
-    )
-    .await;
-    let reacquired = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?acquire={s1}&flags=8"), "updated")
+        .await;
+    let reacquired = agent.kv_entry("lock").await;
     assert_eq!(reacquired["LockIndex"], json!(1));
     assert_eq!(reacquired["Value"], json!(b64("updated")));
     assert_eq!(reacquired["Flags"], json!(8));
 
     // Vigil's difference: a plain PUT and a cas on a locked key keep the Session AND the
     // LockIndex (Consul would reset LockIndex to 0).
-    put_true(&agent, "/v1/kv/lock", "plain").await;
-    let plain = entry(&agent, "lock").await;
+    agent.put_true("/v1/kv/lock", "plain").await;
+    let plain = agent.kv_entry("lock").await;
     assert_eq!(plain["Session"], json!(s1));
     assert_eq!(plain["LockIndex"], json!(1));
     assert_eq!(plain["Flags"], json!(0));
-    put_true(
-        &agent,
-        &format!("/v1/kv/lock?cas={}", modify_index(&plain)),
-        "cas",
-    )
-    .await;
-    let cased = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?cas={}", modify_index(&plain)), "cas")
+        .await;
+    let cased = agent.kv_entry("lock").await;
     assert_eq!(cased["Session"], json!(s1));
     assert_eq!(cased["LockIndex"], json!(1));
 
     // Only the holder can release; a release by another session is false and changes nothing.
     let wrong = agent.put(&format!("/v1/kv/lock?release={s2}"), "x").await;
     assert_eq!(wrong.json(), json!(false));
-    assert_eq!(entry(&agent, "lock").await, cased);
+    assert_eq!(agent.kv_entry("lock").await, cased);
 
     // The holder's release clears Session, keeps LockIndex and replaces value and flags with
     // the release request's.
-    put_true(
-        &agent,
-        &format!("/v1/kv/lock?release={s1}&flags=3"),
-        "released",
-    )
-    .await;
-    let released = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?release={s1}&flags=3"), "released")
+        .await;
+    let released = agent.kv_entry("lock").await;
     assert!(!released.as_object().unwrap().contains_key("Session"));
     assert_eq!(released["LockIndex"], json!(1));
     assert_eq!(released["Value"], json!(b64("released")));
@@ -487,30 +464,40 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
 
     // Acquiring again (another session now) increments LockIndex; a bare release then sets the
     // value to null and the flags to 0.
-    put_true(&agent, &format!("/v1/kv/lock?acquire={s2}&flags=9"), "two").await;
-    let again = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?acquire={s2}&flags=9"), "two")
+        .await;
+    let again = agent.kv_entry("lock").await;
     assert_eq!(again["LockIndex"], json!(2));
     assert_eq!(again["Session"], json!(s2));
-    put_true(&agent, &format!("/v1/kv/lock?release={s2}"), Vec::new()).await;
-    let bare = entry(&agent, "lock").await;
+    agent
+        .put_true(&format!("/v1/kv/lock?release={s2}"), Vec::new())
+        .await;
+    let bare = agent.kv_entry("lock").await;
     assert_eq!(bare["Value"], Value::Null);
     assert_eq!(bare["Flags"], json!(0));
     assert_eq!(bare["LockIndex"], json!(2));
 
     // A voluntary release sets no lock-delay: the other session acquires at once.
-    put_true(&agent, &format!("/v1/kv/lock?acquire={s1}"), "back").await;
-    assert_eq!(entry(&agent, "lock").await["LockIndex"], json!(3));
+    agent
+        .put_true(&format!("/v1/kv/lock?acquire={s1}"), "back")
+        .await;
+    assert_eq!(agent.kv_entry("lock").await["LockIndex"], json!(3));
 }
 
 #[tokio::test]
 async fn acquire_during_lock_delay_answers_false_with_the_remaining_delay() {
     let agent = Agent::dev().await;
     let s1 = agent.session(r#"{"LockDelay":"30s"}"#).await;
-    put_true(&agent, &format!("/v1/kv/leader?acquire={s1}"), "s1").await;
+    agent
+        .put_true(&format!("/v1/kv/leader?acquire={s1}"), "s1")
+        .await;
 
     // Destroying the holder releases the key and arms its lock-delay.
-    put_true(&agent, &format!("/v1/session/destroy/{s1}"), Vec::new()).await;
-    let released = entry(&agent, "leader").await;
+    agent
+        .put_true(&format!("/v1/session/destroy/{s1}"), Vec::new())
+        .await;
+    let released = agent.kv_entry("leader").await;
     assert!(!released.as_object().unwrap().contains_key("Session"));
     assert_eq!(released["LockIndex"], json!(1));
 
@@ -530,18 +517,18 @@ async fn acquire_during_lock_delay_answers_false_with_the_remaining_delay() {
         remaining > Duration::ZERO && remaining <= Duration::from_secs(30),
         "{remaining:?}"
     );
-    assert_eq!(entry(&agent, "leader").await, released);
+    assert_eq!(agent.kv_entry("leader").await, released);
 
     // Lock-delay blocks only acquire: a plain PUT still writes.
-    put_true(&agent, "/v1/kv/leader", "plain").await;
-    assert_eq!(entry(&agent, "leader").await["Value"], json!(b64("plain")));
+    agent.put_true("/v1/kv/leader", "plain").await;
+    assert_eq!(agent.kv_entry("leader").await["Value"], json!(b64("plain")));
 }
 
 #[tokio::test]
 async fn identical_rewrite_is_a_no_op_that_keeps_indexes_and_wakes_nobody() {
     let agent = Arc::new(Agent::dev().await);
-    put_true(&agent, "/v1/kv/same?flags=1", "v").await;
-    let original = entry(&agent, "same").await;
+    agent.put_true("/v1/kv/same?flags=1", "v").await;
+    let original = agent.kv_entry("same").await;
     let m = modify_index(&original);
     let global = kv_index(&agent).await;
 
@@ -559,8 +546,8 @@ async fn identical_rewrite_is_a_no_op_that_keeps_indexes_and_wakes_nobody() {
     };
 
     // The same value and flags again: still `true`, but nothing moves.
-    put_true(&agent, "/v1/kv/same?flags=1", "v").await;
-    assert_eq!(entry(&agent, "same").await, original);
+    agent.put_true("/v1/kv/same?flags=1", "v").await;
+    assert_eq!(agent.kv_entry("same").await, original);
     assert_eq!(kv_index(&agent).await, global);
 
     // The reader ran out its wait and saw the same index.
@@ -576,26 +563,30 @@ async fn identical_rewrite_is_a_no_op_that_keeps_indexes_and_wakes_nobody() {
     );
 
     // A changed field is a real write.
-    put_true(&agent, "/v1/kv/same?flags=2", "v").await;
-    assert!(modify_index(&entry(&agent, "same").await) > m);
+    agent.put_true("/v1/kv/same?flags=2", "v").await;
+    assert!(modify_index(&agent.kv_entry("same").await) > m);
 
     // The same holds for the holder re-acquiring with identical value and flags.
     let s = agent.session("{}").await;
-    put_true(&agent, &format!("/v1/kv/locked?acquire={s}"), "x").await;
-    let held = entry(&agent, "locked").await;
-    put_true(&agent, &format!("/v1/kv/locked?acquire={s}"), "x").await;
-    assert_eq!(entry(&agent, "locked").await, held);
+    agent
+        .put_true(&format!("/v1/kv/locked?acquire={s}"), "x")
+        .await;
+    let held = agent.kv_entry("locked").await;
+    agent
+        .put_true(&format!("/v1/kv/locked?acquire={s}"), "x")
+        .await;
+    assert_eq!(agent.kv_entry("locked").await, held);
 }
 
 #[tokio::test]
 async fn index_header_follows_tombstones_for_prefixes_and_the_global_index_for_missing_keys() {
     let agent = Agent::dev().await;
-    put_true(&agent, "/v1/kv/a/1", "1").await;
-    let i1 = modify_index(&entry(&agent, "a/1").await);
-    put_true(&agent, "/v1/kv/a/2", "2").await;
-    let i2 = modify_index(&entry(&agent, "a/2").await);
-    put_true(&agent, "/v1/kv/b", "b").await;
-    let i3 = modify_index(&entry(&agent, "b").await);
+    agent.put_true("/v1/kv/a/1", "1").await;
+    let i1 = modify_index(&agent.kv_entry("a/1").await);
+    agent.put_true("/v1/kv/a/2", "2").await;
+    let i2 = modify_index(&agent.kv_entry("a/2").await);
+    agent.put_true("/v1/kv/b", "b").await;
+    let i3 = modify_index(&agent.kv_entry("b").await);
     assert!(i1 < i2 && i2 < i3);
 
     // A prefix read reports the highest ModifyIndex under the prefix, not the global index.
@@ -616,8 +607,8 @@ async fn index_header_follows_tombstones_for_prefixes_and_the_global_index_for_m
     assert_eq!(missing.index(), i4);
 
     // A write elsewhere moves the global index (seen by missing keys) but not the prefix's.
-    put_true(&agent, "/v1/kv/b", "b2").await;
-    let i5 = modify_index(&entry(&agent, "b").await);
+    agent.put_true("/v1/kv/b", "b2").await;
+    let i5 = modify_index(&agent.kv_entry("b").await);
     assert_eq!(kv_index(&agent).await, i5);
     assert_eq!(agent.get("/v1/kv/a/?recurse").await.index(), i4);
     assert_eq!(agent.get("/v1/kv/a/2").await.index(), i5);
@@ -643,8 +634,8 @@ async fn index_header_follows_tombstones_for_prefixes_and_the_global_index_for_m
 async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
     // TestKVS_Issue_1626.
     let agent = Arc::new(Agent::dev().await);
-    put_true(&agent, "/v1/kv/foo", "one").await;
-    let m = modify_index(&entry(&agent, "foo").await);
+    agent.put_true("/v1/kv/foo", "one").await;
+    let m = modify_index(&agent.kv_entry("foo").await);
 
     // A long blocking read on `foo`, parked at foo's current index.
     let watcher = {
@@ -653,8 +644,8 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
     };
 
     // A write to `foo/bar` (a key that `foo` is a prefix of) is not a change to `foo`.
-    put_true(&agent, "/v1/kv/foo/bar", "below").await;
-    assert!(modify_index(&entry(&agent, "foo/bar").await) > m);
+    agent.put_true("/v1/kv/foo/bar", "below").await;
+    assert!(modify_index(&agent.kv_entry("foo/bar").await) > m);
 
     // Proof with a bounded wait: a second reader at the same index runs out its wait and sees
     // foo's index unchanged; the long reader is still parked.
@@ -666,7 +657,7 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
     assert!(!watcher.is_finished(), "woken by a write to foo/bar");
 
     // A write to `foo` itself wakes the reader with the new entry.
-    put_true(&agent, "/v1/kv/foo", "two").await;
+    agent.put_true("/v1/kv/foo", "two").await;
     let woken = tokio::time::timeout(PROMPTLY, watcher)
         .await
         .expect("a write to foo wakes the reader")
@@ -680,8 +671,8 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
 async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_same_index() {
     // TestKVSEndpoint_List_Blocking.
     let agent = Arc::new(Agent::dev().await);
-    put_true(&agent, "/v1/kv/list/a", "a").await;
-    put_true(&agent, "/v1/kv/other", "o").await;
+    agent.put_true("/v1/kv/list/a", "a").await;
+    agent.put_true("/v1/kv/other", "o").await;
     let listed = agent.get("/v1/kv/list/?recurse").await;
     let index = listed.index();
 
@@ -694,7 +685,7 @@ async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_
                 .await
         })
     };
-    put_true(&agent, "/v1/kv/list/b", "b").await;
+    agent.put_true("/v1/kv/list/b", "b").await;
     let woken = tokio::time::timeout(PROMPTLY, watcher)
         .await
         .expect("a write under the prefix wakes the list")
@@ -712,7 +703,7 @@ async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_
 
     // A blocking read with a short wait on a key nobody touches returns after the wait with the
     // same index (a 200 is not proof of a change).
-    let m = modify_index(&entry(&agent, "other").await);
+    let m = modify_index(&agent.kv_entry("other").await);
     let started = Instant::now();
     let idle = agent
         .get(&format!("/v1/kv/other?index={m}&wait=300ms"))
@@ -725,7 +716,7 @@ async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_
 #[tokio::test]
 async fn blocking_get_on_a_missing_key_wakes_when_the_key_is_created() {
     let agent = Arc::new(Agent::dev().await);
-    put_true(&agent, "/v1/kv/unrelated", "x").await;
+    agent.put_true("/v1/kv/unrelated", "x").await;
 
     // The 404 carries the index to block on.
     let missing = agent.get("/v1/kv/later").await;
@@ -741,7 +732,7 @@ async fn blocking_get_on_a_missing_key_wakes_when_the_key_is_created() {
                 .await
         })
     };
-    put_true(&agent, "/v1/kv/later", "here").await;
+    agent.put_true("/v1/kv/later", "here").await;
     let woken = tokio::time::timeout(PROMPTLY, watcher)
         .await
         .expect("creating the key wakes the reader")

@@ -13,6 +13,8 @@ use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
+use crate::common::exclusive;
+
 const WATCHERS: usize = 3000;
 /// Loopback source addresses the watchers come from, each carrying fewer connections than
 /// Consul's default `http_max_conns_per_client` (200).
@@ -56,6 +58,7 @@ async fn watch(client: reqwest::Client, url: String) -> (StatusCode, u64) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn three_thousand_blocking_queries_leave_writes_fast() {
+    let _heavy = exclusive().await;
     raise_open_files();
     // Phase 1: three servers, a client agent, and the key everybody watches.
     let cluster = Cluster::servers(3).clients(1).start().await;
@@ -112,6 +115,7 @@ async fn three_thousand_blocking_queries_leave_writes_fast() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn blocking_queries_beyond_the_bound_answer_429_at_once() {
+    let _heavy = exclusive().await;
     // Phase 1: a dev agent that holds at most five blocking queries.
     let agent = Agent::dev_with(&["--max-blocking-queries", "5"]).await;
     let http = agent.http();

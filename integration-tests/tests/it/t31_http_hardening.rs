@@ -83,12 +83,6 @@ async fn lock_index(agent: &Agent, key: &str) -> u64 {
     reply.json()[0]["LockIndex"].as_u64().expect("LockIndex")
 }
 
-async fn put_true(agent: &Agent, path: &str) {
-    let reply = agent.put(path, "v").await;
-    assert_eq!(reply.status, StatusCode::OK, "PUT {path}: {}", reply.text());
-    assert_eq!(reply.json(), json!(true), "PUT {path}");
-}
-
 async fn sequencer_valid(agent: &Agent, key: &str, index: u64, session: &str) -> bool {
     let reply = agent
         .get(&format!(
@@ -107,13 +101,21 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
 
     // Three acquire/release rounds, a plain delete, an acquire: LockIndex 4.
     for _ in 0..3 {
-        put_true(&agent, &format!("/v1/kv/{key}?acquire={s}")).await;
-        put_true(&agent, &format!("/v1/kv/{key}?release={s}")).await;
+        agent
+            .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
+            .await;
+        agent
+            .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
+            .await;
     }
     assert_eq!(agent.delete(&format!("/v1/kv/{key}")).await.json(), true);
-    put_true(&agent, &format!("/v1/kv/{key}?acquire={s}")).await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
+        .await;
     assert_eq!(lock_index(&agent, key).await, 4);
-    put_true(&agent, &format!("/v1/kv/{key}?release={s}")).await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
+        .await;
 
     // A recursive delete of a parent prefix, then an acquire: 5, and no old sequencer is
     // valid again.
@@ -123,19 +125,25 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
         agent.get(&format!("/v1/kv/{key}")).await.status,
         StatusCode::NOT_FOUND
     );
-    put_true(&agent, &format!("/v1/kv/{key}?acquire={s}")).await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
+        .await;
     assert_eq!(lock_index(&agent, key).await, 5);
     for old in 1..=4 {
         assert!(!sequencer_valid(&agent, key, old, &s).await, "{old}");
     }
     assert!(sequencer_valid(&agent, key, 5, &s).await);
-    put_true(&agent, &format!("/v1/kv/{key}?release={s}")).await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
+        .await;
 
     // The form: the recursive delete names the key itself. 6, and `(key, 1, S)` stays
     // invalid.
     let reply = agent.delete(&format!("/v1/kv/{key}?recurse")).await;
     assert_eq!(reply.json(), true);
-    put_true(&agent, &format!("/v1/kv/{key}?acquire={s}")).await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
+        .await;
     assert_eq!(lock_index(&agent, key).await, 6);
     assert!(!sequencer_valid(&agent, key, 1, &s).await);
 

@@ -4,20 +4,9 @@
 
 use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 
-/// Everything in the store and the global KV index, to prove a refused request changed nothing.
-async fn kv_state(agent: &Agent) -> (u64, Value) {
-    let keys = agent.get("/v1/kv/?keys").await;
-    assert_eq!(keys.status, StatusCode::OK);
-    let all = agent.get("/v1/kv/?recurse").await;
-    let entries = if all.status == StatusCode::OK {
-        all.json()
-    } else {
-        Value::Null
-    };
-    (keys.index(), entries)
-}
+use crate::common::kv_state;
 
 /// An agent holding a couple of keys, one of them locked.
 async fn seeded_agent() -> (Agent, String) {

@@ -11,12 +11,14 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, Http, binary, eventually};
+use integration_tests::{Agent, Http, binary, eventually, keygen};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::{Instant, sleep, timeout};
 use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, create_ca, create_cert};
+
+use crate::common::refused_config;
 
 /// Gossip news (a join, a leave, a crash) must reach every member within this.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
@@ -24,15 +26,10 @@ const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
 /// every member change the leader sees is a reconcile pass.
 const WATCH: Duration = Duration::from_secs(4);
 
-async fn members(agent: &Http) -> Vec<Value> {
-    let reply = agent.get("/v1/agent/members").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json().as_array().expect("members array").clone()
-}
-
 /// `(Addr, Port, Status)` of every member named `name` in `agent`'s member list.
 async fn named(agent: &Http, name: &str) -> Vec<(String, u64, u64)> {
-    members(agent)
+    agent
+        .members()
         .await
         .iter()
         .filter(|m| m["Name"] == name)
@@ -69,34 +66,6 @@ async fn wait_log_line(path: &Path, needles: &[&str]) {
             .then_some(())
     })
     .await;
-}
-
-/// The session holding `key`, if any.
-async fn holder(agent: &Http, key: &str) -> Option<String> {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    match reply.status {
-        StatusCode::NOT_FOUND => None,
-        StatusCode::OK => reply.json()[0]["Session"].as_str().map(str::to_owned),
-        other => panic!("reading {key}: {other} {}", reply.text()),
-    }
-}
-
-async fn session_exists(agent: &Http, id: &str) -> bool {
-    let reply = agent.get(&format!("/v1/session/info/{id}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    !reply.json().as_array().expect("session list").is_empty()
-}
-
-fn keygen() -> String {
-    let out = std::process::Command::new(binary())
-        .arg("keygen")
-        .output()
-        .expect("run vigil keygen");
-    assert!(out.status.success(), "vigil keygen failed: {out:?}");
-    String::from_utf8(out.stdout)
-        .expect("UTF-8")
-        .trim()
-        .to_owned()
 }
 
 /// A client agent named `node`, joined to every server with the gossip `key`, whose certificate
@@ -148,10 +117,10 @@ impl RealNode {
     /// alive at its own address.
     async fn intact(&self, servers: &[Http]) -> Result<(), String> {
         let leader_side = &servers[0];
-        if !session_exists(leader_side, &self.session).await {
+        if !leader_side.session_exists(&self.session).await {
             return Err("the real node's session is gone".to_owned());
         }
-        if holder(leader_side, "t71/lock").await.as_deref() != Some(&*self.session) {
+        if leader_side.holder("t71/lock").await.as_deref() != Some(&*self.session) {
             return Err("the real node's lock was released".to_owned());
         }
         let health = leader_side.serf_health(&self.name).await;
@@ -322,11 +291,11 @@ async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
     eventually(
         CONVERGE_LIMIT,
         "the old process's lock to be released",
-        || async { holder(&server, "t71/restart").await.is_none().then_some(()) },
+        || async { server.holder("t71/restart").await.is_none().then_some(()) },
     )
     .await;
     assert!(
-        !session_exists(&server, &session).await,
+        !server.session_exists(&session).await,
         "old session invalidated"
     );
 
@@ -437,11 +406,11 @@ async fn a_client_agent_neither_serves_nor_advertises_rpc_and_dials_from_its_own
             .map(|m| m["Tags"].clone())
             .unwrap_or_else(|| panic!("{name} is not a member"))
     };
-    assert_eq!(tags(members(&server).await, "c0")["port"], "0");
+    assert_eq!(tags(server.members().await, "c0")["port"], "0");
     assert_eq!(own_member(&client).await["Tags"]["port"], "0");
     let server_port = cluster.server_rpc(0).port().to_string();
     assert_eq!(
-        tags(members(&client).await, "s0")["port"],
+        tags(client.members().await, "s0")["port"],
         server_port.as_str()
     );
 
@@ -539,20 +508,7 @@ async fn local_script_checks_run_from_the_config_file_only() {
     }
 
     // Neither: the config file's script check keeps the agent from starting, with Consul's text.
-    let output = std::process::Command::new(binary())
-        .args([
-            "agent",
-            "--dev",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--rpc-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--serf-addr", "127.0.0.1:0", "--config", &plain])
-        .output()
-        .expect("run vigil");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_config(&plain);
     assert!(stderr.contains(local_refused), "{stderr}");
 }
 

@@ -12,6 +12,8 @@ use integration_tests::cluster::{Cluster, create_session};
 use reqwest::{Method, StatusCode};
 use tokio::time::Instant;
 
+use crate::common::exclusive;
+
 /// The session TTL of the checkpoint test; TTL × 2 is its deadline when never renewed.
 const TTL: Duration = Duration::from_secs(5);
 /// The `local` raft profile's largest election timeout.
@@ -36,6 +38,7 @@ async fn kill_leader(cluster: &mut Cluster) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn elections_do_not_keep_an_abandoned_session_alive() {
+    let _heavy = exclusive().await;
     // Phase 1: three servers; a TTL session nobody renews.
     let mut cluster = Cluster::servers(3)
         .arg("--session-ttl-min")
@@ -152,6 +155,7 @@ async fn writer(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn default_reads_never_go_back_across_leader_kills() {
+    let _heavy = exclusive().await;
     // Phase 1: three servers and 16 writers, each reading its own writes back.
     let mut cluster = Cluster::servers(3).start().await;
     cluster.leader().await;

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-const PROMPT: Duration = Duration::from_secs(30);
+use crate::common::PROMPT;
 
 /// A session with no lock-delay unless `body` says otherwise.
 async fn session(http: &Http, body: &str) -> String {

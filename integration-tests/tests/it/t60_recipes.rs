@@ -19,7 +19,7 @@ use vigil_shared::client::{
     SemaphoreOptions, SessionKeeper, SessionRequest,
 };
 
-const PROMPT: Duration = Duration::from_secs(30);
+use crate::common::PROMPT;
 
 fn client(agent: &Agent) -> Client {
     Client::new(&agent.base).expect("client")

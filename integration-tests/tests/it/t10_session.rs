@@ -10,6 +10,8 @@ use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::common::assert_plain_error;
+
 /// The sessions table index, as `/v1/session/list` reports it.
 async fn sessions_index(agent: &Agent) -> u64 {
     let reply = agent.get("/v1/session/list").await;
@@ -28,35 +30,13 @@ async fn info(agent: &Agent, id: &str) -> Value {
 
 /// Asserts a plain-text 400 with exactly `message`.
 fn assert_bad_request(reply: &Reply, message: &str) {
-    assert_error(reply, StatusCode::BAD_REQUEST, message);
+    assert_plain_error(reply, StatusCode::BAD_REQUEST, message);
 }
 
 /// Asserts a plain-text 500 with exactly `message`: what Consul answers for everything its
 /// servers refuse, and what real clients match on.
 fn assert_server_error(reply: &Reply, message: &str) {
-    assert_error(reply, StatusCode::INTERNAL_SERVER_ERROR, message);
-}
-
-fn assert_error(reply: &Reply, status: StatusCode, message: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text());
-    assert_eq!(reply.text(), message);
-    assert_eq!(
-        reply.header("Content-Type").as_deref(),
-        Some("text/plain; charset=utf-8")
-    );
-}
-
-/// The single KV entry at `key`.
-async fn kv_entry(agent: &Agent, key: &str) -> Value {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()[0].clone()
-}
-
-async fn acquire(agent: &Agent, key: &str, session: &str) -> Reply {
-    agent
-        .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
-        .await
+    assert_plain_error(reply, StatusCode::INTERNAL_SERVER_ERROR, message);
 }
 
 #[tokio::test]
@@ -446,18 +426,18 @@ async fn destroy_releases_held_keys_keeping_lock_index() {
     let agent = Agent::dev().await;
     let id = agent.session(r#"{"LockDelay":"0s"}"#).await;
     let bystander = agent.session("{}").await;
-    assert_eq!(acquire(&agent, "held", &id).await.json(), json!(true));
-    assert_eq!(acquire(&agent, "held2", &id).await.json(), json!(true));
+    assert_eq!(agent.acquire("held", &id).await.json(), json!(true));
+    assert_eq!(agent.acquire("held2", &id).await.json(), json!(true));
     assert_eq!(
-        acquire(&agent, "theirs", &bystander).await.json(),
+        agent.acquire("theirs", &bystander).await.json(),
         json!(true)
     );
     assert_eq!(agent.put("/v1/kv/free", "v").await.json(), json!(true));
-    let held = kv_entry(&agent, "held").await;
+    let held = agent.kv_entry("held").await;
     assert_eq!(held["Session"], json!(id));
     assert_eq!(held["LockIndex"], json!(1));
-    let theirs_before = kv_entry(&agent, "theirs").await;
-    let free_before = kv_entry(&agent, "free").await;
+    let theirs_before = agent.kv_entry("theirs").await;
+    let free_before = agent.kv_entry("free").await;
 
     // A blocking read of the key wakes when the destroy releases it.
     let modify = held["ModifyIndex"].as_u64().expect("index");
@@ -470,7 +450,7 @@ async fn destroy_releases_held_keys_keeping_lock_index() {
     assert!(woken.index() > modify);
 
     // Release clears Session, keeps LockIndex, value and CreateIndex, at the destroy's index.
-    let released = kv_entry(&agent, "held").await;
+    let released = agent.kv_entry("held").await;
     assert!(released.get("Session").is_none(), "{released}");
     assert_eq!(released["LockIndex"], json!(1));
     assert_eq!(released["Value"], held["Value"]);
@@ -479,14 +459,14 @@ async fn destroy_releases_held_keys_keeping_lock_index() {
     assert_eq!(woken.json()[0], released);
 
     // Every key it held is released in that same raft index.
-    let released2 = kv_entry(&agent, "held2").await;
+    let released2 = agent.kv_entry("held2").await;
     assert!(released2.get("Session").is_none(), "{released2}");
     assert_eq!(released2["LockIndex"], json!(1));
     assert_eq!(released2["ModifyIndex"], json!(destroy_index));
 
     // Keys it did not hold are untouched, including another session's lock.
-    assert_eq!(kv_entry(&agent, "theirs").await, theirs_before);
-    assert_eq!(kv_entry(&agent, "free").await, free_before);
+    assert_eq!(agent.kv_entry("theirs").await, theirs_before);
+    assert_eq!(agent.kv_entry("free").await, free_before);
 }
 
 #[tokio::test]
@@ -497,7 +477,7 @@ async fn destroying_a_delete_session_removes_its_keys() {
         .session(r#"{"Behavior":"delete","LockDelay":0}"#)
         .await;
     assert_eq!(info(&agent, &id).await["Behavior"], json!("delete"));
-    assert_eq!(acquire(&agent, "doomed", &id).await.json(), json!(true));
+    assert_eq!(agent.acquire("doomed", &id).await.json(), json!(true));
 
     // Destroying it deletes the key instead of releasing it.
     let reply = agent.put(&format!("/v1/session/destroy/{id}"), "").await;

@@ -14,23 +14,13 @@ use base64::Engine as _;
 use integration_tests::cluster::{Cluster, create_session, keys};
 use integration_tests::{Http, Reply, eventually};
 use reqwest::{Method, StatusCode};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};
-use vigil_shared::go::duration::parse_go_duration;
+
+use crate::common::exclusive;
 
 /// A new leader must be in place (every live server naming it) within this.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(10);
-
-/// A plain PUT that must answer `200 true`.
-async fn put_ok(agent: &Http, key: &str, value: &str) {
-    let reply = agent.put(&format!("/v1/kv/{key}"), value).await;
-    assert_eq!(
-        (reply.status, reply.text()),
-        (StatusCode::OK, "true".to_owned()),
-        "PUT {key} through {}",
-        agent.base
-    );
-}
 
 /// A write whose request may be lost with a killed server answers 5xx (its outcome is
 /// unknown); writes here are idempotent, so they are repeated until they get an answer.
@@ -65,12 +55,6 @@ async fn entries(agent: &Http, prefix: &str) -> BTreeMap<String, String> {
             (key, String::from_utf8(value).expect("UTF-8 value"))
         })
         .collect()
-}
-
-async fn session_info(agent: &Http, id: &str) -> Value {
-    let reply = agent.get(&format!("/v1/session/info/{id}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()
 }
 
 const WRITERS: usize = 8;
@@ -118,6 +102,7 @@ async fn writer(agent: Http, w: usize, log: Arc<Mutex<Log>>) {
 
 #[tokio::test]
 async fn acknowledged_writes_survive_a_leader_kill_under_load() {
+    let _heavy = exclusive().await;
     let mut cluster = Cluster::servers(3).clients(2).start().await;
     let leader = cluster.leader().await;
     let clients = [cluster.client(0).http(), cluster.client(1).http()];
@@ -207,14 +192,6 @@ async fn acknowledged_writes_survive_a_leader_kill_under_load() {
     );
 }
 
-/// The remaining delay an acquire refusal reports.
-fn lock_delay_remaining(reply: &Reply) -> Duration {
-    let header = reply
-        .header("X-Vigil-Lock-Delay")
-        .unwrap_or_else(|| panic!("refusal without X-Vigil-Lock-Delay: {}", reply.text()));
-    parse_go_duration(&header).unwrap_or_else(|e| panic!("{header:?} is no Go duration: {e}"))
-}
-
 #[tokio::test]
 async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
     let mut cluster = Cluster::servers(3)
@@ -262,7 +239,7 @@ async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
     let destroyed_at = Instant::now();
     let refused = client.put(&acquire(&contender), "c").await;
     assert_eq!(refused.text(), "false");
-    lock_delay_remaining(&refused);
+    refused.lock_delay_remaining();
 
     // Kill the leader.
     let leader = cluster.leader().await;
@@ -280,7 +257,7 @@ async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
     );
     assert_eq!(refused.status, StatusCode::OK);
     assert_eq!(refused.text(), "false");
-    let remaining = lock_delay_remaining(&refused);
+    let remaining = refused.lock_delay_remaining();
     assert!(
         remaining > Duration::ZERO && remaining <= Duration::from_secs(10),
         "{remaining:?}"
@@ -293,7 +270,7 @@ async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
             break destroyed_at.elapsed();
         }
         assert_eq!(reply.text(), "false");
-        lock_delay_remaining(&reply);
+        reply.lock_delay_remaining();
         assert!(
             destroyed_at.elapsed() < Duration::from_secs(20),
             "lock-delay never ended"
@@ -310,11 +287,11 @@ async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
     eventually(
         Duration::from_secs(20),
         "the unrenewed session to expire",
-        || async { (session_info(&client, &unrenewed).await == json!([])).then_some(()) },
+        || async { (client.session_info(&unrenewed).await == json!([])).then_some(()) },
     )
     .await;
     // ...while the session renewed through the election is still there.
-    let info = session_info(&client, &renewed).await;
+    let info = client.session_info(&renewed).await;
     assert_eq!(info[0]["ID"], json!(renewed), "{info}");
     stop.send(true).expect("renewer runs");
     let (renewals, failures) = renewer.await.expect("renewer");
@@ -332,7 +309,7 @@ async fn a_blocking_query_through_a_client_survives_its_server_being_killed() {
     // The client knows two servers and talks to the first: the leader, where the query waits.
     let c = cluster.add_client(&[leader, (leader + 1) % 3]).await;
     let client = cluster.client(c).http();
-    put_ok(&client, "watch/key", "before").await;
+    client.put_key("watch/key", "before").await;
     let index = client.get("/v1/kv/watch/key").await.index();
 
     let mut watcher = tokio::spawn({
@@ -361,7 +338,10 @@ async fn a_blocking_query_through_a_client_survives_its_server_being_killed() {
         "the blocking query returned when its server was killed"
     );
     // ...and returns with the change once the key is written.
-    put_ok(cluster.server(new_leader), "watch/key", "after").await;
+    cluster
+        .server(new_leader)
+        .put_key("watch/key", "after")
+        .await;
     let written_at = Instant::now();
     let (reply, returned_at) = timeout(Duration::from_secs(10), watcher)
         .await

@@ -14,6 +14,8 @@ use vigil_server::tls::Role;
 use vigil_shared::kv::KvOp;
 use vigil_shared::rpc::{Op, ServerError};
 
+use crate::common::exclusive;
+
 /// The largest KV value Consul accepts (512 KiB) is far below this; it is what a huge session
 /// name or a hand-made RPC could carry.
 const OVERSIZED: usize = 16 * 1024 * 1024;
@@ -34,6 +36,7 @@ async fn raft_stat(cluster: &Cluster, i: usize, name: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_changes_are_refused_without_an_election() {
+    let _heavy = exclusive().await;
     // Phase 1: a three-server cluster; note its leader and term.
     let cluster = Cluster::servers(3).start().await;
     let leader = cluster.leader().await;
@@ -92,6 +95,7 @@ async fn oversized_changes_are_refused_without_an_election() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_follower_paused_through_a_large_backlog_catches_up() {
+    let _heavy = exclusive().await;
     // Phase 1: a three-server cluster; one follower is frozen.
     let cluster = Cluster::servers(3).start().await;
     let leader = cluster.leader().await;

@@ -14,16 +14,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
+use crate::common::{assert_error, refused_config};
+
 /// Long enough for an interval check's stagger, a run and the sync to the catalog.
 const SETTLE: Duration = Duration::from_secs(15);
 
 fn assert_ok(reply: &Reply) {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-}
-
-fn assert_error(reply: &Reply, status: StatusCode, message: &str) {
-    assert_eq!(reply.status, status, "{}", reply.text());
-    assert_eq!(reply.text(), message);
 }
 
 async fn put_ok(agent: &Agent, path: &str, body: Value) {
@@ -69,27 +66,6 @@ async fn bound_session(agent: &Agent, check: &str) -> String {
     agent
         .session(&json!({"NodeChecks": ["serfHealth", check], "LockDelay": "0s"}).to_string())
         .await
-}
-
-async fn acquire(agent: &Agent, key: &str, session: &str) {
-    let reply = agent
-        .put(&format!("/v1/kv/{key}?acquire={session}"), "held")
-        .await;
-    assert_ok(&reply);
-    assert_eq!(reply.text(), "true");
-}
-
-/// The key's holder, `None` once released.
-async fn holder(agent: &Agent, key: &str) -> Option<String> {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_ok(&reply);
-    reply.json()[0]["Session"].as_str().map(str::to_owned)
-}
-
-async fn session_exists(agent: &Agent, id: &str) -> bool {
-    let reply = agent.get(&format!("/v1/session/info/{id}")).await;
-    assert_ok(&reply);
-    !reply.json().as_array().expect("array").is_empty()
 }
 
 /// A tiny HTTP server on 127.0.0.1: `/ok` answers 200, `/busy` 429, `/fail` 500, and `/echo`
@@ -742,25 +718,25 @@ async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
 
     // Hold a lock with a session bound to the TTL check.
     let session = bound_session(&agent, "lease").await;
-    acquire(&agent, "jobs/leader", &session).await;
+    agent.acquire_ok("jobs/leader", &session).await;
     assert_eq!(
-        holder(&agent, "jobs/leader").await.as_deref(),
+        agent.holder("jobs/leader").await.as_deref(),
         Some(session.as_str())
     );
 
     // Nobody renews the check: it goes critical, the session is invalidated, the lock released.
     eventually(SETTLE, "the lock to be released", || async {
-        holder(&agent, "jobs/leader").await.is_none().then_some(())
+        agent.holder("jobs/leader").await.is_none().then_some(())
     })
     .await;
-    assert!(!session_exists(&agent, &session).await);
+    assert!(!agent.session_exists(&session).await);
     let check = agent_check(&agent, "lease").await.expect("check");
     assert_eq!(check["Status"], "critical");
     assert_eq!(check["Output"], "TTL expired");
 
     // Passing again does not bring the session back; a warning never invalidates.
     put_ok(&agent, "/v1/agent/check/pass/lease", json!(null)).await;
-    assert!(!session_exists(&agent, &session).await);
+    assert!(!agent.session_exists(&session).await);
     put_ok(
         &agent,
         "/v1/agent/check/register",
@@ -770,12 +746,12 @@ async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
     let survivor = bound_session(&agent, "steady").await;
     put_ok(&agent, "/v1/agent/check/warn/steady", json!(null)).await;
     assert!(
-        session_exists(&agent, &survivor).await,
+        agent.session_exists(&survivor).await,
         "warning keeps the session"
     );
     // An explicit fail invalidates before the reply returns.
     put_ok(&agent, "/v1/agent/check/fail/steady", json!(null)).await;
-    assert!(!session_exists(&agent, &survivor).await);
+    assert!(!agent.session_exists(&survivor).await);
 }
 
 #[tokio::test]
@@ -788,14 +764,14 @@ async fn check_deregistration_invalidates_bound_sessions() {
     )
     .await;
     let session = bound_session(&agent, "guard").await;
-    acquire(&agent, "guarded", &session).await;
+    agent.acquire_ok("guarded", &session).await;
 
     put_ok(&agent, "/v1/agent/check/deregister/guard", json!(null)).await;
     assert!(
-        !session_exists(&agent, &session).await,
+        !agent.session_exists(&session).await,
         "gone when deregister returns"
     );
-    assert_eq!(holder(&agent, "guarded").await, None);
+    assert_eq!(agent.holder("guarded").await, None);
     assert!(catalog_check(&agent, "guard").await.is_none());
 
     // The same through a service's check.
@@ -812,7 +788,7 @@ async fn check_deregistration_invalidates_bound_sessions() {
         )
         .await;
     put_ok(&agent, "/v1/agent/service/deregister/api", json!(null)).await;
-    assert!(!session_exists(&agent, &session).await);
+    assert!(!agent.session_exists(&session).await);
 }
 
 #[tokio::test]
@@ -1097,21 +1073,7 @@ async fn config_file_definitions_register_at_every_start() {
         "[[check]]\nname = \"x\"\nargs = [\"/bin/true\"]\ninterval = \"1s\"\n",
     )
     .expect("write config");
-    let output = std::process::Command::new(integration_tests::binary())
-        .args([
-            "agent",
-            "--dev",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--rpc-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--serf-addr", "127.0.0.1:0", "--config"])
-        .arg(&bad)
-        .output()
-        .expect("run vigil");
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = refused_config(&bad);
     assert!(
         stderr.contains("Scripts are disabled on this agent"),
         "{stderr}"

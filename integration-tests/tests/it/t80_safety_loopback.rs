@@ -5,19 +5,17 @@
 //! may be lost, and the lock must be granted again soon after the last fault.
 //!
 //! Longer runs: `VIGIL_SAFETY_HANDOFFS=1000 VIGIL_SAFETY_FAULTS=25 VIGIL_SAFETY_SEED=7 cargo test
-//! -p integration-tests --test t80_safety_loopback -- --nocapture`.
+//! -p integration-tests --test it t80_safety_loopback -- --nocapture`.
 
 use integration_tests::safety::{Plan, run_loopback};
 
+use crate::common::{assert_safe, exclusive};
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn faults_on_loopback_never_let_a_stale_holder_write() {
+    let _heavy = exclusive().await;
     let plan = Plan::loopback(80).with_env_overrides();
     let report = run_loopback(&plan).await.expect("the checker's run");
     println!("{report}");
-    assert!(report.violations.is_empty(), "{report}");
-    assert!(
-        report.handoffs >= plan.handoffs,
-        "too few handoffs: {report}"
-    );
-    assert_eq!(report.faults.len(), plan.schedule.faults, "{report}");
+    assert_safe(&report, &plan);
 }

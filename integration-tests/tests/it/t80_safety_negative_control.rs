@@ -6,8 +6,11 @@
 use integration_tests::safety::check::Property;
 use integration_tests::safety::{Plan, run_loopback};
 
+use crate::common::exclusive;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_setup_is_caught() {
+    let _heavy = exclusive().await;
     let plan = Plan::negative_control(81);
     let report = run_loopback(&plan).await.expect("the checker's run");
     println!("{report}");

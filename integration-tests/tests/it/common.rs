@@ -1,0 +1,95 @@
+//! What several test files share and the harness (`integration_tests`) has no business
+//! offering: assertions on Consul's error answers, a snapshot of the KV store, a deadline, an
+//! agent that must refuse its config, the safety checker's verdict, and the lock that keeps the
+//! heaviest tests from running side by side in this one process.
+
+use std::ffi::OsStr;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use integration_tests::safety::{Plan, Report};
+use integration_tests::{Http, Reply, binary};
+use reqwest::StatusCode;
+use serde_json::Value;
+use tokio::process::Child;
+use tokio::sync::{Mutex, MutexGuard};
+
+/// Deadline for anything that should happen promptly on a busy machine.
+pub const PROMPT: Duration = Duration::from_secs(30);
+
+/// Held by the tests that load the machine so much (many processes, leader kills on a
+/// schedule, hundreds of MB through raft, thousands of sockets) that two of them side by side
+/// could make each other miss their deadlines: they run one at a time, beside light tests only.
+static EXCLUSIVE: Mutex<()> = Mutex::const_new(());
+
+/// Waits until no other heavy test runs; the heavy test holds the guard to its end. A tokio
+/// mutex: it is held across `.await`, and a failed test (a panic) releases it for the next.
+pub async fn exclusive() -> MutexGuard<'static, ()> {
+    EXCLUSIVE.lock().await
+}
+
+pub fn b64(bytes: impl AsRef<[u8]>) -> String {
+    BASE64.encode(bytes)
+}
+
+/// Asserts an error answer: `status` with exactly `message` as the body.
+pub fn assert_error(reply: &Reply, status: StatusCode, message: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text());
+    assert_eq!(reply.text(), message);
+}
+
+/// [`assert_error`] for a plain-text answer, as Consul writes its errors.
+pub fn assert_plain_error(reply: &Reply, status: StatusCode, message: &str) {
+    assert_error(reply, status, message);
+    assert_eq!(
+        reply.header("Content-Type").as_deref(),
+        Some("text/plain; charset=utf-8")
+    );
+}
+
+/// Everything in the store and the global KV index, to prove a refused request changed nothing.
+pub async fn kv_state(agent: &Http) -> (u64, Value) {
+    let keys = agent.get("/v1/kv/?keys").await;
+    assert_eq!(keys.status, StatusCode::OK);
+    let all = agent.get("/v1/kv/?recurse").await;
+    let entries = if all.status == StatusCode::OK {
+        all.json()
+    } else {
+        Value::Null
+    };
+    (keys.index(), entries)
+}
+
+/// Waits (within [`PROMPT`]) for a `vigil` process and returns its exit code.
+pub async fn exit_code(child: &mut Child) -> i32 {
+    let status = tokio::time::timeout(PROMPT, child.wait())
+        .await
+        .expect("vigil did not exit in time")
+        .expect("wait for vigil");
+    status.code().expect("exit code")
+}
+
+/// Runs a dev agent with `--config <config>`, which must refuse to start; returns its stderr.
+pub fn refused_config(config: impl AsRef<OsStr>) -> String {
+    let output = std::process::Command::new(binary())
+        .args(["agent", "--dev", "--http-addr", "127.0.0.1:0"])
+        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
+        .arg("--config")
+        .arg(config)
+        .output()
+        .expect("run vigil");
+    assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A lock-safety run's verdict: no violation, at least the planned handoffs, every planned
+/// fault applied.
+pub fn assert_safe(report: &Report, plan: &Plan) {
+    assert!(report.violations.is_empty(), "{report}");
+    assert!(
+        report.handoffs >= plan.handoffs,
+        "too few handoffs: {report}"
+    );
+    assert_eq!(report.faults.len(), plan.schedule.faults, "{report}");
+}
