@@ -12,6 +12,7 @@ use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
@@ -256,7 +257,7 @@ async fn serve_stream(
         let _ = send.reset(STREAM_RESPONSE_TOO_LARGE);
         return;
     }
-    match write_frame(send, &response).await {
+    match write_frame(send, response.into()).await {
         Ok(()) => {
             let _ = send.finish();
         }
@@ -395,6 +396,7 @@ impl RpcClient {
                 request.len()
             )));
         }
+        let request = Bytes::from(request);
         tokio::time::timeout(timeout, self.call_with_retry(addr, lane, &request))
             .await
             .unwrap_or(Err(TransportError::Timeout {
@@ -473,10 +475,10 @@ impl RpcClient {
         &self,
         addr: SocketAddr,
         lane: Lane,
-        request: &[u8],
+        request: &Bytes,
     ) -> Result<Vec<u8>, TransportError> {
         let (connection, reused) = self.connection(addr, lane).await?;
-        let failure = match exchange(&connection, request).await {
+        let failure = match exchange(&connection, request.clone()).await {
             Ok(response) => return Ok(response),
             Err(failure) => failure,
         };
@@ -489,7 +491,7 @@ impl RpcClient {
         }
         tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
         let (connection, _) = self.connection(addr, lane).await?;
-        match exchange(&connection, request).await {
+        match exchange(&connection, request.clone()).await {
             Ok(response) => Ok(response),
             Err(failure) => {
                 if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
@@ -608,7 +610,7 @@ fn is_tls_rejection(error: &ConnectionError) -> bool {
 }
 
 /// One request/response exchange on the dialing side.
-async fn exchange(connection: &Connection, request: &[u8]) -> Result<Vec<u8>, Failure> {
+async fn exchange(connection: &Connection, request: Bytes) -> Result<Vec<u8>, Failure> {
     let (mut send, mut recv) = connection.open_bi().await.map_err(Failure::Open)?;
     write_frame(&mut send, request).await?;
     send.finish()
@@ -647,10 +649,13 @@ fn decode_header(header: [u8; HEADER_LEN]) -> Result<usize, String> {
     Ok(len)
 }
 
-async fn write_frame(send: &mut SendStream, payload: &[u8]) -> Result<(), Failure> {
+/// Writes the header and the payload in one call, so they leave in one packet when they fit
+/// (and the connection's task is woken once), without copying the payload.
+async fn write_frame(send: &mut SendStream, payload: Bytes) -> Result<(), Failure> {
     let header = encode_header(payload.len()).map_err(Failure::Protocol)?;
-    send.write_all(&header).await.map_err(write_failure)?;
-    send.write_all(payload).await.map_err(write_failure)
+    send.write_all_chunks(&mut [Bytes::copy_from_slice(&header), payload])
+        .await
+        .map_err(write_failure)
 }
 
 async fn read_frame(recv: &mut RecvStream) -> Result<Vec<u8>, Failure> {
