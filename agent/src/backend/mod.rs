@@ -7,6 +7,8 @@
 //! servers do.
 
 mod remote;
+#[cfg(test)]
+mod tests;
 
 pub use remote::RemoteServers;
 
