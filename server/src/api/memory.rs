@@ -194,9 +194,8 @@ async fn run_timers(
                 match input {
                     Some(TimerInput::Renew { id, ttl, at }) => {
                         // Armed from when it happened, however late this task hears of it.
-                        let full = ttl * SESSION_TTL_MULTIPLIER;
-                        let deadline_ms = core.now_ms() + millis(full.saturating_sub(at.elapsed()));
-                        sessions.arm(&id, ttl, full.saturating_sub(at.elapsed()), deadline_ms);
+                        let left = (ttl * SESSION_TTL_MULTIPLIER).saturating_sub(at.elapsed());
+                        sessions.arm(&id, ttl, left, core.now_ms() + millis(left));
                     }
                     Some(TimerInput::Destroyed { id }) => sessions.clear(&id),
                     Some(TimerInput::LockDelay { name, until_ms }) => {
@@ -354,5 +353,105 @@ impl ServerApi for MemoryServer {
 
     fn is_shutting_down(&self) -> bool {
         self.stop.is_cancelled()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use vigil_shared::lock::{LockMode, LockOutcome};
+    use vigil_shared::session::Behavior;
+
+    use super::*;
+
+    const LOCK_DELAY: Duration = Duration::from_secs(5);
+
+    fn session(id: &str, lock_delay: Duration) -> Session {
+        Session {
+            id: id.to_owned(),
+            name: String::new(),
+            node: "n1".to_owned(),
+            lock_delay_ns: lock_delay.as_nanos() as u64,
+            behavior: Behavior::Release,
+            ttl: String::new(),
+            node_checks: Vec::new(),
+            service_checks: None,
+            checks: Vec::new(),
+            create_index: 0,
+            modify_index: 0,
+            owner: String::new(),
+        }
+    }
+
+    fn acquire(session: &str) -> Op {
+        Op::Lock(LockOp::Acquire {
+            name: "db".to_owned(),
+            session: session.to_owned(),
+            mode: LockMode::Exclusive,
+            limit: 1,
+            try_only: false,
+        })
+    }
+
+    fn holders(servers: &MemoryServer) -> Vec<String> {
+        servers.read(|state| {
+            state
+                .locks()
+                .get("db")
+                .map(|l| l.holders.iter().map(|h| h.session.clone()).collect())
+                .unwrap_or_default()
+        })
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lock_lost_by_its_holder_goes_to_the_next_waiter_when_its_lock_delay_ends() {
+        let servers = MemoryServer::default();
+        let node = Op::RegisterNode {
+            name: "n1".to_owned(),
+            address: "127.0.0.1".to_owned(),
+        };
+        servers.write(node).await.expect("node");
+        for id in ["a", "b"] {
+            let created = servers
+                .write(Op::CreateSession(session(id, LOCK_DELAY)))
+                .await;
+            assert!(
+                matches!(created, Ok(Response::SessionCreated { .. })),
+                "{created:?}"
+            );
+        }
+        let held = servers.write(acquire("a")).await.expect("acquire");
+        assert!(
+            matches!(held, Response::Lock(LockOutcome::Held { .. })),
+            "{held:?}"
+        );
+        let queued = servers.write(acquire("b")).await.expect("acquire");
+        assert!(
+            matches!(queued, Response::Lock(LockOutcome::Queued { .. })),
+            "{queued:?}"
+        );
+
+        // The holder's session is invalidated: the lock is free but in its lock-delay, so the
+        // waiter is not granted yet.
+        let destroy = Op::DestroySession { id: "a".to_owned() };
+        servers.write(destroy).await.expect("destroy");
+        settle().await;
+        assert!(holders(&servers).is_empty());
+        tokio::time::advance(LOCK_DELAY - Duration::from_millis(1)).await;
+        settle().await;
+        assert!(
+            holders(&servers).is_empty(),
+            "granted inside the lock-delay"
+        );
+
+        // When it ends, the double's timer wakes the lock and the waiter holds it.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(holders(&servers), ["b"]);
     }
 }
