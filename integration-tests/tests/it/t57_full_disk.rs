@@ -90,11 +90,22 @@ fn onto_tmpfs(cluster: &Cluster, i: usize) -> Option<std::path::PathBuf> {
         std::fs::rename(&saved, &data).unwrap();
         return None;
     }
-    for entry in std::fs::read_dir(&saved).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(entry.path(), data.join(entry.file_name())).unwrap();
-    }
+    copy_tree(&saved, &data);
     Some(data)
+}
+
+/// Copies the files under `from` into `to`, directories included (the raft log is one).
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            std::fs::create_dir(&target).unwrap();
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
