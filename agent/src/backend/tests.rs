@@ -2,13 +2,20 @@
 //! deadlines and wakeups, and session TTL expiry, with every step of time taken explicitly.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_server::ServerApi;
 use vigil_server::api::memory::MemoryServer;
+use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::rpc::StatusInfo;
 use vigil_shared::kv::{KvEntry, KvOp};
-use vigil_shared::rpc::{Op, QueryMeta, QueryOptions, Response, ServerError, reads};
+use vigil_shared::rpc::{
+    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError, reads,
+};
 use vigil_shared::session::{Behavior, Session};
 
 use super::Backend;
@@ -184,4 +191,122 @@ async fn a_session_expires_twice_its_ttl_after_its_last_renewal_and_releases_its
         matches!(renewed, Err(ServerError::SessionNotFound(_))),
         "{renewed:?}"
     );
+}
+
+/// The in-memory servers without a leader until `until`: writes, renewals and reads that need
+/// a leader fail with `NoLeader` (nothing applied), stale reads are answered. Counts writes
+/// tried.
+struct Leaderless {
+    servers: MemoryServer,
+    until: Instant,
+    writes: AtomicUsize,
+}
+
+impl Leaderless {
+    fn new(for_: Duration) -> Arc<Leaderless> {
+        Arc::new(Leaderless {
+            servers: MemoryServer::default(),
+            until: Instant::now() + for_,
+            writes: AtomicUsize::new(0),
+        })
+    }
+
+    fn leaderless(&self) -> bool {
+        Instant::now() < self.until
+    }
+}
+
+impl ServerApi for Leaderless {
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.leaderless() {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.write(op)
+    }
+
+    fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+        if self.leaderless() && opts.consistency != Consistency::Stale {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.query(opts, query)
+    }
+
+    fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
+        if self.leaderless() {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.renew(id)
+    }
+
+    fn operator(
+        &self,
+        request: OperatorRequest,
+    ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
+        self.servers.operator(request)
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {
+        self.servers.status()
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.servers.is_shutting_down()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_during_an_election_is_retried_until_a_leader_takes_it() {
+    let servers = Leaderless::new(Duration::from_secs(2));
+    let backend = Arc::new(Backend::new(Arc::clone(&servers) as Arc<dyn ServerApi>));
+    let write = {
+        let backend = Arc::clone(&backend);
+        tokio::spawn(async move { backend.write(set("k", "v")).await })
+    };
+    settle().await;
+
+    // While there is no leader it keeps trying, with backoff.
+    tokio::time::advance(Duration::from_millis(1900)).await;
+    settle().await;
+    assert!(!write.is_finished(), "gave up or applied without a leader");
+    let tried = servers.writes.load(Ordering::Relaxed);
+    assert!(tried > 1, "tried {tried} times");
+
+    // The next attempt after the election is applied, once.
+    tokio::time::advance(Duration::from_millis(600)).await;
+    settle().await;
+    assert!(write.is_finished(), "not retried once a leader was there");
+    let written = write.await.expect("join");
+    assert!(matches!(written, Ok(Response::Txn(_))), "{written:?}");
+    assert_eq!(servers.servers.index(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocking_query_with_no_leader_is_answered_stale_by_its_deadline() {
+    // The key was written before the servers lost their leader, for longer than the wait.
+    let servers = Leaderless::new(WAIT * 10);
+    servers.servers.write(set("k", "v1")).await.expect("write");
+    let index = servers.servers.index();
+    let backend = Arc::new(Backend::new(servers as Arc<dyn ServerApi>));
+
+    // It blocks (retrying the leaderless servers) through most of its wait.
+    let started = Instant::now();
+    let read = block_on_key(&backend, "k", index, WAIT).await;
+    tokio::time::advance(WAIT - Duration::from_secs(1)).await;
+    settle().await;
+    assert!(!read.is_finished(), "answered long before its wait");
+
+    // By the deadline the stale read is the answer, flagged as having no known leader.
+    tokio::time::advance(Duration::from_secs(1) + WAIT / 16).await;
+    settle().await;
+    assert!(read.is_finished(), "no answer by the deadline");
+    let (entries, meta) = read.await.expect("join").expect("stale answer");
+    assert_eq!(entries[0].value, b"v1");
+    assert_eq!(meta.index, index);
+    assert!(!meta.known_leader);
+    assert!(started.elapsed() <= WAIT + WAIT / 16);
 }
