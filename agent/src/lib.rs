@@ -140,9 +140,9 @@ impl Handle {
     /// other servers elect a leader without it.
     pub async fn wait(self) -> anyhow::Result<()> {
         let failed = async {
-            match &*self.backend {
-                Backend::Local(server) => server.failed().await,
-                Backend::Remote(_) => std::future::pending().await,
+            match self.backend.server() {
+                Some(server) => server.failed().await,
+                None => std::future::pending().await,
             }
         };
         let failure = tokio::select! {
@@ -155,7 +155,7 @@ impl Handle {
         };
         self.tasks.close();
         self.tasks.wait().await;
-        if let Backend::Local(server) = &*self.backend {
+        if let Some(server) = self.backend.server() {
             server.shutdown().await;
         }
         match failure {
@@ -255,11 +255,11 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         (None, _) => {
             let endpoint = client_endpoint(&tls, rpc_addr)?;
             let rpc = RpcClient::new(endpoint, tls.server_name());
-            Backend::Remote(RemoteServers::new(
+            Backend::new(Arc::new(RemoteServers::new(
                 rpc,
                 gossip.subscribe(),
                 shutdown.clone(),
-            ))
+            )))
         }
         (Some(socket), mode) => {
             let mode = match mode {
@@ -302,7 +302,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                 shutdown.clone(),
             )
             .await?;
-            Backend::Local(server)
+            Backend::local(server)
         }
     };
     let backend = Arc::new(backend);

@@ -77,7 +77,7 @@ struct Tracked {
 
 /// One TTL timer per session, armed only on the leader, with the deadlines to checkpoint.
 #[derive(Default)]
-struct SessionTimers {
+pub(crate) struct SessionTimers {
     queue: DelayQueue<String>,
     sessions: HashMap<String, Tracked>,
 }
@@ -105,7 +105,7 @@ fn millis(d: Duration) -> u64 {
 
 impl SessionTimers {
     /// Arms `id` to fire after `delay`, replacing any timer it had.
-    fn arm(&mut self, id: &str, ttl: Duration, delay: Duration, deadline_ms: u64) {
+    pub(crate) fn arm(&mut self, id: &str, ttl: Duration, delay: Duration, deadline_ms: u64) {
         let checkpointed_ms = match self.sessions.remove(id) {
             Some(old) => {
                 self.queue.remove(&old.key);
@@ -126,7 +126,7 @@ impl SessionTimers {
     }
 
     /// Created or renewed now: TTL × 2 from now.
-    fn renew(&mut self, id: &str, ttl: Duration, now_ms: u64) {
+    pub(crate) fn renew(&mut self, id: &str, ttl: Duration, now_ms: u64) {
         let full = ttl * SESSION_TTL_MULTIPLIER;
         self.arm(id, ttl, full, now_ms.saturating_add(millis(full)));
     }
@@ -152,7 +152,7 @@ impl SessionTimers {
         self.sessions.contains_key(id)
     }
 
-    fn clear(&mut self, id: &str) {
+    pub(crate) fn clear(&mut self, id: &str) {
         if let Some(tracked) = self.sessions.remove(id) {
             self.queue.remove(&tracked.key);
         }
@@ -163,7 +163,7 @@ impl SessionTimers {
         self.sessions.clear();
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.sessions.is_empty()
     }
 
@@ -189,7 +189,7 @@ impl SessionTimers {
         }
     }
 
-    async fn next_expired(&mut self) -> Option<String> {
+    pub(crate) async fn next_expired(&mut self) -> Option<String> {
         let expired = self.queue.next().await?.into_inner();
         self.sessions.remove(&expired);
         Some(expired)
@@ -198,14 +198,14 @@ impl SessionTimers {
 
 /// One timer per native lock whose lock-delay holds up waiters, armed only on the leader.
 #[derive(Default)]
-struct LockDelayTimers {
+pub(crate) struct LockDelayTimers {
     queue: DelayQueue<String>,
     locks: HashMap<String, delay_queue::Key>,
 }
 
 impl LockDelayTimers {
     /// Wakes `name` at `until_ms` (leader wall clock); a later deadline replaces an earlier one.
-    fn arm(&mut self, name: &str, until_ms: u64, now_ms: u64) {
+    pub(crate) fn arm(&mut self, name: &str, until_ms: u64, now_ms: u64) {
         let delay = Duration::from_millis(until_ms.saturating_sub(now_ms));
         match self.locks.get(name) {
             Some(key) => self.queue.reset(key, delay),
@@ -221,11 +221,11 @@ impl LockDelayTimers {
         self.locks.clear();
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.locks.is_empty()
     }
 
-    async fn next_due(&mut self) -> Option<String> {
+    pub(crate) async fn next_due(&mut self) -> Option<String> {
         let due = self.queue.next().await?.into_inner();
         self.locks.remove(&due);
         Some(due)

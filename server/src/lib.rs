@@ -1,6 +1,7 @@
 //! Vigil's server role: the replicated state machine, raft, leader duties and blocking-query
 //! wakeups.
 
+pub mod api;
 pub mod leader;
 pub mod operator;
 pub mod proposer;
@@ -15,4 +16,5 @@ pub mod tls;
 pub mod transport;
 pub mod watch;
 
+pub use api::ServerApi;
 pub use server::{RaftTiming, Server, ServerConfig, ServerMode, StartError};

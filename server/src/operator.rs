@@ -212,7 +212,7 @@ fn serf_states(server: &Server) -> Option<HashMap<String, MemberState>> {
     )
 }
 
-fn format_id(id: NodeId) -> String {
+pub(crate) fn format_id(id: NodeId) -> String {
     format!("{id:016x}")
 }
 
@@ -413,6 +413,15 @@ fn save(server: &Server) -> Result<OperatorReply, OperatorError> {
 /// (leadership lost) leaves its parts staged until the next restore replaces them.
 async fn restore(server: &Server, bytes: &[u8]) -> Result<OperatorReply, OperatorError> {
     let archive = Archive::decode(bytes)?;
+    for part in restore_parts(&archive) {
+        part_restored(server.proposer().propose(part).await?)?;
+    }
+    Ok(OperatorReply::Done)
+}
+
+/// The entries that restore `archive`, in order: its state in parts of [`RESTORE_CHUNK`] bytes,
+/// under a fresh restore id.
+pub(crate) fn restore_parts(archive: &Archive) -> impl Iterator<Item = Op> + '_ {
     let id = format!("{:016x}", rand::random::<u64>());
     tracing::info!(
         index = archive.index,
@@ -423,23 +432,22 @@ async fn restore(server: &Server, bytes: &[u8]) -> Result<OperatorReply, Operato
     // A decoded state is never empty, so there is always a last part.
     let parts = archive.state.chunks(RESTORE_CHUNK);
     let count = parts.len();
-    for (n, bytes) in parts.enumerate() {
-        let part = Op::RestoreChunk {
-            id: id.clone(),
-            offset: (n * RESTORE_CHUNK) as u64,
-            bytes: bytes.to_vec(),
-            last: n + 1 == count,
-        };
-        match server.proposer().propose(part).await? {
-            Response::Done => {}
-            Response::Rejected(ApplyError::RestoreInterrupted) => {
-                return Err(ArchiveError::Interrupted.into());
-            }
-            Response::Rejected(e) => return Err(ArchiveError::Decode(e.to_string()).into()),
-            other => return Err(ArchiveError::Decode(format!("{other:?}")).into()),
-        }
+    parts.enumerate().map(move |(n, bytes)| Op::RestoreChunk {
+        id: id.clone(),
+        offset: (n * RESTORE_CHUNK) as u64,
+        bytes: bytes.to_vec(),
+        last: n + 1 == count,
+    })
+}
+
+/// What applying one part of a restore said, as the operator hears it.
+pub(crate) fn part_restored(response: Response) -> Result<(), OperatorError> {
+    match response {
+        Response::Done => Ok(()),
+        Response::Rejected(ApplyError::RestoreInterrupted) => Err(ArchiveError::Interrupted.into()),
+        Response::Rejected(e) => Err(ArchiveError::Decode(e.to_string()).into()),
+        other => Err(ArchiveError::Decode(format!("{other:?}")).into()),
     }
-    Ok(OperatorReply::Done)
 }
 
 /// Autopilot's health view, from the leader's replication progress and gossip.

@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use tokio::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use vigil_shared::rpc::{QueryOptions, QueryResult, ReadQuery};
 
 use crate::state::{Effects, Interest};
 
@@ -244,6 +247,54 @@ impl Watches {
     #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Answers `query` with `read` (one look at the state: its answer and the index it stands at),
+/// blocking while that index is not above `opts.min_index`, for `opts.wait_ms` at most or until
+/// `stop`. Only a query with an index and something to wait on blocks. Consul's rule for a
+/// result that is missing: still missing after it was missing, it blocks on, rather than
+/// waking for unrelated index movement. The server and the in-memory test double both block
+/// here, each on its own state and watches.
+pub async fn blocking_read(
+    watches: &Arc<Watches>,
+    opts: QueryOptions,
+    query: &ReadQuery,
+    read: impl Fn(&ReadQuery) -> (QueryResult, u64),
+    stop: &CancellationToken,
+) -> (QueryResult, u64) {
+    let interest = Interest::of(query);
+    if opts.min_index == 0 || interest == Interest::None {
+        return read(query);
+    }
+    let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
+    let mut min_index = opts.min_index;
+    let mut was_missing = false;
+    loop {
+        // Registered before the read, so no write can slip between the two.
+        let mut guard = watches.register(interest.clone());
+        let (result, index) = read(query);
+        let missing = is_missing(query, &result);
+        if missing && was_missing {
+            min_index = min_index.max(index);
+        }
+        if index > min_index || Instant::now() >= deadline {
+            return (result, index);
+        }
+        was_missing = missing;
+        tokio::select! {
+            _ = guard.fired() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+            _ = stop.cancelled() => return read(query),
+        }
+    }
+}
+
+fn is_missing(query: &ReadQuery, result: &QueryResult) -> bool {
+    match (query, result) {
+        (ReadQuery::KvGet { .. }, QueryResult::Entries(e)) => e.is_empty(),
+        (ReadQuery::SessionInfo { .. }, QueryResult::Sessions(s)) => s.is_empty(),
+        _ => false,
     }
 }
 

@@ -255,6 +255,23 @@ pub async fn start(
 }
 
 impl Gossip {
+    /// A handle with no gossip task behind it, for tests of the HTTP API: `members` is the
+    /// member list for good, no event arrives, and commands fail as after a shutdown.
+    #[cfg(test)]
+    pub(crate) fn detached(addr: SocketAddr, members: Vec<MemberStatus>) -> Gossip {
+        let (commands, _) = mpsc::channel(1);
+        Gossip {
+            commands,
+            members: watch::channel(members).1,
+            events: watch::channel(Vec::new()).1,
+            decrypt_failures: Arc::default(),
+            foreign_drops: Arc::default(),
+            local_addr: addr,
+            gossip_addr: addr,
+            profile: TimingProfile::Local,
+        }
+    }
+
     /// The bound UDP address (the real port when bound to port 0).
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr

@@ -14,7 +14,6 @@ use super::error::ApiError;
 use super::members::local_member;
 use super::params::Params;
 use super::{AppState, json};
-use crate::backend::Backend;
 
 pub async fn agent_self(
     State(state): State<AppState>,
@@ -27,9 +26,10 @@ pub async fn agent_self(
     let leader_addr = status.leader.unwrap_or_default();
     let rpc = state.rpc_addr;
     let serf = state.gossip.gossip_addr();
-    let is_server = matches!(*state.backend, Backend::Local(_));
-    let raft = match &*state.backend {
-        Backend::Local(server) => {
+    let server = state.backend.server();
+    let is_server = server.is_some();
+    let raft = match server {
+        Some(server) => {
             let r = server.raft_stats();
             json_value!({
                 "state": r.state,
@@ -39,12 +39,9 @@ pub async fn agent_self(
                 "num_peers": r.num_peers.to_string(),
             })
         }
-        Backend::Remote(_) => json_value!({}),
+        None => json_value!({}),
     };
-    let blocking_queries = match &*state.backend {
-        Backend::Local(server) => server.blocking_queries(),
-        Backend::Remote(_) => 0,
-    };
+    let blocking_queries = server.map_or(0, |server| server.blocking_queries());
     let member = match local_member(&state) {
         Some(member) => json_value!(member),
         None => {

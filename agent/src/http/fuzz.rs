@@ -7,8 +7,8 @@
 //! spelling Go's decoder accepts, values of the right type or of any other, unknown members),
 //! the bytes of such bodies mutated, and arbitrary bytes. A decoder must not panic, must refuse
 //! with a client error (400 or 413, never a 5xx), and what it accepts must be within the limits
-//! README.md lists. The router itself needs a running server behind it, so requests through it
-//! are left to the integration tests.
+//! README.md lists. Requests through the router itself are in `tests.rs` (on the in-memory
+//! servers) and in the integration tests.
 
 use std::time::Duration;
 

@@ -15,7 +15,6 @@ use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
 use super::{AppState, json};
-use crate::backend::Backend;
 
 /// The content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -34,7 +33,7 @@ pub async fn metrics(
         state.gossip.decrypt_failures(),
         state.gossip.foreign_datacenter_drops(),
     );
-    if let Backend::Local(server) = &*state.backend {
+    if let Some(server) = state.backend.server() {
         telemetry::record_server(server);
     }
     let sink = Sink::install();

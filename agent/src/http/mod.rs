@@ -28,6 +28,8 @@ mod session;
 pub mod shapes;
 mod snapshot;
 mod status;
+#[cfg(test)]
+mod tests;
 mod txn;
 mod ui;
 mod vigil;

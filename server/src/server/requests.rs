@@ -137,36 +137,11 @@ impl Server {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> (QueryResult, QueryMeta) {
-        let interest = Interest::of(&query);
-        if opts.min_index == 0 || interest == Interest::None {
-            let (result, index) = self.shared.read().query(&query);
-            return (result, self.meta(index));
-        }
-        let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
-        let mut min_index = opts.min_index;
-        let mut was_missing = false;
-        loop {
-            let mut guard = self.shared.watches.register(interest.clone());
-            let (result, index) = self.shared.read().query(&query);
-            let missing = is_missing(&query, &result);
-            // Consul: a result still missing after it was missing blocks on, rather than waking
-            // for unrelated index movement.
-            if missing && was_missing {
-                min_index = min_index.max(index);
-            }
-            if index > min_index || Instant::now() >= deadline {
-                return (result, self.meta(index));
-            }
-            was_missing = missing;
-            tokio::select! {
-                _ = guard.fired() => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = self.shutdown.cancelled() => {
-                    let (result, index) = self.shared.read().query(&query);
-                    return (result, self.meta(index));
-                }
-            }
-        }
+        let read = |q: &ReadQuery| self.shared.read().query(q);
+        let (result, index) =
+            crate::watch::blocking_read(&self.shared.watches, opts, &query, read, &self.shutdown)
+                .await;
+        (result, self.meta(index))
     }
 
     /// Renews a session: resets its TTL timer on the leader. No raft write.
@@ -205,13 +180,5 @@ impl Server {
                 .map_err(|_| ServerError::ShuttingDown)?;
         }
         Ok(session)
-    }
-}
-
-fn is_missing(query: &ReadQuery, result: &QueryResult) -> bool {
-    match (query, result) {
-        (ReadQuery::KvGet { .. }, QueryResult::Entries(e)) => e.is_empty(),
-        (ReadQuery::SessionInfo { .. }, QueryResult::Sessions(s)) => s.is_empty(),
-        _ => false,
     }
 }

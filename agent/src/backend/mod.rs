@@ -1,0 +1,242 @@
+//! Where the HTTP API's requests go: "the servers" behind one [`ServerApi`], which is the
+//! in-process server when this agent runs the server role, the servers reached over QUIC RPC
+//! otherwise ([`RemoteServers`]), or a test double. Whatever they are, requests are retried
+//! here when that is safe: anything that was never applied (no leader yet, a server that could
+//! not be reached) and every read, within a deadline, so an election or a server loss looks
+//! like latency rather than an error. A blocking query answers by its deadline whatever the
+//! servers do.
+
+mod remote;
+#[cfg(test)]
+mod tests;
+
+pub use remote::RemoteServers;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng as _;
+use tokio::time::Instant;
+use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::rpc::StatusInfo;
+use vigil_server::{Server, ServerApi};
+use vigil_shared::rpc::{
+    Op, Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
+use vigil_shared::session::Session;
+
+/// How long a request keeps retrying through an election or a server loss.
+const RETRY_FOR: Duration = Duration::from_secs(15);
+
+/// The servers as the HTTP API sees them, with the retries around them.
+pub struct Backend {
+    servers: Arc<dyn ServerApi>,
+    /// This agent's own server when it runs the server role: its raft figures, its fatal
+    /// errors and its shutdown are the agent's too.
+    local: Option<Arc<Server>>,
+}
+
+/// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
+/// is not stopping.
+async fn with_retries<T, F, Fut>(
+    servers: &dyn ServerApi,
+    deadline: Instant,
+    idempotent: bool,
+    mut attempt: F,
+) -> Result<T, ServerError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, ServerError>>,
+{
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        match attempt().await {
+            Err(e)
+                if e.safe_to_retry(idempotent)
+                    && Instant::now() + backoff < deadline
+                    && !servers.is_shutting_down() =>
+            {
+                tracing::debug!(error = %e, "retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            result => return result,
+        }
+    }
+}
+
+impl Backend {
+    /// The in-process server of an agent running the server role.
+    pub fn local(server: Arc<Server>) -> Backend {
+        Backend {
+            servers: Arc::clone(&server) as Arc<dyn ServerApi>,
+            local: Some(server),
+        }
+    }
+
+    /// Servers this agent does not run itself: over the network ([`RemoteServers`]), or a
+    /// test double.
+    pub fn new(servers: Arc<dyn ServerApi>) -> Backend {
+        Backend {
+            servers,
+            local: None,
+        }
+    }
+
+    /// This agent's own server, when it runs the server role.
+    pub fn server(&self) -> Option<&Arc<Server>> {
+        self.local.as_ref()
+    }
+
+    /// Commits a state change. Each attempt takes its own copy of the op (a write is retried
+    /// only when it was not applied).
+    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
+        let deadline = Instant::now() + RETRY_FOR;
+        let servers = &*self.servers;
+        with_retries(servers, deadline, false, || servers.write(op.clone())).await
+    }
+
+    /// A typed read: [`Backend::query`] with the answer taken out of its wire form.
+    pub async fn read<Q: Query>(
+        &self,
+        opts: QueryOptions,
+        query: Q,
+    ) -> Result<(Q::Output, QueryMeta), ServerError> {
+        let (result, meta) = self.query(opts, query.into()).await?;
+        let output = Q::output(result).map_err(|other| {
+            ServerError::Internal(format!("a read was answered with {other:?}"))
+        })?;
+        Ok((output, meta))
+    }
+
+    /// Reads, blocking on the server; a lost server is retried on another within the wait. A
+    /// blocking query answers by its deadline whatever the servers do (see
+    /// [`Backend::blocking_query`]).
+    async fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        // Only a query with an index blocks; the HTTP layer sets a default wait on every read,
+        // which must not stretch the retry window of a plain read to minutes.
+        if opts.min_index > 0 && opts.wait_ms > 0 {
+            return self.blocking_query(opts, query).await;
+        }
+        let deadline = Instant::now() + RETRY_FOR;
+        let opts = QueryOptions { wait_ms: 0, ..opts };
+        with_retries(&*self.servers, deadline, true, || {
+            self.servers.query(opts, query.clone())
+        })
+        .await
+    }
+
+    /// A blocking query that answers by its deadline, Consul's `wait + wait/16`, also while the
+    /// servers elect a leader or one of them is lost. The servers are asked to block for `wait`
+    /// plus a jitter of at most `wait/32` (Consul's is up to `wait/16`; the rest of it is this
+    /// agent's margin), with retries until then. If none has answered shortly after, a stale
+    /// read from any server runs beside; if it is not behind the index the caller knows, it is
+    /// the answer, with `X-Consul-KnownLeader: false`, when by the deadline the servers have not
+    /// answered. Otherwise the deadline brings Consul's `No cluster leader`.
+    async fn blocking_query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let wait = Duration::from_millis(opts.wait_ms);
+        let spread = wait / 32;
+        let jitter = if spread.is_zero() {
+            Duration::ZERO
+        } else {
+            rand::thread_rng().gen_range(Duration::ZERO..spread)
+        };
+        let started = Instant::now();
+        let due = started + wait + jitter;
+        let deadline = started + wait + wait / 16;
+        // Half the margin lets a quiet query's answer, due at `due`, arrive.
+        let grace = (deadline - due) / 2;
+        let primary = with_retries(&*self.servers, due, true, || {
+            // A retry blocks only for what is left of the wait.
+            let left = due.saturating_duration_since(Instant::now());
+            let opts = QueryOptions {
+                wait_ms: left.as_millis() as u64,
+                ..opts
+            };
+            self.servers.query(opts, query.clone())
+        });
+        tokio::pin!(primary);
+        let mut failed = None;
+        match tokio::time::timeout_at(due + grace, &mut primary).await {
+            Ok(Err(e)) if e.safe_to_retry(true) => failed = Some(e),
+            Ok(result) => return result,
+            Err(_) => {}
+        }
+        // From now on a stale read runs beside: the answer if the servers give none in time. A
+        // server behind what the caller has seen (a lower index) has nothing to tell it: its
+        // data could say a held lock is free.
+        let fallback = async {
+            let (result, meta) = self.servers.stale_read(query.clone()).await?;
+            if meta.index < opts.min_index {
+                return Err(ServerError::NoLeader);
+            }
+            let meta = QueryMeta {
+                known_leader: false,
+                ..meta
+            };
+            Ok((result, meta))
+        };
+        tokio::pin!(fallback);
+        let expiry = tokio::time::sleep_until(deadline);
+        tokio::pin!(expiry);
+        let mut stale = None;
+        let mut fallback_done = false;
+        loop {
+            tokio::select! {
+                biased;
+                result = &mut primary, if failed.is_none() => match result {
+                    Err(e) if e.safe_to_retry(true) => {
+                        if let Some(answer) = stale.take() {
+                            return Ok(answer);
+                        }
+                        if fallback_done {
+                            return Err(e);
+                        }
+                        failed = Some(e);
+                    }
+                    result => return result,
+                },
+                answer = &mut fallback, if !fallback_done => {
+                    fallback_done = true;
+                    match (answer, failed.take()) {
+                        (Ok(answer), None) => stale = Some(answer),
+                        (Ok(answer), Some(_)) => return Ok(answer),
+                        (Err(_), Some(e)) => return Err(e),
+                        (Err(_), None) => {}
+                    }
+                }
+                () = &mut expiry => {
+                    return match stale {
+                        Some(answer) => Ok(answer),
+                        None => Err(failed.unwrap_or(ServerError::NoLeader)),
+                    };
+                }
+            }
+        }
+    }
+
+    /// Renews a session on the leader, retrying through an election.
+    pub async fn renew(&self, id: &str) -> Result<Session, ServerError> {
+        let deadline = Instant::now() + RETRY_FOR;
+        let servers = &*self.servers;
+        with_retries(servers, deadline, true, || servers.renew(id)).await
+    }
+
+    /// Operates the server set (`/v1/operator/*`) on the leader.
+    pub async fn operator(&self, request: OperatorRequest) -> Result<OperatorReply, OperatorError> {
+        self.servers.operator(request).await
+    }
+
+    /// The leader and the raft members, as this agent's server (or the first to answer) sees it.
+    pub async fn status(&self) -> Result<StatusInfo, ServerError> {
+        self.servers.status().await
+    }
+}

@@ -1,0 +1,347 @@
+//! The servers as a client agent reaches them: over QUIC RPC, found through gossip, with the
+//! one that answered last tried first. One attempt of a request goes to each live server in
+//! turn until one takes it up; a server silent during a call is pinged and left for the next
+//! one long before QUIC's idle timeout would notice it died. A write is never sent blind to a
+//! server that may be gone, so its failure means "not applied" whenever it can.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use vigil_server::ServerApi;
+use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::rpc::{Call, Prepared, RpcRequest, RpcResponse, StatusInfo, calls, reply};
+use vigil_server::transport::{CallKind, RpcClient, TransportError};
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+use vigil_shared::rpc::{
+    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
+use vigil_shared::session::Session;
+
+/// Time allowed for one RPC beyond its blocking wait.
+const CALL_SLACK: Duration = Duration::from_secs(30);
+/// A server that has answered nothing for this long while a call waits on it is pinged.
+const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A server that does not answer a ping within this is taken to be gone.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+type Probe = Arc<tokio::sync::Mutex<Option<(Instant, Result<(), TransportError>)>>>;
+
+/// The servers a client agent talks to, found through gossip, with the one that answered last
+/// tried first.
+pub struct RemoteServers {
+    rpc: RpcClient,
+    members: watch::Receiver<Vec<MemberStatus>>,
+    preferred: Mutex<Option<SocketAddr>>,
+    /// When each server last answered, so a write is not sent blind to one silent for long.
+    last_answer: Mutex<HashMap<SocketAddr, Instant>>,
+    /// Per server, the last ping's time and outcome, behind the lock a ping is sent under.
+    probes: Mutex<HashMap<SocketAddr, Probe>>,
+    shutdown: CancellationToken,
+}
+
+impl RemoteServers {
+    pub fn new(
+        rpc: RpcClient,
+        members: watch::Receiver<Vec<MemberStatus>>,
+        shutdown: CancellationToken,
+    ) -> RemoteServers {
+        RemoteServers {
+            rpc,
+            members,
+            preferred: Mutex::new(None),
+            last_answer: Mutex::new(HashMap::new()),
+            probes: Mutex::new(HashMap::new()),
+            shutdown,
+        }
+    }
+
+    fn answered(&self, server: SocketAddr) {
+        self.last_answer.lock().insert(server, Instant::now());
+    }
+
+    /// Whether `server` answered within [`PROBE_AFTER`].
+    fn recently_answered(&self, server: SocketAddr) -> bool {
+        self.last_answer
+            .lock()
+            .get(&server)
+            .is_some_and(|t| t.elapsed() < PROBE_AFTER)
+    }
+
+    /// Pings `server`; a server that does not answer is dropped from the connection pool. One
+    /// ping per server at a time: callers that queued behind it take its outcome instead of
+    /// each sending their own (thousands of blocking queries wait on one server at once).
+    async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
+        let asked = Instant::now();
+        let probe = Arc::clone(self.probes.lock().entry(server).or_default());
+        let mut last = probe.lock().await;
+        if let Some((at, outcome)) = last.as_ref()
+            && *at >= asked
+        {
+            return outcome.clone();
+        }
+        let outcome = match self
+            .rpc
+            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello {}, PROBE_TIMEOUT)
+            .await
+        {
+            Ok(_) => {
+                self.answered(server);
+                Ok(())
+            }
+            Err(e) => {
+                self.rpc.disconnect(server).await;
+                Err(e)
+            }
+        };
+        *last = Some((Instant::now(), outcome.clone()));
+        outcome
+    }
+
+    /// One call to one server. While it waits (a blocking query), the server is pinged every
+    /// [`PROBE_AFTER`]: QUIC notices a killed peer only after its idle timeout, and the caller
+    /// should move to another server long before that. Blocking queries travel on the
+    /// server's watch connections, everything else on its control connection.
+    async fn call_one(
+        &self,
+        server: SocketAddr,
+        request: &RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, TransportError> {
+        // A write is never sent to a server that has been silent: if it died, the write's fate
+        // would be unknown, while a failed ping means "not sent" and another server is tried.
+        if !idempotent(request) && !self.recently_answered(server) {
+            self.ping(server)
+                .await
+                .map_err(|e| TransportError::Unreachable {
+                    addr: server,
+                    reason: format!("no answer to a ping: {e}"),
+                })?;
+        }
+        let kind = match request {
+            RpcRequest::Query { opts, .. } if opts.min_index > 0 => CallKind::Blocking,
+            _ => CallKind::Prompt,
+        };
+        let call = self
+            .rpc
+            .call_typed_as::<RpcRequest, RpcResponse>(kind, server, request, timeout);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                result = &mut call => {
+                    if result.is_ok() {
+                        self.answered(server);
+                    }
+                    return result;
+                }
+                () = tokio::time::sleep(PROBE_AFTER) => {
+                    if !self.recently_answered(server) {
+                        self.ping(server).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Alive servers' RPC addresses, the last one that answered first.
+    fn servers(&self) -> Vec<SocketAddr> {
+        let mut servers: Vec<SocketAddr> = self
+            .members
+            .borrow()
+            .iter()
+            .filter(|m| m.role == MemberRole::Server && m.state == MemberState::Alive)
+            .map(|m| m.rpc_addr)
+            .collect();
+        let preferred = *self.preferred.lock();
+        if let Some(at) = preferred.and_then(|p| servers.iter().position(|s| *s == p)) {
+            servers.swap(0, at);
+        }
+        servers
+    }
+
+    /// Sends `request` to the preferred server, moving on to the next one when a server cannot
+    /// be reached. `Err` only when every server failed.
+    async fn call<C: Call>(
+        &self,
+        request: &Prepared<C>,
+        timeout: Duration,
+    ) -> Result<C::Reply, ServerError> {
+        let response = self.call_any(request.request(), timeout).await?;
+        reply::<C>(response)
+    }
+
+    async fn call_any(
+        &self,
+        request: &RpcRequest,
+        timeout: Duration,
+    ) -> Result<RpcResponse, ServerError> {
+        let mut last = None;
+        let mut leaderless = None;
+        for server in self.servers() {
+            match self.call_one(server, request, timeout).await {
+                // A server that answers but knows no leader (cut off from the others, or its
+                // raft stopped) did nothing with the request: another one may have a leader.
+                Ok(response) if knows_no_leader(&response) => {
+                    tracing::debug!(%server, "server knows no leader; trying the next");
+                    leaderless = Some(response);
+                }
+                Ok(response) => {
+                    *self.preferred.lock() = Some(server);
+                    return Ok(response);
+                }
+                Err(e) => {
+                    tracing::debug!(%server, error = %e, "server RPC failed");
+                    let delivered = !matches!(e, TransportError::Unreachable { .. });
+                    last = Some(e);
+                    if delivered && !idempotent(request) {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(response) = leaderless {
+            return Ok(response);
+        }
+        match last {
+            Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
+            Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
+            Some(e) => Err(if idempotent(request) {
+                ServerError::Unavailable(format!("server RPC: {e}"))
+            } else {
+                ServerError::Indeterminate(format!(
+                    "server RPC: {e}; the change may or may not have been applied"
+                ))
+            }),
+        }
+    }
+}
+
+/// Whether a server's answer says it has no leader to serve the request with (so it did not
+/// apply it).
+fn knows_no_leader(response: &RpcResponse) -> bool {
+    matches!(
+        response,
+        RpcResponse::Write(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+            | RpcResponse::Query(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+            | RpcResponse::Renew(Err(ServerError::NoLeader | ServerError::NotLeader { .. }))
+    )
+}
+
+fn idempotent(request: &RpcRequest) -> bool {
+    match request {
+        RpcRequest::Write { .. } => false,
+        RpcRequest::Operator { request, .. } => matches!(
+            request,
+            OperatorRequest::AutopilotHealth | OperatorRequest::SnapshotSave
+        ),
+        _ => true,
+    }
+}
+
+impl ServerApi for RemoteServers {
+    // Over RPC the request is only serialized: built once per attempt, the op moved into it.
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
+        Box::pin(async move {
+            let request = Prepared::new(calls::Write {
+                op,
+                forwarded: false,
+            });
+            self.call(&request, CALL_SLACK).await?
+        })
+    }
+
+    fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+        Box::pin(async move {
+            let request = Prepared::new(calls::Query {
+                opts,
+                query,
+                forwarded: false,
+            });
+            let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
+            // A blocking query must not hold up the agent's shutdown.
+            tokio::select! {
+                answer = self.call(&request, timeout) => answer?,
+                () = self.shutdown.cancelled() => Err(ServerError::ShuttingDown),
+            }
+        })
+    }
+
+    /// Whichever live server answers first, each given [`PROBE_TIMEOUT`].
+    fn stale_read(
+        &self,
+        query: ReadQuery,
+    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+        Box::pin(async move {
+            let opts = QueryOptions {
+                consistency: Consistency::Stale,
+                min_index: 0,
+                wait_ms: 0,
+            };
+            let request = Prepared::new(calls::Query {
+                opts,
+                query,
+                forwarded: false,
+            });
+            let mut asked: FuturesUnordered<_> = self
+                .servers()
+                .into_iter()
+                .map(|server| self.call_one(server, request.request(), PROBE_TIMEOUT))
+                .collect();
+            let mut last = ServerError::NoServers;
+            while let Some(response) = asked.next().await {
+                match response.map(reply::<calls::Query>) {
+                    Ok(Ok(Ok(answer))) => return Ok(answer),
+                    Ok(Ok(Err(e)) | Err(e)) => last = e,
+                    Err(e) => last = ServerError::Unavailable(format!("server RPC: {e}")),
+                }
+            }
+            Err(last)
+        })
+    }
+
+    fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
+        Box::pin(async move {
+            let request = Prepared::new(calls::Renew {
+                id: id.to_owned(),
+                forwarded: false,
+            });
+            self.call(&request, CALL_SLACK).await?
+        })
+    }
+
+    fn operator(
+        &self,
+        request: OperatorRequest,
+    ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
+        Box::pin(async move {
+            let request = Prepared::new(calls::Operator {
+                request,
+                forwarded: false,
+            });
+            self.call(&request, CALL_SLACK).await?
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {
+        Box::pin(async move {
+            let request = Prepared::new(calls::Status {});
+            self.call(&request, Duration::from_secs(5)).await
+        })
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.shutdown.is_cancelled()
+    }
+}

@@ -1,0 +1,312 @@
+//! Backend on the in-memory double ([`MemoryServer`]), on paused time: blocking-query
+//! deadlines and wakeups, and session TTL expiry, with every step of time taken explicitly.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use vigil_server::ServerApi;
+use vigil_server::api::memory::MemoryServer;
+use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::rpc::StatusInfo;
+use vigil_shared::kv::{KvEntry, KvOp};
+use vigil_shared::rpc::{
+    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError, reads,
+};
+use vigil_shared::session::{Behavior, Session};
+
+use super::Backend;
+
+const WAIT: Duration = Duration::from_secs(10);
+const TTL: Duration = Duration::from_secs(10);
+
+fn backend() -> Arc<Backend> {
+    Arc::new(Backend::new(Arc::new(MemoryServer::default())))
+}
+
+fn set(key: &str, value: &str) -> Op {
+    Op::Kv(vec![KvOp::Set {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        flags: 0,
+    }])
+}
+
+async fn get(backend: &Backend, key: &str) -> (Vec<KvEntry>, QueryMeta) {
+    let query = reads::KvGet {
+        key: key.to_owned(),
+    };
+    backend
+        .read(QueryOptions::default(), query)
+        .await
+        .expect("read")
+}
+
+/// A blocking read of `key` above `index`, waiting up to `wait`, on its own task, which has
+/// started blocking when this returns.
+async fn block_on_key(
+    backend: &Arc<Backend>,
+    key: &str,
+    index: u64,
+    wait: Duration,
+) -> JoinHandle<Result<(Vec<KvEntry>, QueryMeta), ServerError>> {
+    let backend = Arc::clone(backend);
+    let query = reads::KvGet {
+        key: key.to_owned(),
+    };
+    let opts = QueryOptions {
+        min_index: index,
+        wait_ms: wait.as_millis() as u64,
+        ..QueryOptions::default()
+    };
+    let read = tokio::spawn(async move { backend.read(opts, query).await });
+    settle().await;
+    read
+}
+
+/// Lets every task that can run, run, without moving the (paused) clock.
+async fn settle() {
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocking_query_nothing_answers_returns_at_its_wait_with_the_index_it_had() {
+    let backend = backend();
+    backend.write(set("k", "v1")).await.expect("write");
+    let (_, before) = get(&backend, "k").await;
+    let started = Instant::now();
+    let read = block_on_key(&backend, "k", before.index, WAIT).await;
+
+    // Just short of the wait, and after a write to another key, it still blocks.
+    backend.write(set("k2", "other")).await.expect("write");
+    tokio::time::advance(WAIT - Duration::from_millis(1)).await;
+    settle().await;
+    assert!(!read.is_finished(), "answered before its wait");
+
+    // By the wait plus Consul's jitter margin (wait/16) it has answered, unchanged.
+    tokio::time::advance(WAIT / 16).await;
+    settle().await;
+    assert!(read.is_finished(), "no answer by the deadline");
+    let (entries, meta) = read.await.expect("join").expect("read");
+    assert_eq!(meta.index, before.index);
+    assert_eq!(entries[0].value, b"v1");
+    assert!(started.elapsed() < WAIT + WAIT / 16 + Duration::from_millis(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_to_the_key_answers_a_blocking_query_at_once() {
+    let backend = backend();
+    backend.write(set("k", "v1")).await.expect("write");
+    let (_, before) = get(&backend, "k").await;
+    let read = block_on_key(&backend, "k", before.index, Duration::from_secs(300)).await;
+    tokio::time::advance(Duration::from_secs(1)).await;
+    settle().await;
+    assert!(!read.is_finished(), "answered with nothing written");
+
+    // The write wakes it with no time passing.
+    let written_at = Instant::now();
+    backend.write(set("k", "v2")).await.expect("write");
+    settle().await;
+    assert!(read.is_finished(), "a write to its key did not wake it");
+    let (entries, meta) = read.await.expect("join").expect("read");
+    assert!(meta.index > before.index, "{meta:?} after {before:?}");
+    assert_eq!(entries[0].value, b"v2");
+    assert_eq!(Instant::now(), written_at);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_session_expires_twice_its_ttl_after_its_last_renewal_and_releases_its_lock() {
+    let backend = backend();
+    // A node, a session on it with a TTL, and a key it holds.
+    let node = Op::RegisterNode {
+        name: "n1".to_owned(),
+        address: "127.0.0.1".to_owned(),
+    };
+    backend.write(node).await.expect("register");
+    let session = Session {
+        id: "2a1b1e6e-2c1a-4b8f-9a7e-3f2d9c0b1a55".to_owned(),
+        name: "ttl".to_owned(),
+        node: "n1".to_owned(),
+        lock_delay_ns: 0,
+        behavior: Behavior::Release,
+        ttl: format!("{}s", TTL.as_secs()),
+        node_checks: Vec::new(),
+        service_checks: None,
+        checks: Vec::new(),
+        create_index: 0,
+        modify_index: 0,
+        owner: String::new(),
+    };
+    let created = backend.write(Op::CreateSession(session.clone())).await;
+    assert!(
+        matches!(created, Ok(Response::SessionCreated { .. })),
+        "{created:?}"
+    );
+    let lock = Op::Kv(vec![KvOp::Lock {
+        key: "leader".to_owned(),
+        value: b"me".to_vec(),
+        flags: 0,
+        session: session.id.clone(),
+    }]);
+    backend.write(lock).await.expect("lock");
+    let holder = |entries: Vec<KvEntry>| entries[0].session.clone();
+    assert_eq!(
+        holder(get(&backend, "leader").await.0),
+        Some(session.id.clone())
+    );
+    let alive = async |backend: &Backend| {
+        let query = reads::SessionInfo {
+            id: session.id.clone(),
+        };
+        let (sessions, _) = backend
+            .read(QueryOptions::default(), query)
+            .await
+            .expect("read");
+        !sessions.is_empty()
+    };
+
+    // Renewed at 1.5 TTL: it would have died at 2 TTL, and lives on.
+    tokio::time::advance(TTL * 3 / 2).await;
+    backend.renew(&session.id).await.expect("renew");
+    tokio::time::advance(TTL).await;
+    settle().await;
+    assert!(alive(&backend).await, "expired although renewed");
+
+    // Just short of 2 TTL after the renewal it is still there; at 2 TTL it is gone and its
+    // lock released.
+    tokio::time::advance(TTL - Duration::from_millis(1)).await;
+    settle().await;
+    assert!(alive(&backend).await, "expired before 2 TTL");
+    tokio::time::advance(Duration::from_millis(1)).await;
+    settle().await;
+    assert!(!alive(&backend).await, "alive 2 TTL after its last renewal");
+    assert_eq!(holder(get(&backend, "leader").await.0), None);
+    let renewed = backend.renew(&session.id).await;
+    assert!(
+        matches!(renewed, Err(ServerError::SessionNotFound(_))),
+        "{renewed:?}"
+    );
+}
+
+/// The in-memory servers without a leader until `until`: writes, renewals and reads that need
+/// a leader fail with `NoLeader` (nothing applied), stale reads are answered. Counts writes
+/// tried.
+struct Leaderless {
+    servers: MemoryServer,
+    until: Instant,
+    writes: AtomicUsize,
+}
+
+impl Leaderless {
+    fn new(for_: Duration) -> Arc<Leaderless> {
+        Arc::new(Leaderless {
+            servers: MemoryServer::default(),
+            until: Instant::now() + for_,
+            writes: AtomicUsize::new(0),
+        })
+    }
+
+    fn leaderless(&self) -> bool {
+        Instant::now() < self.until
+    }
+}
+
+impl ServerApi for Leaderless {
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        if self.leaderless() {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.write(op)
+    }
+
+    fn query(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+        if self.leaderless() && opts.consistency != Consistency::Stale {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.query(opts, query)
+    }
+
+    fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
+        if self.leaderless() {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        self.servers.renew(id)
+    }
+
+    fn operator(
+        &self,
+        request: OperatorRequest,
+    ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
+        self.servers.operator(request)
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {
+        self.servers.status()
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.servers.is_shutting_down()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_during_an_election_is_retried_until_a_leader_takes_it() {
+    let servers = Leaderless::new(Duration::from_secs(2));
+    let backend = Arc::new(Backend::new(Arc::clone(&servers) as Arc<dyn ServerApi>));
+    let write = {
+        let backend = Arc::clone(&backend);
+        tokio::spawn(async move { backend.write(set("k", "v")).await })
+    };
+    settle().await;
+
+    // While there is no leader it keeps trying, with backoff.
+    tokio::time::advance(Duration::from_millis(1900)).await;
+    settle().await;
+    assert!(!write.is_finished(), "gave up or applied without a leader");
+    let tried = servers.writes.load(Ordering::Relaxed);
+    assert!(tried > 1, "tried {tried} times");
+
+    // The next attempt after the election is applied, once.
+    tokio::time::advance(Duration::from_millis(600)).await;
+    settle().await;
+    assert!(write.is_finished(), "not retried once a leader was there");
+    let written = write.await.expect("join");
+    assert!(matches!(written, Ok(Response::Txn(_))), "{written:?}");
+    assert_eq!(servers.servers.index(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_blocking_query_with_no_leader_is_answered_stale_by_its_deadline() {
+    // The key was written before the servers lost their leader, for longer than the wait.
+    let servers = Leaderless::new(WAIT * 10);
+    servers.servers.write(set("k", "v1")).await.expect("write");
+    let index = servers.servers.index();
+    let backend = Arc::new(Backend::new(servers as Arc<dyn ServerApi>));
+
+    // It blocks (retrying the leaderless servers) through most of its wait.
+    let started = Instant::now();
+    let read = block_on_key(&backend, "k", index, WAIT).await;
+    tokio::time::advance(WAIT - Duration::from_secs(1)).await;
+    settle().await;
+    assert!(!read.is_finished(), "answered long before its wait");
+
+    // By the deadline the stale read is the answer, flagged as having no known leader.
+    tokio::time::advance(Duration::from_secs(1) + WAIT / 16).await;
+    settle().await;
+    assert!(read.is_finished(), "no answer by the deadline");
+    let (entries, meta) = read.await.expect("join").expect("stale answer");
+    assert_eq!(entries[0].value, b"v1");
+    assert_eq!(meta.index, index);
+    assert!(!meta.known_leader);
+    assert!(started.elapsed() <= WAIT + WAIT / 16);
+}
