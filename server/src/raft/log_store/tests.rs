@@ -632,3 +632,41 @@ fn acknowledged_appends_survive_kill_9() {
         });
     }
 }
+
+/// The bytes the log keeps, pinned: a change to openraft's or Vigil's encodings (a reordered
+/// variant, a new field) would make an existing log unreadable, so it must show up here and bump
+/// [`FORMAT_VERSION`].
+#[test]
+fn record_encodings_keep_their_bytes() {
+    fn bytes(value: &impl Encode) -> Vec<u8> {
+        let mut out = Vec::new();
+        value.encode(&mut out).expect("encode");
+        out
+    }
+    let payload = |p: &EntryPayload<TypeConfig>| {
+        bytes(&Payload(postcard::to_allocvec(p).expect("encode").into()))
+    };
+    let entries = sample_log(3);
+    assert_eq!(FORMAT_VERSION, 2);
+    assert_eq!(bytes(&Stored(log_id(2, 3))), [0, 0, 0, 3, 2, 1, 3]);
+    assert_eq!(
+        bytes(&Stored(Vote::new_committed(2, 1))),
+        [0, 0, 0, 3, 2, 2, 1]
+    );
+    assert_eq!(bytes(&Stored(Stamp { format: 2 })), [0, 0, 0, 1, 2]);
+    assert_eq!(payload(&entries[0].payload), [0, 0, 0, 1, 0]);
+    assert_eq!(
+        payload(&entries[1].payload),
+        [
+            0, 0, 0, 24, 2, 1, 1, 1, 1, 1, 2, b's', b'1', 14, b'1', b'2', b'7', b'.', b'0', b'.',
+            b'0', b'.', b'1', b':', b'8', b'3', b'0', b'0'
+        ]
+    );
+    let mut normal = vec![
+        0, 0, 0, 31, 1, 131, 208, 149, 255, 188, 49, 0, 1, 0, 2, b'k', b'3',
+    ];
+    normal.extend([16]);
+    normal.extend([3; 16]);
+    normal.extend([3]);
+    assert_eq!(payload(&entries[2].payload), normal);
+}
