@@ -662,11 +662,11 @@ fn record_encodings_keep_their_bytes() {
             b'0', b'.', b'1', b':', b'8', b'3', b'0', b'0'
         ]
     );
-    let mut normal = vec![
-        0, 0, 0, 31, 1, 131, 208, 149, 255, 188, 49, 0, 1, 0, 2, b'k', b'3',
-    ];
-    normal.extend([16]);
+    // Length, EntryPayload::Normal, now_ms; Op::Kv with one KvOp::Set of "k3" to 16 bytes of
+    // 3, flags 3.
+    let mut normal = vec![0, 0, 0, 31, 1, 131, 208, 149, 255, 188, 49];
+    normal.extend([0, 1, 0, 2, b'k', b'3', 16]);
     normal.extend([3; 16]);
-    normal.extend([3]);
+    normal.push(3);
     assert_eq!(payload(&entries[2].payload), normal);
 }
