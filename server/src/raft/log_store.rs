@@ -123,11 +123,21 @@ impl raft_log::Types for LogTypes {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Stored<T>(T);
 
+/// Writes `bytes` as codeq's `Vec<u8>` does (a big-endian u32 length, then the bytes), which is
+/// how [`Stored`] and [`Payload`] decode them, without first copying them into a `Vec`.
+fn encode_bytes(bytes: &[u8], mut w: impl io::Write) -> io::Result<usize> {
+    let len = u32::try_from(bytes.len()).map_err(io::Error::other)?;
+    w.write_all(&len.to_be_bytes())?;
+    w.write_all(bytes)?;
+    Ok(bytes.len() + 4)
+}
+
 impl<T: Serialize> Encode for Stored<T> {
     fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        postcard::to_allocvec(&self.0)
-            .map_err(io::Error::other)?
-            .encode(w)
+        encode_bytes(
+            &postcard::to_allocvec(&self.0).map_err(io::Error::other)?,
+            w,
+        )
     }
 }
 
@@ -146,7 +156,7 @@ pub struct Payload(Bytes);
 
 impl Encode for Payload {
     fn encode<W: io::Write>(&self, w: W) -> io::Result<usize> {
-        self.0.to_vec().encode(w)
+        encode_bytes(&self.0, w)
     }
 }
 
