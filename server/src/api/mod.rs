@@ -5,6 +5,9 @@
 //! straight to a state machine. Retries and deadlines are the caller's (the agent's
 //! `Backend`); an implementation makes one attempt per call.
 
+/// The double is for tests only: built for this crate's tests and, through the `test-double`
+/// feature, for the agent's (its dev-dependency turns it on); never in the `vigil` binary.
+#[cfg(any(test, feature = "test-double"))]
 pub mod memory;
 
 use futures::future::BoxFuture;
