@@ -31,8 +31,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{AnyError, EntryPayload, RaftLogReader, StorageIOError, Vote};
+use openraft::RaftLogReader;
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::type_config::alias::EntryPayloadOf;
 use parking_lot::Mutex;
 use raft_log::api::raft_log_writer::RaftLogWriter as _;
 use raft_log::codeq::{Decode, Encode};
@@ -40,9 +41,7 @@ use raft_log::{Config, RaftLog};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{LogId, MAX_APPEND_BYTES, NodeId, StorageError, TypeConfig};
-
-type Entry = openraft::Entry<TypeConfig>;
+use super::{Entry, LogId, MAX_APPEND_BYTES, TypeConfig, Vote};
 
 /// The log's directory inside the data directory.
 pub const LOG_DIR_NAME: &str = "raft-log";
@@ -106,7 +105,7 @@ pub struct LogTypes;
 impl raft_log::Types for LogTypes {
     type LogId = Stored<LogId>;
     type LogPayload = Payload;
-    type Vote = Stored<Vote<NodeId>>;
+    type Vote = Stored<Vote>;
     type UserData = Stored<Stamp>;
     type Callback = Done;
 
@@ -175,7 +174,7 @@ pub struct Stamp {
 /// Who hears that a flush is durable.
 pub enum Done {
     /// openraft, for an append.
-    Flushed(LogFlushed<TypeConfig>),
+    Flushed(IOFlushed<TypeConfig>),
     /// A caller waiting for its change (the vote).
     Wait(tokio::sync::oneshot::Sender<io::Result<()>>),
 }
@@ -183,7 +182,7 @@ pub enum Done {
 impl raft_log::Callback for Done {
     fn send(self, result: io::Result<()>) {
         match self {
-            Done::Flushed(flushed) => flushed.log_io_completed(result),
+            Done::Flushed(flushed) => flushed.io_completed(result),
             // The waiter stopped waiting only if openraft is shutting down.
             Done::Wait(tx) => {
                 let _ = tx.send(result);
@@ -362,7 +361,7 @@ fn half_open(range: &impl RangeBounds<u64>) -> (u64, u64) {
 impl LogReader {
     /// The entries in `[start, end)`, stopping before the entry that would take their encoded
     /// payloads above `budget` bytes (never before the first). Decodes outside the lock.
-    fn read(&self, start: u64, end: u64, budget: usize) -> Result<Vec<Entry>, AnyError> {
+    fn read(&self, start: u64, end: u64, budget: usize) -> io::Result<Vec<Entry>> {
         if start >= end {
             return Ok(Vec::new());
         }
@@ -371,7 +370,7 @@ impl LogReader {
             let log = self.log.lock();
             let mut bytes = 0usize;
             for record in log.read(start, end) {
-                let (Stored(log_id), Payload(payload)) = record.map_err(|e| AnyError::new(&e))?;
+                let (Stored(log_id), Payload(payload)) = record?;
                 bytes = bytes.saturating_add(payload.len());
                 if !records.is_empty() && bytes > budget {
                     break;
@@ -382,8 +381,8 @@ impl LogReader {
         records
             .into_iter()
             .map(|(log_id, payload)| {
-                let payload: EntryPayload<TypeConfig> =
-                    postcard::from_bytes(&payload).map_err(|e| AnyError::new(&e))?;
+                let payload: EntryPayloadOf<TypeConfig> =
+                    postcard::from_bytes(&payload).map_err(io::Error::other)?;
                 Ok(Entry { log_id, payload })
             })
             .collect()
@@ -394,20 +393,18 @@ impl RaftLogReader<TypeConfig> for LogReader {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    ) -> io::Result<Vec<Entry>> {
         let (start, end) = half_open(&range);
         self.read(start, end, usize::MAX)
-            .map_err(|e| StorageIOError::read_logs(e).into())
     }
 
     /// At most [`MAX_APPEND_BYTES`] of encoded entries: one AppendEntries' worth.
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry>, StorageError> {
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
         self.read(start, end, MAX_APPEND_BYTES)
-            .map_err(|e| StorageIOError::read_logs(e).into())
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        Ok(self.log.lock().log_state().vote().map(|v| v.0))
     }
 }
 
@@ -416,23 +413,23 @@ impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
         range: RB,
-    ) -> Result<Vec<Entry>, StorageError> {
+    ) -> io::Result<Vec<Entry>> {
         self.reader().try_get_log_entries(range).await
     }
 
-    async fn limited_get_log_entries(
-        &mut self,
-        start: u64,
-        end: u64,
-    ) -> Result<Vec<Entry>, StorageError> {
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
         self.reader().limited_get_log_entries(start, end).await
+    }
+
+    async fn read_vote(&mut self) -> io::Result<Option<Vote>> {
+        self.reader().read_vote().await
     }
 }
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogReader;
 
-    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError> {
+    async fn get_log_state(&mut self) -> io::Result<LogState<TypeConfig>> {
         let log = self.log.lock();
         let state = log.log_state();
         let last_purged = state.purged().map(|id| id.0);
@@ -446,59 +443,50 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.reader()
     }
 
-    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError> {
+    async fn save_vote(&mut self, vote: &Vote) -> io::Result<()> {
         let (tx, durable) = tokio::sync::oneshot::channel();
         {
             let mut log = self.log.lock();
-            log.save_vote(Stored(*vote))
-                .and_then(|_| log.flush(true, Some(Done::Wait(tx))))
-                .map_err(|e| StorageIOError::write_vote(&e))?;
+            log.save_vote(Stored(*vote))?;
+            log.flush(true, Some(Done::Wait(tx)))?;
         }
-        durable
-            .await
-            .map_err(|e| StorageIOError::write_vote(&e))?
-            .map_err(|e| StorageIOError::write_vote(&e).into())
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError> {
-        Ok(self.log.lock().log_state().vote().map(|v| v.0))
+        durable.await.map_err(io::Error::other)?
     }
 
     /// The committed id is only a hint for how far to replay on restart, so nobody waits for
     /// it: the next sync carries it.
-    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), StorageError> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         let Some(committed) = committed else {
             return Ok(());
         };
         self.queue(|log| log.commit(Stored(committed)))
-            .map_err(|e| StorageIOError::write(&e).into())
     }
 
-    async fn read_committed(&mut self) -> Result<Option<LogId>, StorageError> {
+    async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
         Ok(self.log.lock().log_state().committed().map(|id| id.0))
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> io::Result<()>
     where
         I: IntoIterator<Item = Entry> + Send,
         I::IntoIter: Send,
     {
         self.append_then(entries, Done::Flushed(callback))
-            .map_err(|e| StorageIOError::write_logs(&e).into())
     }
 
-    async fn truncate(&mut self, log_id: LogId) -> Result<(), StorageError> {
-        self.queue(|log| log.truncate(log_id.index))
-            .map_err(|e| StorageIOError::write_logs(&e).into())
+    /// Removes every entry after `last_log_id` (all of them for `None`); a log that holds
+    /// nothing after it is left alone (raft-log truncates only after an entry it holds).
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
+        let from = last_log_id.map_or(0, |id| id.index + 1);
+        let last = self.log.lock().log_state().last().map(|id| id.0.index);
+        if last.is_none_or(|last| last < from) {
+            return Ok(());
+        }
+        self.queue(|log| log.truncate(from))
     }
 
-    async fn purge(&mut self, log_id: LogId) -> Result<(), StorageError> {
+    async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
         self.queue(|log| log.purge(Stored(log_id)))
-            .map_err(|e| StorageIOError::write_logs(&e).into())
     }
 }
 

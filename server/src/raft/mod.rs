@@ -10,8 +10,6 @@ pub mod state_store;
 #[cfg(test)]
 mod tests;
 
-use std::io::Cursor;
-
 use vigil_shared::rpc::{Command, Response};
 
 openraft::declare_raft_types!(
@@ -21,20 +19,23 @@ openraft::declare_raft_types!(
         R = Response,
         NodeId = u64,
         Node = crate::rpc::ServerNode,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// Most bytes of log entries one AppendEntries carries (at least one entry is always sent).
-/// openraft cuts an AppendEntries off after one heartbeat interval (100-150 ms), so a batch
-/// must be small enough to cross the network and be fsynced by a follower within it; a larger
-/// backlog goes out as a series of bounded batches instead of one that never arrives.
+/// Most bytes of log entries one AppendEntries carries (at least one entry is always sent): the
+/// log reader cuts replication's reads there. openraft cuts an AppendEntries off after one
+/// heartbeat interval (100-150 ms), so a batch must be small enough to cross the network and be
+/// fsynced by a follower within it; a larger backlog goes out as a series of bounded batches
+/// instead of one that never arrives.
 pub const MAX_APPEND_BYTES: usize = 1024 * 1024;
 
 pub type NodeId = u64;
 pub type Node = crate::rpc::ServerNode;
-pub type Raft = openraft::Raft<TypeConfig>;
-pub type LogId = openraft::LogId<NodeId>;
-pub type StorageError = openraft::StorageError<NodeId>;
-pub type StoredMembership = openraft::StoredMembership<NodeId, Node>;
+pub type Raft = openraft::Raft<TypeConfig, state_store::StateStore>;
+pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
+pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
+pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
+pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+pub type Membership = openraft::Membership<NodeId, Node>;
+pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>;

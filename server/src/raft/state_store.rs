@@ -17,20 +17,19 @@ use std::io::{self, Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{AnyError, EntryPayload, RaftSnapshotBuilder, SnapshotMeta, StorageIOError};
+use futures::{Stream, StreamExt as _};
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, RaftSnapshotBuilder};
+use openraft_legacy::network_v1::SnapshotReceiverFactory;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, watch};
 use vigil_shared::rpc::Response;
 
-use super::{LogId, StorageError, StoredMembership, TypeConfig};
+use super::{LogId, Snapshot, SnapshotMeta as Meta, StoredMembership, TypeConfig};
 use crate::state::{Effects, StateMachine};
 use crate::telemetry::InvalidationCause;
 use crate::watch::Watches;
-
-type Entry = openraft::Entry<TypeConfig>;
-type Meta = SnapshotMeta<super::NodeId, super::Node>;
 
 /// What leader duties need to hear about applied commands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -307,8 +306,8 @@ pub struct StateStore {
     disk: Option<Arc<SnapshotDir>>,
 }
 
-fn io_err(e: impl std::error::Error + 'static) -> AnyError {
-    AnyError::new(&e)
+fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
+    io::Error::other(e)
 }
 
 impl StateStore {
@@ -380,7 +379,7 @@ impl StateStore {
 
     /// Writes the snapshot to disk (if this store has a directory) on the blocking pool, and
     /// hands it back.
-    async fn persist(&self, file: SnapshotFile) -> Result<SnapshotFile, AnyError> {
+    async fn persist(&self, file: SnapshotFile) -> io::Result<SnapshotFile> {
         let Some(disk) = self.disk.clone() else {
             return Ok(file);
         };
@@ -390,36 +389,32 @@ impl StateStore {
         })
         .await
         .map_err(io_err)?;
-        written.map_err(io_err)?;
+        written?;
         Ok(file)
     }
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateStore {
-    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError> {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         // openraft builds in its own task while entries keep being applied: read the state and
         // its raft position under the state lock so they match.
         let file = {
             let state = self.shared.read();
-            let data = seal(&state).map_err(|e| StorageIOError::read_state_machine(io_err(e)))?;
+            let data = seal(&state).map_err(io_err)?;
             let mut meta = self.meta();
             meta.snapshot_seq += 1;
-            let last = meta.last_applied;
             SnapshotFile {
                 seq: meta.snapshot_seq,
                 meta: Meta {
-                    last_log_id: last,
+                    last_log_id: meta.last_applied,
                     last_membership: meta.membership.clone(),
-                    snapshot_id: format!("{}-{}", last.map_or(0, |l| l.index), meta.snapshot_seq),
                 },
                 data,
             }
         };
-        let signature = file.meta.signature();
-        let file = self
-            .persist(file)
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(signature), e))?;
+        let file = self.persist(file).await?;
         {
             let mut meta = self.meta();
             // An install may have overtaken this build; keep the newer snapshot current.
@@ -436,46 +431,54 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
         }
         Ok(Snapshot {
             meta: file.meta,
-            snapshot: Box::new(Cursor::new(file.data)),
+            snapshot: Cursor::new(file.data),
         })
     }
 }
 
 impl RaftStateMachine<TypeConfig> for StateStore {
+    type SnapshotData = Cursor<Vec<u8>>;
     type SnapshotBuilder = Self;
 
-    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), StorageError> {
+    async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
         let meta = self.meta();
         Ok((meta.last_applied, meta.membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError>
+    /// Applies a run of committed entries under one state lock, then publishes their effects,
+    /// and only then answers the proposers: a client that hears its answer and reads again
+    /// sees the change and everything it woke.
+    async fn apply<S>(&mut self, mut entries: S) -> io::Result<()>
     where
-        I: IntoIterator<Item = Entry> + Send,
-        I::IntoIter: Send,
+        S: Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send,
     {
-        let mut responses = Vec::new();
+        let mut batch = Vec::new();
+        while let Some(item) = entries.next().await {
+            batch.push(item?);
+        }
+        let mut answers = Vec::with_capacity(batch.len());
         let mut effects = Vec::new();
         let mut last = None;
         {
             let mut state = self.shared.state.write();
             let mut meta = self.meta();
-            for entry in entries {
+            for (entry, responder) in batch {
                 last = Some(entry.log_id);
                 meta.last_applied = Some(entry.log_id);
-                match entry.payload {
-                    EntryPayload::Blank => responses.push(Response::Done),
+                let response = match entry.payload {
+                    EntryPayload::Blank => Response::Done,
                     EntryPayload::Normal(cmd) => {
                         let cause = InvalidationCause::of(&cmd.op);
                         let (response, fx) = state.apply(entry.log_id.index, cmd);
                         effects.push((fx, cause));
-                        responses.push(response);
+                        response
                     }
                     EntryPayload::Membership(m) => {
                         meta.membership = StoredMembership::new(Some(entry.log_id), m);
-                        responses.push(Response::Done);
+                        Response::Done
                     }
-                }
+                };
+                answers.extend(responder.map(|r| (r, response)));
             }
         }
         if let Some(last) = last {
@@ -484,25 +487,19 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         for (fx, cause) in &effects {
             self.shared.publish(fx, *cause);
         }
-        Ok(responses)
+        for (responder, response) in answers {
+            responder.send(response);
+        }
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError> {
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        meta: &Meta,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> Result<(), StorageError> {
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Cursor<Vec<u8>>) -> io::Result<()> {
         let data = snapshot.into_inner();
-        let restored = unseal(&data)
-            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), io_err(e)))?;
+        let restored = unseal(&data).map_err(io_err)?;
         // Durable first: once this returns, openraft may purge the log the snapshot covers.
         let seq = self.meta().snapshot_seq;
         let file = self
@@ -511,8 +508,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 meta: meta.clone(),
                 data,
             })
-            .await
-            .map_err(|e| StorageIOError::write_snapshot(Some(meta.signature()), e))?;
+            .await?;
         {
             let mut state = self.shared.state.write();
             let mut m = self.meta();
@@ -532,11 +528,20 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         Ok(())
     }
 
-    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError> {
+    async fn get_current_snapshot(&mut self) -> io::Result<Option<Snapshot>> {
         Ok(self.meta().snapshot.clone().map(|s| Snapshot {
             meta: s.meta,
-            snapshot: Box::new(Cursor::new(s.data)),
+            snapshot: Cursor::new(s.data),
         }))
+    }
+}
+
+/// A snapshot sent in chunks (openraft's v1 protocol) is gathered in memory.
+impl SnapshotReceiverFactory<TypeConfig> for StateStore {
+    type SnapshotReceiver = Cursor<Vec<u8>>;
+
+    async fn begin_receiving_snapshot(&mut self) -> io::Result<Cursor<Vec<u8>>> {
+        Ok(Cursor::new(Vec::new()))
     }
 }
 
@@ -544,8 +549,8 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
+    use crate::raft::{Entry, Membership};
     use crate::rpc::ServerNode;
-    use openraft::Membership;
     use vigil_shared::kv::KvOp;
     use vigil_shared::rpc::{Command, Op};
 
@@ -557,8 +562,16 @@ mod tests {
         SharedState::new(events)
     }
 
+    /// Entries as openraft hands them to `apply`: committed, with nobody waiting for them.
+    fn stream(
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> impl Stream<Item = io::Result<EntryResponder<TypeConfig>>> + Unpin + Send {
+        let entries: Vec<_> = entries.into_iter().map(|e| Ok((e, None))).collect();
+        futures::stream::iter(entries)
+    }
+
     fn log_id(index: u64) -> LogId {
-        openraft::testing::log_id(1, 1, index)
+        openraft::testing::log_id::<TypeConfig>(1, 1, index)
     }
 
     #[test]
@@ -588,16 +601,19 @@ mod tests {
     fn membership_entry(index: u64) -> Entry {
         Entry {
             log_id: log_id(index),
-            payload: EntryPayload::Membership(Membership::new(
-                vec![BTreeSet::from([1])],
-                BTreeMap::from([(
-                    1,
-                    ServerNode {
-                        name: "s1".into(),
-                        rpc_addr: "127.0.0.1:8300".into(),
-                    },
-                )]),
-            )),
+            payload: EntryPayload::Membership(
+                Membership::new(
+                    vec![BTreeSet::from([1])],
+                    BTreeMap::from([(
+                        1,
+                        ServerNode {
+                            name: "s1".into(),
+                            rpc_addr: "127.0.0.1:8300".into(),
+                        },
+                    )]),
+                )
+                .expect("a valid membership"),
+            ),
         }
     }
 
@@ -634,10 +650,13 @@ mod tests {
         let (built, state_at_snapshot) = {
             let shared = fresh_shared();
             let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("open");
-            store.apply(sample_log(6)).await.expect("apply");
+            store.apply(stream(sample_log(6))).await.expect("apply");
             let built = store.build_snapshot().await.expect("build");
             let state_at_snapshot = shared.read().clone();
-            store.apply([set(7, "k7", "v7")]).await.expect("apply");
+            store
+                .apply(stream([set(7, "k7", "v7")]))
+                .await
+                .expect("apply");
             assert_eq!(value(&shared, "k7").as_deref(), Some(&b"v7"[..]));
             (built, state_at_snapshot)
         };
@@ -667,12 +686,14 @@ mod tests {
         assert_eq!(current.meta, built.meta);
         assert_eq!(current.snapshot.into_inner(), built.snapshot.into_inner());
 
-        // openraft replays the log after the snapshot; the next snapshot gets a new id.
-        store.apply([set(7, "k7", "v7")]).await.expect("replay");
+        // openraft replays the log after the snapshot; the next snapshot covers it.
+        store
+            .apply(stream([set(7, "k7", "v7")]))
+            .await
+            .expect("replay");
         assert_eq!(value(&shared, "k7").as_deref(), Some(&b"v7"[..]));
         let next = store.build_snapshot().await.expect("build");
         assert_eq!(next.meta.last_log_id, Some(log_id(7)));
-        assert_ne!(next.meta.snapshot_id, built.meta.snapshot_id);
     }
 
     #[tokio::test]
@@ -682,7 +703,7 @@ mod tests {
 
         // The leader builds a snapshot; the follower installs it.
         let mut leader = StateStore::open(fresh_shared(), leader_dir.path()).expect("open");
-        leader.apply(sample_log(5)).await.expect("apply");
+        leader.apply(stream(sample_log(5))).await.expect("apply");
         let snapshot = leader.build_snapshot().await.expect("build");
         let follower_shared = fresh_shared();
         let mut follower =
@@ -700,7 +721,6 @@ mod tests {
             meta: Meta {
                 last_log_id: Some(log_id(3)),
                 last_membership: StoredMembership::default(),
-                snapshot_id: "3-1".to_owned(),
             },
             data: seal(&StateMachine::default()).expect("encode"),
         };
@@ -742,7 +762,7 @@ mod tests {
         assert_eq!(*shared.read(), StateMachine::default());
 
         // A snapshot written after that replaces the leftover.
-        store.apply(sample_log(4)).await.expect("apply");
+        store.apply(stream(sample_log(4))).await.expect("apply");
         let built = store.build_snapshot().await.expect("build");
         assert!(!dir.path().join(SNAPSHOT_TMP_NAME).exists());
         drop(store);
@@ -765,7 +785,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join(SNAPSHOT_FILE_NAME);
         let mut store = StateStore::open(fresh_shared(), dir.path()).expect("open");
-        store.apply(sample_log(3)).await.expect("apply");
+        store.apply(stream(sample_log(3))).await.expect("apply");
         store.build_snapshot().await.expect("build");
         drop(store);
         let good = fs::read(&path).expect("read");
@@ -816,7 +836,7 @@ mod tests {
     async fn an_installed_snapshot_that_fails_its_checksum_is_refused() {
         let leader_dir = tempfile::tempdir().expect("tempdir");
         let mut leader = StateStore::open(fresh_shared(), leader_dir.path()).expect("open");
-        leader.apply(sample_log(3)).await.expect("apply");
+        leader.apply(stream(sample_log(3))).await.expect("apply");
         let snapshot = leader.build_snapshot().await.expect("build");
         let mut data = snapshot.snapshot.into_inner();
         let at = data.windows(2).position(|w| w == b"v2").expect("a value");
@@ -828,7 +848,7 @@ mod tests {
             StateStore::open(Arc::clone(&shared), follower_dir.path()).expect("open");
         assert!(
             follower
-                .install_snapshot(&snapshot.meta, Box::new(Cursor::new(data)))
+                .install_snapshot(&snapshot.meta, Cursor::new(data))
                 .await
                 .is_err()
         );

@@ -2,11 +2,12 @@
 //! [`LogStore`] in a data directory (server sets) and in a temporary one (`--dev`), each with a
 //! [`StateStore`] keeping snapshots in its own temporary directory.
 
-use openraft::testing::{StoreBuilder, Suite};
+use openraft::StorageError;
+use openraft::testing::log::{StoreBuilder, Suite};
 
+use super::TypeConfig;
 use super::log_store::LogStore;
 use super::state_store::{SharedState, StateStore};
-use super::{StorageError, TypeConfig};
 
 /// Where the log lives.
 enum Log {
@@ -15,7 +16,9 @@ enum Log {
 }
 
 impl StoreBuilder<TypeConfig, LogStore, StateStore, tempfile::TempDir> for Log {
-    async fn build(&self) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError> {
+    async fn build(
+        &self,
+    ) -> Result<(tempfile::TempDir, LogStore, StateStore), StorageError<TypeConfig>> {
         let dir = tempfile::tempdir().expect("tempdir");
         let log = match self {
             Log::DataDir => LogStore::open(dir.path()),
@@ -29,13 +32,12 @@ impl StoreBuilder<TypeConfig, LogStore, StateStore, tempfile::TempDir> for Log {
     }
 }
 
-#[test]
-fn the_data_dir_log_passes_the_openraft_suite() -> Result<(), StorageError> {
-    // The suite builds its own tokio runtime per case, so this is a plain test.
-    Suite::test_all(Log::DataDir)
+#[tokio::test]
+async fn the_data_dir_log_passes_the_openraft_suite() -> Result<(), StorageError<TypeConfig>> {
+    Suite::test_all(Log::DataDir).await
 }
 
-#[test]
-fn the_temporary_log_passes_the_openraft_suite() -> Result<(), StorageError> {
-    Suite::test_all(Log::Temporary)
+#[tokio::test]
+async fn the_temporary_log_passes_the_openraft_suite() -> Result<(), StorageError<TypeConfig>> {
+    Suite::test_all(Log::Temporary).await
 }

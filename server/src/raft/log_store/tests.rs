@@ -5,19 +5,20 @@ use std::process::{Command as Process, Stdio};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use openraft::Membership;
+use openraft::EntryPayload;
 use openraft::storage::RaftLogStorageExt as _;
 use vigil_shared::kv::KvOp;
 use vigil_shared::rpc::{Command, Op};
 
 use super::*;
+use crate::raft::Membership;
 use crate::rpc::ServerNode;
 
 /// How long a test waits for the flush thread before it calls it stuck.
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn log_id(term: u64, index: u64) -> LogId {
-    openraft::testing::log_id(term, 1, index)
+    openraft::testing::log_id::<TypeConfig>(term, 1, index)
 }
 
 /// A KV write whose value is `size` bytes.
@@ -50,7 +51,8 @@ fn sample_log(upto: u64) -> Vec<Entry> {
                 rpc_addr: "127.0.0.1:8300".into(),
             },
         )]),
-    );
+    )
+    .expect("a valid membership");
     let mut entries = vec![
         Entry {
             log_id: log_id(1, 1),
@@ -116,7 +118,10 @@ async fn log_vote_and_committed_survive_reopen() {
             .await
             .expect("committed");
         store.purge(log_id(1, 2)).await.expect("purge");
-        store.truncate(log_id(2, 18)).await.expect("truncate");
+        store
+            .truncate_after(Some(log_id(2, 17)))
+            .await
+            .expect("truncate");
     }
 
     // A reopened store answers exactly as the first one did before it was dropped.
@@ -225,7 +230,10 @@ async fn flushes_report_in_order_and_a_vote_waits_for_everything_before_it() {
     let mut waits = Vec::new();
     for (n, batch) in batches.into_iter().enumerate() {
         if n == 3 {
-            store.truncate(log_id(1, 8)).await.expect("truncate");
+            store
+                .truncate_after(Some(log_id(1, 7)))
+                .await
+                .expect("truncate");
         }
         let first = batch[0].log_id.index;
         let reports = reports.clone();
@@ -280,7 +288,10 @@ async fn truncate_and_purge_hide_entries_at_once() {
     store
         .append_then([set(2, 7), set(2, 8), set(2, 9)], done)
         .expect("append");
-    store.truncate(log_id(2, 5)).await.expect("truncate");
+    store
+        .truncate_after(Some(log_id(2, 4)))
+        .await
+        .expect("truncate");
     assert_eq!(
         reader.try_get_log_entries(..).await.expect("read"),
         sample_log(4)
@@ -643,7 +654,7 @@ fn record_encodings_keep_their_bytes() {
         value.encode(&mut out).expect("encode");
         out
     }
-    let payload = |p: &EntryPayload<TypeConfig>| {
+    let payload = |p: &openraft::type_config::alias::EntryPayloadOf<TypeConfig>| {
         bytes(&Payload(postcard::to_allocvec(p).expect("encode").into()))
     };
     let entries = sample_log(3);
@@ -651,7 +662,7 @@ fn record_encodings_keep_their_bytes() {
     assert_eq!(bytes(&Stored(log_id(2, 3))), [0, 0, 0, 3, 2, 1, 3]);
     assert_eq!(
         bytes(&Stored(Vote::new_committed(2, 1))),
-        [0, 0, 0, 3, 2, 2, 1]
+        [0, 0, 0, 3, 2, 1, 1]
     );
     assert_eq!(bytes(&Stored(Stamp { format: 2 })), [0, 0, 0, 1, 2]);
     assert_eq!(payload(&entries[0].payload), [0, 0, 0, 1, 0]);
