@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use openraft::ServerState;
+use openraft::async_runtime::WatchReceiver as _;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -419,7 +420,7 @@ impl LeaderDuties {
                 tokio::select! {
                     biased;
                     _ = token.cancelled() => return,
-                    result = raft.ensure_linearizable() => match result {
+                    result = raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex) => match result {
                         Ok(_) => {
                             let _ = done.send(TermEvent::BarrierPassed { term: number });
                             return;

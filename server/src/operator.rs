@@ -4,10 +4,10 @@
 //! (a follower forwards it). No change here may cost the cluster its quorum: a removal that
 //! would leave fewer reachable voters than a majority of the new set is refused.
 //!
-//! openraft 0.9 has no leadership transfer, so [`transfer_leader`] builds one from what it
+//! openraft 0.9 had no leadership transfer, so [`transfer_leader`] builds one from what it
 //! offers: the leader stops its heartbeats, waits until the target holds its whole log and the
 //! followers' leader leases (one maximum election timeout) have lapsed, then asks the target to
-//! campaign at once (`trigger().elect()`). The target's log is the most recent, so it wins
+//! campaign at once (`trigger().elect(false)`, no pre-vote). The target's log is the most recent, so it wins
 //! before any other follower's own election timeout (lease + election timeout) fires. New
 //! entries are held back meanwhile (they would renew the leases and outdate the target's log)
 //! and go out, or are redirected to the new leader, when the transfer ends; heartbeats come
@@ -18,6 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::{ChangeMembers, ServerState};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
@@ -191,7 +192,7 @@ pub async fn handle(
             server
                 .raft()
                 .trigger()
-                .elect()
+                .elect(false)
                 .await
                 .map_err(|e| ServerError::Membership(e.to_string()))?;
             Ok(OperatorReply::Done)
@@ -217,7 +218,7 @@ pub(crate) fn format_id(id: NodeId) -> String {
 }
 
 async fn remove_peer(server: &Server, peer: PeerRef) -> Result<OperatorReply, OperatorError> {
-    let metrics = server.raft().metrics().borrow().clone();
+    let metrics = server.raft().metrics().borrow_watched().clone();
     let membership = metrics.membership_config.membership();
     let id = match &peer {
         PeerRef::Id(id) => membership
@@ -297,7 +298,7 @@ async fn transfer_leader(
 ) -> Result<OperatorReply, OperatorError> {
     let me = server.node_id();
     let raft = server.raft();
-    let metrics = raft.metrics().borrow().clone();
+    let metrics = raft.metrics().borrow_watched().clone();
     let membership = metrics.membership_config.membership().clone();
     let matched = |id: &NodeId| {
         metrics
@@ -328,11 +329,14 @@ async fn transfer_leader(
     let _off = HeartbeatsOff::new(raft);
     let _held = server.proposer().hold();
     // The last index this leader's log grew to, and when.
-    let mut quiet = (raft.metrics().borrow().last_log_index, Instant::now());
+    let mut quiet = (
+        raft.metrics().borrow_watched().last_log_index,
+        Instant::now(),
+    );
     loop {
         let (state, last, term, target_has) = {
             let m = raft.metrics();
-            let m = m.borrow();
+            let m = m.borrow_watched();
             let target_has = m
                 .replication
                 .as_ref()
@@ -395,7 +399,7 @@ fn save(server: &Server) -> Result<OperatorReply, OperatorError> {
     let index = server
         .raft()
         .metrics()
-        .borrow()
+        .borrow_watched()
         .last_applied
         .map_or(0, |l| l.index);
     let state = server.shared().read();
@@ -452,7 +456,7 @@ pub(crate) fn part_restored(response: Response) -> Result<(), OperatorError> {
 
 /// Autopilot's health view, from the leader's replication progress and gossip.
 fn health(server: &Server) -> AutopilotHealth {
-    let metrics = server.raft().metrics().borrow().clone();
+    let metrics = server.raft().metrics().borrow_watched().clone();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
     let states = serf_states(server);
@@ -589,7 +593,7 @@ pub async fn cleanup_dead_servers(server: Arc<Server>) {
         }
         let voters: Vec<(NodeId, String)> = {
             let metrics = server.raft().metrics();
-            let m = metrics.borrow();
+            let m = metrics.borrow_watched();
             let membership = m.membership_config.membership();
             membership
                 .voter_ids()

@@ -10,7 +10,7 @@ use openraft::error::{ClientWriteError, RaftError};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use vigil_shared::rpc::{Command, Op, Response, ServerError};
 
-use crate::raft::{NodeId, Raft};
+use crate::raft::{Raft, TypeConfig};
 use crate::telemetry::Proposal;
 
 /// Milliseconds since the Unix epoch on this machine's clock.
@@ -184,9 +184,7 @@ async fn commit(raft: &Raft, batch: Vec<Pending>) {
     }
 }
 
-fn map_write_error(
-    e: RaftError<NodeId, ClientWriteError<NodeId, crate::raft::Node>>,
-) -> ServerError {
+fn map_write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ServerError {
     match e {
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => match f.leader_node {
             Some(node) => ServerError::NotLeader {

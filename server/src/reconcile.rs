@@ -161,18 +161,8 @@ mod tests {
         let mut next = 0;
         converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
         let session = vigil_shared::session::Session {
-            id: "s1".into(),
-            name: String::new(),
-            node: "c1".into(),
-            lock_delay_ns: 0,
-            behavior: vigil_shared::session::Behavior::Release,
-            ttl: String::new(),
             node_checks: vec![SERF_HEALTH.into()],
-            service_checks: None,
-            checks: Vec::new(),
-            create_index: 0,
-            modify_index: 0,
-            owner: String::new(),
+            ..vigil_shared::session::Session::new("s1", "c1")
         };
         next += 1;
         sm.apply(

@@ -2,10 +2,10 @@
 //! and the requests agents (and followers) send to servers. Both enums are append-only
 //! (postcard encodes the variant index); each request names its reply (see [`Call`]).
 
-use openraft::error::{InstallSnapshotError, RaftError};
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+use openraft::error::RaftError;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft_legacy::network_v1::{
+    InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
 };
 use serde::{Deserialize, Serialize};
 use vigil_shared::rpc::{
@@ -83,12 +83,12 @@ calls! {
     Hello {} => Hello(HelloInfo);
     /// 1: raft, server to server only.
     AppendEntries { request: AppendEntriesRequest<TypeConfig> }
-        => AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>);
+        => AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>);
     /// 2: raft, server to server only.
-    Vote { request: VoteRequest<NodeId> } => Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>);
+    Vote { request: VoteRequest<TypeConfig> } => Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>);
     /// 3: raft, server to server only.
     InstallSnapshot { request: InstallSnapshotRequest<TypeConfig> } => InstallSnapshot(
-        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>
+        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>
     );
     /// 4: commit a state change; `forwarded` stops a second hop.
     Write { op: Op, forwarded: bool } => Write(Result<Response, ServerError>);
@@ -121,12 +121,12 @@ pub enum RpcResponse {
     /// 0
     Hello(HelloInfo),
     /// 1
-    AppendEntries(Result<AppendEntriesResponse<NodeId>, RaftError<NodeId>>),
+    AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
     /// 2
-    Vote(Result<VoteResponse<NodeId>, RaftError<NodeId>>),
+    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
     /// 3
     InstallSnapshot(
-        Result<InstallSnapshotResponse<NodeId>, RaftError<NodeId, InstallSnapshotError>>,
+        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>,
     ),
     /// 4
     Write(Result<Response, ServerError>),

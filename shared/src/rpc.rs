@@ -129,6 +129,18 @@ pub struct Command {
     pub op: Op,
 }
 
+/// How openraft's logs name an entry's command: its clock and how many ops it carries, never
+/// the ops themselves (they hold keys and values).
+impl std::fmt::Display for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ops = match &self.op {
+            Op::Batch(ops) => ops.len(),
+            _ => 1,
+        };
+        write!(f, "command of {ops} op(s) at {} ms", self.now_ms)
+    }
+}
+
 /// A deterministic refusal found while applying a command. Nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum ApplyError {
@@ -194,6 +206,19 @@ pub enum Response {
     /// 6: whether a check-and-set write was applied.
     Applied(bool),
 }
+
+/// A state change that names its answer: a caller gets `W::Output` from `Backend::write::<W>`
+/// (a change the state machine may refuse answers `Result<_, ApplyError>`), so no caller
+/// matches a [`Response`]. On the wire the change travels as an [`Op`] and its answer as a
+/// [`Response`]; the types are in [`writes`].
+pub trait Write: Into<Op> {
+    type Output;
+    /// The answer out of its wire form, or the response back when it answers another change (a
+    /// protocol bug: a server of another build).
+    fn output(response: Response) -> Result<Self::Output, Response>;
+}
+
+pub mod writes;
 
 /// A read that names its answer: a caller gets `Q::Output` from `Backend::read::<Q>`, and the
 /// state machine builds the answer with `Q::answer`, so the compiler pairs every request with

@@ -17,11 +17,12 @@ use std::time::Duration;
 
 use rand::Rng as _;
 use tokio::time::Instant;
-use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_server::api::operations::Operation;
+use vigil_server::operator::OperatorError;
 use vigil_server::rpc::StatusInfo;
 use vigil_server::{Server, ServerApi};
 use vigil_shared::rpc::{
-    Op, Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+    Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
 };
 use vigil_shared::session::Session;
 
@@ -88,12 +89,15 @@ impl Backend {
         self.local.as_ref()
     }
 
-    /// Commits a state change. Each attempt takes its own copy of the op (a write is retried
-    /// only when it was not applied).
-    pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
+    /// Commits a state change and answers what applying it produced. Each attempt takes its
+    /// own copy of the op (a write is retried only when it was not applied).
+    pub async fn write<W: Write>(&self, change: W) -> Result<W::Output, ServerError> {
+        let op = change.into();
         let deadline = Instant::now() + RETRY_FOR;
         let servers = &*self.servers;
-        with_retries(servers, deadline, false, || servers.write(op.clone())).await
+        let response = with_retries(servers, deadline, false, || servers.write(op.clone())).await?;
+        W::output(response)
+            .map_err(|other| ServerError::Internal(format!("a write was answered with {other:?}")))
     }
 
     /// A typed read: [`Backend::query`] with the answer taken out of its wire form.
@@ -230,9 +234,13 @@ impl Backend {
         with_retries(servers, deadline, true, || servers.renew(id)).await
     }
 
-    /// Operates the server set (`/v1/operator/*`) on the leader.
-    pub async fn operator(&self, request: OperatorRequest) -> Result<OperatorReply, OperatorError> {
-        self.servers.operator(request).await
+    /// Operates the server set (`/v1/operator/*`, snapshots) on the leader and answers what
+    /// that produced.
+    pub async fn operate<O: Operation>(&self, operation: O) -> Result<O::Output, OperatorError> {
+        let reply = self.servers.operator(operation.into()).await?;
+        O::output(reply).map_err(|other| {
+            ServerError::Internal(format!("an operator request was answered with {other:?}")).into()
+        })
     }
 
     /// The leader and the raft members, as this agent's server (or the first to answer) sees it.

@@ -12,13 +12,15 @@ use vigil_server::ServerApi;
 use vigil_server::api::memory::MemoryServer;
 use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_server::rpc::StatusInfo;
-use vigil_shared::kv::{KvEntry, KvOp};
+use vigil_shared::kv::{KvEntry, KvOp, TxnOutcome};
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError, reads,
+    writes,
 };
-use vigil_shared::session::{Behavior, Session};
+use vigil_shared::session::Session;
 
 use super::Backend;
+use crate::testing::settle;
 
 const WAIT: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(10);
@@ -27,8 +29,8 @@ fn backend() -> Arc<Backend> {
     Arc::new(Backend::new(Arc::new(MemoryServer::default())))
 }
 
-fn set(key: &str, value: &str) -> Op {
-    Op::Kv(vec![KvOp::Set {
+fn set(key: &str, value: &str) -> writes::Kv {
+    writes::Kv(vec![KvOp::Set {
         key: key.to_owned(),
         value: value.as_bytes().to_vec(),
         flags: 0,
@@ -65,13 +67,6 @@ async fn block_on_key(
     let read = tokio::spawn(async move { backend.read(opts, query).await });
     settle().await;
     read
-}
-
-/// Lets every task that can run, run, without moving the (paused) clock.
-async fn settle() {
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -123,31 +118,19 @@ async fn a_write_to_the_key_answers_a_blocking_query_at_once() {
 async fn a_session_expires_twice_its_ttl_after_its_last_renewal_and_releases_its_lock() {
     let backend = backend();
     // A node, a session on it with a TTL, and a key it holds.
-    let node = Op::RegisterNode {
+    let node = writes::RegisterNode {
         name: "n1".to_owned(),
         address: "127.0.0.1".to_owned(),
     };
     backend.write(node).await.expect("register");
     let session = Session {
-        id: "2a1b1e6e-2c1a-4b8f-9a7e-3f2d9c0b1a55".to_owned(),
         name: "ttl".to_owned(),
-        node: "n1".to_owned(),
-        lock_delay_ns: 0,
-        behavior: Behavior::Release,
         ttl: format!("{}s", TTL.as_secs()),
-        node_checks: Vec::new(),
-        service_checks: None,
-        checks: Vec::new(),
-        create_index: 0,
-        modify_index: 0,
-        owner: String::new(),
+        ..Session::new("2a1b1e6e-2c1a-4b8f-9a7e-3f2d9c0b1a55", "n1")
     };
-    let created = backend.write(Op::CreateSession(session.clone())).await;
-    assert!(
-        matches!(created, Ok(Response::SessionCreated { .. })),
-        "{created:?}"
-    );
-    let lock = Op::Kv(vec![KvOp::Lock {
+    let created = backend.write(writes::CreateSession(session.clone())).await;
+    assert_eq!(created, Ok(Ok(session.id.clone())));
+    let lock = writes::Kv(vec![KvOp::Lock {
         key: "leader".to_owned(),
         value: b"me".to_vec(),
         flags: 0,
@@ -211,18 +194,23 @@ impl Leaderless {
         })
     }
 
-    fn leaderless(&self) -> bool {
-        Instant::now() < self.until
+    /// `NoLeader` while there is none, for a call that `needs_leader`; else the call's answer.
+    fn led<'a, T: Send + 'a>(
+        &'a self,
+        needs_leader: bool,
+        call: impl FnOnce() -> BoxFuture<'a, Result<T, ServerError>>,
+    ) -> BoxFuture<'a, Result<T, ServerError>> {
+        if needs_leader && Instant::now() < self.until {
+            return Box::pin(async { Err(ServerError::NoLeader) });
+        }
+        call()
     }
 }
 
 impl ServerApi for Leaderless {
     fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
         self.writes.fetch_add(1, Ordering::Relaxed);
-        if self.leaderless() {
-            return Box::pin(async { Err(ServerError::NoLeader) });
-        }
-        self.servers.write(op)
+        self.led(true, || self.servers.write(op))
     }
 
     fn query(
@@ -230,17 +218,12 @@ impl ServerApi for Leaderless {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
-        if self.leaderless() && opts.consistency != Consistency::Stale {
-            return Box::pin(async { Err(ServerError::NoLeader) });
-        }
-        self.servers.query(opts, query)
+        let needs_leader = opts.consistency != Consistency::Stale;
+        self.led(needs_leader, || self.servers.query(opts, query))
     }
 
     fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
-        if self.leaderless() {
-            return Box::pin(async { Err(ServerError::NoLeader) });
-        }
-        self.servers.renew(id)
+        self.led(true, || self.servers.renew(id))
     }
 
     fn operator(
@@ -281,7 +264,10 @@ async fn a_write_during_an_election_is_retried_until_a_leader_takes_it() {
     settle().await;
     assert!(write.is_finished(), "not retried once a leader was there");
     let written = write.await.expect("join");
-    assert!(matches!(written, Ok(Response::Txn(_))), "{written:?}");
+    assert!(
+        matches!(written, Ok(TxnOutcome::Committed(_))),
+        "{written:?}"
+    );
     assert_eq!(servers.servers.index(), 1);
 }
 
@@ -289,7 +275,11 @@ async fn a_write_during_an_election_is_retried_until_a_leader_takes_it() {
 async fn a_blocking_query_with_no_leader_is_answered_stale_by_its_deadline() {
     // The key was written before the servers lost their leader, for longer than the wait.
     let servers = Leaderless::new(WAIT * 10);
-    servers.servers.write(set("k", "v1")).await.expect("write");
+    servers
+        .servers
+        .write(set("k", "v1").into())
+        .await
+        .expect("write");
     let index = servers.servers.index();
     let backend = Arc::new(Backend::new(servers as Arc<dyn ServerApi>));
 

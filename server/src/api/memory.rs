@@ -359,7 +359,6 @@ impl ServerApi for MemoryServer {
 #[cfg(test)]
 mod tests {
     use vigil_shared::lock::{LockMode, LockOutcome};
-    use vigil_shared::session::Behavior;
 
     use super::*;
 
@@ -367,18 +366,8 @@ mod tests {
 
     fn session(id: &str, lock_delay: Duration) -> Session {
         Session {
-            id: id.to_owned(),
-            name: String::new(),
-            node: "n1".to_owned(),
             lock_delay_ns: lock_delay.as_nanos() as u64,
-            behavior: Behavior::Release,
-            ttl: String::new(),
-            node_checks: Vec::new(),
-            service_checks: None,
-            checks: Vec::new(),
-            create_index: 0,
-            modify_index: 0,
-            owner: String::new(),
+            ..Session::new(id, "n1")
         }
     }
 

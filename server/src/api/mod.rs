@@ -3,12 +3,14 @@
 //! Implemented by the in-process [`Server`] (the server role, `--dev`), by the agent's QUIC
 //! client to remote servers, and by [`memory::MemoryServer`], a test double that applies ops
 //! straight to a state machine. Retries and deadlines are the caller's (the agent's
-//! `Backend`); an implementation makes one attempt per call.
+//! `Backend`); an implementation makes one attempt per call, in wire form: the caller takes
+//! the answer apart by the request's type (`Query`, `Write`, [`operations::Operation`]).
 
 /// The double is for tests only: built for this crate's tests and, through the `test-double`
 /// feature, for the agent's (its dev-dependency turns it on); never in the `vigil` binary.
 #[cfg(any(test, feature = "test-double"))]
 pub mod memory;
+pub mod operations;
 
 use futures::future::BoxFuture;
 use vigil_shared::rpc::{

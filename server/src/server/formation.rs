@@ -22,7 +22,7 @@ impl Server {
 
     pub(super) fn is_initialized(&self) -> bool {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         m.membership_config
             .membership()
             .voter_ids()
@@ -130,7 +130,7 @@ impl Server {
         }
         let is_voter = {
             let metrics = self.raft.metrics();
-            let m = metrics.borrow();
+            let m = metrics.borrow_watched();
             m.membership_config
                 .membership()
                 .voter_ids()

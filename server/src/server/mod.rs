@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use openraft::async_runtime::WatchReceiver as _;
 use openraft::{ChangeMembers, ServerState};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
@@ -163,6 +164,11 @@ impl Server {
                 election_timeout_max: config.raft.election_max_ms,
                 snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
                 max_in_snapshot_log_to_keep: 1000,
+                // Replication reads what the log has accepted as soon as it is accepted, so the
+                // leader's sync and the followers' run side by side. Otherwise openraft tells
+                // replication only on its next loop, which for a lone write is the leader's own
+                // flush notification: the two syncs in series again.
+                broadcast_submitted_on_append: Some(true),
                 ..Default::default()
             }
             .validate()?,
@@ -304,7 +310,7 @@ impl Server {
     /// last state in its metrics, and must not claim anything from it.
     pub(crate) fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         m.running_state.is_ok() && m.state == ServerState::Leader
     }
 
@@ -327,7 +333,7 @@ impl Server {
     /// The leader's RPC address, if a leader is known (never once raft has stopped).
     pub fn leader_addr(&self) -> Option<String> {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         m.running_state.as_ref().ok()?;
         let leader = m.current_leader?;
         m.membership_config

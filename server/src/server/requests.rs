@@ -30,7 +30,7 @@ impl Server {
 
     pub(super) fn meta(&self, index: u64) -> QueryMeta {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let last_contact_ms = if m.state == ServerState::Leader {
             0
         } else {
@@ -87,7 +87,7 @@ impl Server {
             Consistency::Default => self.confirmed_leader().await?,
             Consistency::Consistent => {
                 self.raft
-                    .ensure_linearizable()
+                    .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
                     .await
                     .map_err(|_| ServerError::NoLeader)?;
             }
@@ -115,12 +115,12 @@ impl Server {
         if !self.is_leader() {
             return Err(ServerError::NoLeader);
         }
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         if self.confirmed_term.load(Ordering::Acquire) == term {
             return Ok(());
         }
         self.raft
-            .ensure_linearizable()
+            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
             .await
             .map_err(|_| ServerError::NoLeader)?;
         self.confirmed_term.fetch_max(term, Ordering::AcqRel);

@@ -1,5 +1,7 @@
 //! The RPC endpoint: who may ask what ([`refusal`]), and the answer to each request.
 
+use openraft_legacy::network_v1::ChunkedSnapshotReceiver as _;
+
 use super::*;
 
 impl Server {

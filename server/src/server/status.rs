@@ -6,7 +6,7 @@ impl Server {
     /// Leader, raft members and the membership's index.
     pub fn status(&self) -> StatusInfo {
         let metrics = self.raft.metrics();
-        let m = metrics.borrow();
+        let m = metrics.borrow_watched();
         let membership = m.membership_config.membership();
         let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
         let peers = membership
@@ -32,7 +32,7 @@ impl Server {
 
     /// Raft figures for `/v1/agent/self`.
     pub fn raft_stats(&self) -> RaftStats {
-        let m = self.raft.metrics().borrow().clone();
+        let m = self.raft.metrics().borrow_watched().clone();
         RaftStats {
             state: format!("{:?}", m.state),
             term: m.current_term,
