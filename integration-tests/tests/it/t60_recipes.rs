@@ -425,18 +425,33 @@ async fn lock_and_semaphore_on_one_prefix_conflict() {
 
 #[tokio::test]
 async fn destroyed_session_ends_the_lock_at_once() {
-    // A held lock's lost() resolves when an operator destroys its session.
+    // A held lock's lost() resolves when an operator destroys its session. The session's TTL
+    // is an hour, so its renew loop (every half TTL) cannot be what notices: the lock's own
+    // monitor must.
     let agent = Agent::dev().await;
     let client = client(&agent);
+    let ttl = Duration::from_secs(3600);
     for kind in [Kind::Plain, Kind::Fair] {
-        let held = acquire(&client, kind, &format!("gone-{kind:?}")).await;
+        let prefix = format!("gone-{kind:?}");
+        let held = match kind {
+            Kind::Plain => {
+                let mut opts = LockOptions::new(format!("{prefix}/.lock"));
+                opts.session_ttl = ttl;
+                Lock::new(&client, opts).unwrap().acquire().await.unwrap()
+            }
+            Kind::Fair => {
+                let mut opts = QueueOptions::new(prefix);
+                opts.session_ttl = ttl;
+                FairMutex::new(&client, opts).unwrap().acquire().await.unwrap()
+            }
+        };
         assert!(held.is_lost().is_none());
         agent
             .put(&format!("/v1/session/destroy/{}", held.session()), "")
             .await;
-        let reason = tokio::time::timeout(Duration::from_secs(1), held.lost())
+        let reason = tokio::time::timeout(PROMPT, held.lost())
             .await
-            .expect("lost within a second");
+            .expect("lost long before the renew loop would look");
         assert_eq!(reason, LossReason::SessionInvalidated, "{kind:?}");
     }
 }
