@@ -368,6 +368,15 @@ mod tests {
         }
     }
 
+    /// A config file holding `text`, in a directory that lives as long as the guard.
+    fn config_file(text: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("agent.toml");
+        std::fs::write(&path, text).unwrap();
+        let path = path.to_str().unwrap().to_owned();
+        (dir, path)
+    }
+
     #[test]
     fn node_meta_flags_repeat_and_split_at_the_first_colon() {
         let args = agent(&[
@@ -397,14 +406,10 @@ mod tests {
 
     #[test]
     fn http_can_be_off_only_with_https_and_flags_win_over_the_config_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("agent.toml");
-        std::fs::write(
-            &path,
+        let (_dir, path) = config_file(
             "http_addr = \"off\"\nhttps_addr = \"127.0.0.1:8501\"\nverify_incoming_https = true\n",
-        )
-        .unwrap();
-        let path = path.to_str().unwrap();
+        );
+        let path = path.as_str();
 
         // Defaults: plain HTTP on Consul's port, no HTTPS.
         let config = agent(&[]).config().unwrap();
@@ -444,14 +449,11 @@ mod tests {
 
     #[test]
     fn the_gossip_key_comes_from_the_flag_or_else_the_config_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("agent.toml");
-        std::fs::write(
-            &path,
-            format!("encrypt = \"{}\"\n", crate::gossip::generate_key()),
-        )
-        .unwrap();
-        let path = path.to_str().unwrap();
+        let (_dir, path) = config_file(&format!(
+            "encrypt = \"{}\"\n",
+            crate::gossip::generate_key()
+        ));
+        let path = path.as_str();
         assert!(
             agent(&["--config", path])
                 .config()

@@ -12,6 +12,8 @@ pub mod http;
 pub mod local;
 pub mod monitor;
 pub mod run;
+#[cfg(test)]
+mod testing;
 pub mod tls_cmd;
 
 use std::net::{SocketAddr, UdpSocket};

@@ -42,6 +42,33 @@ fn mib(pids: &[u32]) -> Result<Vec<f64>> {
         .collect()
 }
 
+/// Runs `load(i)` for every `i` in `0..n`, [`LOADERS`] at a time.
+async fn load_all<F, Fut, E>(n: usize, load: F) -> Result<()>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = std::result::Result<(), E>>,
+    anyhow::Error: From<E>,
+{
+    futures::stream::iter(0..n)
+        .map(load)
+        .buffer_unordered(LOADERS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(())
+}
+
+/// The readings once loading that began at `started` is done and the servers (`pids`) have
+/// settled; `empty`: their RSS before.
+async fn loaded(pids: &[u32], empty: Vec<f64>, started: Instant) -> Result<Memory> {
+    let load_seconds = started.elapsed().as_secs_f64();
+    sleep(SETTLE).await;
+    Ok(Memory {
+        empty_mib: empty,
+        loaded_mib: mib(pids)?,
+        load_seconds,
+    })
+}
+
 fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(0.0, f64::max)
 }
@@ -51,47 +78,35 @@ async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
     let client = Client::new(&leaders.vigil_addr.to_string())?;
     let started = Instant::now();
     let batches = plan.footprint_keys.div_ceil(KEYS_PER_TXN);
-    futures::stream::iter(0..batches)
-        .map(|b| {
-            let client = client.clone();
-            let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
-            async move {
-                let ops: Vec<KvOp> = keys
-                    .map(|k| KvOp::Set {
-                        key: format!("bench/footprint/{k}"),
-                        value: VALUE.to_vec(),
-                        flags: 0,
-                    })
-                    .collect();
-                let reply = client.txn(&ops).await?;
-                ensure!(reply.committed, "txn rolled back: {:?}", reply.errors);
-                Ok(())
-            }
-        })
-        .buffer_unordered(LOADERS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    futures::stream::iter(0..plan.footprint_sessions)
-        .map(|_| {
-            let client = client.clone();
-            async move {
-                let request = SessionRequest {
-                    name: "footprint".to_owned(),
-                    ..SessionRequest::default()
-                };
-                client.session_create(&request).await.map(drop)
-            }
-        })
-        .buffer_unordered(LOADERS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let load_seconds = started.elapsed().as_secs_f64();
-    sleep(SETTLE).await;
-    Ok(Memory {
-        empty_mib: empty,
-        loaded_mib: mib(&leaders.vigil_pids)?,
-        load_seconds,
+    load_all(batches, |b| {
+        let client = client.clone();
+        let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
+        async move {
+            let ops: Vec<KvOp> = keys
+                .map(|k| KvOp::Set {
+                    key: format!("bench/footprint/{k}"),
+                    value: VALUE.to_vec(),
+                    flags: 0,
+                })
+                .collect();
+            let reply = client.txn(&ops).await?;
+            ensure!(reply.committed, "txn rolled back: {:?}", reply.errors);
+            Ok(())
+        }
     })
+    .await?;
+    load_all(plan.footprint_sessions, |_| {
+        let client = client.clone();
+        async move {
+            let request = SessionRequest {
+                name: "footprint".to_owned(),
+                ..SessionRequest::default()
+            };
+            client.session_create(&request).await.map(drop)
+        }
+    })
+    .await?;
+    loaded(&leaders.vigil_pids, empty, started).await
 }
 
 async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
@@ -99,36 +114,24 @@ async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
     let client = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
     let started = Instant::now();
     let batches = plan.footprint_keys.div_ceil(KEYS_PER_TXN);
-    futures::stream::iter(0..batches)
-        .map(|b| {
-            let mut client = client.clone();
-            let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
-            async move {
-                let puts: Vec<TxnOp> = keys
-                    .map(|k| TxnOp::put(format!("bench/footprint/{k}"), VALUE.to_vec(), None))
-                    .collect();
-                client.txn(Txn::new().and_then(puts)).await?;
-                anyhow::Ok(())
-            }
-        })
-        .buffer_unordered(LOADERS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    futures::stream::iter(0..plan.footprint_sessions)
-        .map(|_| {
-            let mut client = client.clone();
-            async move { client.lease_grant(LEASE_TTL_SECS, None).await.map(drop) }
-        })
-        .buffer_unordered(LOADERS)
-        .try_collect::<Vec<()>>()
-        .await?;
-    let load_seconds = started.elapsed().as_secs_f64();
-    sleep(SETTLE).await;
-    Ok(Memory {
-        empty_mib: empty,
-        loaded_mib: mib(&leaders.etcd_pids)?,
-        load_seconds,
+    load_all(batches, |b| {
+        let mut client = client.clone();
+        let keys = (b * KEYS_PER_TXN)..((b + 1) * KEYS_PER_TXN).min(plan.footprint_keys);
+        async move {
+            let puts: Vec<TxnOp> = keys
+                .map(|k| TxnOp::put(format!("bench/footprint/{k}"), VALUE.to_vec(), None))
+                .collect();
+            client.txn(Txn::new().and_then(puts)).await?;
+            anyhow::Ok(())
+        }
     })
+    .await?;
+    load_all(plan.footprint_sessions, |_| {
+        let mut client = client.clone();
+        async move { client.lease_grant(LEASE_TTL_SECS, None).await.map(drop) }
+    })
+    .await?;
+    loaded(&leaders.etcd_pids, empty, started).await
 }
 
 pub async fn workload(plan: &Plan) -> Result<Outcome> {

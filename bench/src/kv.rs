@@ -11,9 +11,9 @@ use serde_json::json;
 use vigil_shared::client::Client;
 
 use super::etcd::connect;
-use super::load::{self, Throughput, closed_loop};
+use super::load::{self, Percentile, Throughput, closed_loop};
 use super::machine::Meter;
-use super::report::{Better, Outcome, Row};
+use super::report::{Outcome, Row};
 use super::{Plan, Systems};
 
 const VALUE: [u8; 128] = [b'v'; 128];
@@ -91,31 +91,13 @@ fn rows(clients: usize, v: &Throughput, e: &Throughput) -> Vec<Row> {
         "KV put, {clients} client{}",
         if clients == 1 { "" } else { "s" }
     );
-    let id = |metric: &str| format!("kv_put.c{clients}.{metric}");
-    vec![
-        Row::new(
-            id("rate"),
-            &workload,
-            "puts/s",
-            Better::Higher,
-            Some(v.per_second),
-            Some(e.per_second),
-        ),
-        Row::new(
-            id("p50"),
-            &workload,
-            "p50 (ms)",
-            Better::Lower,
-            Some(v.latency.p50_ms),
-            Some(e.latency.p50_ms),
-        ),
-        Row::new(
-            id("p99"),
-            &workload,
-            "p99 (ms)",
-            Better::Lower,
-            Some(v.latency.p99_ms),
-            Some(e.latency.p99_ms),
-        ),
-    ]
+    let id = format!("kv_put.c{clients}");
+    Throughput::compare(
+        &id,
+        &workload,
+        "puts/s",
+        &[Percentile::P50, Percentile::P99],
+        v,
+        e,
+    )
 }

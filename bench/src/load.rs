@@ -12,6 +12,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use super::machine::micros;
+use super::report::{Better, Row};
 
 /// "1 client", "16 clients".
 pub fn clients(n: usize) -> String {
@@ -68,6 +69,66 @@ pub struct Throughput {
     pub ops: u64,
     pub per_second: f64,
     pub latency: Latency,
+}
+
+impl Throughput {
+    /// Rows comparing Vigil's run `v` with etcd's `e` on `workload`: `<id>.rate` in
+    /// `rate_unit`, then `<id>.p50`, `<id>.p99` for the `percentiles` asked for.
+    pub fn compare(
+        id: &str,
+        workload: &str,
+        rate_unit: &str,
+        percentiles: &[Percentile],
+        v: &Throughput,
+        e: &Throughput,
+    ) -> Vec<Row> {
+        let (vigil, etcd) = (Some(v.per_second), Some(e.per_second));
+        let rate = Row::new(
+            format!("{id}.rate"),
+            workload,
+            rate_unit,
+            Better::Higher,
+            vigil,
+            etcd,
+        );
+        let latencies = percentiles.iter().map(|p| {
+            let (vigil, etcd) = (Some(p.of(&v.latency)), Some(p.of(&e.latency)));
+            let name = p.name();
+            let metric = format!("{name} (ms)");
+            Row::new(
+                format!("{id}.{name}"),
+                workload,
+                metric,
+                Better::Lower,
+                vigil,
+                etcd,
+            )
+        });
+        std::iter::once(rate).chain(latencies).collect()
+    }
+}
+
+/// A latency percentile a report row shows.
+#[derive(Debug, Clone, Copy)]
+pub enum Percentile {
+    P50,
+    P99,
+}
+
+impl Percentile {
+    fn name(self) -> &'static str {
+        match self {
+            Percentile::P50 => "p50",
+            Percentile::P99 => "p99",
+        }
+    }
+
+    fn of(self, latency: &Latency) -> f64 {
+        match self {
+            Percentile::P50 => latency.p50_ms,
+            Percentile::P99 => latency.p99_ms,
+        }
+    }
 }
 
 /// One operation of client `c` (its `n`th).

@@ -102,25 +102,11 @@ impl LockRun {
 
 /// One contender's handle on the lock.
 enum Contender {
-    VigilSession {
-        client: Client,
-        session: String,
-        key: String,
-    },
-    VigilLock {
-        lock: Lock,
-        client: Client,
-        session: String,
-        held: Option<Held>,
-    },
-    VigilFair {
-        mutex: FairMutex,
-        client: Client,
-        session: String,
-        held: Option<Held>,
-    },
-    VigilShared {
-        lock: RwLock,
+    VigilSession(KeyLock),
+    /// One of the client's lock recipes, on the contender's own session.
+    Vigil {
+        /// Boxed: a recipe carries its options.
+        recipe: Box<VigilRecipe>,
         client: Client,
         session: String,
         held: Option<Held>,
@@ -140,21 +126,65 @@ enum Contender {
     },
 }
 
+/// A key taken with `?acquire` and given back with `?release`, by one session.
+struct KeyLock {
+    client: Client,
+    session: String,
+    key: String,
+}
+
+impl KeyLock {
+    async fn acquire(&self) -> Result<()> {
+        let (key, session) = (&self.key, &self.session);
+        if !self.client.kv_acquire(key, b"", 0, session).await?.acquired {
+            bail!("uncontended acquire of {key} refused");
+        }
+        Ok(())
+    }
+
+    async fn release(&self) -> Result<()> {
+        let (key, session) = (&self.key, &self.session);
+        if !self.client.kv_release(key, b"", 0, session).await? {
+            bail!("release of {key} refused");
+        }
+        Ok(())
+    }
+}
+
+/// The Vigil client recipe a [`Contender::Vigil`] takes.
+enum VigilRecipe {
+    Lock(Lock),
+    Fair(FairMutex),
+    /// Taken for reading.
+    Shared(RwLock),
+}
+
+impl VigilRecipe {
+    async fn acquire(&self) -> Result<Held> {
+        Ok(match self {
+            VigilRecipe::Lock(lock) => lock.acquire().await?,
+            VigilRecipe::Fair(mutex) => mutex.acquire().await?,
+            VigilRecipe::Shared(lock) => lock.read().await?,
+        })
+    }
+}
+
 impl Contender {
+    /// A contender taking `recipe` with `session`; the client is handed back too.
+    fn vigil(recipe: VigilRecipe, client: Client, session: String) -> (Contender, Option<Client>) {
+        let contender = Contender::Vigil {
+            recipe: Box::new(recipe),
+            client: client.clone(),
+            session,
+            held: None,
+        };
+        (contender, Some(client))
+    }
+
     async fn acquire(&mut self) -> Result<()> {
         match self {
-            Contender::VigilSession {
-                client,
-                session,
-                key,
-            } => {
-                if !client.kv_acquire(key, b"", 0, session).await?.acquired {
-                    bail!("uncontended acquire of {key} refused");
-                }
-            }
-            Contender::VigilLock { lock, held, .. } => *held = Some(lock.acquire().await?),
-            Contender::VigilFair { mutex, held, .. } => *held = Some(mutex.acquire().await?),
-            Contender::VigilShared { lock, held, .. } => *held = Some(lock.read().await?),
+            Contender::VigilSession(lock) => lock.acquire().await?,
+            Contender::Vigil { recipe, held, .. } => *held = Some(recipe.acquire().await?),
             Contender::EtcdV3Lock {
                 client,
                 session,
@@ -179,18 +209,8 @@ impl Contender {
 
     async fn release(&mut self) -> Result<()> {
         match self {
-            Contender::VigilSession {
-                client,
-                session,
-                key,
-            } => {
-                if !client.kv_release(key, b"", 0, session).await? {
-                    bail!("release of {key} refused");
-                }
-            }
-            Contender::VigilLock { held, .. }
-            | Contender::VigilFair { held, .. }
-            | Contender::VigilShared { held, .. } => {
+            Contender::VigilSession(lock) => lock.release().await?,
+            Contender::Vigil { held, .. } => {
                 held.take().context("not held")?.release().await?;
             }
             Contender::EtcdV3Lock {
@@ -211,16 +231,10 @@ impl Contender {
     /// during later workloads).
     async fn close(self) -> Result<()> {
         match self {
-            Contender::VigilSession {
+            Contender::VigilSession(KeyLock {
                 client, session, ..
-            }
-            | Contender::VigilLock {
-                client, session, ..
-            }
-            | Contender::VigilFair {
-                client, session, ..
-            }
-            | Contender::VigilShared {
+            })
+            | Contender::Vigil {
                 client, session, ..
             } => client.session_destroy(&session).await?,
             Contender::EtcdV3Lock {
@@ -279,11 +293,11 @@ impl Setup {
         Ok(match self.recipe {
             Recipe::VigilSession => {
                 let (client, session) = vigil().await?;
-                let contender = Contender::VigilSession {
+                let contender = Contender::VigilSession(KeyLock {
                     client: client.clone(),
                     session,
                     key: self.lock.clone(),
-                };
+                });
                 (contender, Some(client))
             }
             Recipe::VigilLock => {
@@ -294,35 +308,17 @@ impl Setup {
                     ..LockOptions::new(self.lock.clone())
                 };
                 let lock = Lock::new(&client, options)?;
-                let contender = Contender::VigilLock {
-                    lock,
-                    client: client.clone(),
-                    session,
-                    held: None,
-                };
-                (contender, Some(client))
+                Contender::vigil(VigilRecipe::Lock(lock), client, session)
             }
             Recipe::VigilFair => {
                 let (client, session) = vigil().await?;
                 let mutex = FairMutex::new(&client, queue(&session))?;
-                let contender = Contender::VigilFair {
-                    mutex,
-                    client: client.clone(),
-                    session,
-                    held: None,
-                };
-                (contender, Some(client))
+                Contender::vigil(VigilRecipe::Fair(mutex), client, session)
             }
             Recipe::VigilShared => {
                 let (client, session) = vigil().await?;
                 let lock = RwLock::new(&client, queue(&session))?;
-                let contender = Contender::VigilShared {
-                    lock,
-                    client: client.clone(),
-                    session,
-                    held: None,
-                };
-                (contender, Some(client))
+                Contender::vigil(VigilRecipe::Shared(lock), client, session)
             }
             Recipe::EtcdV3Lock => {
                 let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;

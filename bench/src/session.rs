@@ -15,9 +15,9 @@ use serde_json::json;
 use vigil_shared::client::{Client, SessionRequest};
 
 use super::etcd::connect;
-use super::load::{Throughput, closed_loop};
+use super::load::{Percentile, Throughput, closed_loop};
 use super::machine::Meter;
-use super::report::{Better, Outcome, Row};
+use super::report::{Outcome, Row};
 use super::{Plan, Systems};
 
 const CLIENTS: usize = 16;
@@ -183,38 +183,15 @@ fn rows(
 ) -> Vec<Row> {
     let create = format!("Session create / lease grant, {CLIENTS} clients");
     let renew = format!("Session renew / lease keep-alive, {CLIENTS} clients");
-    vec![
-        Row::new(
-            "session.create.rate",
-            &create,
-            "per second",
-            Better::Higher,
-            Some(v_create.per_second),
-            Some(e_create.per_second),
-        ),
-        Row::new(
-            "session.create.p99",
-            &create,
-            "p99 (ms)",
-            Better::Lower,
-            Some(v_create.latency.p99_ms),
-            Some(e_create.latency.p99_ms),
-        ),
-        Row::new(
-            "session.renew.rate",
-            &renew,
-            "per second",
-            Better::Higher,
-            Some(v_renew.per_second),
-            Some(e_renew.per_second),
-        ),
-        Row::new(
-            "session.renew.p99",
-            &renew,
-            "p99 (ms)",
-            Better::Lower,
-            Some(v_renew.latency.p99_ms),
-            Some(e_renew.latency.p99_ms),
-        ),
-    ]
+    let (rate, p99) = ("per second", &[Percentile::P99]);
+    let mut rows = Throughput::compare("session.create", &create, rate, p99, v_create, e_create);
+    rows.extend(Throughput::compare(
+        "session.renew",
+        &renew,
+        rate,
+        p99,
+        v_renew,
+        e_renew,
+    ));
+    rows
 }

@@ -89,10 +89,51 @@ async fn collect(
 struct Probe {
     distinct: usize,
     shared: usize,
+    /// The watched server process, and its RSS before any watcher registered.
+    pid: u32,
+    rss_before: u64,
+    /// When registering began.
+    started: Instant,
 }
 
 impl Probe {
-    async fn run<W, Fut>(
+    fn new(plan: &Plan, pid: u32, rss_before: u64, started: Instant) -> Probe {
+        Probe {
+            distinct: plan.watchers_distinct,
+            shared: plan.watchers_shared,
+            pid,
+            rss_before,
+            started,
+        }
+    }
+
+    /// Once every watcher is registered: lets them settle, counts early returns, then wakes
+    /// the shared key's watchers and one distinct key's through `write`.
+    async fn run<W, Fut>(&self, rx: &mut mpsc::UnboundedReceiver<Wake>, write: W) -> Result<FanOut>
+    where
+        W: FnMut(String) -> Fut,
+        Fut: Future<Output = Result<()>>,
+    {
+        let register_seconds = self.started.elapsed().as_secs_f64();
+        sleep(QUIET).await;
+        let rss_after = rss_kib(self.pid)?;
+        let early_returns = collect(rx, Duration::ZERO, |_| false).await.len();
+        let (shared_wake, others, woken) = self.wake(rx, write).await?;
+        let total = self.distinct + self.shared;
+        Ok(FanOut {
+            watchers: total,
+            register_seconds,
+            rss_before_kib: self.rss_before,
+            rss_after_kib: rss_after,
+            rss_per_watcher_bytes: per_watcher(self.rss_before, rss_after, total),
+            early_returns,
+            shared_wake,
+            others_woken_by_shared_write: others,
+            woken_by_distinct_write: woken,
+        })
+    }
+
+    async fn wake<W, Fut>(
         &self,
         rx: &mut mpsc::UnboundedReceiver<Wake>,
         mut write: W,
@@ -173,15 +214,7 @@ async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<FanOut> {
             }
         }
     }
-    let register_seconds = started.elapsed().as_secs_f64();
-    sleep(QUIET).await;
-    let rss_after = rss_kib(pid)?;
-    let early_returns = collect(&mut rx, Duration::ZERO, |_| false).await.len();
-    let probe = Probe {
-        distinct,
-        shared: plan.watchers_shared,
-    };
-    let (shared_wake, others, woken) = probe
+    let fan_out = Probe::new(plan, pid, rss_before, started)
         .run(&mut rx, |key| {
             let client = client.clone();
             async move {
@@ -191,17 +224,7 @@ async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<FanOut> {
         })
         .await?;
     watchers.shutdown().await;
-    Ok(FanOut {
-        watchers: total,
-        register_seconds,
-        rss_before_kib: rss_before,
-        rss_after_kib: rss_after,
-        rss_per_watcher_bytes: per_watcher(rss_before, rss_after, total),
-        early_returns,
-        shared_wake,
-        others_woken_by_shared_write: others,
-        woken_by_distinct_write: woken,
-    })
+    Ok(fan_out)
 }
 
 async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<FanOut> {
@@ -243,15 +266,7 @@ async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<FanOut> {
             .context("etcd did not create every watch in time")?
             .context("the watch stream ended")?;
     }
-    let register_seconds = started.elapsed().as_secs_f64();
-    sleep(QUIET).await;
-    let rss_after = rss_kib(pid)?;
-    let early_returns = collect(&mut rx, Duration::ZERO, |_| false).await.len();
-    let probe = Probe {
-        distinct,
-        shared: plan.watchers_shared,
-    };
-    let (shared_wake, others, woken) = probe
+    let fan_out = Probe::new(plan, pid, rss_before, started)
         .run(&mut rx, |key| {
             let mut client = client.clone();
             async move {
@@ -262,17 +277,7 @@ async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<FanOut> {
         .await?;
     drop(requests);
     reader.abort();
-    Ok(FanOut {
-        watchers: total,
-        register_seconds,
-        rss_before_kib: rss_before,
-        rss_after_kib: rss_after,
-        rss_per_watcher_bytes: per_watcher(rss_before, rss_after, total),
-        early_returns,
-        shared_wake,
-        others_woken_by_shared_write: others,
-        woken_by_distinct_write: woken,
-    })
+    Ok(fan_out)
 }
 
 fn per_watcher(before_kib: u64, after_kib: u64, watchers: usize) -> f64 {

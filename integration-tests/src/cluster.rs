@@ -96,22 +96,8 @@ impl Spec {
         let (rpc_addrs, serf_addrs) = addrs.split_at(self.servers);
         for (i, (rpc_addr, serf_addr)) in rpc_addrs.iter().zip(serf_addrs).enumerate() {
             let name = format!("s{i}");
-            let (cert, key) = cluster.cert(Role::Server, &name);
-            let data_dir = cluster.dir.path().join(format!("{name}-data"));
-            let mut args = strings(&["agent", "--server", "--bootstrap-expect"]);
-            args.push(self.servers.to_string().into());
-            args.extend([
-                "--data-dir".into(),
-                data_dir.into(),
-                "--rpc-addr".into(),
-                rpc_addr.to_string().into(),
-                "--serf-addr".into(),
-                serf_addr.to_string().into(),
-            ]);
-            for addr in serf_addrs {
-                args.extend(["--join".into(), addr.to_string().into()]);
-            }
-            args.extend(cluster.common_args(&name, &cluster.ca_cert, &cert, &key));
+            let expect = self.servers.to_string().into();
+            let mut args = cluster.server_args(&name, expect, *rpc_addr, *serf_addr, serf_addrs);
             args.extend(self.server_args.iter().map(OsString::from));
             cluster.servers.push(Member {
                 log: cluster.dir.path().join(format!("{name}.log")),
@@ -168,6 +154,29 @@ pub struct Cluster {
     profile: String,
     pub servers: Vec<Member>,
     pub clients: Vec<Member>,
+}
+
+/// Member `i` of `members` (the `role`s: "server" or "client"); panics when it is not running.
+fn running<'a>(members: &'a [Member], role: &str, i: usize) -> &'a Agent {
+    members[i]
+        .agent
+        .as_ref()
+        .unwrap_or_else(|| panic!("{role} {i} is not running"))
+}
+
+/// Takes member `i`'s process out of the running set; panics when it is not running.
+fn take(members: &mut [Member], role: &str, i: usize) -> Agent {
+    members[i]
+        .agent
+        .take()
+        .unwrap_or_else(|| panic!("{role} {i} is not running"))
+}
+
+/// Starts member `i` again with the same flags; panics when it is still running.
+async fn relaunch(members: &mut [Member], role: &str, i: usize) {
+    let member = &mut members[i];
+    assert!(member.agent.is_none(), "{role} {i} is still running");
+    member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
 }
 
 fn strings(args: &[&str]) -> Vec<OsString> {
@@ -239,6 +248,35 @@ impl Cluster {
     }
 
     /// Flags every agent gets: node name, HTTP on a free port, TLS files, logging, extras.
+    /// A server's flags: bootstrapping with `expect` servers, its data directory and addresses,
+    /// the gossip addresses it joins, and what every member is given.
+    fn server_args(
+        &self,
+        name: &str,
+        expect: OsString,
+        rpc_addr: SocketAddr,
+        serf_addr: SocketAddr,
+        join: &[SocketAddr],
+    ) -> Vec<OsString> {
+        let (cert, key) = self.cert(Role::Server, name);
+        let data_dir = self.dir.path().join(format!("{name}-data"));
+        let mut args = strings(&["agent", "--server", "--bootstrap-expect"]);
+        args.push(expect);
+        args.extend([
+            "--data-dir".into(),
+            data_dir.into(),
+            "--rpc-addr".into(),
+            rpc_addr.to_string().into(),
+            "--serf-addr".into(),
+            serf_addr.to_string().into(),
+        ]);
+        for addr in join {
+            args.extend(["--join".into(), addr.to_string().into()]);
+        }
+        args.extend(self.common_args(name, &self.ca_cert, &cert, &key));
+        args
+    }
+
     fn common_args(&self, node: &str, ca: &Path, cert: &Path, key: &Path) -> Vec<OsString> {
         let mut args = strings(&["--node", node, "--http-addr", "127.0.0.1:0"]);
         args.extend([
@@ -301,22 +339,29 @@ impl Cluster {
         self.clients.len() - 1
     }
 
-    /// Starts a client agent joined to every server whose certificate comes from another CA,
-    /// with a CA file naming that other CA: it must not be able to talk to the servers.
-    pub async fn foreign_client(&self) -> Agent {
-        let foreign = self.dir.path().join("foreign");
-        std::fs::create_dir_all(&foreign).expect("create the foreign CA directory");
-        let (ca_cert, ca_key) = create_ca(&foreign, DEFAULT_DOMAIN).expect("create a foreign CA");
+    /// A CA of its own in the directory `name` (under the cluster's) and a client certificate
+    /// for `node` from it: the CA's certificate, the client's certificate and its key.
+    pub fn foreign_identity(&self, name: &str, node: &str) -> (PathBuf, PathBuf, PathBuf) {
+        let dir = self.dir.path().join(name);
+        std::fs::create_dir_all(&dir).expect("create the foreign CA directory");
+        let (ca_cert, ca_key) = create_ca(&dir, DEFAULT_DOMAIN).expect("create a foreign CA");
         let (cert, key) = create_cert(
-            &foreign,
+            &dir,
             &ca_cert,
             &ca_key,
             Role::Client,
             DEFAULT_DATACENTER,
             DEFAULT_DOMAIN,
-            Some("rogue"),
+            Some(node),
         )
         .expect("create a foreign certificate");
+        (ca_cert, cert, key)
+    }
+
+    /// Starts a client agent joined to every server whose certificate comes from another CA,
+    /// with a CA file naming that other CA: it must not be able to talk to the servers.
+    pub async fn foreign_client(&self) -> Agent {
+        let (ca_cert, cert, key) = self.foreign_identity("foreign", "rogue");
         let all: Vec<usize> = (0..self.servers.len()).collect();
         let args = self.client_args("rogue", &all, &ca_cert, &cert, &key);
         Agent::spawn(&args, Some(&self.dir.path().join("rogue.log"))).await
@@ -325,26 +370,17 @@ impl Cluster {
     /// Takes client agent `i`'s process out of the cluster (it is no longer running as far
     /// as the cluster is concerned), e.g. to wait for it to exit after `PUT /v1/agent/leave`.
     pub fn take_client(&mut self, i: usize) -> Agent {
-        self.clients[i]
-            .agent
-            .take()
-            .unwrap_or_else(|| panic!("client {i} is not running"))
+        take(&mut self.clients, "client", i)
     }
 
     /// Server `i`; panics when it is not running.
     pub fn server(&self, i: usize) -> &Agent {
-        self.servers[i]
-            .agent
-            .as_ref()
-            .unwrap_or_else(|| panic!("server {i} is not running"))
+        running(&self.servers, "server", i)
     }
 
     /// Client agent `i`; panics when it is not running.
     pub fn client(&self, i: usize) -> &Agent {
-        self.clients[i]
-            .agent
-            .as_ref()
-            .unwrap_or_else(|| panic!("client {i} is not running"))
+        running(&self.clients, "client", i)
     }
 
     /// Server `i`'s RPC address (what `/v1/status/leader` reports).
@@ -402,11 +438,7 @@ impl Cluster {
 
     /// `kill -9` server `i` and wait until the process is gone.
     pub async fn kill9(&mut self, i: usize) {
-        let agent = self.servers[i]
-            .agent
-            .take()
-            .unwrap_or_else(|| panic!("server {i} is not running"));
-        agent.kill9().await;
+        take(&mut self.servers, "server", i).kill9().await;
     }
 
     /// If server `i` has exited on its own, takes it out of the running set and returns its
@@ -435,45 +467,31 @@ impl Cluster {
 
     /// `kill -9` client agent `i` and wait until the process is gone.
     pub async fn kill9_client(&mut self, i: usize) {
-        let agent = self.clients[i]
-            .agent
-            .take()
-            .unwrap_or_else(|| panic!("client {i} is not running"));
-        agent.kill9().await;
+        take(&mut self.clients, "client", i).kill9().await;
     }
 
     /// SIGTERM server `i` and wait for its graceful exit (code 0).
     pub async fn terminate(&mut self, i: usize) {
-        let agent = self.servers[i]
-            .agent
-            .take()
-            .unwrap_or_else(|| panic!("server {i} is not running"));
+        let agent = take(&mut self.servers, "server", i);
         assert_eq!(agent.terminate().await, Some(0), "server {i} exit code");
     }
 
     /// SIGTERM client agent `i` and wait for its graceful exit (code 0).
     pub async fn terminate_client(&mut self, i: usize) {
-        let agent = self.clients[i]
-            .agent
-            .take()
-            .unwrap_or_else(|| panic!("client {i} is not running"));
+        let agent = take(&mut self.clients, "client", i);
         assert_eq!(agent.terminate().await, Some(0), "client {i} exit code");
     }
 
     /// Starts server `i` again with its data directory and RPC port; returns once its HTTP API
     /// is up (it may not have caught up with the cluster yet).
     pub async fn restart(&mut self, i: usize) {
-        let member = &mut self.servers[i];
-        assert!(member.agent.is_none(), "server {i} is still running");
-        member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
+        relaunch(&mut self.servers, "server", i).await;
     }
 
     /// Starts client agent `i` again with the same flags (after [`Cluster::kill9_client`]); its
     /// HTTP and gossip ports are new, read them from [`Cluster::client`].
     pub async fn restart_client(&mut self, i: usize) {
-        let member = &mut self.clients[i];
-        assert!(member.agent.is_none(), "client {i} is still running");
-        member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
+        relaunch(&mut self.clients, "client", i).await;
     }
 
     /// Starts one more server (`s<n>`, a fresh data directory and ports) joined to the others'
@@ -493,22 +511,8 @@ impl Cluster {
             .nth(1)
             .cloned()
             .unwrap_or_else(|| "3".into());
-        let (cert, key) = self.cert(Role::Server, &name);
-        let data_dir = self.dir.path().join(format!("{name}-data"));
-        let mut args = strings(&["agent", "--server", "--bootstrap-expect"]);
-        args.push(expect);
-        args.extend([
-            "--data-dir".into(),
-            data_dir.into(),
-            "--rpc-addr".into(),
-            rpc_addr.to_string().into(),
-            "--serf-addr".into(),
-            serf_addr.to_string().into(),
-        ]);
-        for j in 0..i {
-            args.extend(["--join".into(), self.server_serf(j).to_string().into()]);
-        }
-        args.extend(self.common_args(&name, &self.ca_cert, &cert, &key));
+        let join: Vec<SocketAddr> = (0..i).map(|j| self.server_serf(j)).collect();
+        let args = self.server_args(&name, expect, rpc_addr, serf_addr, &join);
         let log = self.dir.path().join(format!("{name}.log"));
         let agent = Agent::spawn(&args, Some(&log)).await;
         self.servers.push(Member {

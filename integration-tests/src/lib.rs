@@ -212,6 +212,14 @@ impl Http {
         assert_eq!(reply.json(), json!(true), "PUT {path} through {base}");
     }
 
+    /// A write that must be refused with `200 false`; the reply, for its headers.
+    pub async fn put_false(&self, path: &str, body: impl Into<Vec<u8>>) -> Reply {
+        let reply = self.put(path, body).await;
+        assert_eq!(reply.status, StatusCode::OK, "PUT {path}: {}", reply.text());
+        assert_eq!(reply.json(), json!(false), "PUT {path}");
+        reply
+    }
+
     /// A plain `PUT /v1/kv/<key>` that must answer `200 true`.
     pub async fn put_key(&self, key: &str, value: &str) {
         self.put_true(&format!("/v1/kv/{key}"), value).await;
@@ -252,6 +260,12 @@ impl Http {
         assert_eq!(reply.text(), "true", "acquire {key}");
     }
 
+    /// A `?release` of `key` by `session` (value `held`) that must answer `200 true`.
+    pub async fn release_ok(&self, key: &str, session: &str) {
+        self.put_true(&format!("/v1/kv/{key}?release={session}"), "held")
+            .await;
+    }
+
     /// `/v1/session/info/<id>`: a one-element array, `[]` once the session is gone.
     pub async fn session_info(&self, id: &str) -> Value {
         let reply = self.get(&format!("/v1/session/info/{id}")).await;
@@ -269,6 +283,13 @@ impl Http {
     pub async fn destroy_session(&self, id: &str) {
         self.put_true(&format!("/v1/session/destroy/{id}"), "")
             .await;
+    }
+
+    /// `GET /v1/vigil/sequencer?<query>`, which must answer 200 (its body is the verdict).
+    pub async fn sequencer(&self, query: &str) -> Reply {
+        let reply = self.get(&format!("/v1/vigil/sequencer?{query}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        reply
     }
 
     /// `/v1/agent/members`.

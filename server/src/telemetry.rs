@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use metrics::{counter, gauge, histogram};
+use openraft::async_runtime::WatchReceiver as _;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use vigil_shared::catalog::{HealthStatus, MemberState, MemberStatus, SERF_HEALTH};
@@ -388,7 +389,7 @@ pub fn record_gossip(members: &[MemberStatus], decrypt_failures: u64, foreign_dr
 /// Sets the gauges only a server has: raft figures, state sizes, blocking queries, active
 /// lock-delays. Called when metrics are read, so nothing runs between scrapes.
 pub fn record_server(server: &Server) {
-    let metrics = server.raft().metrics().borrow().clone();
+    let metrics = server.raft().metrics().borrow_watched().clone();
     gauge!(RAFT_TERM).set(metrics.current_term as f64);
     gauge!(RAFT_LAST_INDEX).set(metrics.last_log_index.unwrap_or(0) as f64);
     gauge!(RAFT_APPLIED_INDEX).set(metrics.last_applied.map_or(0, |l| l.index) as f64);

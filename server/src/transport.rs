@@ -785,6 +785,15 @@ mod tests {
         RpcClient::new(client_endpoint(tls).unwrap(), tls.server_name())
     }
 
+    /// A call that TLS refuses: the peer is unreachable to the caller.
+    async fn assert_unreachable(from: &RpcClient, addr: SocketAddr) {
+        let error = from.call(addr, b"x".to_vec(), TIMEOUT).await.unwrap_err();
+        assert!(
+            matches!(error, TransportError::Unreachable { .. }),
+            "{error:?}"
+        );
+    }
+
     /// A server certificate and a client certificate from one fresh CA.
     fn cluster() -> (TlsMaterial, TlsMaterial) {
         let ca = CertificateAuthority::generate("vigil").unwrap();
@@ -948,23 +957,9 @@ mod tests {
         let server = TestServer::start(LOCALHOST, &server_tls);
 
         let intruder = client(&foreign_client);
-        let error = intruder
-            .call(server.addr, b"x".to_vec(), TIMEOUT)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, TransportError::Unreachable { .. }),
-            "{error:?}"
-        );
+        assert_unreachable(&intruder, server.addr).await;
         // The retry path does not change the answer, and the handler never ran.
-        let error = intruder
-            .call(server.addr, b"x".to_vec(), TIMEOUT)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, TransportError::Unreachable { .. }),
-            "{error:?}"
-        );
+        assert_unreachable(&intruder, server.addr).await;
         assert_eq!(server.calls(), 0);
         server.stop().await;
     }
@@ -975,14 +970,7 @@ mod tests {
         let (foreign_server, _) = cluster();
         let server = TestServer::start(LOCALHOST, &foreign_server);
 
-        let error = client(&client_tls)
-            .call(server.addr, b"x".to_vec(), TIMEOUT)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, TransportError::Unreachable { .. }),
-            "{error:?}"
-        );
+        assert_unreachable(&client(&client_tls), server.addr).await;
         assert_eq!(server.calls(), 0);
         server.stop().await;
     }
@@ -992,14 +980,7 @@ mod tests {
         // Same CA, but the listener holds a client certificate: it lacks server.dc1.vigil.
         let (_, client_tls) = cluster();
         let impostor = TestServer::start(LOCALHOST, &client_tls);
-        let error = client(&client_tls)
-            .call(impostor.addr, b"x".to_vec(), TIMEOUT)
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(error, TransportError::Unreachable { .. }),
-            "{error:?}"
-        );
+        assert_unreachable(&client(&client_tls), impostor.addr).await;
         assert_eq!(impostor.calls(), 0);
         impostor.stop().await;
     }

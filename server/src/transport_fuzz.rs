@@ -15,12 +15,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, VoteRequest, VoteResponse,
-};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, Membership, SnapshotMeta, StoredMembership, Vote,
-};
+use openraft::EntryPayload;
+use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft_legacy::network_v1::{InstallSnapshotRequest, SnapshotMeta};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -37,7 +34,7 @@ use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
 use super::{FRAME_VERSION, HEADER_LEN, MAX_FRAME_LEN, decode_header, encode_header};
 use crate::operator::OperatorRequest;
-use crate::raft::TypeConfig;
+use crate::raft::{Entry, LogId, Membership, StoredMembership, TypeConfig, Vote};
 use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
 
 // ---------------------------------------------------------------------------------------------
@@ -87,8 +84,8 @@ proptest! {
 // The corpus: valid requests and responses
 // ---------------------------------------------------------------------------------------------
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> LogId {
+    openraft::testing::log_id::<TypeConfig>(term, 1, index)
 }
 
 fn server(name: &str) -> ServerNode {
@@ -98,10 +95,10 @@ fn server(name: &str) -> ServerNode {
     }
 }
 
-fn membership() -> Membership<u64, ServerNode> {
+fn membership() -> Membership {
     let voters = BTreeSet::from([1, 2, 3]);
     let nodes = BTreeMap::from([(1, server("s1")), (2, server("s2")), (3, server("s3"))]);
-    Membership::new(vec![voters], nodes)
+    Membership::new(vec![voters], nodes).expect("a valid membership")
 }
 
 fn session() -> Session {
@@ -270,7 +267,7 @@ fn requests() -> Vec<RpcRequest> {
     let entries = ops()
         .into_iter()
         .enumerate()
-        .map(|(i, op)| Entry::<TypeConfig> {
+        .map(|(i, op)| Entry {
             log_id: log_id(2, 40 + i as u64),
             payload: EntryPayload::Normal(Command {
                 now_ms: 1_700_000_000_000 + i as u64,

@@ -57,20 +57,7 @@ fn expected_op(op: &Op) -> u8 {
 }
 
 fn session() -> Session {
-    Session {
-        id: "s".into(),
-        name: String::new(),
-        node: "n".into(),
-        lock_delay_ns: 0,
-        behavior: Behavior::Release,
-        ttl: String::new(),
-        node_checks: Vec::new(),
-        service_checks: None,
-        checks: Vec::new(),
-        create_index: 0,
-        modify_index: 0,
-        owner: String::new(),
-    }
+    Session::new("s", "n")
 }
 
 fn s(v: &str) -> String {

@@ -161,6 +161,15 @@ pub enum TokenAction {
     List,
 }
 
+/// A policy or role by `--id`, or by `--name`.
+#[derive(Debug, Args)]
+pub struct IdOrName {
+    #[arg(long, required_unless_present = "name")]
+    id: Option<String>,
+    #[arg(long)]
+    name: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum PolicyAction {
     /// Create a policy; `--rules @FILE` reads them from a file.
@@ -173,12 +182,7 @@ pub enum PolicyAction {
         rules: String,
     },
     /// Show a policy by ID or name.
-    Read {
-        #[arg(long, required_unless_present = "name")]
-        id: Option<String>,
-        #[arg(long)]
-        name: Option<String>,
-    },
+    Read(IdOrName),
     /// Replace a policy's name, description and rules.
     Update {
         #[arg(long)]
@@ -191,12 +195,7 @@ pub enum PolicyAction {
         rules: String,
     },
     /// Delete a policy by ID or name.
-    Delete {
-        #[arg(long, required_unless_present = "name")]
-        id: Option<String>,
-        #[arg(long)]
-        name: Option<String>,
-    },
+    Delete(IdOrName),
     /// Every policy.
     List,
 }
@@ -213,19 +212,9 @@ pub enum RoleAction {
         grants: Grants,
     },
     /// Show a role by ID or name.
-    Read {
-        #[arg(long, required_unless_present = "name")]
-        id: Option<String>,
-        #[arg(long)]
-        name: Option<String>,
-    },
+    Read(IdOrName),
     /// Delete a role by ID or name.
-    Delete {
-        #[arg(long, required_unless_present = "name")]
-        id: Option<String>,
-        #[arg(long)]
-        name: Option<String>,
-    },
+    Delete(IdOrName),
     /// Every role.
     List,
 }
@@ -249,27 +238,36 @@ async fn send(
     Ok(response.json().await?)
 }
 
-/// An ID, or the ID of the policy or role with `name` (`kind`: `policy` or `role`).
-async fn id_of(
-    agent: &AgentAddr,
-    kind: &str,
-    id: Option<String>,
-    name: Option<String>,
-) -> anyhow::Result<String> {
-    match (id, name) {
+async fn get(agent: &AgentAddr, path: &str) -> anyhow::Result<Value> {
+    send(agent, Method::GET, path, None).await
+}
+
+async fn put(agent: &AgentAddr, path: &str, body: Value) -> anyhow::Result<Value> {
+    send(agent, Method::PUT, path, Some(body)).await
+}
+
+/// The ID given, or the ID of the policy or role (`kind`) with the name given.
+async fn id_of(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<String> {
+    match (which.id, which.name) {
         (Some(id), _) => Ok(id),
         (None, Some(name)) => {
-            let found = send(
-                agent,
-                Method::GET,
-                &format!("/v1/acl/{kind}/name/{name}"),
-                None,
-            )
-            .await?;
+            let found = get(agent, &format!("/v1/acl/{kind}/name/{name}")).await?;
             Ok(found["ID"].as_str().unwrap_or_default().to_owned())
         }
         (None, None) => anyhow::bail!("give --id or --name"),
     }
+}
+
+/// The policy or role (`kind`) by ID or name.
+async fn read(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<Value> {
+    let id = id_of(agent, kind, which).await?;
+    get(agent, &format!("/v1/acl/{kind}/{id}")).await
+}
+
+/// Deletes the policy or role (`kind`) by ID or name.
+async fn delete_named(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<()> {
+    let id = id_of(agent, kind, which).await?;
+    delete(agent, kind, &id).await
 }
 
 /// Deletes the token, policy or role `id` (`kind`) and says so, as Consul's CLI does.
@@ -408,14 +406,14 @@ async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow
             if let Some(secret) = secret {
                 body["SecretID"] = secret.into();
             }
-            send(agent, Method::PUT, "/v1/acl/token", Some(body)).await?
+            put(agent, "/v1/acl/token", body).await?
         }
         TokenAction::Read { id, self_ } => {
             let path = match id.filter(|_| !self_) {
                 Some(id) => format!("/v1/acl/token/{id}"),
                 None => "/v1/acl/token/self".to_owned(),
             };
-            send(agent, Method::GET, &path, None).await?
+            get(agent, &path).await?
         }
         TokenAction::Update {
             id,
@@ -424,26 +422,14 @@ async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow
         } => {
             let mut body = json!({ "Description": description });
             grants.into_body(&mut body, true)?;
-            send(
-                agent,
-                Method::PUT,
-                &format!("/v1/acl/token/{id}"),
-                Some(body),
-            )
-            .await?
+            put(agent, &format!("/v1/acl/token/{id}"), body).await?
         }
         TokenAction::Clone { id, description } => {
             let body = json!({ "Description": description });
-            send(
-                agent,
-                Method::PUT,
-                &format!("/v1/acl/token/{id}/clone"),
-                Some(body),
-            )
-            .await?
+            put(agent, &format!("/v1/acl/token/{id}/clone"), body).await?
         }
         TokenAction::Delete { id } => return delete(agent, "token", &id).await,
-        TokenAction::List => send(agent, Method::GET, "/v1/acl/tokens", None).await?,
+        TokenAction::List => get(agent, "/v1/acl/tokens").await?,
     };
     output(format, &result, print_token)
 }
@@ -457,12 +443,9 @@ async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyh
         } => {
             let body =
                 json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
-            send(agent, Method::PUT, "/v1/acl/policy", Some(body)).await?
+            put(agent, "/v1/acl/policy", body).await?
         }
-        PolicyAction::Read { id, name } => {
-            let id = id_of(agent, "policy", id, name).await?;
-            send(agent, Method::GET, &format!("/v1/acl/policy/{id}"), None).await?
-        }
+        PolicyAction::Read(which) => read(agent, "policy", which).await?,
         PolicyAction::Update {
             id,
             name,
@@ -471,19 +454,10 @@ async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyh
         } => {
             let body =
                 json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
-            send(
-                agent,
-                Method::PUT,
-                &format!("/v1/acl/policy/{id}"),
-                Some(body),
-            )
-            .await?
+            put(agent, &format!("/v1/acl/policy/{id}"), body).await?
         }
-        PolicyAction::Delete { id, name } => {
-            let id = id_of(agent, "policy", id, name).await?;
-            return delete(agent, "policy", &id).await;
-        }
-        PolicyAction::List => send(agent, Method::GET, "/v1/acl/policies", None).await?,
+        PolicyAction::Delete(which) => return delete_named(agent, "policy", which).await,
+        PolicyAction::List => get(agent, "/v1/acl/policies").await?,
     };
     output(format, &result, print_policy)
 }
@@ -497,17 +471,11 @@ async fn role(agent: &AgentAddr, format: Format, action: RoleAction) -> anyhow::
         } => {
             let mut body = json!({ "Name": name, "Description": description });
             grants.into_body(&mut body, false)?;
-            send(agent, Method::PUT, "/v1/acl/role", Some(body)).await?
+            put(agent, "/v1/acl/role", body).await?
         }
-        RoleAction::Read { id, name } => {
-            let id = id_of(agent, "role", id, name).await?;
-            send(agent, Method::GET, &format!("/v1/acl/role/{id}"), None).await?
-        }
-        RoleAction::Delete { id, name } => {
-            let id = id_of(agent, "role", id, name).await?;
-            return delete(agent, "role", &id).await;
-        }
-        RoleAction::List => send(agent, Method::GET, "/v1/acl/roles", None).await?,
+        RoleAction::Read(which) => read(agent, "role", which).await?,
+        RoleAction::Delete(which) => return delete_named(agent, "role", which).await,
+        RoleAction::List => get(agent, "/v1/acl/roles").await?,
     };
     output(format, &result, print_role)
 }

@@ -2,6 +2,7 @@
 //! the local agent; and `vigil operator raft list-peers`, the raft servers.
 
 use clap::Args;
+use serde_json::Value;
 
 use super::AgentAddr;
 
@@ -71,16 +72,27 @@ fn status_name(code: u64) -> &'static str {
     }
 }
 
-/// Prints rows as left-aligned columns under a header.
-fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_owned()
+}
+
+/// Prints a `row` for each element of the JSON array `items` (none when it is not an array), as
+/// left-aligned columns under a header.
+fn print_table<const N: usize>(
+    header: [&str; N],
+    items: &Value,
+    row: impl Fn(&Value) -> [String; N],
+) {
+    let items = items.as_array().map(Vec::as_slice).unwrap_or_default();
+    let rows: Vec<[String; N]> = items.iter().map(row).collect();
     let header = header.map(str::to_owned);
     let mut widths = header.clone().map(|h| h.len());
-    for row in rows {
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.len());
         }
     }
-    for row in std::iter::once(&header).chain(rows) {
+    for row in std::iter::once(&header).chain(&rows) {
         let line: Vec<String> = row
             .iter()
             .zip(widths)
@@ -93,56 +105,41 @@ fn print_table<const N: usize>(header: [&str; N], rows: &[[String; N]]) {
 /// Prints a table like `consul members`.
 pub async fn members(args: MembersArgs) -> anyhow::Result<i32> {
     let members = args.agent.client()?.agent_members().await?;
-    let rows: Vec<[String; 5]> = members
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|m| {
-            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-            let role = if m["Tags"]["role"] == "consul" {
-                "server"
-            } else {
-                "client"
-            };
-            [
-                text(&m["Name"]),
-                format!("{}:{}", text(&m["Addr"]), m["Port"]),
-                status_name(m["Status"].as_u64().unwrap_or(0)).to_owned(),
-                role.to_owned(),
-                text(&m["Tags"]["dc"]),
-            ]
-        })
-        .collect();
-    print_table(["Node", "Address", "Status", "Type", "DC"], &rows);
+    print_table(["Node", "Address", "Status", "Type", "DC"], &members, |m| {
+        let role = if m["Tags"]["role"] == "consul" {
+            "server"
+        } else {
+            "client"
+        };
+        [
+            text(&m["Name"]),
+            format!("{}:{}", text(&m["Addr"]), m["Port"]),
+            status_name(m["Status"].as_u64().unwrap_or(0)).to_owned(),
+            role.to_owned(),
+            text(&m["Tags"]["dc"]),
+        ]
+    });
     Ok(0)
 }
 
 /// `vigil operator raft list-peers`: the raft servers, like Consul's command.
 pub async fn list_peers(agent: AgentAddr) -> anyhow::Result<i32> {
     let config = agent.client()?.raft_configuration().await?;
-    let rows: Vec<[String; 5]> = config["Servers"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
-        .map(|s| {
-            let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_owned();
-            [
-                text(&s["Node"]),
-                text(&s["ID"]),
-                text(&s["Address"]),
-                if s["Leader"] == true {
-                    "leader"
-                } else {
-                    "follower"
-                }
-                .to_owned(),
-                s["Voter"].to_string(),
-            ]
-        })
-        .collect();
-    print_table(["Node", "ID", "Address", "State", "Voter"], &rows);
+    let header = ["Node", "ID", "Address", "State", "Voter"];
+    print_table(header, &config["Servers"], |s| {
+        [
+            text(&s["Node"]),
+            text(&s["ID"]),
+            text(&s["Address"]),
+            if s["Leader"] == true {
+                "leader"
+            } else {
+                "follower"
+            }
+            .to_owned(),
+            s["Voter"].to_string(),
+        ]
+    });
     Ok(0)
 }
 

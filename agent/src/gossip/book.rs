@@ -409,32 +409,31 @@ mod tests {
         book
     }
 
+    /// Down without a leave notice is Failed; with one, before or after, it is Left.
     #[test]
-    fn down_without_notice_is_failed() {
-        let m = id(1, 1);
-        let mut book = book_with(&m);
-        assert_eq!(book.state_of(&m.addr), Some(MemberState::Alive));
-        book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
-        assert_eq!(book.state_of(&m.addr), Some(MemberState::Failed));
-    }
-
-    #[test]
-    fn notice_then_down_is_left() {
-        let m = id(1, 1);
-        let mut book = book_with(&m);
-        book.leave_notice(notice(&m, false), T0);
-        assert_eq!(book.state_of(&m.addr), Some(MemberState::Leaving));
-        book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
-        assert_eq!(book.state_of(&m.addr), Some(MemberState::Left));
-    }
-
-    #[test]
-    fn down_then_notice_is_left() {
-        let m = id(1, 1);
-        let mut book = book_with(&m);
-        book.apply(&OwnedNotification::MemberDown(m.clone()), T0);
-        book.leave_notice(notice(&m, false), T0);
-        assert_eq!(book.state_of(&m.addr), Some(MemberState::Left));
+    fn down_is_failed_unless_a_leave_notice_comes_before_or_after() {
+        enum Step {
+            Down,
+            Notice,
+        }
+        use MemberState::{Alive, Failed, Leaving, Left};
+        let cases: [&[(Step, MemberState)]; 3] = [
+            &[(Step::Down, Failed)],
+            &[(Step::Notice, Leaving), (Step::Down, Left)],
+            &[(Step::Down, Failed), (Step::Notice, Left)],
+        ];
+        for steps in cases {
+            let m = id(1, 1);
+            let mut book = book_with(&m);
+            assert_eq!(book.state_of(&m.addr), Some(Alive));
+            for (step, then) in steps {
+                match step {
+                    Step::Down => book.apply(&OwnedNotification::MemberDown(m.clone()), T0),
+                    Step::Notice => book.leave_notice(notice(&m, false), T0),
+                }
+                assert_eq!(book.state_of(&m.addr), Some(*then));
+            }
+        }
     }
 
     #[test]
@@ -503,7 +502,7 @@ mod tests {
     }
 
     /// The rows named `name` in `book`'s member list, as (address, state).
-    fn rows_named(book: &MemberBook, me: &Member, name: &str) -> Vec<(SocketAddr, MemberState)> {
+    fn rows_of(book: &MemberBook, me: &Member, name: &str) -> Vec<(SocketAddr, MemberState)> {
         book.snapshot(me, MemberState::Alive)
             .into_iter()
             .filter(|s| s.name == name)
@@ -523,10 +522,7 @@ mod tests {
             OwnedNotification::MemberUp(impostor.clone()),
         );
         assert_eq!(book.rival(&impostor).map(|m| m.addr), Some(real.addr));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(real.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(real.addr, MemberState::Alive)]);
 
         // The impostor leaves (or crashes): nothing about it is reported while c1 lives.
         book.leave_notice(notice(&impostor, false), T0);
@@ -536,15 +532,12 @@ mod tests {
             OwnedNotification::MemberDown(impostor.clone()),
         );
         assert_eq!(book.state_of(&impostor.addr), Some(MemberState::Left));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(real.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(real.addr, MemberState::Alive)]);
 
         // Both down: the one that held the name speaks for it, not the newer impostor.
         fold(&mut book, &me, OwnedNotification::MemberDown(real.clone()));
         assert_eq!(
-            rows_named(&book, &me, "c1"),
+            rows_of(&book, &me, "c1"),
             [(real.addr, MemberState::Failed)]
         );
     }
@@ -554,18 +547,12 @@ mod tests {
         let (real, me) = (named(1, 10, "c1"), named(2, 20, "c1"));
         let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(real.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(real.addr, MemberState::Alive)]);
         // The other way round, the older node keeps its own name.
         let (me, newcomer) = (real, named(2, 20, "c1"));
         let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(newcomer));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(me.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(me.addr, MemberState::Alive)]);
     }
 
     #[test]
@@ -575,10 +562,7 @@ mod tests {
         let mut book = MemberBook::new("dc1", RECLAIM);
         fold(&mut book, &me, OwnedNotification::MemberUp(old.clone()));
         fold(&mut book, &me, OwnedNotification::MemberUp(new.clone()));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(old.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Alive)]);
 
         // The old process is declared down: its name is reported Failed (so the leader
         // invalidates its sessions) for the reclaim time before the new process takes it.
@@ -589,22 +573,13 @@ mod tests {
             OwnedNotification::MemberDown(old.clone()),
             down_at,
         );
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(old.addr, MemberState::Failed)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Failed)]);
         book.refresh(&me, down_at + RECLAIM - Duration::from_millis(1));
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(old.addr, MemberState::Failed)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Failed)]);
         book.take_changed();
         book.refresh(&me, down_at + RECLAIM);
         assert!(book.take_changed(), "the handover is published");
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(new.addr, MemberState::Alive)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(new.addr, MemberState::Alive)]);
 
         // Both held the name in turn: once both are down, the newer one speaks for it.
         let later = down_at + RECLAIM * 10;
@@ -614,15 +589,9 @@ mod tests {
             OwnedNotification::MemberDown(new.clone()),
             later,
         );
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(new.addr, MemberState::Failed)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(new.addr, MemberState::Failed)]);
         book.refresh(&me, later + RECLAIM);
-        assert_eq!(
-            rows_named(&book, &me, "c1"),
-            [(new.addr, MemberState::Failed)]
-        );
+        assert_eq!(rows_of(&book, &me, "c1"), [(new.addr, MemberState::Failed)]);
     }
 
     #[test]

@@ -292,12 +292,21 @@ impl Gossip {
     /// Spreads a user event to every member (`/v1/event/fire`); the event as fired, with its
     /// ID and Lamport time.
     pub async fn fire_event(&self, event: UserEvent) -> Result<UserEvent, GossipError> {
+        self.ask(|reply| Command::FireEvent { event, reply })
+            .await?
+    }
+
+    /// Sends the gossip task a command that carries `reply`, and waits for its answer.
+    async fn ask<T>(
+        &self,
+        command: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, GossipError> {
         let (reply, answer) = oneshot::channel();
         self.commands
-            .send(Command::FireEvent { event, reply })
+            .send(command(reply))
             .await
             .map_err(|_| GossipError::Stopped)?;
-        answer.await.map_err(|_| GossipError::Stopped)?
+        answer.await.map_err(|_| GossipError::Stopped)
     }
 
     /// The user events this node has seen, oldest first; changes when one arrives.
@@ -346,12 +355,7 @@ impl Gossip {
     /// Failed), keeps the task running until the leave went out to enough members or the
     /// profile's linger time passed, then stops the task.
     pub async fn leave(&self) -> Result<(), GossipError> {
-        let (done, wait) = oneshot::channel();
-        self.commands
-            .send(Command::Leave { done })
-            .await
-            .map_err(|_| GossipError::Stopped)?;
-        wait.await.map_err(|_| GossipError::Stopped)
+        self.ask(|done| Command::Leave { done }).await
     }
 
     /// Operator force-leave (`/v1/agent/force-leave/<node>`): a Failed member becomes Left in
@@ -359,27 +363,15 @@ impl Gossip {
     /// Failed (or later declares it down) reports it Left too. A live member is refused: it
     /// would only come straight back.
     pub async fn force_leave(&self, name: &str, prune: bool) -> Result<(), GossipError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::ForceLeave {
-                name: name.to_owned(),
-                prune,
-                reply,
-            })
-            .await
-            .map_err(|_| GossipError::Stopped)?;
-        answer.await.map_err(|_| GossipError::Stopped)?
+        let name = name.to_owned();
+        self.ask(|reply| Command::ForceLeave { name, prune, reply })
+            .await?
     }
 
     /// Asks every live member to apply a keyring operation (`/v1/operator/keyring`) and adds
     /// up their answers; returns once every member answered or the profile's timeout passed.
     pub async fn keyring(&self, op: KeyOp) -> Result<KeyResponse, GossipError> {
-        let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(Command::Keyring { op, reply })
-            .await
-            .map_err(|_| GossipError::Stopped)?;
-        answer.await.map_err(|_| GossipError::Stopped)
+        self.ask(|reply| Command::Keyring { op, reply }).await
     }
 
     /// Received packets dropped because they did not open (wrong key, clear text on an

@@ -152,19 +152,27 @@ impl Sim {
             key_results: Vec::new(),
         };
         for i in 0..n {
-            sim.by_addr.insert(addr(i), i);
-            let node = sim.boot(i, 1);
-            sim.nodes.push(SimNode {
-                node,
-                up: true,
-                life: 0,
-                paused_until: None,
-                leave_deadline: None,
-            });
             let offset = sim.jitter(profile.tick_interval());
-            sim.push(offset, i, Kind::Tick);
+            sim.launch(identity(i, 1), offset);
         }
         sim
+    }
+
+    /// Boots a new node as `id` at the next address, its first tick at `first_tick`; returns
+    /// its index.
+    fn launch(&mut self, id: Member, first_tick: Duration) -> usize {
+        let i = self.nodes.len();
+        self.by_addr.insert(addr(i), i);
+        let node = self.boot_as(i, id);
+        self.nodes.push(SimNode {
+            node,
+            up: true,
+            life: 0,
+            paused_until: None,
+            leave_deadline: None,
+        });
+        self.push(first_tick, i, Kind::Tick);
+        i
     }
 
     fn boot(&self, i: usize, generation: u64) -> GossipNode {
@@ -184,18 +192,7 @@ impl Sim {
 
     /// Starts a new member (a new name and address) joining node 0; returns its index.
     pub fn add_node(&mut self) -> usize {
-        let i = self.nodes.len();
-        self.by_addr.insert(addr(i), i);
-        let node = self.boot(i, 1);
-        self.nodes.push(SimNode {
-            node,
-            up: true,
-            life: 0,
-            paused_until: None,
-            leave_deadline: None,
-        });
-        self.push(self.now, i, Kind::Tick);
-        i
+        self.launch(identity(self.nodes.len(), 1), self.now)
     }
 
     /// Node `by` asks the cluster for a keyring operation; runs until the answers are in.
@@ -229,17 +226,7 @@ impl Sim {
             generation: real.generation + 1_000,
             ..identity(i, 0)
         };
-        self.by_addr.insert(addr(i), i);
-        let node = self.boot_as(i, id);
-        self.nodes.push(SimNode {
-            node,
-            up: true,
-            life: 0,
-            paused_until: None,
-            leave_deadline: None,
-        });
-        self.push(self.now, i, Kind::Tick);
-        i
+        self.launch(id, self.now)
     }
 
     /// Node `i`'s member list, as its agent would report it.
@@ -510,18 +497,19 @@ mod tests {
     const SEED: u64 = 0x5EED;
     const CHECK: Duration = Duration::from_millis(100);
 
-    fn converged_cluster(profile: TimingProfile, seed: u64) -> (Sim, Duration) {
-        let mut sim = Sim::new(N, profile, seed);
+    /// `n` members, run until every one sees every other Alive; with the virtual time it took.
+    fn converged_cluster(n: usize, profile: TimingProfile, seed: u64) -> (Sim, Duration) {
+        let mut sim = Sim::new(n, profile, seed);
         let took = sim
             .wait_for(secs(30), CHECK, Sim::converged)
-            .expect("100 members converge");
+            .unwrap_or_else(|| panic!("{n} members converge"));
         (sim, took)
     }
 
     #[test]
     fn hundred_members_converge() {
         let wall = Instant::now();
-        let (sim, took) = converged_cluster(TimingProfile::Local, SEED);
+        let (sim, took) = converged_cluster(N, TimingProfile::Local, SEED);
         eprintln!(
             "sim: {N} members converged in {took:?} virtual ({} packets, {:?} wall)",
             sim.packets,
@@ -534,7 +522,7 @@ mod tests {
     #[test]
     fn a_crash_is_detected_by_every_survivor_and_a_restart_rejoins() {
         let wall = Instant::now();
-        let (mut sim, _) = converged_cluster(TimingProfile::Local, SEED);
+        let (mut sim, _) = converged_cluster(N, TimingProfile::Local, SEED);
 
         // Crash one member: every survivor reports it Failed (not Left).
         let victim = 42;
@@ -575,7 +563,7 @@ mod tests {
     #[test]
     fn a_full_partition_heals_into_one_cluster() {
         let wall = Instant::now();
-        let (mut sim, _) = converged_cluster(TimingProfile::Local, SEED);
+        let (mut sim, _) = converged_cluster(N, TimingProfile::Local, SEED);
         let half = N / 2;
 
         // Split into two halves; each side declares the other Failed.
@@ -599,7 +587,7 @@ mod tests {
 
     #[test]
     fn graceful_leave_is_left_and_force_leave_turns_failed_into_left() {
-        let (mut sim, _) = converged_cluster(TimingProfile::Local, SEED);
+        let (mut sim, _) = converged_cluster(N, TimingProfile::Local, SEED);
 
         let leaver = 7;
         sim.leave(leaver);
@@ -640,10 +628,7 @@ mod tests {
 
     #[test]
     fn an_impostor_never_takes_a_live_members_name() {
-        let n = 10;
-        let mut sim = Sim::new(n, TimingProfile::Local, SEED);
-        sim.wait_for(secs(30), CHECK, Sim::converged)
-            .expect("converged");
+        let (mut sim, _) = converged_cluster(10, TimingProfile::Local, SEED);
         let real = 4;
         let name = sim.name(real);
         // Every running node (the impostors too) lists `name` once: the real member, alive.
@@ -691,10 +676,7 @@ mod tests {
 
     #[test]
     fn a_node_restarted_elsewhere_is_reported_failed_before_it_is_back() {
-        let n = 10;
-        let mut sim = Sim::new(n, TimingProfile::Local, SEED);
-        sim.wait_for(secs(30), CHECK, Sim::converged)
-            .expect("converged");
+        let (mut sim, _) = converged_cluster(10, TimingProfile::Local, SEED);
         let old = 4;
         let name = sim.name(old);
 
@@ -768,9 +750,7 @@ mod tests {
         // because whether the news of a suspicion reaches the paused member is down to chance
         // without the suspicion nudge.
         for seed in 0..10 {
-            let mut sim = Sim::new(10, TimingProfile::Lan, seed);
-            sim.wait_for(secs(30), CHECK, Sim::converged)
-                .expect("converged");
+            let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, seed);
             for i in 1..10 {
                 sim.pause(i, secs(2));
                 sim.run_for(secs(2) + ms(777) * i as u32);

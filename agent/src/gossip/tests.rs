@@ -34,10 +34,45 @@ fn config(name: &str, join: Vec<SocketAddr>, keyring: Option<Keyring>, dc: &str)
     }
 }
 
-async fn spawn(config: GossipConfig, root: &CancellationToken, tasks: &TaskTracker) -> Instance {
-    let shutdown = root.child_token();
-    let gossip = start(config, shutdown.clone(), tasks).await.expect("start");
-    Instance { gossip, shutdown }
+/// The instances of one test: each stops with `root` (or alone, with its own child token), and
+/// their tasks are tracked to check that none outlives the shutdown.
+struct Cluster {
+    root: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Cluster {
+    fn new() -> Cluster {
+        Cluster {
+            root: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    async fn spawn(&self, config: GossipConfig) -> Instance {
+        let shutdown = self.root.child_token();
+        let gossip = start(config, shutdown.clone(), &self.tasks)
+            .await
+            .expect("start");
+        Instance { gossip, shutdown }
+    }
+
+    /// a, and b joined through it, once a sees both Alive; with the seed to join a through.
+    async fn pair(&self, keyring: Option<Keyring>) -> (Instance, Instance, Vec<SocketAddr>) {
+        let a = self.spawn(config("a", vec![], keyring.clone(), DC)).await;
+        let seed = vec![a.gossip.local_addr()];
+        let b = self.spawn(config("b", seed.clone(), keyring, DC)).await;
+        wait_alive(&a.gossip, Duration::from_secs(5), "a sees b", &["a", "b"]).await;
+        (a, b, seed)
+    }
+
+    async fn stop_all(self) {
+        self.root.cancel();
+        self.tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), self.tasks.wait())
+            .await
+            .expect("every gossip task stops on shutdown");
+    }
 }
 
 fn state_of(list: &[MemberStatus], name: &str) -> Option<MemberState> {
@@ -63,41 +98,28 @@ async fn wait_members(
     }
 }
 
-fn all_alive(names: &'static [&'static str]) -> impl Fn(&[MemberStatus]) -> bool {
-    move |list| {
+/// Waits until `gossip` sees every one of `names` Alive.
+async fn wait_alive(gossip: &Gossip, limit: Duration, what: &str, names: &[&str]) {
+    wait_members(gossip, limit, what, |list| {
         names
             .iter()
             .all(|n| state_of(list, n) == Some(MemberState::Alive))
-    }
-}
-
-async fn stop_all(root: CancellationToken, tasks: TaskTracker) {
-    root.cancel();
-    tasks.close();
-    tokio::time::timeout(Duration::from_secs(5), tasks.wait())
-        .await
-        .expect("every gossip task stops on shutdown");
+    })
+    .await;
 }
 
 /// Three members that join through the first, one crash, one graceful leave.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_members_join_detect_a_crash_and_see_a_leave() {
-    let root = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    let cluster = Cluster::new();
 
     // Phase 1: a, b, c join through a and see each other (and themselves) Alive.
-    let a = spawn(config("a", vec![], None, DC), &root, &tasks).await;
+    let a = cluster.spawn(config("a", vec![], None, DC)).await;
     let seed = vec![a.gossip.local_addr()];
-    let b = spawn(config("b", seed.clone(), None, DC), &root, &tasks).await;
-    let c = spawn(config("c", seed, None, DC), &root, &tasks).await;
+    let b = cluster.spawn(config("b", seed.clone(), None, DC)).await;
+    let c = cluster.spawn(config("c", seed, None, DC)).await;
     for i in [&a, &b, &c] {
-        wait_members(
-            &i.gossip,
-            Duration::from_secs(10),
-            "join",
-            all_alive(&["a", "b", "c"]),
-        )
-        .await;
+        wait_alive(&i.gossip, Duration::from_secs(10), "join", &["a", "b", "c"]).await;
     }
     let me = a.gossip.members();
     assert_eq!(me.len(), 3);
@@ -164,26 +186,21 @@ async fn three_members_join_detect_a_crash_and_see_a_leave() {
     ));
     assert_eq!(a.gossip.decrypt_failures(), 0);
 
-    stop_all(root, tasks).await;
+    cluster.stop_all().await;
 }
 
 /// join() to a live address succeeds; to a silent one it times out with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_waits_for_the_member_or_times_out() {
-    let root = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    let cluster = Cluster::new();
     let key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
-    let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
-    let b = spawn(config("b", vec![], Some(key), DC), &root, &tasks).await;
+    let a = cluster
+        .spawn(config("a", vec![], Some(key.clone()), DC))
+        .await;
+    let b = cluster.spawn(config("b", vec![], Some(key), DC)).await;
 
     b.gossip.join(a.gossip.local_addr()).await.expect("join a");
-    wait_members(
-        &a.gossip,
-        Duration::from_secs(5),
-        "a sees b",
-        all_alive(&["a", "b"]),
-    )
-    .await;
+    wait_alive(&a.gossip, Duration::from_secs(5), "a sees b", &["a", "b"]).await;
     assert!(matches!(
         b.gossip.join(b.gossip.local_addr()).await,
         Err(GossipError::JoinSelf(_))
@@ -197,36 +214,22 @@ async fn join_waits_for_the_member_or_times_out() {
     let err = b.gossip.join(silent).await.unwrap_err();
     assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
 
-    stop_all(root, tasks).await;
+    cluster.stop_all().await;
 }
 
 /// A member with another key never gets in; the packets it sends are counted as failures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_different_key_cannot_join() {
-    let root = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    let cluster = Cluster::new();
     let key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
     let other_key = Keyring::new(Key::from_base64(&generate_key()).unwrap());
-
-    let a = spawn(config("a", vec![], Some(key.clone()), DC), &root, &tasks).await;
-    let seed = vec![a.gossip.local_addr()];
-    let b = spawn(config("b", seed.clone(), Some(key), DC), &root, &tasks).await;
-    wait_members(
-        &a.gossip,
-        Duration::from_secs(5),
-        "a sees b",
-        all_alive(&["a", "b"]),
-    )
-    .await;
+    let (a, b, seed) = cluster.pair(Some(key)).await;
 
     // Intruders: one with a different key, one with no key at all. Both keep announcing.
-    let wrong = spawn(
-        config("wrong", seed.clone(), Some(other_key), DC),
-        &root,
-        &tasks,
-    )
-    .await;
-    let clear = spawn(config("clear", seed, None, DC), &root, &tasks).await;
+    let wrong = cluster
+        .spawn(config("wrong", seed.clone(), Some(other_key), DC))
+        .await;
+    let clear = cluster.spawn(config("clear", seed, None, DC)).await;
     let err = wrong.gossip.join(a.gossip.local_addr()).await.unwrap_err();
     assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
 
@@ -248,27 +251,16 @@ async fn a_different_key_cannot_join() {
     // a never answers the intruders, so nothing reaches them to fail.
     assert_eq!(wrong.gossip.decrypt_failures(), 0);
 
-    stop_all(root, tasks).await;
+    cluster.stop_all().await;
 }
 
 /// A member of another datacenter is neither reported nor counted, on either side.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_datacenter_is_ignored() {
-    let root = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    let cluster = Cluster::new();
+    let (a, b, seed) = cluster.pair(None).await;
 
-    let a = spawn(config("a", vec![], None, DC), &root, &tasks).await;
-    let seed = vec![a.gossip.local_addr()];
-    let b = spawn(config("b", seed.clone(), None, DC), &root, &tasks).await;
-    wait_members(
-        &a.gossip,
-        Duration::from_secs(5),
-        "a sees b",
-        all_alive(&["a", "b"]),
-    )
-    .await;
-
-    let far = spawn(config("far", seed, None, "dc2"), &root, &tasks).await;
+    let far = cluster.spawn(config("far", seed, None, "dc2")).await;
     let err = far.gossip.join(a.gossip.local_addr()).await.unwrap_err();
     assert!(matches!(err, GossipError::JoinTimeout { .. }), "{err}");
     for i in [&a, &b] {
@@ -279,7 +271,7 @@ async fn another_datacenter_is_ignored() {
     assert_eq!(a.gossip.decrypt_failures(), 0);
     assert_eq!(far.gossip.members().len(), 1);
 
-    stop_all(root, tasks).await;
+    cluster.stop_all().await;
 }
 
 /// Key rotation through the gossip handle: every step reaches both members, each keeps its
@@ -287,8 +279,7 @@ async fn another_datacenter_is_ignored() {
 /// with its saved ring.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_rotate_and_the_ring_survives_a_restart() {
-    let root = CancellationToken::new();
-    let tasks = TaskTracker::new();
+    let cluster = Cluster::new();
     let dir = tempfile::tempdir().unwrap();
     let key = || Key::from_base64(&generate_key()).unwrap();
     let (old, new) = (key(), key());
@@ -297,16 +288,10 @@ async fn keys_rotate_and_the_ring_survives_a_restart() {
         keyring_file: Some(KeyringFile::in_data_dir(&dir.path().join(name))),
         ..config(name, join, Some(Keyring::new(old.clone())), DC)
     };
-    let a = spawn(with_file("a", vec![]), &root, &tasks).await;
+    let a = cluster.spawn(with_file("a", vec![])).await;
     let seed = vec![a.gossip.local_addr()];
-    let b = spawn(with_file("b", seed.clone()), &root, &tasks).await;
-    wait_members(
-        &a.gossip,
-        Duration::from_secs(5),
-        "join",
-        all_alive(&["a", "b"]),
-    )
-    .await;
+    let b = cluster.spawn(with_file("b", seed.clone())).await;
+    wait_alive(&a.gossip, Duration::from_secs(5), "join", &["a", "b"]).await;
 
     // Install, use, remove: both members answer each step.
     let bytes = |k: &Key| {
@@ -330,18 +315,12 @@ async fn keys_rotate_and_the_ring_survives_a_restart() {
         state_of(l, "b") == Some(MemberState::Failed)
     })
     .await;
-    let b = spawn(with_file("b", seed), &root, &tasks).await;
+    let b = cluster.spawn(with_file("b", seed)).await;
     for i in [&a, &b] {
-        wait_members(
-            &i.gossip,
-            Duration::from_secs(10),
-            "b back",
-            all_alive(&["a", "b"]),
-        )
-        .await;
+        wait_alive(&i.gossip, Duration::from_secs(10), "b back", &["a", "b"]).await;
     }
     let listed = a.gossip.keyring(KeyOp::List).await.expect("gossip runs");
     assert_eq!((listed.error(), &listed.keys), (None, &only_new));
 
-    stop_all(root, tasks).await;
+    cluster.stop_all().await;
 }

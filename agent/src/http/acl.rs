@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, OriginalUri, Path, State};
+use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::Response;
@@ -17,14 +17,12 @@ use vigil_shared::acl::{
 };
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::duration::parse_go_duration;
-use vigil_shared::rpc::{
-    AclOp, ApplyError, Op, Query, QueryMeta, QueryOptions, Response as ServerResponse, reads,
-};
+use vigil_shared::rpc::{AclOp, ApplyError, Query, QueryMeta, QueryOptions, reads, writes};
 
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::Params;
-use super::{AppState, json, read, with_meta};
+use super::{AppState, Ctx, json, read, with_meta};
 use crate::acl::ResolveError;
 
 /// What the request's token may do: resolved from `X-Consul-Token`, `Authorization: Bearer`
@@ -151,15 +149,15 @@ fn acl_disabled(state: &AppState) -> Result<(), ApiError> {
 }
 
 /// Changing ACLs needs them enabled and `acl:write`.
-fn manage(state: &AppState, authz: &Authz) -> Result<(), ApiError> {
-    acl_disabled(state)?;
-    authz.check(Resource::Acl, Access::Write, "")
+fn manage(cx: &Ctx) -> Result<(), ApiError> {
+    acl_disabled(&cx.state)?;
+    cx.check(Resource::Acl, Access::Write, "")
 }
 
 /// Reading ACLs needs them enabled and `acl:read`.
-fn inspect(state: &AppState, authz: &Authz) -> Result<(), ApiError> {
-    acl_disabled(state)?;
-    authz.check(Resource::Acl, Access::Read, "")
+fn inspect(cx: &Ctx) -> Result<(), ApiError> {
+    acl_disabled(&cx.state)?;
+    cx.check(Resource::Acl, Access::Read, "")
 }
 
 /// The one item a read by ID or name found, or Consul's 403 `ACL not found`.
@@ -174,29 +172,25 @@ async fn read_one<T, Q: Query<Output = Vec<T>>>(
 }
 
 /// Commits a deletion and answers Consul's `true`.
-async fn delete(
-    state: &AppState,
-    authz: &Authz,
-    op: AclOp,
-    uri: &axum::http::Uri,
-) -> Result<Response, ApiError> {
-    manage(state, authz)?;
-    write(state, op).await?;
-    Ok(json(&Params::parse(uri.query()), &true))
+async fn commit_delete(cx: &Ctx, op: AclOp) -> Result<Response, ApiError> {
+    manage(cx)?;
+    write(&cx.state, op).await?;
+    Ok(cx.json(&true))
 }
 
 /// Commits an ACL change; Consul's codes for what the servers refuse.
 async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
-    match state.backend.write(Op::Acl(op)).await? {
-        ServerResponse::Done => Ok(()),
-        ServerResponse::Rejected(ApplyError::AclNotFound) => Err(acl_not_found()),
-        ServerResponse::Rejected(e @ ApplyError::AclBootstrapped { .. }) => Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("Permission denied: {e}"),
-        )),
-        ServerResponse::Rejected(e) => Err(ApiError::server(e.to_string())),
-        other => Err(ApiError::unexpected(other)),
-    }
+    state
+        .backend
+        .write(writes::Acl(op))
+        .await?
+        .map_err(|rejected| match rejected {
+            ApplyError::AclNotFound => acl_not_found(),
+            e @ ApplyError::AclBootstrapped { .. } => {
+                ApiError::new(StatusCode::FORBIDDEN, format!("Permission denied: {e}"))
+            }
+            e => ApiError::server(e.to_string()),
+        })
 }
 
 fn links(links: &[Link]) -> Value {
@@ -224,6 +218,28 @@ fn node_identities(ids: &[NodeIdentity]) -> Value {
         .collect()
 }
 
+/// What a token or role grants, each list set only when it is not empty (Consul's
+/// `omitempty`); a role has no roles.
+fn set_grants(
+    v: &mut Value,
+    policies: &[Link],
+    roles: &[Link],
+    services: &[ServiceIdentity],
+    nodes: &[NodeIdentity],
+) {
+    let lists = [
+        ("Policies", links(policies)),
+        ("Roles", links(roles)),
+        ("ServiceIdentities", service_identities(services)),
+        ("NodeIdentities", node_identities(nodes)),
+    ];
+    for (key, list) in lists {
+        if list.as_array().is_some_and(|l| !l.is_empty()) {
+            v[key] = list;
+        }
+    }
+}
+
 /// A token as Consul prints it (`omitempty` fields left out when empty).
 fn token_json(t: &Token) -> Value {
     let mut v = json_value!({
@@ -235,18 +251,13 @@ fn token_json(t: &Token) -> Value {
         "CreateIndex": t.create_index,
         "ModifyIndex": t.modify_index,
     });
-    if !t.policies.is_empty() {
-        v["Policies"] = links(&t.policies);
-    }
-    if !t.roles.is_empty() {
-        v["Roles"] = links(&t.roles);
-    }
-    if !t.service_identities.is_empty() {
-        v["ServiceIdentities"] = service_identities(&t.service_identities);
-    }
-    if !t.node_identities.is_empty() {
-        v["NodeIdentities"] = node_identities(&t.node_identities);
-    }
+    set_grants(
+        &mut v,
+        &t.policies,
+        &t.roles,
+        &t.service_identities,
+        &t.node_identities,
+    );
     if let Some(at) = t.expiration_time_ms {
         v["ExpirationTime"] = json_value!(super::lock::rfc3339(at));
     }
@@ -297,15 +308,13 @@ fn role_json(r: &Role) -> Value {
         "CreateIndex": r.create_index,
         "ModifyIndex": r.modify_index,
     });
-    if !r.policies.is_empty() {
-        v["Policies"] = links(&r.policies);
-    }
-    if !r.service_identities.is_empty() {
-        v["ServiceIdentities"] = service_identities(&r.service_identities);
-    }
-    if !r.node_identities.is_empty() {
-        v["NodeIdentities"] = node_identities(&r.node_identities);
-    }
+    set_grants(
+        &mut v,
+        &r.policies,
+        &[],
+        &r.service_identities,
+        &r.node_identities,
+    );
     v
 }
 
@@ -459,10 +468,18 @@ async fn read_token(state: &AppState, accessor_id: &str) -> Result<Token, ApiErr
     Ok(read_one(state, &Params::default(), query).await?.0)
 }
 
+/// Commits a token's creation or update and answers it as stored.
+async fn set_token(cx: &Ctx, token: Token, create: bool) -> Result<Response, ApiError> {
+    let accessor = token.accessor_id.clone();
+    write(&cx.state, AclOp::SetToken { token, create }).await?;
+    let token = read_token(&cx.state, &accessor).await?;
+    Ok(cx.json(&token_json(&token)))
+}
+
 /// `PUT /v1/acl/bootstrap`: the first management token, once.
 pub async fn bootstrap(
     State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
+    params: Params,
 ) -> Result<Response, ApiError> {
     acl_disabled(&state)?;
     let token = Token {
@@ -480,68 +497,42 @@ pub async fn bootstrap(
     let accessor = token.accessor_id.clone();
     write(&state, AclOp::Bootstrap(token)).await?;
     let token = read_token(&state, &accessor).await?;
-    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+    Ok(json(&params, &token_json(&token)))
 }
 
 /// `PUT /v1/acl/token`.
-pub async fn create_token(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
+pub async fn create_token(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    manage(&cx)?;
     let mut token = token_from(decode(&body)?, vigil_server::proposer::wall_ms())?;
     if token.secret_id.is_empty() {
         token.secret_id = uuid::Uuid::new_v4().to_string();
     }
-    let accessor = token.accessor_id.clone();
-    write(
-        &state,
-        AclOp::SetToken {
-            token,
-            create: true,
-        },
-    )
-    .await?;
-    let token = read_token(&state, &accessor).await?;
-    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+    set_token(&cx, token, true).await
 }
 
 /// `GET /v1/acl/token/self`: the token the request presents.
-pub async fn token_self(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    acl_disabled(&state)?;
-    let token = read_token(&state, authz.0.accessor_id()).await?;
-    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+pub async fn token_self(cx: Ctx) -> Result<Response, ApiError> {
+    acl_disabled(&cx.state)?;
+    let token = read_token(&cx.state, cx.authz.0.accessor_id()).await?;
+    Ok(cx.json(&token_json(&token)))
 }
 
 /// `GET /v1/acl/token/<accessor>`.
-pub async fn get_token(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let params = Params::parse(uri.query());
-    let (token, meta) = read_one(&state, &params, reads::AclToken { accessor_id: id }).await?;
-    let shown = redacted(&authz, token_json(&token));
-    Ok(with_meta(meta, json(&params, &shown)))
+pub async fn get_token(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    inspect(&cx)?;
+    let (token, meta) =
+        read_one(&cx.state, &cx.params, reads::AclToken { accessor_id: id }).await?;
+    let shown = redacted(&cx.authz, token_json(&token));
+    Ok(with_meta(meta, cx.json(&shown)))
 }
 
 /// `PUT /v1/acl/token/<accessor>`: replaces what the body sets.
 pub async fn update_token(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
+    manage(&cx)?;
     let body: TokenBody = decode(&body)?;
     if !body.accessorid.is_empty() && body.accessorid != id {
         return Err(ApiError::bad_request(
@@ -555,16 +546,7 @@ pub async fn update_token(
         },
         vigil_server::proposer::wall_ms(),
     )?;
-    write(
-        &state,
-        AclOp::SetToken {
-            token,
-            create: false,
-        },
-    )
-    .await?;
-    let token = read_token(&state, &id).await?;
-    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+    set_token(&cx, token, false).await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -575,15 +557,13 @@ struct CloneBody {
 
 /// `PUT /v1/acl/token/<accessor>/clone`: the same links under new IDs.
 pub async fn clone_token(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    manage(&state, &authz)?;
+    manage(&cx)?;
     let body: CloneBody = decode(&body)?;
-    let original = read_token(&state, &id).await?;
+    let original = read_token(&cx.state, &id).await?;
     let clone = Token {
         description: if body.description.is_empty() {
             original.description.clone()
@@ -606,41 +586,21 @@ pub async fn clone_token(
         expiration_ttl_ns: original.expiration_ttl_ns,
         ..clone
     };
-    let accessor = clone.accessor_id.clone();
-    write(
-        &state,
-        AclOp::SetToken {
-            token: clone,
-            create: true,
-        },
-    )
-    .await?;
-    let token = read_token(&state, &accessor).await?;
-    Ok(json(&Params::parse(uri.query()), &token_json(&token)))
+    set_token(&cx, clone, true).await
 }
 
 /// `DELETE /v1/acl/token/<accessor>` → `true`.
-pub async fn delete_token(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    delete(&state, &authz, AclOp::DeleteToken { accessor_id: id }, &uri).await
+pub async fn delete_token(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    commit_delete(&cx, AclOp::DeleteToken { accessor_id: id }).await
 }
 
 /// `GET /v1/acl/tokens`, with Consul's `policy`, `role` and `servicename` filters.
-pub async fn list_tokens(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let params = Params::parse(uri.query());
-    let (tokens, meta) = read(&state, &params, reads::AclTokenList {}).await?;
-    let policy = params.get("policy").filter(|p| !p.is_empty());
-    let role = params.get("role").filter(|r| !r.is_empty());
-    let service = params.get("servicename").filter(|s| !s.is_empty());
+pub async fn list_tokens(cx: Ctx) -> Result<Response, ApiError> {
+    inspect(&cx)?;
+    let (tokens, meta) = cx.read(reads::AclTokenList {}).await?;
+    let policy = cx.params.get("policy").filter(|p| !p.is_empty());
+    let role = cx.params.get("role").filter(|r| !r.is_empty());
+    let service = cx.params.get("servicename").filter(|s| !s.is_empty());
     let out: Vec<Value> = tokens
         .iter()
         .filter(|t| policy.is_none_or(|p| t.policies.iter().any(|l| l.id == p)))
@@ -649,17 +609,17 @@ pub async fn list_tokens(
             service.is_none_or(|s| t.service_identities.iter().any(|i| i.service_name == s))
         })
         .map(|t| {
-            let mut v = redacted(&authz, token_json(t));
+            let mut v = redacted(&cx.authz, token_json(t));
             v["Legacy"] = json_value!(false);
             v
         })
         .collect();
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct PolicyBody {
+pub(super) struct PolicyBody {
     id: String,
     name: String,
     description: String,
@@ -669,7 +629,7 @@ struct PolicyBody {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct RoleBody {
+pub(super) struct RoleBody {
     id: String,
     name: String,
     description: String,
@@ -680,7 +640,7 @@ struct RoleBody {
 
 /// A policy or a role: the two are created, read, updated and deleted the same way, by ID or
 /// by name; this is what they differ in.
-trait Named: Sized {
+pub(super) trait Named: Sized {
     type Body: serde::de::DeserializeOwned + Default;
     type Read: Query<Output = Vec<Self>>;
     /// `policy` or `role`, as Consul's texts say it.
@@ -689,6 +649,7 @@ trait Named: Sized {
     /// The item a create or update body describes, under `id`.
     fn from_body(body: Self::Body, id: String) -> Result<Self, ApiError>;
     fn set(self, create: bool) -> AclOp;
+    fn delete(id: String) -> AclOp;
     fn read(id: String, by_name: bool) -> Self::Read;
     fn id(&self) -> &str;
     fn json(&self) -> Value;
@@ -721,6 +682,10 @@ impl Named for Policy {
             policy: self,
             create,
         }
+    }
+
+    fn delete(id: String) -> AclOp {
+        AclOp::DeletePolicy { id }
     }
 
     fn read(id: String, by_name: bool) -> reads::AclPolicy {
@@ -762,6 +727,10 @@ impl Named for Role {
         AclOp::SetRole { role: self, create }
     }
 
+    fn delete(id: String) -> AclOp {
+        AclOp::DeleteRole { id }
+    }
+
     fn read(id: String, by_name: bool) -> reads::AclRole {
         reads::AclRole { id, by_name }
     }
@@ -776,14 +745,8 @@ impl Named for Role {
 }
 
 /// Creates (`id` none) or replaces a policy or role, and answers it as stored.
-async fn put<T: Named>(
-    state: &AppState,
-    authz: &Authz,
-    id: Option<String>,
-    uri: &axum::http::Uri,
-    body: &[u8],
-) -> Result<Response, ApiError> {
-    manage(state, authz)?;
+async fn store<T: Named>(cx: &Ctx, id: Option<String>, body: &[u8]) -> Result<Response, ApiError> {
+    manage(cx)?;
     let body: T::Body = decode(body)?;
     let given = T::body_id(&body);
     let kind = T::KIND;
@@ -805,156 +768,75 @@ async fn put<T: Named>(
         Some(id) => T::from_body(body, id)?,
     };
     let id = item.id().to_owned();
-    write(state, item.set(create)).await?;
-    let stored = read_one(state, &Params::default(), T::read(id, false))
+    write(&cx.state, item.set(create)).await?;
+    let stored = read_one(&cx.state, &Params::default(), T::read(id, false))
         .await?
         .0;
-    Ok(json(&Params::parse(uri.query()), &stored.json()))
+    Ok(cx.json(&stored.json()))
 }
 
 /// A policy or role by ID or, with `by_name`, by name.
-async fn get<T: Named>(
-    state: &AppState,
-    authz: &Authz,
-    id: String,
-    by_name: bool,
-    uri: &axum::http::Uri,
-) -> Result<Response, ApiError> {
-    inspect(state, authz)?;
-    let params = Params::parse(uri.query());
-    let (item, meta) = read_one(state, &params, T::read(id, by_name)).await?;
-    Ok(with_meta(meta, json(&params, &item.json())))
+async fn show<T: Named>(cx: &Ctx, id: String, by_name: bool) -> Result<Response, ApiError> {
+    inspect(cx)?;
+    let (item, meta) = read_one(&cx.state, &cx.params, T::read(id, by_name)).await?;
+    Ok(with_meta(meta, cx.json(&item.json())))
 }
 
-/// `PUT /v1/acl/policy`.
-pub async fn create_policy(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
+/// `PUT /v1/acl/policy`, `PUT /v1/acl/role`.
+pub(super) async fn create<T: Named>(
+    cx: Ctx,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    put::<Policy>(&state, &authz, None, &uri, &body).await
+    store::<T>(&cx, None, &body).await
 }
 
-/// `GET /v1/acl/policy/<id>`.
-pub async fn get_policy(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    get::<Policy>(&state, &authz, id, false, &uri).await
+/// `GET /v1/acl/policy/<id>`, `GET /v1/acl/role/<id>`.
+pub(super) async fn get<T: Named>(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    show::<T>(&cx, id, false).await
 }
 
-/// `GET /v1/acl/policy/name/<name>`.
-pub async fn get_policy_by_name(
-    State(state): State<AppState>,
-    authz: Authz,
+/// `GET /v1/acl/policy/name/<name>`, `GET /v1/acl/role/name/<name>`.
+pub(super) async fn get_by_name<T: Named>(
+    cx: Ctx,
     Path(name): Path<String>,
-    OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    get::<Policy>(&state, &authz, name, true, &uri).await
+    show::<T>(&cx, name, true).await
 }
 
-/// `PUT /v1/acl/policy/<id>`.
-pub async fn update_policy(
-    State(state): State<AppState>,
-    authz: Authz,
+/// `PUT /v1/acl/policy/<id>`, `PUT /v1/acl/role/<id>`.
+pub(super) async fn update<T: Named>(
+    cx: Ctx,
     Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    put::<Policy>(&state, &authz, Some(id), &uri, &body).await
+    store::<T>(&cx, Some(id), &body).await
 }
 
-/// `DELETE /v1/acl/policy/<id>` → `true`.
-pub async fn delete_policy(
-    State(state): State<AppState>,
-    authz: Authz,
+/// `DELETE /v1/acl/policy/<id>`, `DELETE /v1/acl/role/<id>` → `true`.
+pub(super) async fn delete<T: Named>(
+    cx: Ctx,
     Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
 ) -> Result<Response, ApiError> {
-    delete(&state, &authz, AclOp::DeletePolicy { id }, &uri).await
+    commit_delete(&cx, T::delete(id)).await
 }
 
 /// `GET /v1/acl/policies`.
-pub async fn list_policies(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let params = Params::parse(uri.query());
-    let (policies, meta) = read(&state, &params, reads::AclPolicyList {}).await?;
+pub async fn list_policies(cx: Ctx) -> Result<Response, ApiError> {
+    inspect(&cx)?;
+    let (policies, meta) = cx.read(reads::AclPolicyList {}).await?;
     let out: Vec<Value> = policies.iter().map(policy_entry_json).collect();
-    Ok(with_meta(meta, json(&params, &out)))
-}
-
-/// `PUT /v1/acl/role`.
-pub async fn create_role(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    put::<Role>(&state, &authz, None, &uri, &body).await
-}
-
-/// `GET /v1/acl/role/<id>`.
-pub async fn get_role(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    get::<Role>(&state, &authz, id, false, &uri).await
-}
-
-/// `GET /v1/acl/role/name/<name>`.
-pub async fn get_role_by_name(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(name): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    get::<Role>(&state, &authz, name, true, &uri).await
-}
-
-/// `PUT /v1/acl/role/<id>`.
-pub async fn update_role(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    put::<Role>(&state, &authz, Some(id), &uri, &body).await
-}
-
-/// `DELETE /v1/acl/role/<id>` → `true`.
-pub async fn delete_role(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    delete(&state, &authz, AclOp::DeleteRole { id }, &uri).await
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 /// `GET /v1/acl/roles`, with Consul's `policy` filter.
-pub async fn list_roles(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    inspect(&state, &authz)?;
-    let params = Params::parse(uri.query());
-    let (roles, meta) = read(&state, &params, reads::AclRoleList {}).await?;
-    let policy = params.get("policy").filter(|p| !p.is_empty());
+pub async fn list_roles(cx: Ctx) -> Result<Response, ApiError> {
+    inspect(&cx)?;
+    let (roles, meta) = cx.read(reads::AclRoleList {}).await?;
+    let policy = cx.params.get("policy").filter(|p| !p.is_empty());
     let out: Vec<Value> = roles
         .iter()
         .filter(|r| policy.is_none_or(|p| r.policies.iter().any(|l| l.id == p)))
         .map(role_json)
         .collect();
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }

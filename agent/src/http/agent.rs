@@ -3,25 +3,18 @@
 //! `xDS`); clients read `Config.NodeName`, `Config.Version`, `Member` and
 //! `Stats.consul.leader_addr`.
 
-use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::json as json_value;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::go::duration::format_go_duration;
 
-use super::acl::Authz;
+use super::Ctx;
 use super::error::ApiError;
 use super::members::local_member;
-use super::params::Params;
-use super::{AppState, json};
 
-pub async fn agent_self(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
-    let params = Params::parse(uri.query());
+pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
+    let state = &cx.state;
+    cx.check(Resource::Agent, Access::Read, &state.node_name)?;
     let status = state.backend.status().await?;
     let leader_addr = status.leader.unwrap_or_default();
     let rpc = state.rpc_addr;
@@ -42,7 +35,7 @@ pub async fn agent_self(
         None => json_value!({}),
     };
     let blocking_queries = server.map_or(0, |server| server.blocking_queries());
-    let member = match local_member(&state) {
+    let member = match local_member(state) {
         Some(member) => json_value!(member),
         None => {
             json_value!({"Name": state.node_name, "Addr": serf.ip().to_string(), "Port": serf.port()})
@@ -117,5 +110,5 @@ pub async fn agent_self(
         },
         "Meta": state.local.node_meta(),
     });
-    Ok(json(&params, &body))
+    Ok(cx.json(&body))
 }

@@ -3,20 +3,19 @@
 //! the background, as Consul does), so once `fail` returns the sessions bound to the check are
 //! gone.
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::HealthStatus;
 use vigil_shared::go::strconv::parse_bool;
 
-use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
 use super::params::Params;
 use super::shapes::{CheckJson, keyed_by_id};
-use super::{AppState, json};
+use super::{AppState, Ctx};
 use crate::local::definition::{DefinitionError, parse_check_body, parse_check_update};
 use crate::local::{LocalError, Source};
 
@@ -44,49 +43,36 @@ impl From<DefinitionError> for ApiError {
 }
 
 /// `GET /v1/agent/checks`: every local check keyed by ID, in Consul's `HealthCheck` shape.
-pub async fn list(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let checks = state.local.checks();
+pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
+    let checks = cx.state.local.checks();
     let out = keyed_by_id(
-        &params,
+        &cx.params,
         checks
             .iter()
             .filter(|c| match c.service_name.as_str() {
-                "" => authz.allows(Resource::Node, Access::Read, &c.node),
-                service => authz.allows(Resource::Service, Access::Read, service),
+                "" => cx.authz.allows(Resource::Node, Access::Read, &c.node),
+                service => cx.authz.allows(Resource::Service, Access::Read, service),
             })
             .map(|c| (c.check_id.clone(), CheckJson::new(c))),
     )?;
-    Ok(json(&params, &out))
+    Ok(cx.json(&out))
 }
 
 /// `PUT /v1/agent/check/register`.
-pub async fn register(
-    State(state): State<AppState>,
-    authz: Authz,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
+pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Write, &cx.state.node_name)?;
     let check = parse_check_body(&body)?;
     limits::check(&check)?;
-    state.local.add_check(check, Source::Remote)?;
-    state.local.sync_now().await;
+    cx.state.local.add_check(check, Source::Remote)?;
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 
 /// `PUT /v1/agent/check/deregister/<id>`: also invalidates the sessions bound to the check.
-pub async fn deregister(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
-    state.local.remove_check(&id)?;
-    state.local.sync_now().await;
+pub async fn deregister(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Write, &cx.state.node_name)?;
+    cx.state.local.remove_check(&id)?;
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -101,57 +87,37 @@ async fn set_ttl(
     Ok(StatusCode::OK.into_response())
 }
 
-/// The `?note=` of a TTL update: it becomes the check's output.
-fn note(uri: &axum::http::Uri) -> String {
-    Params::parse(uri.query())
-        .get("note")
-        .unwrap_or_default()
-        .to_owned()
+/// Sets TTL check `id` to `status`; the `?note=` becomes its output.
+async fn mark(cx: &Ctx, id: &str, status: HealthStatus) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Write, &cx.state.node_name)?;
+    let note = cx.params.get("note").unwrap_or_default();
+    set_ttl(&cx.state, id, status, note).await
 }
 
 /// `PUT /v1/agent/check/pass/<id>?note=`.
-pub async fn pass(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
-    set_ttl(&state, &id, HealthStatus::Passing, &note(&uri)).await
+pub async fn pass(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    mark(&cx, &id, HealthStatus::Passing).await
 }
 
 /// `PUT /v1/agent/check/warn/<id>?note=`.
-pub async fn warn(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
-    set_ttl(&state, &id, HealthStatus::Warning, &note(&uri)).await
+pub async fn warn(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    mark(&cx, &id, HealthStatus::Warning).await
 }
 
 /// `PUT /v1/agent/check/fail/<id>?note=`.
-pub async fn fail(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
-    set_ttl(&state, &id, HealthStatus::Critical, &note(&uri)).await
+pub async fn fail(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    mark(&cx, &id, HealthStatus::Critical).await
 }
 
 /// `PUT /v1/agent/check/update/<id>` with `{"Status": ..., "Output": ...}`.
 pub async fn update(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(id): Path<String>,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
+    cx.check(Resource::Node, Access::Write, &cx.state.node_name)?;
     let (status, output) = parse_check_update(&body)?;
-    set_ttl(&state, &id, status, &output).await
+    set_ttl(&cx.state, &id, status, &output).await
 }
 
 /// `?enable=` of the maintenance endpoints: required, a Go bool.
@@ -169,18 +135,13 @@ pub fn enable_param(params: &Params) -> Result<bool, ApiError> {
 
 /// `PUT /v1/agent/maintenance?enable=&reason=`: node maintenance mode, a critical
 /// `_node_maintenance` check while enabled.
-pub async fn node_maintenance(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Write, &state.node_name)?;
-    let params = Params::parse(uri.query());
-    let enable = enable_param(&params)?;
-    state
+pub async fn node_maintenance(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Write, &cx.state.node_name)?;
+    let enable = enable_param(&cx.params)?;
+    cx.state
         .local
-        .node_maintenance(enable, params.get("reason").unwrap_or_default());
-    state.local.sync_now().await;
+        .node_maintenance(enable, cx.params.get("reason").unwrap_or_default());
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 

@@ -4,19 +4,18 @@
 //! `AgentServiceChecksInfo` JSON, or with `?format=text` (or `Accept: text/plain`) the status
 //! word alone.
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{Check, HealthStatus, Service};
 
-use super::acl::Authz;
 use super::agent_service::AgentServiceJson;
 use super::error::ApiError;
 use super::params::Params;
 use super::shapes::CheckJson;
-use super::{AppState, json};
+use super::{Ctx, json};
 use crate::local::{NODE_MAINTENANCE, SERVICE_MAINTENANCE_PREFIX};
 
 /// Consul's `api.AgentServiceChecksInfo`.
@@ -104,22 +103,25 @@ fn reply(
 
 /// `GET /v1/agent/health/service/id/<id>`.
 pub async fn by_id(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Read, &state.node_name)?;
-    let params = Params::parse(uri.query());
-    let text = wants_text(&params, &headers);
-    let Some(service) = state.local.service(&id) else {
+    cx.check(Resource::Node, Access::Read, &cx.state.node_name)?;
+    let text = wants_text(&cx.params, &headers);
+    let Some(service) = cx.state.local.service(&id) else {
         let reason = format!("ServiceId {id} not found");
         let body =
             serde_json::json!({"AggregatedStatus": "critical", "Service": null, "Checks": null});
-        return Ok(reply(StatusCode::NOT_FOUND, text, &reason, &params, &body));
+        return Ok(reply(
+            StatusCode::NOT_FOUND,
+            text,
+            &reason,
+            &cx.params,
+            &body,
+        ));
     };
-    let all = state.local.checks();
+    let all = cx.state.local.checks();
     let checks = service_checks(&all, &service);
     let status = aggregated_status(checks.iter().copied());
     let info = ChecksInfo {
@@ -127,23 +129,21 @@ pub async fn by_id(
         service: AgentServiceJson::new(&service),
         checks: checks.into_iter().map(CheckJson::new).collect(),
     };
-    Ok(reply(status_code(status), text, status, &params, &info))
+    Ok(reply(status_code(status), text, status, &cx.params, &info))
 }
 
 /// `GET /v1/agent/health/service/name/<name>`: every instance of the service on this agent;
 /// the code and text are the worst instance's (404 if there is none).
 pub async fn by_name(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(name): Path<String>,
-    OriginalUri(uri): OriginalUri,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    authz.check(Resource::Service, Access::Read, &name)?;
-    let params = Params::parse(uri.query());
-    let text = wants_text(&params, &headers);
-    let all = state.local.checks();
-    let services: Vec<Service> = state
+    cx.check(Resource::Service, Access::Read, &name)?;
+    let text = wants_text(&cx.params, &headers);
+    let all = cx.state.local.checks();
+    let services: Vec<Service> = cx
+        .state
         .local
         .services()
         .into_iter()
@@ -167,7 +167,7 @@ pub async fn by_name(
         });
     }
     let body = serde_json::to_value(&infos).map_err(|e| ApiError::unexpected(e.to_string()))?;
-    Ok(reply(code, text, &status, &params, &body))
+    Ok(reply(code, text, &status, &cx.params, &body))
 }
 
 /// `GET /v1/agent/health/service/{id,name}/` with nothing after it.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::time::Duration;
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -20,9 +20,8 @@ use super::agent_check::enable_param;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
-use super::params::Params;
 use super::shapes::{TaggedAddress, keyed_by_id, service_tagged_addresses};
-use super::{AppState, json};
+use super::{AppState, Ctx};
 use crate::local::Source;
 use crate::local::definition::parse_service_body;
 
@@ -90,46 +89,35 @@ impl<'a> AgentServiceJson<'a> {
 }
 
 /// `GET /v1/agent/services`: every local service keyed by ID.
-pub async fn list(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let services = state.local.services();
+pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
+    let services = cx.state.local.services();
     let out = keyed_by_id(
-        &params,
+        &cx.params,
         services
             .iter()
-            .filter(|s| authz.allows(Resource::Service, Access::Read, &s.name))
+            .filter(|s| cx.authz.allows(Resource::Service, Access::Read, &s.name))
             .map(|s| (s.id.clone(), AgentServiceJson::new(s))),
     )?;
-    Ok(json(&params, &out))
+    Ok(cx.json(&out))
 }
 
 /// `GET /v1/agent/service/<id>`: one service with its `ContentHash` (also in
 /// `X-Consul-ContentHash`). With `?hash=`, blocks until the service differs from that hash or
 /// `?wait=` (default 5 min, at most 10) passes.
-pub async fn get(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Read, &state.node_name)?;
-    let params = Params::parse(uri.query());
-    let wait = match params.get("wait").filter(|w| !w.is_empty()) {
+pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Read, &cx.state.node_name)?;
+    let wait = match cx.params.get("wait").filter(|w| !w.is_empty()) {
         None => DEFAULT_WAIT,
         Some(w) => parse_go_duration(w)
             .map_err(|_| ApiError::bad_request("Invalid wait time"))?
             .min(MAX_WAIT),
     };
-    let known = params.get("hash").unwrap_or_default();
+    let known = cx.params.get("hash").unwrap_or_default();
     let deadline = Instant::now() + wait;
-    let mut changes = state.local.watch();
+    let mut changes = cx.state.local.watch();
     loop {
         changes.borrow_and_update();
-        let service = state.local.service(&id).ok_or_else(|| {
+        let service = cx.state.local.service(&id).ok_or_else(|| {
             ApiError::new(StatusCode::NOT_FOUND, format!("unknown service ID: {id}"))
         })?;
         let reply = AgentServiceJson::new(&service).with_hash();
@@ -137,7 +125,7 @@ pub async fn get(
         if changed_or_due || Instant::now() >= deadline {
             let hash = HeaderValue::from_str(&reply.content_hash)
                 .map_err(|e| ApiError::unexpected(e.to_string()))?;
-            let mut response = json(&params, &reply);
+            let mut response = cx.json(&reply);
             response.headers_mut().insert("X-Consul-ContentHash", hash);
             return Ok(response);
         }
@@ -151,25 +139,22 @@ pub async fn get(
 }
 
 /// `PUT /v1/agent/service/register[?replace-existing-checks]`.
-pub async fn register(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
+pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
     let service = parse_service_body(&body)?;
-    authz.check(Resource::Service, Access::Write, &service.name)?;
+    cx.check(Resource::Service, Access::Write, &service.name)?;
     limits::name("ID", &service.id)?;
     limits::name("Name", &service.name)?;
     limits::tags("Tags", &service.tags)?;
     service.checks.iter().try_for_each(limits::check)?;
     // Consul: present with an empty value or `true`.
-    let replace = params
+    let replace = cx
+        .params
         .get("replace-existing-checks")
         .is_some_and(|v| v.is_empty() || v == "true");
-    state.local.add_service(service, replace, Source::Remote)?;
-    state.local.sync_now().await;
+    cx.state
+        .local
+        .add_service(service, replace, Source::Remote)?;
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -184,14 +169,10 @@ fn check_local_service_write(state: &AppState, authz: &Authz, id: &str) -> Resul
 
 /// `PUT /v1/agent/service/deregister/<id>`: the service and its checks (invalidating the
 /// sessions bound to them).
-pub async fn deregister(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    check_local_service_write(&state, &authz, &id)?;
-    state.local.remove_service(&id)?;
-    state.local.sync_now().await;
+pub async fn deregister(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_local_service_write(&cx.state, &cx.authz, &id)?;
+    cx.state.local.remove_service(&id)?;
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -202,18 +183,12 @@ pub async fn missing_maintenance_id() -> ApiError {
 
 /// `PUT /v1/agent/service/maintenance/<id>?enable=&reason=`: a critical
 /// `_service_maintenance:<id>` check while enabled.
-pub async fn maintenance(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    check_local_service_write(&state, &authz, &id)?;
-    let params = Params::parse(uri.query());
-    let enable = enable_param(&params)?;
-    let reason = params.get("reason").unwrap_or_default();
-    state.local.service_maintenance(&id, enable, reason)?;
-    state.local.sync_now().await;
+pub async fn maintenance(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_local_service_write(&cx.state, &cx.authz, &id)?;
+    let enable = enable_param(&cx.params)?;
+    let reason = cx.params.get("reason").unwrap_or_default();
+    cx.state.local.service_maintenance(&id, enable, reason)?;
+    cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }
 

@@ -3,16 +3,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, Weights};
-use vigil_shared::rpc::{Op, QueryOptions, Registration, Response as ServerResponse, reads};
+use vigil_shared::rpc::{QueryOptions, Registration, reads, writes};
 
-use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -20,7 +19,7 @@ use super::params::Params;
 use super::shapes::{
     NodeJson, ServiceJson, ServiceNodeJson, filtered, keyed_by_id, node_meta_matches, tags_match,
 };
-use super::{AppState, json, read, with_meta};
+use super::{Ctx, json, with_meta};
 
 /// Free-form maps whose keys are kept as sent.
 const OPAQUE: &[&str] = &[
@@ -167,19 +166,20 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
 }
 
 /// `PUT /v1/catalog/register`: a node, optionally a service and checks; answers `true`.
-pub async fn register(
-    State(state): State<AppState>,
-    authz: Authz,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
+pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
     let registration = registration(&body)?;
     if !registration.skip_node_update {
-        authz.check(Resource::Node, Access::Write, &registration.node)?;
+        cx.check(Resource::Node, Access::Write, &registration.node)?;
     }
     if let Some(service) = &registration.service {
-        authz.check(Resource::Service, Access::Write, &service.name)?;
+        cx.check(Resource::Service, Access::Write, &service.name)?;
     }
-    done(&state, Op::CatalogRegister(registration)).await
+    cx.state
+        .backend
+        .write(writes::CatalogRegister(registration))
+        .await?
+        .map_err(|e| ApiError::server(e.to_string()))?;
+    Ok(json(&Params::default(), &true))
 }
 
 /// Decodes and validates a `/v1/catalog/register` body.
@@ -225,91 +225,77 @@ struct DeregisterBody {
 }
 
 /// `PUT /v1/catalog/deregister`: a check, a service with its checks, or a whole node.
-pub async fn deregister(
-    State(state): State<AppState>,
-    authz: Authz,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
+pub async fn deregister(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
     let body: DeregisterBody = decode(&body)?;
     if body.node.is_empty() {
         return Err(ApiError::server("Must provide node"));
     }
-    authz.check(Resource::Node, Access::Write, &body.node)?;
-    let op = if !body.checkid.is_empty() {
-        Op::DeregisterCheck {
+    cx.check(Resource::Node, Access::Write, &body.node)?;
+    let backend = &cx.state.backend;
+    if !body.checkid.is_empty() {
+        let check = writes::DeregisterCheck {
             node: body.node,
             check_id: body.checkid,
-        }
+        };
+        backend.write(check).await?;
     } else if !body.serviceid.is_empty() {
-        Op::DeregisterService {
+        let service = writes::DeregisterService {
             node: body.node,
             service_id: body.serviceid,
-        }
+        };
+        backend.write(service).await?;
     } else {
-        Op::DeregisterNode { name: body.node }
-    };
-    done(&state, op).await
-}
-
-/// Applies a catalog write and answers Consul's `true`; a refusal is Consul's 500.
-async fn done(state: &AppState, op: Op) -> Result<Response, ApiError> {
-    match state.backend.write(op).await? {
-        ServerResponse::Done => Ok(json(&Params::default(), &true)),
-        ServerResponse::Rejected(e) => Err(ApiError::server(e.to_string())),
-        other => Err(ApiError::unexpected(other)),
+        backend
+            .write(writes::DeregisterNode { name: body.node })
+            .await?;
     }
+    Ok(json(&Params::default(), &true))
 }
 
-pub async fn nodes(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let (nodes, meta) = read(&state, &params, reads::CatalogNodes {}).await?;
+pub async fn nodes(cx: Ctx) -> Result<Response, ApiError> {
+    let (nodes, meta) = cx.read(reads::CatalogNodes {}).await?;
     let out = nodes
         .iter()
-        .filter(|n| node_meta_matches(&params, n))
-        .filter(|n| authz.allows(Resource::Node, Access::Read, &n.name))
+        .filter(|n| node_meta_matches(&cx.params, n))
+        .filter(|n| cx.authz.allows(Resource::Node, Access::Read, &n.name))
         .map(NodeJson::new)
         .collect();
-    Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
+    Ok(with_meta(meta, cx.json(&filtered(&cx.params, out)?)))
 }
 
 /// `GET /v1/catalog/datacenters`: the one datacenter this cluster is.
-pub async fn datacenters(OriginalUri(uri): OriginalUri) -> Response {
-    json(&Params::parse(uri.query()), &[crate::DATACENTER])
+pub async fn datacenters(params: Params) -> Response {
+    json(&params, &[crate::DATACENTER])
 }
 
 /// `GET /v1/catalog/services[?node-meta=][&filter=]`: each service name with the union of its
 /// instances' tags. As in Consul, `?filter=` is matched against each instance as
 /// `/v1/catalog/service/<s>` shows it (`ServiceTags`, `NodeMeta`, ...), and only the instances
 /// that pass (and are on nodes with the `?node-meta=` pairs) contribute.
-pub async fn services(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let (mut services, meta) = read(&state, &params, reads::CatalogServices {}).await?;
-    services.retain(|s| authz.allows(Resource::Service, Access::Read, &s.name));
+pub async fn services(cx: Ctx) -> Result<Response, ApiError> {
+    let (mut services, meta) = cx.read(reads::CatalogServices {}).await?;
+    services.retain(|s| cx.authz.allows(Resource::Service, Access::Read, &s.name));
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    if params.has("node-meta") || params.get("filter").is_some_and(|f| !f.is_empty()) {
+    if cx.params.has("node-meta") || cx.params.get("filter").is_some_and(|f| !f.is_empty()) {
         // The instances' nodes, read at once with the same consistency.
         let options = QueryOptions {
             min_index: 0,
             wait_ms: 0,
-            ..params.query_options()?
+            ..cx.params.query_options()?
         };
-        let (nodes, _) = state.backend.read(options, reads::CatalogNodes {}).await?;
+        let (nodes, _) = cx
+            .state
+            .backend
+            .read(options, reads::CatalogNodes {})
+            .await?;
         let nodes: BTreeMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let instances = services
             .iter()
             .filter_map(|s| Some((*nodes.get(s.node.as_str())?, s)))
-            .filter(|(n, _)| node_meta_matches(&params, n))
+            .filter(|(n, _)| node_meta_matches(&cx.params, n))
             .map(|(n, s)| ServiceNodeJson::new(n, s))
             .collect();
-        for instance in filtered(&params, instances)? {
+        for instance in filtered(&cx.params, instances)? {
             let name = instance["ServiceName"].as_str().unwrap_or_default();
             let tags = instance["ServiceTags"].as_array().into_iter().flatten();
             out.entry(name.to_owned())
@@ -323,44 +309,32 @@ pub async fn services(
                 .extend(s.tags.iter().cloned());
         }
     }
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 /// `GET /v1/catalog/service/<name>[?tag=][&node-meta=][&filter=]`.
-pub async fn service(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(name): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    authz.check(Resource::Service, Access::Read, &name)?;
-    let (instances, meta) = read(&state, &params, reads::CatalogService { name }).await?;
+pub async fn service(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Service, Access::Read, &name)?;
+    let (instances, meta) = cx.read(reads::CatalogService { name }).await?;
     let out = instances
         .iter()
-        .filter(|(n, s)| node_meta_matches(&params, n) && tags_match(&params, s))
+        .filter(|(n, s)| node_meta_matches(&cx.params, n) && tags_match(&cx.params, s))
         .map(|(n, s)| ServiceNodeJson::new(n, s))
         .collect();
-    Ok(with_meta(meta, json(&params, &filtered(&params, out)?)))
+    Ok(with_meta(meta, cx.json(&filtered(&cx.params, out)?)))
 }
 
 /// `GET /v1/catalog/node/<name>`: `{"Node":…,"Services":{id:…}}`, or `null` for an unknown node.
-pub async fn node(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(node): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Node, Access::Read, &node)?;
-    let params = Params::parse(uri.query());
-    let (found, meta) = read(&state, &params, reads::CatalogNode { node }).await?;
+pub async fn node(cx: Ctx, Path(node): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Node, Access::Read, &node)?;
+    let (found, meta) = cx.read(reads::CatalogNode { node }).await?;
     let Some((node, services)) = &found else {
-        return Ok(with_meta(meta, json(&params, &Value::Null)));
+        return Ok(with_meta(meta, cx.json(&Value::Null)));
     };
     let by_id = keyed_by_id(
-        &params,
+        &cx.params,
         services.iter().map(|s| (s.id.clone(), ServiceJson::new(s))),
     )?;
     let out = serde_json::json!({"Node": NodeJson::new(node), "Services": by_id});
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }

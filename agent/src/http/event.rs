@@ -3,7 +3,7 @@
 //! service of its own with a matching tag), with the last one's folded ID as `X-Consul-Index`,
 //! and blocks on `?index=` until that index differs.
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::http::HeaderValue;
 use axum::response::Response;
 use base64::Engine as _;
@@ -14,11 +14,9 @@ use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
 
-use super::acl::Authz;
+use super::Ctx;
 use super::body::RequestBody;
 use super::error::ApiError;
-use super::params::Params;
-use super::{AppState, json};
 use crate::gossip::event::{EVENT_SIZE_LIMIT, UserEvent, event_index};
 
 /// Consul's `UserEvent` JSON.
@@ -65,15 +63,12 @@ fn filter(what: &str, pattern: &str) -> Result<(), ApiError> {
 
 /// `PUT /v1/event/fire/<name>[?node=][&service=][&tag=]`, the body the payload.
 pub async fn fire(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(name): Path<String>,
-    OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    authz.check(Resource::Event, Access::Write, &name)?;
-    let params = Params::parse(uri.query());
-    let param = |name: &str| params.get(name).unwrap_or_default().to_owned();
+    cx.check(Resource::Event, Access::Write, &name)?;
+    let param = |name: &str| cx.params.get(name).unwrap_or_default().to_owned();
     let event = UserEvent {
         id: uuid::Uuid::new_v4().to_string(),
         name,
@@ -96,14 +91,15 @@ pub async fn fire(
             "user event exceeds configured limit of {EVENT_SIZE_LIMIT} bytes before encoding"
         )));
     }
-    let fired = state
+    let fired = cx
+        .state
         .gossip
         .fire_event(event)
         .await
         .map_err(|e| ApiError::server(e.to_string()))?;
     // As Consul's answer: the event as sent, before any Lamport time is known.
     let answer = UserEvent { ltime: 0, ..fired };
-    Ok(json(&params, &EventJson::new(&answer)))
+    Ok(cx.json(&EventJson::new(&answer)))
 }
 
 pub async fn missing_name() -> ApiError {
@@ -127,30 +123,25 @@ fn concerns_us(event: &UserEvent, node: &str, services: &[Service]) -> bool {
 }
 
 /// `GET /v1/event/list[?name=][&index=&wait=]`: oldest first.
-pub async fn list(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let name = params.get("name").filter(|n| !n.is_empty());
+pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
+    let opts = cx.params.query_options()?;
+    let name = cx.params.get("name").filter(|n| !n.is_empty());
     let deadline = Instant::now() + std::time::Duration::from_millis(opts.wait_ms);
-    let mut events = state.gossip.events();
+    let mut events = cx.state.gossip.events();
     loop {
         let seen = events.borrow_and_update().clone();
-        let services = state.local.services();
+        let services = cx.state.local.services();
         let ours: Vec<&UserEvent> = seen
             .iter()
             .filter(|e| name.is_none_or(|n| e.name == n))
-            .filter(|e| authz.allows(Resource::Event, Access::Read, &e.name))
-            .filter(|e| concerns_us(e, &state.node_name, &services))
+            .filter(|e| cx.authz.allows(Resource::Event, Access::Read, &e.name))
+            .filter(|e| concerns_us(e, &cx.state.node_name, &services))
             .collect();
         // As Consul: 1 for no events, so a watch on an empty list blocks.
         let index = ours.last().map_or(1, |e| event_index(&e.id));
         if opts.min_index == 0 || index != opts.min_index || Instant::now() >= deadline {
             let out: Vec<EventJson> = ours.into_iter().map(EventJson::new).collect();
-            let mut response = json(&params, &out);
+            let mut response = cx.json(&out);
             response
                 .headers_mut()
                 .insert("X-Consul-Index", HeaderValue::from(index));

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{OriginalUri, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -16,11 +15,10 @@ use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::strconv::{parse_bool, quote as go_quote};
 
-use super::acl::Authz;
+use super::Ctx;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::Params;
-use super::{AppState, json};
 use crate::DATACENTER;
 use crate::gossip::{KeyOp, KeyResponse};
 
@@ -118,10 +116,8 @@ fn check_params(params: &Params, method: &Method) -> Result<(), ApiError> {
 
 /// `GET|POST|PUT|DELETE /v1/operator/keyring[?relay-factor=N][&local-only=B]`.
 pub async fn keyring(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     method: Method,
-    OriginalUri(uri): OriginalUri,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
     let access = if method == Method::GET {
@@ -129,8 +125,7 @@ pub async fn keyring(
     } else {
         Access::Write
     };
-    authz.check(Resource::Keyring, access, "")?;
-    let params = Params::parse(uri.query());
+    cx.check(Resource::Keyring, access, "")?;
     let key = if method == Method::GET || body.is_empty() {
         String::new()
     } else {
@@ -138,7 +133,7 @@ pub async fn keyring(
             .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
             .key
     };
-    check_params(&params, &method)?;
+    check_params(&cx.params, &method)?;
     let op = if method == Method::GET {
         KeyOp::List
     } else {
@@ -150,7 +145,8 @@ pub async fn keyring(
         }
     };
     let list = op == KeyOp::List;
-    let response: KeyResponse = state
+    let response: KeyResponse = cx
+        .state
         .gossip
         .keyring(op)
         .await
@@ -169,7 +165,7 @@ pub async fn keyring(
         primary_keys: &response.primary_keys,
         num_nodes: response.num_nodes,
     };
-    Ok(json(&params, &[pool]))
+    Ok(cx.json(&[pool]))
 }
 
 #[cfg(test)]

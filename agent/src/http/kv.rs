@@ -2,20 +2,19 @@
 //! `acquire`, `release`) and deletes (`recurse`, `cas`), each a one-op KV transaction.
 
 use axum::body::Body;
-use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::DirEntry;
 use vigil_shared::go::duration::format_go_duration;
 use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
-use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
+use vigil_shared::rpc::{reads, writes};
 
-use super::acl::{Authz, check_session_write, filtered_by_acls};
+use super::acl::{check_session_write, filtered_by_acls};
 use super::body::{Limit, read};
 use super::error::ApiError;
 use super::params::{Params, decode_path};
-use super::{AppState, json, not_found_with_meta, with_meta};
+use super::{AppState, Ctx, json, not_found_with_meta, with_meta};
 
 /// Header telling a client its acquire was refused by lock-delay, and for how much longer.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
@@ -31,58 +30,51 @@ fn key_of(uri: &axum::http::Uri) -> Result<String, ApiError> {
     decode_path(raw).map_err(|_| ApiError::bad_request("Invalid URL: Invalid UTF-8 in `key`"))
 }
 
-pub async fn get(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let key = key_of(&uri)?;
-    let recurse = params.has("recurse");
-    let keys = params.has("keys");
+pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
+    let key = key_of(&cx.uri)?;
+    let recurse = cx.params.has("recurse");
+    let keys = cx.params.has("keys");
     if key.is_empty() && !recurse && !keys {
         return Err(ApiError::bad_request("Missing key name"));
     }
-    let opts = params.query_options()?;
+    let opts = cx.params.query_options()?;
     if keys {
-        let separator = params
+        let separator = cx
+            .params
             .get("separator")
-            .or_else(|| params.get("seperator"))
+            .or_else(|| cx.params.get("seperator"))
             .map(str::to_owned);
         let query = reads::KvKeys {
             prefix: key.clone(),
             separator,
         };
-        let (mut list, meta) = state.backend.read(opts, query).await?;
+        let (mut list, meta) = cx.state.backend.read(opts, query).await?;
         let found = list.len();
-        list.retain(|k| authz.allows(Resource::Key, Access::Read, k));
+        list.retain(|k| cx.authz.allows(Resource::Key, Access::Read, k));
         let filtered = list.len() < found;
         if list.is_empty() && !key.is_empty() {
             return Ok(filtered_by_acls(filtered, not_found_with_meta(meta)));
         }
-        return Ok(filtered_by_acls(
-            filtered,
-            with_meta(meta, json(&params, &list)),
-        ));
+        return Ok(filtered_by_acls(filtered, with_meta(meta, cx.json(&list))));
     }
     if !recurse {
-        authz.check(Resource::Key, Access::Read, &key)?;
+        cx.check(Resource::Key, Access::Read, &key)?;
     }
     let (mut entries, meta) = if recurse {
         let query = reads::KvList {
             prefix: key.clone(),
         };
-        state.backend.read(opts, query).await?
+        cx.state.backend.read(opts, query).await?
     } else {
-        state.backend.read(opts, reads::KvGet { key }).await?
+        cx.state.backend.read(opts, reads::KvGet { key }).await?
     };
     let found = entries.len();
-    entries.retain(|e| authz.allows(Resource::Key, Access::Read, &e.key));
+    entries.retain(|e| cx.authz.allows(Resource::Key, Access::Read, &e.key));
     let filtered = entries.len() < found;
     if entries.is_empty() {
         return Ok(filtered_by_acls(filtered, not_found_with_meta(meta)));
     }
-    if params.has("raw") && !recurse {
+    if cx.params.has("raw") && !recurse {
         let value = entries
             .into_iter()
             .next()
@@ -100,10 +92,7 @@ pub async fn get(
         return Ok(with_meta(meta, response));
     }
     let dir: Vec<DirEntry> = entries.iter().map(DirEntry::from_entry).collect();
-    Ok(filtered_by_acls(
-        filtered,
-        with_meta(meta, json(&params, &dir)),
-    ))
+    Ok(filtered_by_acls(filtered, with_meta(meta, cx.json(&dir))))
 }
 
 fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
@@ -116,34 +105,31 @@ fn conflicting(params: &Params, names: &[&str]) -> Result<(), ApiError> {
     Ok(())
 }
 
-pub async fn put(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let key = key_of(&uri)?;
+pub async fn put(cx: Ctx, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let key = key_of(&cx.uri)?;
     if key.is_empty() {
         return Err(ApiError::bad_request("Missing key name"));
     }
-    conflicting(&params, &["cas", "acquire", "release"])?;
-    authz.check(Resource::Key, Access::Write, &key)?;
-    if let Some(session) = params.get("acquire").or_else(|| params.get("release")) {
-        check_session_write(&state, &authz, session).await?;
+    conflicting(&cx.params, &["cas", "acquire", "release"])?;
+    cx.check(Resource::Key, Access::Write, &key)?;
+    if let Some(session) = cx
+        .params
+        .get("acquire")
+        .or_else(|| cx.params.get("release"))
+    {
+        check_session_write(&cx.state, &cx.authz, session).await?;
     }
-    let flags = params.u64("flags")?.unwrap_or(0);
-    let cas = params.u64("cas")?;
+    let flags = cx.params.u64("flags")?.unwrap_or(0);
+    let cas = cx.params.u64("cas")?;
     let value = read(&headers, body, Limit::KvValue).await?.to_vec();
-    let op = if let Some(session) = params.get("acquire") {
+    let op = if let Some(session) = cx.params.get("acquire") {
         KvOp::Lock {
             key,
             value,
             flags,
             session: session.to_owned(),
         }
-    } else if let Some(session) = params.get("release") {
+    } else if let Some(session) = cx.params.get("release") {
         KvOp::Unlock {
             key,
             value,
@@ -160,43 +146,34 @@ pub async fn put(
     } else {
         KvOp::Set { key, value, flags }
     };
-    write_bool(&state, &params, op).await
+    write_bool(&cx.state, &cx.params, op).await
 }
 
-pub async fn delete(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let key = key_of(&uri)?;
-    let recurse = params.has("recurse");
-    conflicting(&params, &["cas", "recurse"])?;
+pub async fn delete(cx: Ctx) -> Result<Response, ApiError> {
+    let key = key_of(&cx.uri)?;
+    let recurse = cx.params.has("recurse");
+    conflicting(&cx.params, &["cas", "recurse"])?;
     if key.is_empty() && !recurse {
         return Err(ApiError::bad_request("Missing key name"));
     }
     if recurse {
-        authz.0.check_key_write_prefix(&key)?;
+        cx.authz.0.check_key_write_prefix(&key)?;
     } else {
-        authz.check(Resource::Key, Access::Write, &key)?;
+        cx.check(Resource::Key, Access::Write, &key)?;
     }
     let op = if recurse {
         KvOp::DeleteTree { prefix: key }
-    } else if let Some(index) = params.u64("cas")? {
+    } else if let Some(index) = cx.params.u64("cas")? {
         KvOp::DeleteCas { key, index }
     } else {
         KvOp::Delete { key }
     };
-    write_bool(&state, &params, op).await
+    write_bool(&cx.state, &cx.params, op).await
 }
 
 /// Applies one KV op and answers Consul's `true`/`false`.
 async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Response, ApiError> {
-    let response = state.backend.write(Op::Kv(vec![op])).await?;
-    let ServerResponse::Txn(outcome) = response else {
-        return Err(ApiError::unexpected(response));
-    };
-    let error = match outcome {
+    let error = match state.backend.write(writes::Kv(vec![op])).await? {
         TxnOutcome::Committed(_) => return Ok(json(params, &true)),
         TxnOutcome::RolledBack(mut errors) if !errors.is_empty() => errors.swap_remove(0).error,
         TxnOutcome::RolledBack(_) => return Ok(json(params, &false)),

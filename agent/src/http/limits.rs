@@ -35,14 +35,23 @@ pub fn json_shape(body: &[u8]) -> Result<(), ApiError> {
     }
 }
 
+/// Where in the body `path` is, as an error says it.
+fn at(path: &str) -> &str {
+    if path.is_empty() { "the body" } else { path }
+}
+
+/// An array's entries or an object's members (`what`) within [`ITEMS_MAX`].
+fn items(len: usize, what: &str, path: &str) -> Result<(), String> {
+    if len > ITEMS_MAX {
+        return Err(format!(
+            "{} has {len} {what}, more than the limit of {ITEMS_MAX}",
+            at(path)
+        ));
+    }
+    Ok(())
+}
+
 fn shape(value: &Value, path: &mut String, depth: usize) -> Result<(), String> {
-    let at = |path: &str| {
-        if path.is_empty() {
-            "the body".to_owned()
-        } else {
-            path.to_owned()
-        }
-    };
     if depth > DEPTH_MAX {
         return Err(format!("{} is nested more than {DEPTH_MAX} deep", at(path)));
     }
@@ -52,15 +61,9 @@ fn shape(value: &Value, path: &mut String, depth: usize) -> Result<(), String> {
             at(path),
             s.len()
         )),
-        Value::Array(items) => {
-            if items.len() > ITEMS_MAX {
-                return Err(format!(
-                    "{} has {} entries, more than the limit of {ITEMS_MAX}",
-                    at(path),
-                    items.len()
-                ));
-            }
-            for (i, item) in items.iter().enumerate() {
+        Value::Array(entries) => {
+            items(entries.len(), "entries", path)?;
+            for (i, item) in entries.iter().enumerate() {
                 let len = path.len();
                 path.push_str(&format!("[{i}]"));
                 shape(item, path, depth + 1)?;
@@ -69,13 +72,7 @@ fn shape(value: &Value, path: &mut String, depth: usize) -> Result<(), String> {
             Ok(())
         }
         Value::Object(members) => {
-            if members.len() > ITEMS_MAX {
-                return Err(format!(
-                    "{} has {} members, more than the limit of {ITEMS_MAX}",
-                    at(path),
-                    members.len()
-                ));
-            }
+            items(members.len(), "members", path)?;
             for (name, member) in members {
                 if name.len() > NAME_MAX {
                     return Err(format!(

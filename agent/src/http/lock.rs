@@ -12,7 +12,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{OriginalUri, State};
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json as json_value};
@@ -21,14 +20,15 @@ use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::go::strconv::parse_uint;
-use vigil_shared::lock::{LockMode, LockOp, LockOutcome, LockStanding, LockState, MAX_LOCK_LIMIT};
-use vigil_shared::rpc::{Op, QueryOptions, Response as Applied, ServerError, reads};
+use vigil_shared::lock::{LockMode, LockStanding, LockState, MAX_LOCK_LIMIT};
+use vigil_shared::rpc::writes::{Acquired, LockAcquire, LockRelease};
+use vigil_shared::rpc::{ApplyError, QueryOptions, ServerError, reads};
 use vigil_shared::session::Session;
 
-use super::acl::{Authz, check_session_write};
+use super::acl::check_session_write;
 use super::error::ApiError;
 use super::params::{DEFAULT_WAIT, MAX_WAIT, Params, decode_path};
-use super::{AppState, json, with_meta};
+use super::{Ctx, with_meta};
 use vigil_server::telemetry;
 
 use crate::backend::Backend;
@@ -71,25 +71,19 @@ fn duration_param(params: &Params, name: &str) -> Result<Option<Duration>, ApiEr
 }
 
 /// `PUT` and `DELETE /v1/vigil/lock/<name>`.
-pub async fn change(
-    State(state): State<AppState>,
-    authz: Authz,
-    method: Method,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let name = name_of(&uri)?;
-    let session = session_of(&params)?;
+pub async fn change(cx: Ctx, method: Method) -> Result<Response, ApiError> {
+    let name = name_of(&cx.uri)?;
+    let session = session_of(&cx.params)?;
     // A native lock's name is guarded as a key of that name is.
-    authz.check(Resource::Key, Access::Write, &name)?;
-    check_session_write(&state, &authz, &session).await?;
-    if method == Method::DELETE || params.has("release") {
-        let released = release(&state.backend, &name, &session).await?;
-        return Ok(json(&params, &released));
+    cx.check(Resource::Key, Access::Write, &name)?;
+    check_session_write(&cx.state, &cx.authz, &session).await?;
+    if method == Method::DELETE || cx.params.has("release") {
+        let released = release(&cx.state.backend, &name, &session).await?;
+        return Ok(cx.json(&released));
     }
-    let mode = LockMode::parse(params.get("mode").unwrap_or_default())
+    let mode = LockMode::parse(cx.params.get("mode").unwrap_or_default())
         .ok_or_else(|| ApiError::bad_request("Invalid mode: use \"exclusive\" or \"shared\""))?;
-    let limit = match params.get("limit").filter(|v| !v.is_empty()) {
+    let limit = match cx.params.get("limit").filter(|v| !v.is_empty()) {
         None => 1,
         Some(v) => parse_uint(v)
             .ok()
@@ -99,49 +93,49 @@ pub async fn change(
                 ApiError::bad_request(format!("Invalid limit: must be 1 to {MAX_LOCK_LIMIT}"))
             })?,
     };
-    let try_only = params.has("try");
-    let wait = duration_param(&params, "wait")?
+    let try_only = cx.params.has("try");
+    let wait = duration_param(&cx.params, "wait")?
         .filter(|d| !d.is_zero())
         .unwrap_or(DEFAULT_WAIT)
         .min(MAX_WAIT);
-    let timeout = duration_param(&params, "timeout")?;
-    let op = Op::Lock(LockOp::Acquire {
+    let timeout = duration_param(&cx.params, "timeout")?;
+    let acquire = LockAcquire {
         name: name.clone(),
         session: session.clone(),
         mode,
         limit,
         try_only: try_only || timeout.is_some_and(|t| t.is_zero()),
-    });
+    };
     let base = json_value!({ "Lock": name, "Session": session, "Mode": mode.as_str() });
     let answer = |fields: Value| {
         let mut body = base.clone();
         if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
             body.extend(fields);
         }
-        json(&params, &body)
+        cx.json(&body)
     };
     // The enqueue runs to its end in its own task, and the guard is armed before it starts: a
     // client that goes away while its contender is being queued still leaves the queue, after
     // the enqueue (never before it, which would leave the contender queued for good).
     let enqueue = tokio::spawn({
-        let backend = state.backend.clone();
-        async move { backend.write(op).await }
+        let backend = cx.state.backend.clone();
+        async move { backend.write(acquire).await }
     });
     let mut leave = LeaveOnDrop {
-        backend: state.backend.clone(),
+        backend: cx.state.backend.clone(),
         name: name.clone(),
         session: session.clone(),
         enqueue: Some(enqueue),
         armed: true,
     };
-    let applied = leave.enqueued().await?;
+    let acquired = leave.enqueued().await?;
     // From here on the guard is armed only while this request waits in the queue.
     leave.armed = false;
-    let queued_index = match outcome(applied)? {
-        LockOutcome::Held { token } => {
+    let queued_index = match acquired.map_err(refused)? {
+        Acquired::Held { token } => {
             return Ok(answer(json_value!({ "Acquired": true, "Token": token })));
         }
-        LockOutcome::Busy { lock_delay_ms } => {
+        Acquired::Busy { lock_delay_ms } => {
             let reason = if lock_delay_ms > 0 {
                 "lock-delay"
             } else {
@@ -153,13 +147,13 @@ pub async fn change(
                 "LockDelayRemainingMs": lock_delay_ms,
             })));
         }
-        LockOutcome::Queued { index, .. } => index,
-        other => return Err(ApiError::unexpected(other)),
+        Acquired::Queued { index, .. } => index,
     };
     leave.armed = true;
     let gives_up = timeout.is_some_and(|t| t <= wait);
     let deadline = Instant::now() + timeout.map_or(wait, |t| t.min(wait));
-    let standing = wait_for_grant(&state.backend, &name, &session, queued_index, deadline).await?;
+    let standing =
+        wait_for_grant(&cx.state.backend, &name, &session, queued_index, deadline).await?;
     // The wait ended with an answer: whatever it is, this request says so itself.
     leave.armed = false;
     match standing {
@@ -178,7 +172,7 @@ pub async fn change(
         }))),
         LockStanding::Queued { .. } => {
             // A grant may have landed since the last look: releasing leaves either way.
-            release(&state.backend, &name, &session).await?;
+            release(&cx.state.backend, &name, &session).await?;
             Ok(answer(
                 json_value!({ "Acquired": false, "Reason": "timeout" }),
             ))
@@ -213,24 +207,19 @@ async fn wait_for_grant(
     }
 }
 
-fn outcome(applied: Applied) -> Result<LockOutcome, ApiError> {
-    match applied {
-        Applied::Lock(outcome) => Ok(outcome),
-        Applied::Rejected(e) => Err(ApiError::server(e.to_string())),
-        other => Err(ApiError::unexpected(other)),
-    }
+/// A lock change the servers refused: Consul's 500 with the reason.
+fn refused(e: ApplyError) -> ApiError {
+    ApiError::server(e.to_string())
 }
 
 /// Releases the lock or leaves its queue: whether the session had either.
 async fn release(backend: &Backend, name: &str, session: &str) -> Result<bool, ApiError> {
-    let op = Op::Lock(LockOp::Release {
+    let release = LockRelease {
         name: name.to_owned(),
         session: session.to_owned(),
-    });
-    match outcome(backend.write(op).await?)? {
-        LockOutcome::Released { held, queued } => Ok(held || queued),
-        other => Err(ApiError::unexpected(other)),
-    }
+    };
+    let released = backend.write(release).await?.map_err(refused)?;
+    Ok(released.held || released.queued)
 }
 
 /// Takes a contender out of the queue when its request ends without an answer (the client
@@ -240,13 +229,13 @@ struct LeaveOnDrop {
     backend: std::sync::Arc<Backend>,
     name: String,
     session: String,
-    enqueue: Option<JoinHandle<Result<Applied, ServerError>>>,
+    enqueue: Option<JoinHandle<Result<Result<Acquired, ApplyError>, ServerError>>>,
     armed: bool,
 }
 
 impl LeaveOnDrop {
-    /// The enqueue's answer, once.
-    async fn enqueued(&mut self) -> Result<Applied, ApiError> {
+    /// The enqueue's answer, once: `Err` when the servers gave none, their refusal inside.
+    async fn enqueued(&mut self) -> Result<Result<Acquired, ApplyError>, ApiError> {
         let enqueue = self.enqueue.as_mut().expect("the enqueue is awaited once");
         let answer = enqueue.await;
         self.enqueue = None;
@@ -280,21 +269,16 @@ impl Drop for LeaveOnDrop {
 }
 
 /// `GET /v1/vigil/lock/<name>`: one lock, or 404; with `?session=`, that session's standing.
-pub async fn get(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let name = name_of(&uri)?;
-    authz.check(Resource::Key, Access::Read, &name)?;
-    let opts = params.query_options()?;
-    if params.has("session") {
+pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
+    let name = name_of(&cx.uri)?;
+    cx.check(Resource::Key, Access::Read, &name)?;
+    let opts = cx.params.query_options()?;
+    if cx.params.has("session") {
         let query = reads::LockStanding {
             name,
-            session: session_of(&params)?,
+            session: session_of(&cx.params)?,
         };
-        let (standing, meta) = state.backend.read(opts, query).await?;
+        let (standing, meta) = cx.state.backend.read(opts, query).await?;
         let body = match standing {
             LockStanding::Held { token, .. } => json_value!({ "Held": true, "Token": token }),
             LockStanding::Queued { position } => {
@@ -302,20 +286,18 @@ pub async fn get(
             }
             LockStanding::Absent => json_value!({ "Held": false }),
         };
-        return Ok(with_meta(meta, json(&params, &body)));
+        return Ok(with_meta(meta, cx.json(&body)));
     }
-    let (lock, meta) = state
+    let (lock, meta) = cx
+        .state
         .backend
         .read(opts, reads::Lock { name: name.clone() })
         .await?;
     let Some(lock) = lock else {
         return Ok(with_meta(meta, StatusCode::NOT_FOUND.into_response()));
     };
-    let sessions = sessions(&state.backend, opts).await?;
-    Ok(with_meta(
-        meta,
-        json(&params, &lock_report(&lock, &sessions)),
-    ))
+    let sessions = sessions(&cx.state.backend, opts).await?;
+    Ok(with_meta(meta, cx.json(&lock_report(&lock, &sessions))))
 }
 
 /// Every session, for naming holders and waiters.

@@ -3,17 +3,15 @@
 
 use std::net::SocketAddr;
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{MemberRole, MemberStatus};
 
-use super::acl::Authz;
 use super::error::ApiError;
-use super::params::Params;
-use super::{AppState, json};
+use super::{AppState, Ctx};
 use crate::gossip::GossipError;
 
 /// Serf tags as Consul's agents set them (every value a string); `port` is the RPC port, which
@@ -101,33 +99,25 @@ fn gossip_error(e: GossipError) -> ApiError {
 }
 
 /// Members the token may read (`node:read` on their name).
-pub async fn members(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Response {
-    let params = Params::parse(uri.query());
+pub async fn members(cx: Ctx) -> Response {
     // Pruned members are Left for the leader but no longer listed (Consul's `?prune`).
-    let out: Vec<MemberJson> = state
+    let out: Vec<MemberJson> = cx
+        .state
         .gossip
         .members()
         .iter()
-        .filter(|m| !m.pruned && authz.allows(Resource::Node, Access::Read, &m.name))
+        .filter(|m| !m.pruned && cx.authz.allows(Resource::Node, Access::Read, &m.name))
         .map(MemberJson::from_member)
         .collect();
-    json(&params, &out)
+    cx.json(&out)
 }
 
-pub async fn join(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(addr): Path<String>,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Agent, Access::Write, &state.node_name)?;
+pub async fn join(cx: Ctx, Path(addr): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Agent, Access::Write, &cx.state.node_name)?;
     let addr: SocketAddr = addr
         .parse()
         .map_err(|e| ApiError::server(format!("Failed to join {addr}: {e}")))?;
-    state.gossip.join(addr).await.map_err(gossip_error)?;
+    cx.state.gossip.join(addr).await.map_err(gossip_error)?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -141,19 +131,14 @@ pub async fn leave(State(state): State<AppState>) -> Result<Response, ApiError> 
 
 /// `PUT /v1/agent/force-leave/<node>[?prune]`: a failed member becomes Left (with `?prune`,
 /// also no longer listed).
-pub async fn force_leave(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(node): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Write, "")?;
-    if node == state.node_name {
+pub async fn force_leave(cx: Ctx, Path(node): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Write, "")?;
+    if node == cx.state.node_name {
         // This agent is alive: as for any live member, nothing to do.
         return Ok(StatusCode::OK.into_response());
     }
-    let prune = Params::parse(uri.query()).has("prune");
-    match state.gossip.force_leave(&node, prune).await {
+    let prune = cx.params.has("prune");
+    match cx.state.gossip.force_leave(&node, prune).await {
         // Consul's force-leave of a live member does nothing and answers 200.
         Ok(()) | Err(GossipError::NotFailed { .. }) => Ok(StatusCode::OK.into_response()),
         Err(e) => Err(gossip_error(e)),

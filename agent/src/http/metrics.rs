@@ -2,7 +2,7 @@
 //! middleware that times every HTTP request and logs it at debug level. Series names are in
 //! `vigil_server::telemetry`.
 
-use axum::extract::{MatchedPath, OriginalUri, Request, State};
+use axum::extract::{MatchedPath, Request};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -11,37 +11,30 @@ use vigil_server::telemetry::{self, Sink};
 
 use vigil_shared::acl::authz::{Access, Resource};
 
-use super::acl::Authz;
+use super::Ctx;
 use super::error::ApiError;
-use super::params::Params;
-use super::{AppState, json};
 
 /// The content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Consul's `GET /v1/agent/metrics`: this agent's series and gossip gauges, and a server's raft
 /// and state gauges.
-pub async fn metrics(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
-    let params = Params::parse(uri.query());
+pub async fn metrics(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Agent, Access::Read, &cx.state.node_name)?;
     telemetry::record_gossip(
-        &state.gossip.members(),
-        state.gossip.decrypt_failures(),
-        state.gossip.foreign_datacenter_drops(),
+        &cx.state.gossip.members(),
+        cx.state.gossip.decrypt_failures(),
+        cx.state.gossip.foreign_datacenter_drops(),
     );
-    if let Some(server) = state.backend.server() {
+    if let Some(server) = cx.state.backend.server() {
         telemetry::record_server(server);
     }
     let sink = Sink::install();
-    match params.get("format") {
+    match cx.params.get("format") {
         Some("prometheus") => {
             Ok(([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], sink.prometheus()).into_response())
         }
-        _ => Ok(json(&params, &sink.consul_json())),
+        _ => Ok(cx.json(&sink.consul_json())),
     }
 }
 

@@ -38,12 +38,15 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::extract::{FromRequestParts, OriginalUri, Request};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Serialize;
+use vigil_shared::acl::authz::{Access, Resource};
+use vigil_shared::acl::{Policy, Role};
 use vigil_shared::rpc::QueryMeta;
 
 use crate::backend::Backend;
@@ -73,6 +76,62 @@ pub struct AppState {
     pub acls: Arc<crate::acl::Acls>,
 }
 
+/// What most handlers take from a request: the agent's state, what the request's token may do,
+/// and the request's URI with its query string parsed. The token is resolved first, so one that
+/// does not resolve is refused before anything else about the request is looked at.
+pub struct Ctx {
+    pub state: AppState,
+    pub authz: acl::Authz,
+    pub uri: Uri,
+    pub params: Params,
+}
+
+impl FromRequestParts<AppState> for Ctx {
+    type Rejection = error::ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Ctx, error::ApiError> {
+        let authz = acl::Authz::from_request_parts(parts, state).await?;
+        let OriginalUri(uri) = OriginalUri::from_request_parts(parts, state)
+            .await
+            .unwrap_or_else(|never| match never {});
+        let params = Params::parse(uri.query());
+        Ok(Ctx {
+            state: state.clone(),
+            authz,
+            uri,
+            params,
+        })
+    }
+}
+
+impl Ctx {
+    /// Refuses the request unless its token may `access` the `resource` called `name`.
+    pub fn check(
+        &self,
+        resource: Resource,
+        access: Access,
+        name: &str,
+    ) -> Result<(), error::ApiError> {
+        self.authz.check(resource, access, name)
+    }
+
+    /// Runs a read with the blocking and consistency options of the query string.
+    pub async fn read<Q: vigil_shared::rpc::Query>(
+        &self,
+        query: Q,
+    ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
+        read(&self.state, &self.params, query).await
+    }
+
+    /// A JSON body, indented under `?pretty`.
+    pub fn json<T: Serialize>(&self, value: &T) -> Response {
+        json(&self.params, value)
+    }
+}
+
 pub fn router(state: AppState) -> Router {
     let kv = get(kv::get).put(kv::put).delete(kv::delete);
     let routes = Router::new()
@@ -91,23 +150,26 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/acl/token/{id}/clone", put(acl::clone_token))
         .route("/v1/acl/tokens", get(acl::list_tokens))
-        .route("/v1/acl/policy", put(acl::create_policy))
+        .route("/v1/acl/policy", put(acl::create::<Policy>))
         .route(
             "/v1/acl/policy/{id}",
-            get(acl::get_policy)
-                .put(acl::update_policy)
-                .delete(acl::delete_policy),
+            get(acl::get::<Policy>)
+                .put(acl::update::<Policy>)
+                .delete(acl::delete::<Policy>),
         )
-        .route("/v1/acl/policy/name/{name}", get(acl::get_policy_by_name))
+        .route(
+            "/v1/acl/policy/name/{name}",
+            get(acl::get_by_name::<Policy>),
+        )
         .route("/v1/acl/policies", get(acl::list_policies))
-        .route("/v1/acl/role", put(acl::create_role))
+        .route("/v1/acl/role", put(acl::create::<Role>))
         .route(
             "/v1/acl/role/{id}",
-            get(acl::get_role)
-                .put(acl::update_role)
-                .delete(acl::delete_role),
+            get(acl::get::<Role>)
+                .put(acl::update::<Role>)
+                .delete(acl::delete::<Role>),
         )
-        .route("/v1/acl/role/name/{name}", get(acl::get_role_by_name))
+        .route("/v1/acl/role/name/{name}", get(acl::get_by_name::<Role>))
         .route("/v1/acl/roles", get(acl::list_roles))
         .route("/v1/snapshot", get(snapshot::save).put(snapshot::restore))
         .route("/v1/session/create", put(session::create))

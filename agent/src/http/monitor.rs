@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{OriginalUri, State};
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt as _;
@@ -12,10 +12,8 @@ use tokio::sync::broadcast::error::RecvError;
 
 use vigil_shared::acl::authz::{Access, Resource};
 
-use super::AppState;
-use super::acl::Authz;
 use super::error::ApiError;
-use super::params::Params;
+use super::{AppState, Ctx};
 use crate::monitor::{parse_level, subscribe};
 
 /// `PUT /v1/agent/reload`.
@@ -30,17 +28,12 @@ pub async fn reload(State(state): State<AppState>) -> Result<Response, ApiError>
 /// `GET /v1/agent/monitor`: the agent's log lines at `loglevel` (default `info`) and above, as
 /// they are written, until the client goes away or the agent stops. Only what the agent's own
 /// `--log-level` lets through can be shown.
-pub async fn monitor(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Agent, Access::Read, &state.node_name)?;
-    let params = Params::parse(uri.query());
-    let name = params.get("loglevel").unwrap_or("info");
+pub async fn monitor(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Agent, Access::Read, &cx.state.node_name)?;
+    let name = cx.params.get("loglevel").unwrap_or("info");
     let level = parse_level(name)
         .ok_or_else(|| ApiError::bad_request(format!("Unknown log level: {name}")))?;
-    let shutdown = state.shutdown.clone();
+    let shutdown = cx.state.shutdown.clone();
     let lines = futures::stream::unfold(subscribe(), move |mut rx| async move {
         loop {
             match rx.recv().await {

@@ -2,23 +2,21 @@
 //! `/v1/operator/autopilot/*`: operating the server set through whichever agent is asked (the
 //! request runs on the leader). The logic is in `vigil_server::operator`.
 
-use axum::extract::{OriginalUri, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
-use vigil_server::operator::{
-    AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef,
+use vigil_server::api::operations::{
+    GetAutopilot, Health, RemovePeer, SetAutopilot, TransferLeader,
 };
+use vigil_server::operator::{AutopilotHealth, OperatorError, PeerRef};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::go::duration::parse_go_duration;
 
-use super::acl::Authz;
+use super::Ctx;
 use super::body::RequestBody;
 use super::error::ApiError;
-use super::params::Params;
-use super::{AppState, json};
 
 /// A raft ID as `/v1/operator/raft/configuration` prints it (16 hex digits).
 fn parse_id(id: &str) -> Result<u64, ApiError> {
@@ -26,14 +24,9 @@ fn parse_id(id: &str) -> Result<u64, ApiError> {
 }
 
 /// `DELETE /v1/operator/raft/peer?id=<ID>` or `?address=<IP:port>`.
-pub async fn remove_peer(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Write, "")?;
-    let params = Params::parse(uri.query());
-    let peer = match (params.get("id"), params.get("address")) {
+pub async fn remove_peer(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Write, "")?;
+    let peer = match (cx.params.get("id"), cx.params.get("address")) {
         (Some(id), _) => PeerRef::Id(parse_id(id)?),
         (None, Some(address)) => PeerRef::Address(address.to_owned()),
         (None, None) => {
@@ -42,10 +35,7 @@ pub async fn remove_peer(
             ));
         }
     };
-    state
-        .backend
-        .operator(OperatorRequest::RemovePeer(peer))
-        .await?;
+    cx.state.backend.operate(RemovePeer(peer)).await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -56,23 +46,16 @@ struct TransferReply {
 }
 
 /// `POST /v1/operator/raft/transfer-leader` (optionally `?id=<ID>`).
-pub async fn transfer_leader(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Write, "")?;
-    let params = Params::parse(uri.query());
-    let to = params
+pub async fn transfer_leader(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Write, "")?;
+    let to = cx
+        .params
         .get("id")
         .filter(|id| !id.is_empty())
         .map(parse_id)
         .transpose()?;
-    state
-        .backend
-        .operator(OperatorRequest::TransferLeader { to })
-        .await?;
-    Ok(json(&params, &TransferReply { success: true }))
+    cx.state.backend.operate(TransferLeader { to }).await?;
+    Ok(cx.json(&TransferReply { success: true }))
 }
 
 /// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
@@ -134,33 +117,19 @@ fn duration_setting(name: &str, value: String) -> Result<String, ApiError> {
 }
 
 /// `GET /v1/operator/autopilot/configuration`.
-pub async fn autopilot_configuration(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Read, "")?;
-    let params = Params::parse(uri.query());
-    match state
-        .backend
-        .operator(OperatorRequest::AutopilotGet)
-        .await?
-    {
-        OperatorReply::Autopilot(config) => Ok(json(&params, &AutopilotJson::from(config))),
-        other => Err(ApiError::unexpected(other)),
-    }
+pub async fn autopilot_configuration(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Read, "")?;
+    let config = cx.state.backend.operate(GetAutopilot).await?;
+    Ok(cx.json(&AutopilotJson::from(config)))
 }
 
 /// `PUT /v1/operator/autopilot/configuration` (`?cas=<ModifyIndex>`): `true` when applied.
 pub async fn set_autopilot_configuration(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
+    cx: Ctx,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Write, "")?;
-    let params = Params::parse(uri.query());
-    let cas = params.u64("cas")?;
+    cx.check(Resource::Operator, Access::Write, "")?;
+    let cas = cx.params.u64("cas")?;
     let body: AutopilotBody = decode_case_insensitive(&body, &[])
         .map_err(|e| ApiError::bad_request(format!("Error parsing autopilot config: {e}")))?;
     let config = AutopilotConfig {
@@ -181,14 +150,12 @@ pub async fn set_autopilot_configuration(
         create_index: 0,
         modify_index: 0,
     };
-    match state
+    let applied = cx
+        .state
         .backend
-        .operator(OperatorRequest::AutopilotSet { config, cas })
-        .await?
-    {
-        OperatorReply::Applied(applied) => Ok(json(&params, &applied)),
-        other => Err(ApiError::unexpected(other)),
-    }
+        .operate(SetAutopilot { config, cas })
+        .await?;
+    Ok(cx.json(&applied))
 }
 
 #[derive(Serialize)]
@@ -241,28 +208,15 @@ impl From<AutopilotHealth> for HealthJson {
 }
 
 /// `GET /v1/operator/autopilot/health`: 200 when every server is healthy, else 429 (as Consul).
-pub async fn autopilot_health(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Read, "")?;
-    let params = Params::parse(uri.query());
-    match state
-        .backend
-        .operator(OperatorRequest::AutopilotHealth)
-        .await?
-    {
-        OperatorReply::Health(health) => {
-            let status = if health.healthy {
-                StatusCode::OK
-            } else {
-                StatusCode::TOO_MANY_REQUESTS
-            };
-            let mut response = json(&params, &HealthJson::from(health));
-            *response.status_mut() = status;
-            Ok(response)
-        }
-        other => Err(ApiError::unexpected(other)),
-    }
+pub async fn autopilot_health(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Read, "")?;
+    let health = cx.state.backend.operate(Health).await?;
+    let status = if health.healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let mut response = cx.json(&HealthJson::from(health));
+    *response.status_mut() = status;
+    Ok(response)
 }

@@ -1,7 +1,11 @@
 //! Query-string handling with Consul's rules: flags are switched on by presence whatever their
 //! value, blocking parameters (`index`, `wait`) and consistency modes are validated here once.
 
+use std::convert::Infallible;
 use std::time::Duration;
+
+use axum::extract::{FromRequestParts, OriginalUri};
+use axum::http::request::Parts;
 
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::go::strconv::{parse_bool, parse_uint};
@@ -18,6 +22,16 @@ pub const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 #[derive(Debug, Clone, Default)]
 pub struct Params {
     pairs: Vec<(String, String)>,
+}
+
+/// A handler's query string, as the client sent it.
+impl<S: Send + Sync> FromRequestParts<S> for Params {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Params, Infallible> {
+        let OriginalUri(uri) = OriginalUri::from_request_parts(parts, state).await?;
+        Ok(Params::parse(uri.query()))
+    }
 }
 
 impl Params {

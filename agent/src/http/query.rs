@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
@@ -13,7 +13,7 @@ use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
-use vigil_shared::rpc::{ApplyError, Op, QueryOptions, Response as ServerResponse, reads};
+use vigil_shared::rpc::{ApplyError, Query, QueryMeta, QueryOptions, Write, reads, writes};
 
 use super::acl::Authz;
 use super::body::RequestBody;
@@ -21,7 +21,7 @@ use super::error::ApiError;
 use super::limits;
 use super::params::Params;
 use super::shapes::HealthJson;
-use super::{AppState, json, read, with_meta};
+use super::{AppState, Ctx, json, with_meta};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -153,15 +153,18 @@ fn query_not_found() -> ApiError {
 
 /// Applies a query write; a refusal is Consul's 500, with the prefix its server adds to what the
 /// state store refuses.
-async fn write(state: &AppState, op: Op) -> Result<(), ApiError> {
-    match state.backend.write(op).await? {
-        ServerResponse::Done => Ok(()),
-        ServerResponse::Rejected(e @ ApplyError::MissingQuery(_)) => {
-            Err(ApiError::server(e.to_string()))
-        }
-        ServerResponse::Rejected(e) => Err(ApiError::server(format!("raft apply failed: {e}"))),
-        other => Err(ApiError::unexpected(other)),
-    }
+async fn write<W: Write<Output = Result<(), ApplyError>>>(
+    state: &AppState,
+    change: W,
+) -> Result<(), ApiError> {
+    state
+        .backend
+        .write(change)
+        .await?
+        .map_err(|rejected| match rejected {
+            e @ ApplyError::MissingQuery(_) => ApiError::server(e.to_string()),
+            e => ApiError::server(format!("raft apply failed: {e}")),
+        })
 }
 
 /// A named query needs `query:write` on its name; an unnamed one is reached only by its ID.
@@ -198,17 +201,13 @@ fn may_read(authz: &Authz, query: &PreparedQuery) -> bool {
 }
 
 /// `POST /v1/query` → `{"ID":"…"}`.
-pub async fn create(
-    State(state): State<AppState>,
-    authz: Authz,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
+pub async fn create(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
     let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
-    check_query_write(&authz, &query.name)?;
+    check_query_write(&cx.authz, &query.name)?;
     let id = query.id.clone();
     write(
-        &state,
-        Op::SetQuery {
+        &cx.state,
+        writes::SetQuery {
             query,
             update: false,
         },
@@ -218,53 +217,41 @@ pub async fn create(
 }
 
 /// `GET /v1/query`.
-pub async fn list(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let (queries, meta) = read(&state, &params, reads::QueryList {}).await?;
+pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
+    let (queries, meta) = cx.read(reads::QueryList {}).await?;
     let out: Vec<QueryJson<'_>> = queries
         .iter()
-        .filter(|q| may_read(&authz, q))
+        .filter(|q| may_read(&cx.authz, q))
         .map(QueryJson::new)
         .collect();
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 /// `GET /v1/query/<id>` → `[query]`, or 404.
-pub async fn get(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let (queries, meta) = read(&state, &params, reads::QueryGet { id_or_name: id }).await?;
+pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let (queries, meta) = cx.read(reads::QueryGet { id_or_name: id }).await?;
     if queries.is_empty() {
         return Err(query_not_found());
     }
     for q in &queries {
-        authz.check(Resource::Query, Access::Read, &q.name)?;
+        cx.check(Resource::Query, Access::Read, &q.name)?;
     }
     let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 /// `PUT /v1/query/<id>`: replaces the query's definition.
 pub async fn update(
-    State(state): State<AppState>,
-    authz: Authz,
+    cx: Ctx,
     Path(id): Path<String>,
     RequestBody(body): RequestBody,
 ) -> Result<Response, ApiError> {
-    check_existing_query_write(&state, &authz, &id).await?;
+    check_existing_query_write(&cx.state, &cx.authz, &id).await?;
     let query = parse(id, &body)?;
-    check_query_write(&authz, &query.name)?;
+    check_query_write(&cx.authz, &query.name)?;
     write(
-        &state,
-        Op::SetQuery {
+        &cx.state,
+        writes::SetQuery {
             query,
             update: true,
         },
@@ -274,39 +261,33 @@ pub async fn update(
 }
 
 /// `DELETE /v1/query/<id>`.
-pub async fn delete(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    check_existing_query_write(&state, &authz, &id).await?;
-    write(&state, Op::DeleteQuery { id }).await?;
+pub async fn delete(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_existing_query_write(&cx.state, &cx.authz, &id).await?;
+    write(&cx.state, writes::DeleteQuery { id }).await?;
     Ok(StatusCode::OK.into_response())
 }
 
-/// `GET /v1/query/<id or name>/execute[?limit=N]`.
-pub async fn execute(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id_or_name): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let limit = params.u64("limit")?;
+/// A read with the query string's consistency mode that never blocks, as Consul's execute and
+/// explain read.
+async fn read_now<Q: Query>(cx: &Ctx, query: Q) -> Result<(Q::Output, QueryMeta), ApiError> {
     let opts = QueryOptions {
-        consistency: params.query_options()?.consistency,
+        consistency: cx.params.query_options()?.consistency,
         ..QueryOptions::default()
     };
-    let (found, meta) = state
-        .backend
-        .read(opts, reads::QueryExecute { id_or_name })
-        .await?;
+    Ok(cx.state.backend.read(opts, query).await?)
+}
+
+/// `GET /v1/query/<id or name>/execute[?limit=N]`.
+pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
+    let limit = cx.params.u64("limit")?;
+    let (found, meta) = read_now(&cx, reads::QueryExecute { id_or_name }).await?;
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };
     nodes.retain(|h| {
-        authz.allows(Resource::Service, Access::Read, &h.service.name)
-            && authz.allows(Resource::Node, Access::Read, &h.node.name)
+        cx.authz
+            .allows(Resource::Service, Access::Read, &h.service.name)
+            && cx.authz.allows(Resource::Node, Access::Read, &h.node.name)
     });
     if let Some(limit) = limit.filter(|l| *l > 0) {
         nodes.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
@@ -318,29 +299,16 @@ pub async fn execute(
         "Datacenter": crate::DATACENTER,
         "Failovers": 0,
     });
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 /// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
-pub async fn explain(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id_or_name): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let opts = QueryOptions {
-        consistency: params.query_options()?.consistency,
-        ..QueryOptions::default()
-    };
-    let (queries, meta) = state
-        .backend
-        .read(opts, reads::QueryGet { id_or_name })
-        .await?;
+pub async fn explain(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
+    let (queries, meta) = read_now(&cx, reads::QueryGet { id_or_name }).await?;
     let query = queries.first().ok_or_else(query_not_found)?;
-    authz.check(Resource::Query, Access::Read, &query.name)?;
+    cx.check(Resource::Query, Access::Read, &query.name)?;
     let out = json_value!({ "Query": QueryJson::new(query) });
-    Ok(with_meta(meta, json(&params, &out)))
+    Ok(with_meta(meta, cx.json(&out)))
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! `/v1/session/*`: create (with Consul's defaults and check-list fix-up), destroy, renew, and the
 //! blocking reads `info`, `list` and `node`.
 
-use axum::extract::{OriginalUri, Path, State};
+use axum::extract::Path;
 use axum::response::Response;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
@@ -10,15 +10,14 @@ use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::{SessionJson, decode_case_insensitive};
 use vigil_shared::catalog::SERF_HEALTH;
 use vigil_shared::go::duration::{duration_ns_from_json, parse_go_duration};
-use vigil_shared::rpc::{Op, Query, Response as ServerResponse, reads};
+use vigil_shared::rpc::{Query, reads, writes};
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
-use super::acl::{Authz, check_session_write, filtered_by_acls};
+use super::acl::{check_session_write, filtered_by_acls};
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
-use super::params::Params;
-use super::{AppState, json, with_meta};
+use super::{Ctx, with_meta};
 
 /// Distinguishes an absent field (`None`) from an explicit `null` (`Some(None)`).
 fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
@@ -135,21 +134,17 @@ pub(super) fn build_session(node_name: &str, body: &[u8]) -> Result<Session, Api
     })
 }
 
-pub async fn create(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    RequestBody(body): RequestBody,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let mut session = build_session(&state.node_name, &body)?;
-    authz.check(Resource::Session, Access::Write, &session.node)?;
-    session.owner = authz.0.accessor_id().to_owned();
-    match state.backend.write(Op::CreateSession(session)).await? {
-        ServerResponse::SessionCreated { id } => Ok(json(&params, &json_value!({ "ID": id }))),
-        ServerResponse::Rejected(e) => Err(ApiError::server(format!("apply failed: {e}"))),
-        other => Err(ApiError::unexpected(other)),
-    }
+pub async fn create(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
+    let mut session = build_session(&cx.state.node_name, &body)?;
+    cx.check(Resource::Session, Access::Write, &session.node)?;
+    session.owner = cx.authz.0.accessor_id().to_owned();
+    let id = cx
+        .state
+        .backend
+        .write(writes::CreateSession(session))
+        .await?
+        .map_err(|e| ApiError::server(format!("apply failed: {e}")))?;
+    Ok(cx.json(&json_value!({ "ID": id })))
 }
 
 pub async fn missing_id() -> ApiError {
@@ -160,76 +155,46 @@ pub async fn missing_node() -> ApiError {
     ApiError::bad_request("Missing node name")
 }
 
-pub async fn destroy(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    check_session_write(&state, &authz, &id).await?;
-    state.backend.write(Op::DestroySession { id }).await?;
-    Ok(json(&params, &true))
+pub async fn destroy(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_session_write(&cx.state, &cx.authz, &id).await?;
+    cx.state
+        .backend
+        .write(writes::DestroySession { id })
+        .await?;
+    Ok(cx.json(&true))
 }
 
-pub async fn renew(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    check_session_write(&state, &authz, &id).await?;
-    let session = state.backend.renew(&id).await?;
-    Ok(json(&params, &[SessionJson::from_session(&session)]))
+pub async fn renew(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    check_session_write(&cx.state, &cx.authz, &id).await?;
+    let session = cx.state.backend.renew(&id).await?;
+    Ok(cx.json(&[SessionJson::from_session(&session)]))
 }
 
 /// Sessions the token may read (`session:read` on their node).
 async fn read_sessions<Q: Query<Output = Vec<Session>>>(
-    state: &AppState,
-    authz: &Authz,
-    uri: &axum::http::Uri,
+    cx: &Ctx,
     query: Q,
 ) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let opts = params.query_options()?;
-    let (sessions, meta) = state.backend.read(opts, query).await?;
+    let (sessions, meta) = cx.read(query).await?;
     let out: Vec<SessionJson> = sessions
         .iter()
-        .filter(|s| authz.allows(Resource::Session, Access::Read, &s.node))
+        .filter(|s| cx.authz.allows(Resource::Session, Access::Read, &s.node))
         .map(SessionJson::from_session)
         .collect();
     let filtered = out.len() < sessions.len();
-    Ok(filtered_by_acls(
-        filtered,
-        with_meta(meta, json(&params, &out)),
-    ))
+    Ok(filtered_by_acls(filtered, with_meta(meta, cx.json(&out))))
 }
 
-pub async fn info(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(id): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    read_sessions(&state, &authz, &uri, reads::SessionInfo { id }).await
+pub async fn info(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
+    read_sessions(&cx, reads::SessionInfo { id }).await
 }
 
-pub async fn list(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    read_sessions(&state, &authz, &uri, reads::SessionList {}).await
+pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
+    read_sessions(&cx, reads::SessionList {}).await
 }
 
-pub async fn node(
-    State(state): State<AppState>,
-    authz: Authz,
-    Path(node): Path<String>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    read_sessions(&state, &authz, &uri, reads::SessionNode { node }).await
+pub async fn node(cx: Ctx, Path(node): Path<String>) -> Result<Response, ApiError> {
+    read_sessions(&cx, reads::SessionNode { node }).await
 }
 
 #[cfg(test)]

@@ -6,50 +6,36 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use vigil_server::operator::{OperatorReply, OperatorRequest};
+use vigil_server::api::operations::{RestoreSnapshot, SaveSnapshot, Saved};
 
 use vigil_shared::acl::authz::{Access, Resource};
 
-use super::AppState;
-use super::acl::Authz;
 use super::body::{Limit, read};
 use super::error::ApiError;
+use super::{AppState, Ctx};
 
 /// `GET /v1/snapshot`.
 pub async fn save(State(state): State<AppState>) -> Result<Response, ApiError> {
-    match state
-        .backend
-        .operator(OperatorRequest::SnapshotSave)
-        .await?
-    {
-        OperatorReply::Snapshot { index, archive } => {
-            let mut response = (
-                [(header::CONTENT_TYPE, "application/x-gzip")],
-                Body::from(archive),
-            )
-                .into_response();
-            let headers = response.headers_mut();
-            headers.insert("X-Consul-Index", HeaderValue::from(index.max(1)));
-            headers.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
-            headers.insert("X-Consul-LastContact", HeaderValue::from_static("0"));
-            Ok(response)
-        }
-        other => Err(ApiError::unexpected(other)),
-    }
+    let Saved { index, archive } = state.backend.operate(SaveSnapshot).await?;
+    let mut response = (
+        [(header::CONTENT_TYPE, "application/x-gzip")],
+        Body::from(archive),
+    )
+        .into_response();
+    let headers = response.headers_mut();
+    headers.insert("X-Consul-Index", HeaderValue::from(index.max(1)));
+    headers.insert("X-Consul-KnownLeader", HeaderValue::from_static("true"));
+    headers.insert("X-Consul-LastContact", HeaderValue::from_static("0"));
+    Ok(response)
 }
 
 /// `PUT /v1/snapshot` with an archive as the body.
-pub async fn restore(
-    State(state): State<AppState>,
-    authz: Authz,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Acl, Access::Write, "")?;
+pub async fn restore(cx: Ctx, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    cx.check(Resource::Acl, Access::Write, "")?;
     let archive = read(&headers, body, Limit::Snapshot).await?;
-    state
+    cx.state
         .backend
-        .operator(OperatorRequest::SnapshotRestore(archive.to_vec()))
+        .operate(RestoreSnapshot(archive.to_vec()))
         .await?;
     Ok(StatusCode::OK.into_response())
 }

@@ -1,31 +1,22 @@
 //! `/v1/status/*` and `/v1/operator/raft/configuration`: the leader's RPC address, the raft
 //! voters, and the full raft membership.
 
-use axum::extract::{OriginalUri, State};
+use axum::extract::State;
 use axum::response::Response;
 use serde::Serialize;
 
 use vigil_shared::acl::authz::{Access, Resource};
 
-use super::acl::Authz;
 use super::error::ApiError;
 use super::params::Params;
-use super::{AppState, json};
+use super::{AppState, Ctx, json};
 
-pub async fn leader(
-    State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
+pub async fn leader(State(state): State<AppState>, params: Params) -> Result<Response, ApiError> {
     let status = state.backend.status().await?;
     Ok(json(&params, &status.leader.unwrap_or_default()))
 }
 
-pub async fn peers(
-    State(state): State<AppState>,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
+pub async fn peers(State(state): State<AppState>, params: Params) -> Result<Response, ApiError> {
     let status = state.backend.status().await?;
     let voters: Vec<String> = status
         .peers
@@ -56,14 +47,9 @@ struct RaftConfiguration {
 }
 
 /// Consul's `GET /v1/operator/raft/configuration`.
-pub async fn raft_configuration(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    authz.check(Resource::Operator, Access::Read, "")?;
-    let params = Params::parse(uri.query());
-    let status = state.backend.status().await?;
+pub async fn raft_configuration(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Read, "")?;
+    let status = cx.state.backend.status().await?;
     let servers = status
         .peers
         .into_iter()
@@ -77,7 +63,7 @@ pub async fn raft_configuration(
         })
         .collect();
     Ok(json(
-        &params,
+        &cx.params,
         &RaftConfiguration {
             servers,
             index: status.config_index,

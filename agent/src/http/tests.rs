@@ -19,6 +19,7 @@ use super::{AppState, router};
 use crate::backend::Backend;
 use crate::gossip::Gossip;
 use crate::local::{self, LocalOptions, LocalState};
+use crate::testing::settle;
 
 const NODE: &str = "node1";
 
@@ -121,13 +122,6 @@ struct Answer {
     status: StatusCode,
     index: Option<u64>,
     body: String,
-}
-
-/// Lets every task that can run, run, without moving the (paused) clock.
-async fn settle() {
-    for _ in 0..20 {
-        tokio::task::yield_now().await;
-    }
 }
 
 #[tokio::test(start_paused = true)]

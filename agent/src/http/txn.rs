@@ -2,7 +2,6 @@
 //! without raft when every op is a read.
 
 use axum::body::Body;
-use axum::extract::{OriginalUri, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
@@ -12,14 +11,14 @@ use serde_json::{Value, json as json_value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::{DirEntry, decode_case_insensitive};
 use vigil_shared::kv::{KvOp, TxnOutcome};
-use vigil_shared::rpc::{Op, Response as ServerResponse, reads};
+use vigil_shared::rpc::{reads, writes};
 use vigil_shared::{KV_MAX_VALUE_SIZE, TXN_MAX_OPS};
 
 use super::acl::{Authz, check_session_write};
 use super::body::{Limit, read};
 use super::error::ApiError;
 use super::params::Params;
-use super::{AppState, json, set_leader_headers};
+use super::{AppState, Ctx, json, set_leader_headers};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -224,14 +223,7 @@ fn filter_results(authz: &Authz, outcome: TxnOutcome) -> TxnOutcome {
     }
 }
 
-pub async fn txn(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
+pub async fn txn(cx: Ctx, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let body = read(&headers, body, Limit::Txn).await?;
     let ops = match parse_ops(&body)? {
         Ok(ops) => ops,
@@ -241,20 +233,18 @@ pub async fn txn(
             ));
         }
     };
-    let denied = vet(&state, &authz, &ops).await;
+    let denied = vet(&cx.state, &cx.authz, &ops).await;
     if !denied.is_empty() {
         return Ok(conflict(denied));
     }
     if ops.iter().all(|op| !op.is_write()) {
-        let mut opts = params.query_options()?;
+        let mut opts = cx.params.query_options()?;
         opts.min_index = 0;
-        let (outcome, meta) = state.backend.read(opts, reads::Txn { ops }).await?;
-        let mut response = render(&params, filter_results(&authz, outcome));
+        let (outcome, meta) = cx.state.backend.read(opts, reads::Txn { ops }).await?;
+        let mut response = render(&cx.params, filter_results(&cx.authz, outcome));
         set_leader_headers(response.headers_mut(), meta);
         return Ok(response);
     }
-    match state.backend.write(Op::Kv(ops)).await? {
-        ServerResponse::Txn(outcome) => Ok(render(&params, filter_results(&authz, outcome))),
-        other => Err(ApiError::unexpected(other)),
-    }
+    let outcome = cx.state.backend.write(writes::Kv(ops)).await?;
+    Ok(render(&cx.params, filter_results(&cx.authz, outcome)))
 }

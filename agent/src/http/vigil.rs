@@ -4,7 +4,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use axum::extract::{OriginalUri, State};
 use axum::response::Response;
 use serde_json::{Value, json as json_value};
 use vigil_shared::acl::authz::{Access, Resource};
@@ -16,22 +15,16 @@ use vigil_shared::kv::KvEntry;
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
 
-use super::acl::{Authz, filtered_by_acls};
+use super::acl::filtered_by_acls;
 use super::error::ApiError;
-use super::params::Params;
-use super::{AppState, json, with_meta};
+use super::{Ctx, with_meta};
 
 /// `GET /v1/vigil/sequencer?key=K&lock-index=N&session=S` → `{"Valid":true}` while S holds K at
 /// LockIndex N, else `{"Valid":false,"Reason":…}`; `?lock=L&token=T&session=S` checks a native
 /// lock's fencing token. Always a read-index (linearizable) read.
-pub async fn sequencer(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
+pub async fn sequencer(cx: Ctx) -> Result<Response, ApiError> {
     let required = |name: &str| {
-        params
+        cx.params
             .get(name)
             .filter(|v| !v.is_empty())
             .ok_or_else(|| ApiError::bad_request(format!("Missing {name}")))
@@ -44,32 +37,32 @@ pub async fn sequencer(
         consistency: Consistency::Consistent,
         ..QueryOptions::default()
     };
-    let (verdict, meta) = match params.get("lock") {
+    let (verdict, meta) = match cx.params.get("lock") {
         Some(lock) if !lock.is_empty() => {
-            authz.check(Resource::Key, Access::Read, lock)?;
+            cx.check(Resource::Key, Access::Read, lock)?;
             let query = reads::LockSequencer {
                 name: lock.to_owned(),
                 token: number("token")?,
                 session,
             };
-            state.backend.read(opts, query).await?
+            cx.state.backend.read(opts, query).await?
         }
         _ => {
             let key = required("key")?;
-            authz.check(Resource::Key, Access::Read, key)?;
+            cx.check(Resource::Key, Access::Read, key)?;
             let query = reads::Sequencer {
                 key: key.to_owned(),
                 lock_index: number("lock-index")?,
                 session,
             };
-            state.backend.read(opts, query).await?
+            cx.state.backend.read(opts, query).await?
         }
     };
     let body = match verdict {
         Ok(()) => json_value!({ "Valid": true }),
         Err(reason) => json_value!({ "Valid": false, "Reason": reason }),
     };
-    Ok(with_meta(meta, json(&params, &body)))
+    Ok(with_meta(meta, cx.json(&body)))
 }
 
 /// `GET /v1/vigil/locks?prefix=P`: what is locked under `P`, blocking with `?index=&wait=` on
@@ -83,18 +76,13 @@ pub async fn sequencer(
 ///   the Go client prunes) and `Waiting` contenders.
 /// - `FairQueues`: live fair-mutex contenders per prefix in `CreateIndex` order; the first is
 ///   the owner.
-pub async fn locks(
-    State(state): State<AppState>,
-    authz: Authz,
-    OriginalUri(uri): OriginalUri,
-) -> Result<Response, ApiError> {
-    let params = Params::parse(uri.query());
-    let prefix = params.get("prefix").unwrap_or_default().to_owned();
-    let opts = params.query_options()?;
+pub async fn locks(cx: Ctx) -> Result<Response, ApiError> {
+    let prefix = cx.params.get("prefix").unwrap_or_default().to_owned();
+    let opts = cx.params.query_options()?;
     let native = reads::Locks {
         prefix: prefix.clone(),
     };
-    let (queues, meta) = state.backend.read(opts, native).await?;
+    let (queues, meta) = cx.state.backend.read(opts, native).await?;
     let now = QueryOptions {
         consistency: opts.consistency,
         ..QueryOptions::default()
@@ -102,14 +90,14 @@ pub async fn locks(
     let list = reads::KvList {
         prefix: prefix.clone(),
     };
-    let (mut entries, _) = state.backend.read(now, list).await?;
+    let (mut entries, _) = cx.state.backend.read(now, list).await?;
     let found = entries.len() + queues.len();
-    entries.retain(|e| authz.allows(Resource::Key, Access::Read, &e.key));
-    let sessions = super::lock::sessions(&state.backend, opts).await?;
+    entries.retain(|e| cx.authz.allows(Resource::Key, Access::Read, &e.key));
+    let sessions = super::lock::sessions(&cx.state.backend, opts).await?;
     let mut report = locks_report(&prefix, &entries, &sessions);
     let queues: Vec<Value> = queues
         .iter()
-        .filter(|lock| authz.allows(Resource::Key, Access::Read, &lock.name))
+        .filter(|lock| cx.authz.allows(Resource::Key, Access::Read, &lock.name))
         .map(|lock| super::lock::lock_report(lock, &sessions))
         .collect();
     let filtered = entries.len() + queues.len() < found;
@@ -118,7 +106,7 @@ pub async fn locks(
     }
     Ok(filtered_by_acls(
         filtered,
-        with_meta(meta, json(&params, &report)),
+        with_meta(meta, cx.json(&report)),
     ))
 }
 

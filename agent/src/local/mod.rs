@@ -149,6 +149,13 @@ impl Inner {
         self.generation
     }
 
+    /// Check `id`, if runner `runner` still runs it (it was not replaced or removed since).
+    fn run_by(&mut self, id: &str, runner: u64) -> Option<&mut LocalCheck> {
+        self.checks
+            .get_mut(id)
+            .filter(|c| c.runner.as_ref().is_some_and(|r| r.id == runner))
+    }
+
     /// The check as the catalog should hold it, with its service's name and tags.
     fn catalog_check(&self, node: &str, check: &LocalCheck) -> Check {
         let service = self.services.get(&check.def.service_id);
@@ -272,6 +279,17 @@ impl LocalState {
         }
     }
 
+    /// Makes a change that can be refused, under the lock; once made, wakes blocking reads and
+    /// the sync task.
+    fn change(
+        &self,
+        apply: impl FnOnce(&mut Inner) -> Result<(), LocalError>,
+    ) -> Result<(), LocalError> {
+        apply(&mut self.lock())?;
+        self.changed(true);
+        Ok(())
+    }
+
     /// A receiver that sees every change to local state.
     pub fn watch(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
@@ -325,15 +343,13 @@ impl LocalState {
         source: Source,
     ) -> Result<(), LocalError> {
         self.check_scripts_allowed(&def, source)?;
-        {
-            let mut inner = self.lock();
+        self.change(|inner| {
             if !def.service_id.is_empty() && !inner.services.contains_key(&def.service_id) {
                 return Err(LocalError::MissingService(def.service_id));
             }
-            self.insert_check(&mut inner, def);
-        }
-        self.changed(true);
-        Ok(())
+            self.insert_check(inner, def);
+            Ok(())
+        })
     }
 
     /// `PUT /v1/agent/service/register` (and config-file services): the service and its checks;
@@ -395,29 +411,25 @@ impl LocalState {
 
     /// `PUT /v1/agent/check/deregister/<id>`.
     pub fn remove_check(&self, id: &str) -> Result<(), LocalError> {
-        {
-            let mut inner = self.lock();
+        self.change(|inner| {
             if inner.checks.remove(id).is_none() {
                 return Err(LocalError::UnknownCheck(id.to_owned()));
             }
             inner.removed_checks.insert(id.to_owned());
-        }
-        self.changed(true);
-        Ok(())
+            Ok(())
+        })
     }
 
     /// `PUT /v1/agent/service/deregister/<id>`: the service and all its checks.
     pub fn remove_service(&self, id: &str) -> Result<(), LocalError> {
-        {
-            let mut inner = self.lock();
+        self.change(|inner| {
             if inner.services.remove(id).is_none() {
                 return Err(LocalError::UnknownService(id.to_owned()));
             }
             inner.checks.retain(|_, c| c.def.service_id != id);
             inner.removed_services.insert(id.to_owned());
-        }
-        self.changed(true);
-        Ok(())
+            Ok(())
+        })
     }
 
     /// `PUT /v1/agent/check/{pass,warn,fail,update}/<id>`: sets a TTL check's status and output
@@ -428,8 +440,7 @@ impl LocalState {
         status: HealthStatus,
         output: &str,
     ) -> Result<(), LocalError> {
-        {
-            let mut inner = self.lock();
+        self.change(|inner| {
             let generation = inner.next_generation();
             let check = inner
                 .checks
@@ -445,9 +456,8 @@ impl LocalState {
             if let Some(runner) = &check.runner {
                 runner.reset_ttl(ttl);
             }
-        }
-        self.changed(true);
-        Ok(())
+            Ok(())
+        })
     }
 
     /// A runner's (already thresholded) result. Ignored if the check was replaced or removed
@@ -456,11 +466,7 @@ impl LocalState {
         let push = {
             let mut inner = self.lock();
             let generation = inner.next_generation();
-            let Some(check) = inner
-                .checks
-                .get_mut(id)
-                .filter(|c| c.runner.as_ref().is_some_and(|r| r.id == runner))
-            else {
+            let Some(check) = inner.run_by(id, runner) else {
                 return;
             };
             if check.status == status && check.output == output {
@@ -479,11 +485,7 @@ impl LocalState {
         {
             let mut inner = self.lock();
             let generation = inner.next_generation();
-            let Some(check) = inner
-                .checks
-                .get_mut(id)
-                .filter(|c| c.runner.as_ref().is_some_and(|r| r.id == runner))
-            else {
+            let Some(check) = inner.run_by(id, runner) else {
                 return;
             };
             let output = if check.ttl_output.is_empty() {

@@ -14,10 +14,8 @@ use rand::Rng as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use vigil_shared::catalog::{Check, SERF_HEALTH, Service};
-use vigil_shared::rpc::{
-    ApplyError, Consistency, Op, QueryOptions, Registration, Response as ServerResponse,
-    ServerError, reads,
-};
+use vigil_shared::rpc::writes::{CatalogRegister, DeregisterCheck, DeregisterService};
+use vigil_shared::rpc::{ApplyError, Consistency, QueryOptions, Registration, ServerError, reads};
 
 use super::definition::MIN_DEREGISTER_AFTER;
 use super::{Inner, LocalState};
@@ -33,8 +31,6 @@ pub enum SyncError {
     Server(#[from] ServerError),
     #[error("the catalog refused the change: {0}")]
     Rejected(ApplyError),
-    #[error("unexpected server answer: {0}")]
-    Unexpected(String),
 }
 
 /// The sync task's controls.
@@ -206,7 +202,7 @@ fn reconcile(inner: &mut Inner, node: &str, services: &[Service], checks: &[Chec
 
 /// One catalog write and the entries (with the generation pushed) it acknowledges.
 struct Write {
-    op: Op,
+    change: Change,
     services: Vec<(String, u64)>,
     checks: Vec<(String, u64)>,
     /// Deregistrations it acknowledges.
@@ -214,10 +210,25 @@ struct Write {
     removed_check: Option<String>,
 }
 
+/// A change to this node's catalog entries: a deregistration always applies, a registration
+/// may be refused.
+#[derive(Debug)]
+enum Change {
+    DeregisterService(DeregisterService),
+    DeregisterCheck(DeregisterCheck),
+    Register(Box<CatalogRegister>),
+}
+
+impl Change {
+    fn register(registration: Registration) -> Change {
+        Change::Register(Box::new(CatalogRegister(registration)))
+    }
+}
+
 impl Write {
-    fn new(op: Op) -> Write {
+    fn new(change: Change) -> Write {
         Write {
-            op,
+            change,
             services: Vec::new(),
             checks: Vec::new(),
             removed_service: None,
@@ -254,18 +265,18 @@ fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
     };
     let mut writes = Vec::new();
     for id in &inner.removed_services {
-        let mut w = Write::new(Op::DeregisterService {
+        let mut w = Write::new(Change::DeregisterService(DeregisterService {
             node: node.to_owned(),
             service_id: id.clone(),
-        });
+        }));
         w.removed_service = Some(id.clone());
         writes.push(w);
     }
     for id in &inner.removed_checks {
-        let mut w = Write::new(Op::DeregisterCheck {
+        let mut w = Write::new(Change::DeregisterCheck(DeregisterCheck {
             node: node.to_owned(),
             check_id: id.clone(),
-        });
+        }));
         w.removed_check = Some(id.clone());
         writes.push(w);
     }
@@ -280,10 +291,8 @@ fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
             .filter(|c| c.def.service_id == *id)
             .collect();
         let checks = own.iter().map(|c| inner.catalog_check(node, c)).collect();
-        let mut w = Write::new(Op::CatalogRegister(registration(
-            Some(local.service.clone()),
-            checks,
-        )));
+        let service = Some(local.service.clone());
+        let mut w = Write::new(Change::register(registration(service, checks)));
         w.services.push((id.clone(), local.generation));
         w.checks = own
             .iter()
@@ -299,7 +308,7 @@ fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
         .collect();
     if !rest.is_empty() || (register_node && writes.is_empty()) {
         let checks = rest.iter().map(|c| inner.catalog_check(node, c)).collect();
-        let mut w = Write::new(Op::CatalogRegister(registration(None, checks)));
+        let mut w = Write::new(Change::register(registration(None, checks)));
         w.checks = rest
             .iter()
             .map(|c| (c.def.id.clone(), c.generation))
@@ -319,18 +328,20 @@ async fn push(local: &LocalState, register_node: bool) -> Result<(), SyncError> 
     };
     let writes = plan(&local.lock(), &node, register_node);
     for write in writes {
-        match local.backend.write(write.op).await? {
-            ServerResponse::Done => {}
-            ServerResponse::Rejected(e) => {
-                // The catalog lost a service a check of ours needs: register it again next time.
-                if let ApplyError::UnknownServiceForCheck { service_id, .. } = &e
-                    && let Some(service) = local.lock().services.get_mut(service_id)
-                {
-                    service.synced = 0;
-                }
-                return Err(SyncError::Rejected(e));
+        let backend = &local.backend;
+        let applied = match write.change {
+            Change::DeregisterService(service) => Ok(backend.write(service).await?),
+            Change::DeregisterCheck(check) => Ok(backend.write(check).await?),
+            Change::Register(registration) => backend.write(*registration).await?,
+        };
+        if let Err(e) = applied {
+            // The catalog lost a service a check of ours needs: register it again next time.
+            if let ApplyError::UnknownServiceForCheck { service_id, .. } = &e
+                && let Some(service) = local.lock().services.get_mut(service_id)
+            {
+                service.synced = 0;
             }
-            other => return Err(SyncError::Unexpected(format!("{other:?}"))),
+            return Err(SyncError::Rejected(e));
         }
         let mut inner = local.lock();
         if let Some(id) = write.removed_service {
@@ -486,15 +497,14 @@ mod tests {
 
         let meta = BTreeMap::from([("rack".to_owned(), "r1".to_owned())]);
         let writes = plan(&inner, &n1("127.0.0.1", &meta), false);
-        let ops: Vec<&Op> = writes.iter().map(|w| &w.op).collect();
-        assert!(
-            matches!(ops[0], Op::DeregisterService { service_id, .. } if service_id == "other")
-        );
-        assert!(matches!(ops[1], Op::DeregisterCheck { check_id, .. } if check_id == "stray"));
-        let Op::CatalogRegister(reg) = ops[2] else {
-            panic!("{:?}", ops[2])
+        let changes: Vec<&Change> = writes.iter().map(|w| &w.change).collect();
+        assert!(matches!(changes[0], Change::DeregisterService(d) if d.service_id == "other"));
+        assert!(matches!(changes[1], Change::DeregisterCheck(d) if d.check_id == "stray"));
+        let Change::Register(registration) = changes[2] else {
+            panic!("{:?}", changes[2])
         };
-        assert_eq!(ops.len(), 3);
+        let CatalogRegister(reg) = &**registration;
+        assert_eq!(changes.len(), 3);
         assert_eq!(
             (reg.node.as_str(), reg.address.as_str()),
             ("n1", "127.0.0.1")
@@ -520,9 +530,10 @@ mod tests {
         inner.services.get_mut("web").expect("web").synced = 0;
         let writes = plan(&inner, &n1("127.0.0.1", &BTreeMap::new()), false);
         assert_eq!(writes.len(), 1);
-        let Op::CatalogRegister(reg) = &writes[0].op else {
-            panic!("{:?}", writes[0].op)
+        let Change::Register(registration) = &writes[0].change else {
+            panic!("{:?}", writes[0].change)
         };
+        let CatalogRegister(reg) = &**registration;
         assert_eq!(reg.service.as_ref().map(|s| s.id.as_str()), Some("web"));
         assert_eq!(reg.checks.len(), 1);
         assert_eq!(writes[0].checks, [("service:web".to_owned(), 2)]);

@@ -4,7 +4,7 @@
 //! heaviest tests from running side by side in this one process.
 
 use std::ffi::OsStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -12,6 +12,7 @@ use integration_tests::safety::{Plan, Report};
 use integration_tests::{Http, Reply, binary};
 use reqwest::StatusCode;
 use serde_json::Value;
+use tempfile::TempDir;
 use tokio::process::Child;
 use tokio::sync::{Mutex, MutexGuard};
 
@@ -39,6 +40,58 @@ pub fn assert_error(reply: &Reply, status: StatusCode, message: &str) {
     assert_eq!(reply.text(), message);
 }
 
+/// Asserts a refusal: `status` with a body starting with `prefix`.
+pub fn assert_error_prefix(reply: &Reply, status: StatusCode, prefix: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text());
+    assert!(reply.text().starts_with(prefix), "{}", reply.text());
+}
+
+/// Asserts a refusal: `status` with a body containing `part`.
+pub fn assert_error_containing(reply: &Reply, status: StatusCode, part: &str) {
+    assert_eq!(reply.status, status, "{}", reply.text());
+    assert!(reply.text().contains(part), "{}", reply.text());
+}
+
+/// Holds `key` (value `s1`) with a session of `lock_delay`, then destroys the session: the key
+/// is released and its lock-delay armed.
+pub async fn arm_lock_delay(agent: &Http, key: &str, lock_delay: &str) {
+    let s1 = agent
+        .session(&format!(r#"{{"LockDelay":"{lock_delay}"}}"#))
+        .await;
+    agent
+        .put_true(&format!("/v1/kv/{key}?acquire={s1}"), "s1")
+        .await;
+    agent.destroy_session(&s1).await;
+}
+
+/// A GET of `path` answers 404 (a missing key, an empty listing).
+pub async fn assert_not_found(agent: &Http, path: &str) {
+    let reply = agent.get(path).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::NOT_FOUND,
+        "{path}: {}",
+        reply.text()
+    );
+}
+
+/// [`assert_error`] for a GET of each of `paths`; returns the replies, in order.
+pub async fn assert_gets_answer(
+    agent: &Http,
+    paths: &[&str],
+    status: StatusCode,
+    message: &str,
+) -> Vec<Reply> {
+    let mut replies = Vec::with_capacity(paths.len());
+    for path in paths {
+        let reply = agent.get(path).await;
+        assert_eq!(reply.status, status, "{path}: {}", reply.text());
+        assert_eq!(reply.text(), message, "{path}");
+        replies.push(reply);
+    }
+    replies
+}
+
 /// [`assert_error`] for a plain-text answer, as Consul writes its errors.
 pub fn assert_plain_error(reply: &Reply, status: StatusCode, message: &str) {
     assert_error(reply, status, message);
@@ -46,6 +99,16 @@ pub fn assert_plain_error(reply: &Reply, status: StatusCode, message: &str) {
         reply.header("Content-Type").as_deref(),
         Some("text/plain; charset=utf-8")
     );
+}
+
+/// A blocking read of `path` at `index` with nothing changing: it waits out its 300 ms and
+/// answers 200 with the same index (a 200 is not proof of a change).
+pub async fn assert_waits_out(agent: &Http, path: &str, index: u64) {
+    let started = Instant::now();
+    let reply = agent.get(&format!("{path}?index={index}&wait=300ms")).await;
+    assert!(started.elapsed() >= Duration::from_millis(300), "{path}");
+    assert_eq!(reply.status, StatusCode::OK, "{path}");
+    assert_eq!(reply.index(), index, "{path}");
 }
 
 /// Everything in the store and the global KV index, to prove a refused request changed nothing.
@@ -68,6 +131,16 @@ pub async fn exit_code(child: &mut Child) -> i32 {
         .expect("vigil did not exit in time")
         .expect("wait for vigil");
     status.code().expect("exit code")
+}
+
+/// `contents` written to `agent.toml` in a new temporary directory, which lives as long as the
+/// returned handle; the file's path is for `--config`.
+pub fn config_file(contents: &str) -> (TempDir, String) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, contents).expect("write the config file");
+    let config = config.to_str().expect("UTF-8 path").to_owned();
+    (dir, config)
 }
 
 /// Runs a dev agent with `--config <config>`, which must refuse to start; returns its stderr.

@@ -7,7 +7,7 @@ use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::common::assert_error;
+use crate::common::assert_gets_answer;
 
 /// The `Allow` header as a list of methods.
 fn allowed(reply: &Reply) -> Vec<String> {
@@ -35,13 +35,17 @@ fn assert_read_headers(reply: &Reply, what: &str) {
 
 async fn sequencer(agent: &Agent, key: &str, lock_index: u64, session: &str) -> Value {
     let reply = agent
-        .get(&format!(
-            "/v1/vigil/sequencer?key={key}&lock-index={lock_index}&session={session}"
+        .sequencer(&format!(
+            "key={key}&lock-index={lock_index}&session={session}"
         ))
         .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     assert_read_headers(&reply, "sequencer");
     reply.json()
+}
+
+/// Asserts `{"Valid":true}`.
+fn assert_valid(answer: &Value) {
+    assert_eq!(answer, &json!({ "Valid": true }));
 }
 
 /// Asserts `{"Valid":false,"Reason":"<something>"}`.
@@ -105,7 +109,7 @@ async fn unknown_routes_are_404() {
 async fn wrong_method_is_405_with_allow_and_options_is_200() {
     // A method the route does not take is 405 naming the method, with OPTIONS in `Allow`.
     let agent = Agent::dev().await;
-    let cases = [
+    for (method, path, allowed_method) in [
         (Method::POST, "/v1/session/create", "PUT"),
         (Method::GET, "/v1/session/create", "PUT"),
         (Method::PUT, "/v1/session/list", "GET"),
@@ -114,8 +118,7 @@ async fn wrong_method_is_405_with_allow_and_options_is_200() {
         (Method::PUT, "/v1/status/leader", "GET"),
         (Method::POST, "/v1/kv/x", "PUT"),
         (Method::POST, "/v1/vigil/sequencer", "GET"),
-    ];
-    for (method, path, allowed_method) in cases {
+    ] {
         let reply = agent.request(method.clone(), path, None).await;
         assert_eq!(
             reply.status,
@@ -182,49 +185,32 @@ async fn sequencer_validates_fencing_tokens() {
     let agent = Agent::dev().await;
     let holder = agent.session("{}").await;
     let other = agent.session("{}").await;
-    let reply = agent
-        .put(&format!("/v1/kv/fenced?acquire={holder}"), "")
+    agent
+        .put_true(&format!("/v1/kv/fenced?acquire={holder}"), "")
         .await;
-    assert_eq!(reply.json(), json!(true));
-    assert_eq!(
-        sequencer(&agent, "fenced", 1, &holder).await,
-        json!({ "Valid": true })
-    );
+    assert_valid(&sequencer(&agent, "fenced", 1, &holder).await);
 
     // A wrong lock-index, a wrong session or a wrong key is invalid, with a reason.
-    assert_invalid(
-        &sequencer(&agent, "fenced", 2, &holder).await,
-        "lock-index 2",
-    );
-    assert_invalid(
-        &sequencer(&agent, "fenced", 0, &holder).await,
-        "lock-index 0",
-    );
-    assert_invalid(
-        &sequencer(&agent, "fenced", 1, &other).await,
-        "other session",
-    );
-    assert_invalid(
-        &sequencer(&agent, "missing", 1, &holder).await,
-        "missing key",
-    );
+    for (key, lock_index, session, what) in [
+        ("fenced", 2, &holder, "lock-index 2"),
+        ("fenced", 0, &holder, "lock-index 0"),
+        ("fenced", 1, &other, "other session"),
+        ("missing", 1, &holder, "missing key"),
+    ] {
+        assert_invalid(&sequencer(&agent, key, lock_index, session).await, what);
+    }
 
     // After release the old token is invalid.
-    let reply = agent
-        .put(&format!("/v1/kv/fenced?release={holder}"), "")
+    agent
+        .put_true(&format!("/v1/kv/fenced?release={holder}"), "")
         .await;
-    assert_eq!(reply.json(), json!(true));
     assert_invalid(&sequencer(&agent, "fenced", 1, &holder).await, "released");
 
     // The next holder gets LockIndex 2; only its token is valid, the old one stays invalid.
-    let reply = agent
-        .put(&format!("/v1/kv/fenced?acquire={other}"), "")
+    agent
+        .put_true(&format!("/v1/kv/fenced?acquire={other}"), "")
         .await;
-    assert_eq!(reply.json(), json!(true));
-    assert_eq!(
-        sequencer(&agent, "fenced", 2, &other).await,
-        json!({ "Valid": true })
-    );
+    assert_valid(&sequencer(&agent, "fenced", 2, &other).await);
     assert_invalid(&sequencer(&agent, "fenced", 1, &other).await, "stale index");
     assert_invalid(&sequencer(&agent, "fenced", 1, &holder).await, "old holder");
 
@@ -252,28 +238,23 @@ async fn sequencer_validates_fencing_tokens() {
 
 #[tokio::test]
 async fn every_read_sets_index_leader_and_contact_headers() {
-    // On a fresh agent (empty tables) every read still carries an index of at least 1.
+    // On a fresh agent (empty tables) every read still carries an index of at least 1, and so
+    // do the 404s of a missing key and of an empty recursive listing.
     let agent = Agent::dev().await;
-    let reads = [
-        "/v1/session/list",
-        "/v1/session/node/test-node",
-        "/v1/session/info/00000000-0000-4000-8000-000000000000",
-        "/v1/kv/?keys",
-    ];
-    for path in reads {
-        let reply = agent.get(path).await;
-        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text());
-        assert_read_headers(&reply, path);
-    }
-
-    // The 404s of a missing key and of an empty recursive listing carry them too.
-    for path in [
-        "/v1/kv/missing",
-        "/v1/kv/?recurse",
-        "/v1/kv/nothing/?recurse",
+    for (path, status) in [
+        ("/v1/session/list", StatusCode::OK),
+        ("/v1/session/node/test-node", StatusCode::OK),
+        (
+            "/v1/session/info/00000000-0000-4000-8000-000000000000",
+            StatusCode::OK,
+        ),
+        ("/v1/kv/?keys", StatusCode::OK),
+        ("/v1/kv/missing", StatusCode::NOT_FOUND),
+        ("/v1/kv/?recurse", StatusCode::NOT_FOUND),
+        ("/v1/kv/nothing/?recurse", StatusCode::NOT_FOUND),
     ] {
         let reply = agent.get(path).await;
-        assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}");
+        assert_eq!(reply.status, status, "{path}: {}", reply.text());
         assert_read_headers(&reply, path);
     }
 
@@ -298,41 +279,32 @@ async fn consistency_and_blocking_parameters_are_validated() {
     // ?stale and ?consistent together conflict.
     let agent = Agent::dev().await;
     let id = agent.session(r#"{"Name":"modes"}"#).await;
-    for path in [
+    let conflicting = [
         "/v1/session/list?stale&consistent",
         "/v1/session/list?consistent&stale",
         "/v1/kv/k?stale=1&consistent=1",
-    ] {
-        assert_error(
-            &agent.get(path).await,
-            StatusCode::BAD_REQUEST,
-            "Cannot specify ?stale with ?consistent, conflicting semantics.",
-        );
-    }
-
-    // A bad index or wait is a 400.
-    for path in [
+    ];
+    // A bad index or wait is a 400 too.
+    let bad_index = [
         "/v1/session/list?index=abc",
         "/v1/session/list?index=-1",
         "/v1/kv/k?index=1.5",
-    ] {
-        assert_error(
-            &agent.get(path).await,
-            StatusCode::BAD_REQUEST,
-            "Invalid index",
-        );
-    }
-    for path in [
+    ];
+    let bad_wait = [
         "/v1/session/list?index=1&wait=5z",
         "/v1/session/list?index=1&wait=soon",
         "/v1/kv/k?index=1&wait=10",
         "/v1/session/list?wait=5z",
+    ];
+    for (paths, message) in [
+        (
+            &conflicting[..],
+            "Cannot specify ?stale with ?consistent, conflicting semantics.",
+        ),
+        (&bad_index[..], "Invalid index"),
+        (&bad_wait[..], "Invalid wait time"),
     ] {
-        assert_error(
-            &agent.get(path).await,
-            StatusCode::BAD_REQUEST,
-            "Invalid wait time",
-        );
+        assert_gets_answer(&agent, paths, StatusCode::BAD_REQUEST, message).await;
     }
 
     // ?consistent and ?stale reads answer the same data as a default read.

@@ -9,12 +9,27 @@ use std::time::{Duration, Instant};
 use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use tokio::task::JoinHandle;
 use vigil_shared::go::duration::parse_go_duration;
 
-use crate::common::b64;
+use crate::common::{arm_lock_delay, assert_not_found, assert_waits_out, b64};
 
 /// Upper bound for anything that should happen promptly (a woken blocking query, say).
 const PROMPTLY: Duration = Duration::from_secs(10);
+
+/// A blocking read of `path` parked in the background.
+fn park(agent: &Arc<Agent>, path: String) -> JoinHandle<Reply> {
+    let agent = Arc::clone(agent);
+    tokio::spawn(async move { agent.get(&path).await })
+}
+
+/// The answer of a [`park`]ed read, which must come within [`PROMPTLY`] (`why`: what wakes it).
+async fn woken(watcher: JoinHandle<Reply>, why: &str) -> Reply {
+    tokio::time::timeout(PROMPTLY, watcher)
+        .await
+        .expect(why)
+        .expect("watcher task")
+}
 
 fn modify_index(entry: &Value) -> u64 {
     entry["ModifyIndex"].as_u64().expect("ModifyIndex")
@@ -233,10 +248,7 @@ async fn recurse_matches_raw_string_prefixes_for_reads_and_deletes() {
     // `DELETE /v1/kv/?recurse` wipes the store; listing everything is then a 404.
     let reply = agent.delete("/v1/kv/?recurse").await;
     assert_eq!(reply.json(), json!(true));
-    assert_eq!(
-        agent.get("/v1/kv/?recurse").await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_not_found(&agent, "/v1/kv/?recurse").await;
 }
 
 #[tokio::test]
@@ -315,15 +327,12 @@ async fn flags_round_trip_and_cas_writes_only_at_the_matching_index() {
     let first = agent.kv_entry("test").await;
     assert_eq!(first["Flags"], json!(50));
     let m1 = modify_index(&first);
-    let refused = agent.put("/v1/kv/test?cas=0", "again").await;
-    assert_eq!(refused.status, StatusCode::OK);
-    assert_eq!(refused.json(), json!(false));
+    agent.put_false("/v1/kv/test?cas=0", "again").await;
 
     // A stale index is refused and changes nothing.
-    let stale = agent
-        .put(&format!("/v1/kv/test?flags=42&cas={}", m1 + 1000), "stale")
+    agent
+        .put_false(&format!("/v1/kv/test?flags=42&cas={}", m1 + 1000), "stale")
         .await;
-    assert_eq!(stale.json(), json!(false));
     assert_eq!(agent.kv_entry("test").await, first);
 
     // The current index writes the value and the flags.
@@ -337,21 +346,9 @@ async fn flags_round_trip_and_cas_writes_only_at_the_matching_index() {
     assert_eq!(second["CreateIndex"], first["CreateIndex"]);
 
     // The old index is now stale; a cas with N > 0 on a missing key is false, not a create.
-    assert_eq!(
-        agent
-            .put(&format!("/v1/kv/test?cas={m1}"), "x")
-            .await
-            .json(),
-        json!(false)
-    );
-    assert_eq!(
-        agent.put("/v1/kv/absent?cas=5", "x").await.json(),
-        json!(false)
-    );
-    assert_eq!(
-        agent.get("/v1/kv/absent").await.status,
-        StatusCode::NOT_FOUND
-    );
+    agent.put_false(&format!("/v1/kv/test?cas={m1}"), "x").await;
+    agent.put_false("/v1/kv/absent?cas=5", "x").await;
+    assert_not_found(&agent, "/v1/kv/absent").await;
 }
 
 #[tokio::test]
@@ -372,7 +369,7 @@ async fn delete_is_idempotent_and_cas_delete_needs_the_matching_index() {
     // The right index deletes.
     let reply = agent.delete(&format!("/v1/kv/test?cas={m}")).await;
     assert_eq!(reply.json(), json!(true));
-    assert_eq!(agent.get("/v1/kv/test").await.status, StatusCode::NOT_FOUND);
+    assert_not_found(&agent, "/v1/kv/test").await;
 
     // On a missing key, cas-delete is true for any index, and a plain delete is true; neither
     // moves the KV index.
@@ -402,10 +399,8 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
 
     // Another session cannot take it, and its attempt changes nothing.
     let refused = agent
-        .put(&format!("/v1/kv/lock?acquire={s2}"), "mine")
+        .put_false(&format!("/v1/kv/lock?acquire={s2}"), "mine")
         .await;
-    assert_eq!(refused.status, StatusCode::OK);
-    assert_eq!(refused.json(), json!(false));
     assert_eq!(
         refused.header("X-Vigil-Lock-Delay"),
         None,
@@ -437,8 +432,9 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
     assert_eq!(cased["LockIndex"], json!(1));
 
     // Only the holder can release; a release by another session is false and changes nothing.
-    let wrong = agent.put(&format!("/v1/kv/lock?release={s2}"), "x").await;
-    assert_eq!(wrong.json(), json!(false));
+    agent
+        .put_false(&format!("/v1/kv/lock?release={s2}"), "x")
+        .await;
     assert_eq!(agent.kv_entry("lock").await, cased);
 
     // The holder's release clears Session, keeps LockIndex and replaces value and flags with
@@ -454,13 +450,9 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
     assert!(modify_index(&released) > modify_index(&cased));
 
     // A second release is false: the lock is not held.
-    assert_eq!(
-        agent
-            .put(&format!("/v1/kv/lock?release={s1}"), "")
-            .await
-            .json(),
-        json!(false)
-    );
+    agent
+        .put_false(&format!("/v1/kv/lock?release={s1}"), "")
+        .await;
 
     // Acquiring again (another session now) increments LockIndex; a bare release then sets the
     // value to null and the flags to 0.
@@ -488,15 +480,9 @@ async fn acquire_and_release_track_the_session_and_lock_index_never_decreases() 
 #[tokio::test]
 async fn acquire_during_lock_delay_answers_false_with_the_remaining_delay() {
     let agent = Agent::dev().await;
-    let s1 = agent.session(r#"{"LockDelay":"30s"}"#).await;
-    agent
-        .put_true(&format!("/v1/kv/leader?acquire={s1}"), "s1")
-        .await;
 
     // Destroying the holder releases the key and arms its lock-delay.
-    agent
-        .put_true(&format!("/v1/session/destroy/{s1}"), Vec::new())
-        .await;
+    arm_lock_delay(&agent, "leader", "30s").await;
     let released = agent.kv_entry("leader").await;
     assert!(!released.as_object().unwrap().contains_key("Session"));
     assert_eq!(released["LockIndex"], json!(1));
@@ -505,10 +491,8 @@ async fn acquire_during_lock_delay_answers_false_with_the_remaining_delay() {
     // delay as a Go duration, and nothing is written.
     let s2 = agent.session("{}").await;
     let refused = agent
-        .put(&format!("/v1/kv/leader?acquire={s2}"), "s2")
+        .put_false(&format!("/v1/kv/leader?acquire={s2}"), "s2")
         .await;
-    assert_eq!(refused.status, StatusCode::OK);
-    assert_eq!(refused.json(), json!(false));
     let remaining = refused
         .header("X-Vigil-Lock-Delay")
         .expect("X-Vigil-Lock-Delay header on a lock-delay refusal");
@@ -638,10 +622,7 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
     let m = modify_index(&agent.kv_entry("foo").await);
 
     // A long blocking read on `foo`, parked at foo's current index.
-    let watcher = {
-        let agent = Arc::clone(&agent);
-        tokio::spawn(async move { agent.get(&format!("/v1/kv/foo?index={m}&wait=60s")).await })
-    };
+    let watcher = park(&agent, format!("/v1/kv/foo?index={m}&wait=60s"));
 
     // A write to `foo/bar` (a key that `foo` is a prefix of) is not a change to `foo`.
     agent.put_true("/v1/kv/foo/bar", "below").await;
@@ -658,10 +639,7 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
 
     // A write to `foo` itself wakes the reader with the new entry.
     agent.put_true("/v1/kv/foo", "two").await;
-    let woken = tokio::time::timeout(PROMPTLY, watcher)
-        .await
-        .expect("a write to foo wakes the reader")
-        .expect("watcher task");
+    let woken = woken(watcher, "a write to foo wakes the reader").await;
     assert_eq!(woken.status, StatusCode::OK);
     assert!(woken.index() > m);
     assert_eq!(woken.json()[0]["Value"], json!(b64("two")));
@@ -677,19 +655,12 @@ async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_
     let index = listed.index();
 
     // A recurse read parked at the prefix's index wakes when a key under it is written.
-    let watcher = {
-        let agent = Arc::clone(&agent);
-        tokio::spawn(async move {
-            agent
-                .get(&format!("/v1/kv/list/?recurse&index={index}&wait=60s"))
-                .await
-        })
-    };
+    let watcher = park(
+        &agent,
+        format!("/v1/kv/list/?recurse&index={index}&wait=60s"),
+    );
     agent.put_true("/v1/kv/list/b", "b").await;
-    let woken = tokio::time::timeout(PROMPTLY, watcher)
-        .await
-        .expect("a write under the prefix wakes the list")
-        .expect("watcher task");
+    let woken = woken(watcher, "a write under the prefix wakes the list").await;
     assert_eq!(woken.status, StatusCode::OK);
     assert!(woken.index() > index);
     let keys: Vec<String> = woken
@@ -704,13 +675,7 @@ async fn blocking_list_wakes_on_a_write_under_the_prefix_and_times_out_with_the_
     // A blocking read with a short wait on a key nobody touches returns after the wait with the
     // same index (a 200 is not proof of a change).
     let m = modify_index(&agent.kv_entry("other").await);
-    let started = Instant::now();
-    let idle = agent
-        .get(&format!("/v1/kv/other?index={m}&wait=300ms"))
-        .await;
-    assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(idle.status, StatusCode::OK);
-    assert_eq!(idle.index(), m);
+    assert_waits_out(&agent, "/v1/kv/other", m).await;
 }
 
 #[tokio::test]
@@ -724,19 +689,9 @@ async fn blocking_get_on_a_missing_key_wakes_when_the_key_is_created() {
     let index = missing.index();
 
     // A reader parked on the missing key gets the entry as soon as it is written.
-    let watcher = {
-        let agent = Arc::clone(&agent);
-        tokio::spawn(async move {
-            agent
-                .get(&format!("/v1/kv/later?index={index}&wait=60s"))
-                .await
-        })
-    };
+    let watcher = park(&agent, format!("/v1/kv/later?index={index}&wait=60s"));
     agent.put_true("/v1/kv/later", "here").await;
-    let woken = tokio::time::timeout(PROMPTLY, watcher)
-        .await
-        .expect("creating the key wakes the reader")
-        .expect("watcher task");
+    let woken = woken(watcher, "creating the key wakes the reader").await;
     assert_eq!(woken.status, StatusCode::OK);
     assert_eq!(woken.json()[0]["Value"], json!(b64("here")));
     assert!(woken.index() > index);

@@ -10,7 +10,9 @@ use integration_tests::{Agent, Reply};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::assert_plain_error;
+use crate::common::{
+    assert_error, assert_error_prefix, assert_gets_answer, assert_plain_error, assert_waits_out,
+};
 
 /// The sessions table index, as `/v1/session/list` reports it.
 async fn sessions_index(agent: &Agent) -> u64 {
@@ -146,27 +148,20 @@ async fn check_lists_follow_consul_fixup_rules() {
 
 #[tokio::test]
 async fn create_bodies_decode_case_insensitively() {
-    // py-consul sends lowercase names; they must mean the same as Consul's PascalCase.
+    // py-consul sends lowercase names; they must mean the same as Consul's PascalCase, and
+    // so must the Go client's spelling (LockDelay as milliseconds, as `api.Session.Create`
+    // sends it).
     let agent = Agent::dev().await;
-    let id = agent
-        .session(r#"{"name":"py","lockdelay":"15s","ttl":"20s","behavior":"delete"}"#)
-        .await;
-    let session = info(&agent, &id).await;
-    assert_eq!(session["Name"], json!("py"));
-    assert_eq!(session["LockDelay"], json!(15_000_000_000u64));
-    assert_eq!(session["TTL"], json!("20s"));
-    assert_eq!(session["Behavior"], json!("delete"));
-    assert_eq!(session["Node"], json!("test-node"));
-
-    // The Go client's spelling (LockDelay as milliseconds, as `api.Session.Create` sends it).
-    let id = agent
-        .session(r#"{"Name":"go","LockDelay":"15000ms","TTL":"10s","Behavior":"release"}"#)
-        .await;
-    let session = info(&agent, &id).await;
-    assert_eq!(session["Name"], json!("go"));
-    assert_eq!(session["LockDelay"], json!(15_000_000_000u64));
-    assert_eq!(session["TTL"], json!("10s"));
-    assert_eq!(session["Behavior"], json!("release"));
+    let py = r#"{"name":"py","lockdelay":"15s","ttl":"20s","behavior":"delete"}"#;
+    let go = r#"{"Name":"go","LockDelay":"15000ms","TTL":"10s","Behavior":"release"}"#;
+    for (body, name, ttl, behavior) in [(py, "py", "20s", "delete"), (go, "go", "10s", "release")] {
+        let session = info(&agent, &agent.session(body).await).await;
+        assert_eq!(session["Name"], json!(name));
+        assert_eq!(session["LockDelay"], json!(15_000_000_000u64));
+        assert_eq!(session["TTL"], json!(ttl));
+        assert_eq!(session["Behavior"], json!(behavior));
+        assert_eq!(session["Node"], json!("test-node"));
+    }
 
     // Any mix of case works, including node and check lists.
     let id = agent
@@ -280,17 +275,7 @@ async fn bad_create_inputs_are_500_with_consul_text_and_leave_the_index_alone() 
     // Bodies that are not a JSON object are decode failures.
     for body in ["{", "not json", r#"{"Name":}"#, "[]", r#"{"TTL":5}"#] {
         let reply = agent.put("/v1/session/create", body).await;
-        assert_eq!(
-            reply.status,
-            StatusCode::BAD_REQUEST,
-            "{body}: {}",
-            reply.text()
-        );
-        assert!(
-            reply.text().starts_with("Request decode failed: "),
-            "{body}: {}",
-            reply.text()
-        );
+        assert_error_prefix(&reply, StatusCode::BAD_REQUEST, "Request decode failed: ");
         assert_eq!(sessions_index(&agent).await, before, "after {body}");
     }
 
@@ -313,8 +298,7 @@ async fn unknown_sessions_destroy_true_info_empty_renew_404() {
 
     // Info of an unknown session is an empty array (never null), with the read headers.
     let reply = agent.get(&format!("/v1/session/info/{unknown}")).await;
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.text(), "[]");
+    assert_error(&reply, StatusCode::OK, "[]");
     assert_eq!(reply.index(), before);
 
     // Renew of an unknown session is a 404 naming it.
@@ -378,14 +362,13 @@ async fn session_lifecycle_create_renew_destroy() {
 async fn list_and_node_endpoints_return_arrays() {
     // With no sessions, both listings are `[]`, and an unknown node is not an error.
     let agent = Agent::dev().await;
-    for path in [
+    let listings = [
         "/v1/session/list",
         "/v1/session/node/test-node",
         "/v1/session/node/elsewhere",
-    ] {
-        let reply = agent.get(path).await;
-        assert_eq!(reply.status, StatusCode::OK, "{path}");
-        assert_eq!(reply.text(), "[]", "{path}");
+    ];
+    let replies = assert_gets_answer(&agent, &listings, StatusCode::OK, "[]").await;
+    for (reply, path) in replies.iter().zip(listings) {
         assert!(reply.index() >= 1, "{path}");
     }
 
@@ -487,6 +470,17 @@ async fn destroying_a_delete_session_removes_its_keys() {
     assert!(reply.index() >= 1);
 }
 
+/// A blocking listing woken past `index` by the creation of session `id`, which it lists.
+fn assert_woken_with(woken: &Reply, index: u64, id: &str) {
+    assert!(woken.index() > index);
+    let listed = woken.json();
+    let ids = listed.as_array().expect("array").iter().map(|s| &s["ID"]);
+    assert!(
+        ids.into_iter().any(|listed| *listed == json!(id)),
+        "{listed}"
+    );
+}
+
 #[tokio::test]
 async fn blocking_session_reads_wait_and_wake() {
     // An index at or below the current one answers at once.
@@ -501,30 +495,14 @@ async fn blocking_session_reads_wait_and_wake() {
     assert!(started.elapsed() < Duration::from_secs(10));
 
     // With nothing changing, a blocking read waits out `wait` and returns the same index.
-    let started = Instant::now();
-    let reply = agent
-        .get(&format!("/v1/session/list?index={current}&wait=300ms"))
-        .await;
-    assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(reply.status, StatusCode::OK);
-    assert_eq!(reply.index(), current);
+    assert_waits_out(&agent, "/v1/session/list", current).await;
 
     // A create wakes a blocked list long before its wait runs out.
     let started = Instant::now();
     let blocking = format!("/v1/session/list?index={current}&wait=60s");
     let (woken, id) = tokio::join!(agent.get(&blocking), agent.session(r#"{"Name":"wake"}"#));
     assert!(started.elapsed() < Duration::from_secs(30));
-    assert!(woken.index() > current);
-    assert!(
-        woken
-            .json()
-            .as_array()
-            .expect("array")
-            .iter()
-            .any(|s| s["ID"] == json!(id)),
-        "{}",
-        woken.text()
-    );
+    assert_woken_with(&woken, current, &id);
 
     // The node listing blocks and wakes the same way.
     let current = woken.index();
@@ -533,15 +511,7 @@ async fn blocking_session_reads_wait_and_wake() {
         agent.get(&blocking),
         agent.session(r#"{"Name":"wake-node"}"#)
     );
-    assert!(woken.index() > current);
-    assert!(
-        woken
-            .json()
-            .as_array()
-            .expect("array")
-            .iter()
-            .any(|s| s["ID"] == json!(id))
-    );
+    assert_woken_with(&woken, current, &id);
 
     // A blocking info on a live session wakes when it is destroyed, returning `[]`.
     let current = woken.index();

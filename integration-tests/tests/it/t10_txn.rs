@@ -8,7 +8,7 @@ use integration_tests::{Agent, Reply, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::common::{b64, kv_state};
+use crate::common::{arm_lock_delay, assert_error, assert_not_found, b64, kv_state};
 
 async fn txn(agent: &Agent, ops: &Value) -> Reply {
     agent.put("/v1/txn", ops.to_string()).await
@@ -141,14 +141,8 @@ async fn every_verb_has_its_result_shape_writes_without_values_reads_with_them()
     assert_eq!(results[4]["KV"]["Value"], json!(b64("rel")));
 
     // The store agrees.
-    assert_eq!(
-        agent.get("/v1/kv/foo/cas").await.status,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        agent.get("/v1/kv/foo/new").await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_not_found(&agent, "/v1/kv/foo/cas").await;
+    assert_not_found(&agent, "/v1/kv/foo/new").await;
     assert_eq!(results[4]["KV"], agent.kv_entry("foo/lock").await);
 }
 
@@ -353,15 +347,9 @@ async fn check_not_exists_passes_once_then_fails_with_key_exists() {
 async fn txn_lock_is_refused_during_lock_delay_and_succeeds_after_it() {
     // TestTxn_Apply_LockDelay.
     let agent = Agent::dev().await;
-    let s1 = agent.session(r#"{"LockDelay":"3s"}"#).await;
-    agent
-        .put_true(&format!("/v1/kv/test?acquire={s1}"), "s1")
-        .await;
 
     // Invalidating the holder arms the key's lock-delay.
-    agent
-        .put_true(&format!("/v1/session/destroy/{s1}"), Vec::new())
-        .await;
+    arm_lock_delay(&agent, "test", "3s").await;
     let s2 = agent.session("{}").await;
     let released = agent.kv_entry("test").await;
 
@@ -489,10 +477,10 @@ async fn txn_over_128_ops_is_413_and_exactly_128_commit() {
     agent.put_true("/v1/kv/seed", "x").await;
     let before = kv_state(&agent).await;
     let reply = txn(&agent, &sets(129, "big")).await;
-    assert_eq!(reply.status, StatusCode::PAYLOAD_TOO_LARGE);
-    assert_eq!(
-        reply.text(),
-        "Transaction contains too many operations (129 > 128)"
+    assert_error(
+        &reply,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "Transaction contains too many operations (129 > 128)",
     );
     assert_eq!(kv_state(&agent).await, before);
 

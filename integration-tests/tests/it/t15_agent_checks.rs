@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
-use crate::common::{assert_error, refused_config};
+use crate::common::{assert_error, assert_error_containing, config_file, refused_config};
 
 /// Long enough for an interval check's stagger, a run and the sync to the catalog.
 const SETTLE: Duration = Duration::from_secs(15);
@@ -632,17 +632,8 @@ async fn maintenance_mode_adds_and_removes_its_check() {
             json!({"NodeChecks": ["serfHealth", "_node_maintenance"]}).to_string(),
         )
         .await;
-    assert_eq!(
-        refused.status,
-        StatusCode::INTERNAL_SERVER_ERROR,
-        "{}",
-        refused.text()
-    );
-    assert!(
-        refused.text().contains("is in critical state"),
-        "{}",
-        refused.text()
-    );
+    let critical = "is in critical state";
+    assert_error_containing(&refused, StatusCode::INTERNAL_SERVER_ERROR, critical);
     put_ok(&agent, "/v1/agent/maintenance?enable=false", json!(null)).await;
     assert!(agent_check(&agent, "_node_maintenance").await.is_none());
     assert!(catalog_check(&agent, "_node_maintenance").await.is_none());
@@ -1025,10 +1016,7 @@ async fn listings_have_consul_shapes() {
 
 #[tokio::test]
 async fn config_file_definitions_register_at_every_start() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
+    let (dir, config) = config_file(
         r#"
         [[service]]
         name = "billing"
@@ -1043,9 +1031,7 @@ async fn config_file_definitions_register_at_every_start() {
         name = "Worker heartbeat"
         ttl = "1m"
         "#,
-    )
-    .expect("write config");
-    let config = config.to_str().expect("UTF-8 path").to_owned();
+    );
     let args = ["--session-ttl-min", "1s", "--config", config.as_str()];
 
     for start in 0..2 {

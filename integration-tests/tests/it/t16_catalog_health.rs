@@ -370,8 +370,7 @@ async fn prepared_queries_run_and_go_with_their_session() {
         .put(&format!("/v1/session/destroy/{session}"), "")
         .await);
     let gone = agent.get(&format!("/v1/query/{bound}")).await;
-    assert_eq!(gone.status, StatusCode::NOT_FOUND);
-    assert_eq!(gone.text(), "Query not found");
+    assert_error(&gone, StatusCode::NOT_FOUND, "Query not found");
     assert_eq!(
         ids(&ok(&agent.get("/v1/query").await), "/ID"),
         std::slice::from_ref(&named)

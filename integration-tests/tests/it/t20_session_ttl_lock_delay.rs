@@ -10,10 +10,19 @@ use integration_tests::{Agent, eventually};
 use reqwest::StatusCode;
 use serde_json::json;
 
+use crate::common::assert_not_found;
+
 /// The 1 s TTL used throughout: the agent's minimum here.
 const TTL: Duration = Duration::from_secs(1);
 /// Room for raft and scheduling on a busy machine, on top of Consul's TTL × 2.
 const SLACK: Duration = Duration::from_secs(5);
+
+/// `key` is held by `session`, granted the second time (LockIndex 2).
+async fn assert_second_grant(agent: &Agent, key: &str, session: &str) {
+    let entry = agent.kv_entry(key).await;
+    assert_eq!(entry["Session"], json!(session), "{key}");
+    assert_eq!(entry["LockIndex"], json!(2), "{key}");
+}
 
 #[tokio::test]
 async fn unrenewed_ttl_session_expires_between_ttl_and_twice_ttl() {
@@ -183,9 +192,7 @@ async fn lock_delay_refuses_acquire_until_it_passes() {
         "acquired {:?} after the destroy",
         destroyed_at.elapsed()
     );
-    let entry = agent.kv_entry("delayed").await;
-    assert_eq!(entry["Session"], json!(contender));
-    assert_eq!(entry["LockIndex"], json!(2));
+    assert_second_grant(&agent, "delayed", &contender).await;
 }
 
 #[tokio::test]
@@ -199,12 +206,12 @@ async fn delete_behaviour_sets_lock_delay_on_the_deleted_key() {
     agent.destroy_session(&holder).await;
 
     // The key is deleted, and an acquire that would recreate it is still refused.
-    assert_eq!(agent.get("/v1/kv/gone").await.status, StatusCode::NOT_FOUND);
+    assert_not_found(&agent, "/v1/kv/gone").await;
     let contender = agent.session("{}").await;
     let refused = agent.acquire("gone", &contender).await;
     assert_eq!(refused.json(), json!(false));
     assert!(refused.lock_delay_remaining() <= Duration::from_secs(10));
-    assert_eq!(agent.get("/v1/kv/gone").await.status, StatusCode::NOT_FOUND);
+    assert_not_found(&agent, "/v1/kv/gone").await;
 }
 
 #[tokio::test]
@@ -220,9 +227,7 @@ async fn zero_lock_delay_allows_immediate_reacquire() {
     let reply = agent.acquire("nodelay", &contender).await;
     assert_eq!(reply.json(), json!(true));
     assert_eq!(reply.header("X-Vigil-Lock-Delay"), None);
-    let entry = agent.kv_entry("nodelay").await;
-    assert_eq!(entry["Session"], json!(contender));
-    assert_eq!(entry["LockIndex"], json!(2));
+    assert_second_grant(&agent, "nodelay", &contender).await;
 }
 
 #[tokio::test]

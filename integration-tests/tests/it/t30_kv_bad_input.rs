@@ -4,12 +4,13 @@
 
 use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::common::kv_state;
 
-/// An agent holding a couple of keys, one of them locked.
-async fn seeded_agent() -> (Agent, String) {
+/// An agent holding a couple of keys, one of them locked: the agent, the locking session, and
+/// the store's state ([`kv_state`]) to compare with after a refused request.
+async fn seeded_agent() -> (Agent, String, (u64, Value)) {
     let agent = Agent::dev().await;
     let session = agent.session("{}").await;
     for path in [
@@ -19,7 +20,8 @@ async fn seeded_agent() -> (Agent, String) {
         let reply = agent.put(&path, "v").await;
         assert_eq!(reply.json(), json!(true), "{path}");
     }
-    (agent, session)
+    let before = kv_state(&agent).await;
+    (agent, session, before)
 }
 
 fn assert_error(reply: &Reply, status: StatusCode, text: &str, what: &str) {
@@ -34,8 +36,7 @@ fn assert_error(reply: &Reply, status: StatusCode, text: &str, what: &str) {
 
 #[tokio::test]
 async fn unparsable_flags_and_cas_are_500_with_go_parse_errors_and_change_nothing() {
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
 
     // Go's strconv.ParseUint texts: no sign, digits only, and overflow is its own message.
     let cases = [
@@ -76,8 +77,7 @@ async fn unparsable_flags_and_cas_are_500_with_go_parse_errors_and_change_nothin
 #[tokio::test]
 async fn conflicting_put_flags_are_400_echoing_the_sorted_query_and_change_nothing() {
     // TestKVSEndpoint_PUT_ConflictingFlags.
-    let (agent, session) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, session, before) = seeded_agent().await;
 
     // The body is the query re-encoded as Go's url.Values.Encode does (keys sorted, values
     // query-escaped), followed by a newline; `flags` combines with anything but is echoed.
@@ -105,8 +105,7 @@ async fn conflicting_put_flags_are_400_echoing_the_sorted_query_and_change_nothi
 #[tokio::test]
 async fn delete_with_recurse_and_cas_is_400_and_deletes_nothing() {
     // TestKVSEndpoint_DELETE_ConflictingFlags.
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
 
     for path in ["/v1/kv/?recurse&cas=0", "/v1/kv/seed?cas=0&recurse"] {
         let reply = agent.delete(path).await;
@@ -122,8 +121,7 @@ async fn delete_with_recurse_and_cas_is_400_and_deletes_nothing() {
 
 #[tokio::test]
 async fn acquire_with_an_unknown_or_empty_session_is_500_and_writes_nothing() {
-    let (agent, session) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, session, before) = seeded_agent().await;
     let unknown = "9f2d7e3c-1111-2222-3333-444455556666";
 
     // Consul's server-side texts with the RPC prefix, as 500s: an HA manager that adapts to
@@ -167,8 +165,7 @@ async fn acquire_with_an_unknown_or_empty_session_is_500_and_writes_nothing() {
 
 #[tokio::test]
 async fn an_empty_key_is_400_missing_key_name() {
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
 
     // Writes, single reads and single deletes need a key; with or without the trailing slash.
     let cases = [
@@ -191,8 +188,7 @@ async fn an_empty_key_is_400_missing_key_name() {
 
 #[tokio::test]
 async fn a_value_over_512_kib_is_413_and_exactly_512_kib_is_stored() {
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
 
     // One byte over kv_max_value_size: 413 with Consul's text; neither a new key nor an
     // existing one is written.
@@ -218,7 +214,7 @@ async fn a_value_over_512_kib_is_413_and_exactly_512_kib_is_stored() {
 
 #[tokio::test]
 async fn bad_blocking_and_consistency_parameters_are_400() {
-    let (agent, _) = seeded_agent().await;
+    let (agent, _, _) = seeded_agent().await;
     let cases = [
         ("/v1/kv/seed?index=x", "Invalid index"),
         ("/v1/kv/seed?index=-1", "Invalid index"),
@@ -238,8 +234,7 @@ async fn bad_blocking_and_consistency_parameters_are_400() {
 
 #[tokio::test]
 async fn unknown_routes_are_404() {
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
 
     for (method, path) in [
         (Method::GET, "/v1/kvx/seed"),
@@ -257,8 +252,7 @@ async fn unknown_routes_are_404() {
 
 #[tokio::test]
 async fn wrong_methods_are_405_with_an_allow_header_and_options_is_200() {
-    let (agent, _) = seeded_agent().await;
-    let before = kv_state(&agent).await;
+    let (agent, _, before) = seeded_agent().await;
     let txn_body = br#"[{"KV":{"Verb":"set","Key":"viatxn","Value":"eA=="}}]"#.to_vec();
 
     // KV allows GET, PUT, DELETE; txn allows PUT. The answer names the method and lists OPTIONS

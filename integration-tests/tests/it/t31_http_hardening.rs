@@ -6,12 +6,14 @@
 
 use std::time::Duration;
 
-use integration_tests::{Agent, eventually};
+use integration_tests::{Agent, Reply, eventually};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
+
+use crate::common::{assert_error, assert_not_found};
 
 const GIB: u64 = 1024 * 1024 * 1024;
 /// How much the agent's resident memory may grow while it refuses a 1 GiB body.
@@ -64,6 +66,29 @@ fn body_of(response: &str) -> &str {
     response.split_once("\r\n\r\n").map_or("", |(_, b)| b)
 }
 
+/// A 400 refusing `what`, with a text `check` accepts.
+fn assert_bad_request(reply: &Reply, what: &str, check: impl Fn(&str) -> bool) {
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{what}");
+    assert!(check(&reply.text()), "{what}: {}", reply.text());
+}
+
+/// A session create declaring a `len`-byte body, of which only `start` is sent, is refused
+/// with a 413 from its length alone.
+async fn assert_session_create_too_large(agent: &Agent, len: u64, start: &str) {
+    let response = raw(
+        agent,
+        &format!(
+            "PUT /v1/session/create HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{start}"
+        ),
+    )
+    .await;
+    assert!(response.starts_with("HTTP/1.1 413 "), "{response}");
+    assert_eq!(
+        body_of(&response),
+        format!("Request body({len} bytes) too large, max size: 524288 bytes")
+    );
+}
+
 fn header_of<'a>(response: &'a str, name: &str) -> Option<&'a str> {
     let head = response.split_once("\r\n\r\n").map_or(response, |(h, _)| h);
     head.lines().find_map(|l| {
@@ -84,13 +109,8 @@ async fn lock_index(agent: &Agent, key: &str) -> u64 {
 }
 
 async fn sequencer_valid(agent: &Agent, key: &str, index: u64, session: &str) -> bool {
-    let reply = agent
-        .get(&format!(
-            "/v1/vigil/sequencer?key={key}&lock-index={index}&session={session}"
-        ))
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()["Valid"] == json!(true)
+    let query = format!("key={key}&lock-index={index}&session={session}");
+    agent.sequencer(&query).await.json()["Valid"] == json!(true)
 }
 
 #[tokio::test]
@@ -101,49 +121,32 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
 
     // Three acquire/release rounds, a plain delete, an acquire: LockIndex 4.
     for _ in 0..3 {
-        agent
-            .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
-            .await;
-        agent
-            .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
-            .await;
+        agent.acquire_ok(key, &s).await;
+        agent.release_ok(key, &s).await;
     }
     assert_eq!(agent.delete(&format!("/v1/kv/{key}")).await.json(), true);
-    agent
-        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
-        .await;
+    agent.acquire_ok(key, &s).await;
     assert_eq!(lock_index(&agent, key).await, 4);
-    agent
-        .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
-        .await;
+    agent.release_ok(key, &s).await;
 
     // A recursive delete of a parent prefix, then an acquire: 5, and no old sequencer is
     // valid again.
     let reply = agent.delete("/v1/kv/hard/?recurse").await;
     assert_eq!(reply.json(), true);
-    assert_eq!(
-        agent.get(&format!("/v1/kv/{key}")).await.status,
-        StatusCode::NOT_FOUND
-    );
-    agent
-        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
-        .await;
+    assert_not_found(&agent, &format!("/v1/kv/{key}")).await;
+    agent.acquire_ok(key, &s).await;
     assert_eq!(lock_index(&agent, key).await, 5);
     for old in 1..=4 {
         assert!(!sequencer_valid(&agent, key, old, &s).await, "{old}");
     }
     assert!(sequencer_valid(&agent, key, 5, &s).await);
-    agent
-        .put_true(&format!("/v1/kv/{key}?release={s}"), "v")
-        .await;
+    agent.release_ok(key, &s).await;
 
     // The issue's form: the recursive delete names the key itself. 6, and `(key, 1, S)` stays
     // invalid.
     let reply = agent.delete(&format!("/v1/kv/{key}?recurse")).await;
     assert_eq!(reply.json(), true);
-    agent
-        .put_true(&format!("/v1/kv/{key}?acquire={s}"), "v")
-        .await;
+    agent.acquire_ok(key, &s).await;
     assert_eq!(lock_index(&agent, key).await, 6);
     assert!(!sequencer_valid(&agent, key, 1, &s).await);
 
@@ -192,18 +195,7 @@ async fn a_1_gib_body_is_refused_from_its_content_length_without_being_read() {
     }
 
     // Every other route has a limit too (512 KiB).
-    let response = raw(
-        &agent,
-        &format!(
-            "PUT /v1/session/create HTTP/1.1\r\nHost: a\r\nContent-Length: {GIB}\r\nConnection: close\r\n\r\n"
-        ),
-    )
-    .await;
-    assert!(response.starts_with("HTTP/1.1 413 "), "{response}");
-    assert_eq!(
-        body_of(&response),
-        format!("Request body({GIB} bytes) too large, max size: 524288 bytes")
-    );
+    assert_session_create_too_large(&agent, GIB, "").await;
 
     let grown = rss_kib(&agent).saturating_sub(before);
     assert!(grown <= RSS_GROWTH_MAX_KIB, "RSS grew by {grown} KiB");
@@ -447,14 +439,8 @@ async fn numbers_outside_gos_range_are_refused() {
                 format!(r#"{{"LockDelay": {number}}}"#),
             )
             .await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{number}");
-        assert!(
-            reply
-                .text()
-                .starts_with("Request decode failed: json: cannot unmarshal number "),
-            "{number}: {}",
-            reply.text()
-        );
+        let unmarshal = "Request decode failed: json: cannot unmarshal number ";
+        assert_bad_request(&reply, number, |text| text.starts_with(unmarshal));
     }
     assert_eq!(agent.get("/v1/session/list").await.json(), json!([]));
 
@@ -469,14 +455,8 @@ async fn numbers_outside_gos_range_are_refused() {
         r#"{"Name": "big", "HTTP": "http://127.0.0.1:1/", "Interval": 18446744073709551616}"#,
     ] {
         let reply = agent.put("/v1/agent/check/register", body).await;
-        assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{body}");
-        assert!(
-            reply
-                .text()
-                .ends_with("into Go value of type time.Duration"),
-            "{body}: {}",
-            reply.text()
-        );
+        let duration = "into Go value of type time.Duration";
+        assert_bad_request(&reply, body, |text| text.ends_with(duration));
     }
 
     // ?passing is a Go bool: empty and true/false forms work, anything else is 400.
@@ -491,8 +471,11 @@ async fn numbers_outside_gos_range_are_refused() {
         assert_eq!(reply.status, StatusCode::OK, "{ok}: {}", reply.text());
     }
     let reply = agent.get("/v1/health/service/none?passing=maybe").await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(reply.text(), "Invalid value for ?passing");
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Invalid value for ?passing",
+    );
 }
 
 #[tokio::test]
@@ -530,18 +513,7 @@ async fn every_field_is_bounded() {
     }
     // The issue's 16 MiB name: refused from its length, before the body is read.
     let len = 16 * 1024 * 1024 + r#"{"Name":""}"#.len();
-    let response = raw(
-        &agent,
-        &format!(
-            "PUT /v1/session/create HTTP/1.1\r\nHost: a\r\nContent-Length: {len}\r\nConnection: close\r\n\r\n{{\"Name\":\"nnnn"
-        ),
-    )
-    .await;
-    assert!(response.starts_with("HTTP/1.1 413 "), "{response}");
-    assert_eq!(
-        body_of(&response),
-        format!("Request body({len} bytes) too large, max size: 524288 bytes")
-    );
+    assert_session_create_too_large(&agent, len as u64, r#"{"Name":"nnnn"#).await;
     agent
         .session(&json!({ "Name": "n".repeat(1024) }).to_string())
         .await;
@@ -559,10 +531,10 @@ async fn every_field_is_bounded() {
         json!({"Node": "ext", "Address": "10.0.0.1", "NodeMeta": meta}),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Invalid NodeMeta: Node metadata cannot contain more than 64 key/value pairs"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Invalid NodeMeta: Node metadata cannot contain more than 64 key/value pairs",
     );
     let long = "v".repeat(513);
     let reply = put(
@@ -584,10 +556,10 @@ async fn every_field_is_bounded() {
                "Service": {"Service": "web", "Tags": ["t".repeat(1025)]}}),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Service.Tags is 1025 bytes long, more than the limit of 1024"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Service.Tags is 1025 bytes long, more than the limit of 1024",
     );
     let reply = put(
         "/v1/catalog/register",
@@ -595,10 +567,10 @@ async fn every_field_is_bounded() {
                "Service": {"Service": "web", "Tags": vec!["t"; 1025]}}),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Request decode failed: Service.Tags has 1025 entries, more than the limit of 1024"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Request decode failed: Service.Tags has 1025 entries, more than the limit of 1024",
     );
     let nodes = agent.get("/v1/catalog/nodes").await.json();
     assert!(
@@ -612,20 +584,20 @@ async fn every_field_is_bounded() {
         json!({"Name": "c".repeat(1025), "TTL": "10s"}),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Name is 1025 bytes long, more than the limit of 1024"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Name is 1025 bytes long, more than the limit of 1024",
     );
     let reply = put(
         "/v1/agent/service/register",
         json!({"Name": "web", "Tags": ["x".repeat(2000)]}),
     )
     .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Tags is 2000 bytes long, more than the limit of 1024"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Tags is 2000 bytes long, more than the limit of 1024",
     );
     let reply = agent
         .post_json(
@@ -633,10 +605,10 @@ async fn every_field_is_bounded() {
             json!({"Name": "q".repeat(1025), "Service": {"Service": "web"}}),
         )
         .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        reply.text(),
-        "Name is 1025 bytes long, more than the limit of 1024"
+    assert_error(
+        &reply,
+        StatusCode::BAD_REQUEST,
+        "Name is 1025 bytes long, more than the limit of 1024",
     );
     assert_eq!(agent.get("/v1/agent/checks").await.json(), json!({}));
     assert_eq!(agent.get("/v1/query").await.json(), json!([]));

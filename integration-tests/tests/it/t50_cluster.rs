@@ -40,6 +40,21 @@ async fn await_stale_values(agent: &Http, expected: &BTreeMap<String, String>) {
     .await;
 }
 
+/// Writes `(key, value)` through server `writer` while server `down` is stopped, then restarts
+/// `down` and waits until it serves every `expected` key, the new one included.
+async fn write_while_down(
+    cluster: &mut Cluster,
+    writer: usize,
+    down: usize,
+    (key, value): (&str, &str),
+    expected: &mut BTreeMap<String, String>,
+) {
+    cluster.server(writer).put_key(key, value).await;
+    expected.insert(key.to_owned(), value.to_owned());
+    cluster.restart(down).await;
+    await_stale_values(cluster.server(down), expected).await;
+}
+
 /// Every key in `expected` read back with `?consistent` through `agent`.
 async fn assert_consistent_values(agent: &Http, expected: &BTreeMap<String, String>) {
     for (key, value) in expected {
@@ -217,24 +232,14 @@ async fn restarted_servers_keep_their_keys_and_the_cluster_its_identity() {
     cluster.terminate(follower).await;
     assert!(stopping.elapsed() < STOP_LIMIT, "{:?}", stopping.elapsed());
     blocked.await.expect("blocked query task").ok();
-    cluster
-        .server(leader)
-        .put_key("keep/while-terminated", "t")
-        .await;
-    expected.insert("keep/while-terminated".to_owned(), "t".to_owned());
-    cluster.restart(follower).await;
-    await_stale_values(cluster.server(follower), &expected).await;
+    let written = ("keep/while-terminated", "t");
+    write_while_down(&mut cluster, leader, follower, written, &mut expected).await;
 
     // The leader killed with -9 likewise.
     cluster.kill9(leader).await;
     let second = cluster.leader().await;
-    cluster
-        .server(second)
-        .put_key("keep/while-killed", "k")
-        .await;
-    expected.insert("keep/while-killed".to_owned(), "k".to_owned());
-    cluster.restart(leader).await;
-    await_stale_values(cluster.server(leader), &expected).await;
+    let written = ("keep/while-killed", "k");
+    write_while_down(&mut cluster, second, leader, written, &mut expected).await;
     cluster.leader().await;
 
     // The whole set down at once (no graceful leave), then up again: one leader, the same

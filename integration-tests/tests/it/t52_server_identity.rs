@@ -15,7 +15,6 @@ use integration_tests::cluster::{Cluster, raft_ids};
 use openraft::Vote;
 use openraft::raft::VoteRequest;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
-use reqwest::StatusCode;
 use serde_json::Value;
 use vigil_server::rpc::{RpcRequest, RpcResponse, ServerNode};
 use vigil_server::tls::{Role, TlsMaterial};
@@ -136,11 +135,7 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
 
     // Phase 5: the membership is what it was, and the cluster still commits writes.
     assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
-    let reply = cluster
-        .server(leader)
-        .put("/v1/kv/still-works", "yes")
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    cluster.server(leader).put_key("still-works", "yes").await;
     // Phase 6: what the servers keep on disk is theirs alone (Consul's raft data is private).
     for i in 0..3 {
         let data = cluster.dir().join(format!("s{i}-data"));
@@ -198,9 +193,5 @@ async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
 
     // Phase 4: the learner is gone again and the three real servers still commit writes.
     assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
-    let reply = cluster
-        .server(leader)
-        .put("/v1/kv/after-ghost", "yes")
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    cluster.server(leader).put_key("after-ghost", "yes").await;
 }

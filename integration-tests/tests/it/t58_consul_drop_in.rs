@@ -14,6 +14,8 @@ use integration_tests::{Agent, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
+use crate::common::{assert_error, assert_gets_answer, config_file};
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_servers_session_ttl_min_decides_through_a_client_agent() {
     // Phase 1: servers accept TTLs down to 1 s; the client agent keeps the default 10 s.
@@ -32,10 +34,10 @@ async fn the_servers_session_ttl_min_decides_through_a_client_agent() {
 
     // Phase 3: below the servers' minimum: Consul's 500 and text, which clients match on.
     let reply = client.put("/v1/session/create", r#"{"TTL":"500ms"}"#).await;
-    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        reply.text(),
-        "Invalid Session TTL '500000000', must be between [1s=24h0m0s]"
+    assert_error(
+        &reply,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Invalid Session TTL '500000000', must be between [1s=24h0m0s]",
     );
 }
 
@@ -44,24 +46,24 @@ async fn one_datacenter_and_the_agents_root() {
     let agent = Agent::dev().await;
 
     // Another datacenter is not silently answered with this one's data.
-    for path in [
-        "/v1/kv/x?dc=dc2",
-        "/v1/catalog/nodes?dc=other",
-        "/v1/kv/x?dc=dc1&datacenter=dc2",
-    ] {
-        let reply = agent.get(path).await;
-        assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
-        assert_eq!(reply.text(), "No path to datacenter", "{path}");
-    }
+    assert_gets_answer(
+        &agent,
+        &[
+            "/v1/kv/x?dc=dc2",
+            "/v1/catalog/nodes?dc=other",
+            "/v1/kv/x?dc=dc1&datacenter=dc2",
+        ],
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "No path to datacenter",
+    )
+    .await;
     // This datacenter, named or not, is served.
-    assert_eq!(
-        agent.get("/v1/kv/x?dc=dc1").await.status,
-        StatusCode::NOT_FOUND
-    );
-    assert_eq!(
-        agent.get("/v1/catalog/nodes?dc=").await.status,
-        StatusCode::OK
-    );
+    for (path, status) in [
+        ("/v1/kv/x?dc=dc1", StatusCode::NOT_FOUND),
+        ("/v1/catalog/nodes?dc=", StatusCode::OK),
+    ] {
+        assert_eq!(agent.get(path).await.status, status, "{path}");
+    }
     let reply = agent.get("/v1/catalog/datacenters").await;
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.json(), json!(["dc1"]));
@@ -141,8 +143,7 @@ async fn agent_health_by_service_id_and_name_uses_consuls_codes() {
     let reply = agent
         .get("/v1/agent/health/service/id/web1?format=text")
         .await;
-    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(reply.text(), "critical");
+    assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "critical");
 
     // Passing: 200 with the service and its checks.
     let pass = agent.put("/v1/agent/check/pass/service:web1", "").await;
@@ -175,10 +176,7 @@ async fn agent_health_by_service_id_and_name_uses_consuls_codes() {
     let reply = agent
         .get("/v1/agent/health/service/name/web?format=text")
         .await;
-    assert_eq!(
-        (reply.status, reply.text()),
-        (StatusCode::TOO_MANY_REQUESTS, "warning".to_owned())
-    );
+    assert_error(&reply, StatusCode::TOO_MANY_REQUESTS, "warning");
 
     // Node maintenance puts every instance in maintenance: 503.
     let maint = agent.put("/v1/agent/maintenance?enable=true", "").await;
@@ -186,10 +184,7 @@ async fn agent_health_by_service_id_and_name_uses_consuls_codes() {
     let reply = agent
         .get("/v1/agent/health/service/id/web1?format=text")
         .await;
-    assert_eq!(
-        (reply.status, reply.text()),
-        (StatusCode::SERVICE_UNAVAILABLE, "maintenance".to_owned())
-    );
+    assert_error(&reply, StatusCode::SERVICE_UNAVAILABLE, "maintenance");
 
     // Unknown: 404, Consul's bodies.
     let reply = agent.get("/v1/agent/health/service/id/nope").await;
@@ -260,14 +255,7 @@ async fn what_consuls_servers_refuse_is_a_500_with_consuls_text() {
 #[tokio::test]
 async fn agent_self_members_and_node_meta_in_consuls_shapes() {
     // Phase 1: node meta from the config file and from repeated flags (a flag wins).
-    let dir = tempfile::tempdir().expect("temp dir");
-    let config = dir.path().join("agent.toml");
-    std::fs::write(
-        &config,
-        "node_meta = { zone = \"z1\", rack = \"from-file\" }\n",
-    )
-    .expect("write the config file");
-    let config = config.display().to_string();
+    let (_dir, config) = config_file("node_meta = { zone = \"z1\", rack = \"from-file\" }\n");
     let agent = Agent::dev_with(&[
         "--session-ttl-min",
         "1s",

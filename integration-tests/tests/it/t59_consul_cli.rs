@@ -73,6 +73,13 @@ async fn exists(agent: &Agent, key: &str) -> bool {
     status == StatusCode::OK
 }
 
+/// SIGTERMs a lock holder and waits for it to exit as its shell does on the signal (143).
+async fn terminate(holder: &mut Child) {
+    let pid = nix::unistd::Pid::from_raw(holder.id().expect("pid") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+    assert_eq!(exit_code(holder).await, 143);
+}
+
 #[tokio::test]
 async fn consul_lock_command_lines_run_as_consul_runs_them() {
     let agent = Agent::dev().await;
@@ -104,20 +111,16 @@ async fn consul_lock_command_lines_run_as_consul_runs_them() {
 
     // -shell=false runs the words as they are; a failure keeps its status, or is Consul's 2
     // with -child-exit-code.
-    let out = run(
-        &agent,
-        &["lock", "-shell=false", "jobs", "sh", "-c", "exit 3"],
-        "",
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(3), "{out:?}");
-    let out = run(
-        &agent,
-        &["lock", "-child-exit-code", "-name", "job", "jobs", "exit 3"],
-        "",
-    )
-    .await;
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    for (args, code) in [
+        (&["lock", "-shell=false", "jobs", "sh", "-c", "exit 3"], 3),
+        (
+            &["lock", "-child-exit-code", "-name", "job", "jobs", "exit 3"],
+            2,
+        ),
+    ] {
+        let out = run(&agent, args, "").await;
+        assert_eq!(out.status.code(), Some(code), "{out:?}");
+    }
 
     // The command reads stdin only with -pass-stdin.
     let out = run(&agent, &["lock", "jobs", "cat"], "input\n").await;
@@ -149,12 +152,7 @@ async fn the_coordination_key_outlives_only_its_last_user() {
     );
 
     // The holder stopped: the key is deleted with it.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.id().expect("pid") as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM");
-    assert_eq!(exit_code(&mut first).await, 143);
+    terminate(&mut first).await;
     assert!(!exists(&agent, "mx/.lock").await);
 
     // A semaphore holder that leaves while another holds keeps `.lock`; the last one deletes it.
@@ -163,12 +161,7 @@ async fn the_coordination_key_outlives_only_its_last_user() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let lock = agent.get("/v1/kv/sem/.lock").await;
     assert_eq!(lock.status, StatusCode::OK);
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(first.id().expect("pid") as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("SIGTERM");
-    assert_eq!(exit_code(&mut first).await, 143);
+    terminate(&mut first).await;
     assert!(!exists(&agent, "sem/.lock").await);
     let left = agent.get("/v1/kv/sem?recurse").await;
     assert_eq!(left.status, StatusCode::NOT_FOUND, "{}", left.text());

@@ -81,6 +81,13 @@ impl Run {
         Run { dir, log, go }
     }
 
+    /// Eight `vigil lock <args>` commands started at once, IDs 0 to 7.
+    fn spawn_eight(&self, agent: &Agent, args: &[&str], barrier: bool) -> Vec<Child> {
+        (0..8)
+            .map(|i| vigil_lock(agent, args, &self.env(i, barrier)))
+            .collect()
+    }
+
     fn env(&self, id: usize, barrier: bool) -> Vec<(&'static str, String)> {
         vec![
             ("ID", id.to_string()),
@@ -112,15 +119,7 @@ async fn eight_plain_locks_never_overlap_and_all_run() {
     // Eight commands start at once on one prefix.
     let agent = Agent::dev().await;
     let run = Run::new();
-    let mut procs: Vec<Child> = (0..8)
-        .map(|i| {
-            vigil_lock(
-                &agent,
-                &["mx", "--", "sh", "-c", SECTION],
-                &run.env(i, false),
-            )
-        })
-        .collect();
+    let mut procs = run.spawn_eight(&agent, &["mx", "--", "sh", "-c", SECTION], false);
 
     // Every one exits 0 (the child's status) …
     for p in &mut procs {
@@ -209,15 +208,11 @@ async fn limit_three_lets_exactly_three_in_at_once() {
     // Eight commands on a semaphore of 3; those inside wait at the barrier.
     let agent = Agent::dev().await;
     let run = Run::new();
-    let mut procs: Vec<Child> = (0..8)
-        .map(|i| {
-            vigil_lock(
-                &agent,
-                &["--limit", "3", "sem", "--", "sh", "-c", SECTION],
-                &run.env(i, true),
-            )
-        })
-        .collect();
+    let mut procs = run.spawn_eight(
+        &agent,
+        &["--limit", "3", "sem", "--", "sh", "-c", SECTION],
+        true,
+    );
 
     // Three get in and stay in; the semaphore reports 3 holders and 5 waiting.
     eventually(PROMPT, "three holders inside", || async {

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::common::PROMPT;
+use crate::common::{PROMPT, assert_error};
 
 /// A session with no lock-delay unless `body` says otherwise.
 async fn session(http: &Http, body: &str) -> String {
@@ -79,13 +79,17 @@ async fn waiters_are(http: &Http, name: &str, expected: &[String]) {
 }
 
 async fn sequencer(http: &Http, name: &str, token: u64, session: &str) -> bool {
-    let reply = http
-        .get(&format!(
-            "/v1/vigil/sequencer?lock={name}&token={token}&session={session}"
-        ))
-        .await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()["Valid"] == json!(true)
+    let query = format!("lock={name}&token={token}&session={session}");
+    http.sequencer(&query).await.json()["Valid"] == json!(true)
+}
+
+/// `N` sessions with no lock-delay, so a released lock can be taken again at once.
+async fn sessions_without_lock_delay<const N: usize>(http: &Http) -> [String; N] {
+    let mut ids = Vec::with_capacity(N);
+    for _ in 0..N {
+        ids.push(session(http, r#"{"LockDelay":"0s"}"#).await);
+    }
+    ids.try_into().expect("N sessions")
 }
 
 fn token(answer: &Value) -> u64 {
@@ -97,10 +101,7 @@ fn token(answer: &Value) -> u64 {
 async fn fifo_grants_wake_one_waiter_per_release_and_tokens_grow() {
     let agent = Agent::dev().await;
     let http = agent.http();
-    let mut ids = Vec::new();
-    for _ in 0..5 {
-        ids.push(session(&http, r#"{"LockDelay":"0s"}"#).await);
-    }
+    let ids: [String; 5] = sessions_without_lock_delay(&http).await;
     let first = acquired_now(&http, "q/fifo", &ids[0], "").await;
     let mut last = token(&first);
     assert!(sequencer(&http, "q/fifo", last, &ids[0]).await);
@@ -142,10 +143,7 @@ async fn fifo_grants_wake_one_waiter_per_release_and_tokens_grow() {
 async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_readers() {
     let agent = Agent::dev().await;
     let http = agent.http();
-    let mut ids = Vec::new();
-    for _ in 0..4 {
-        ids.push(session(&http, r#"{"LockDelay":"0s"}"#).await);
-    }
+    let ids: [String; 4] = sessions_without_lock_delay(&http).await;
     let (r1, r2, w, r3) = (&ids[0], &ids[1], &ids[2], &ids[3]);
     token(&acquired_now(&http, "q/rw", r1, "mode=shared").await);
     token(&acquired_now(&http, "q/rw", r2, "mode=shared").await);
@@ -184,16 +182,18 @@ async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_rea
             "",
         )
         .await;
-    assert_eq!(conflict.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(conflict.text(), "lock limit conflict (lock: 2, local: 3)");
+    assert_error(
+        &conflict,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "lock limit conflict (lock: 2, local: 3)",
+    );
 }
 
 #[tokio::test]
 async fn try_timeout_cancel_and_a_vanished_client_leave_the_queue() {
     let agent = Agent::dev().await;
     let http = agent.http();
-    let holder = session(&http, r#"{"LockDelay":"0s"}"#).await;
-    let other = session(&http, r#"{"LockDelay":"0s"}"#).await;
+    let [holder, other] = sessions_without_lock_delay(&http).await;
     token(&acquired_now(&http, "q/t", &holder, "").await);
 
     // Try: answered at once, not queued.
@@ -236,8 +236,7 @@ async fn try_timeout_cancel_and_a_vanished_client_leave_the_queue() {
 async fn a_waiter_whose_session_dies_leaves_the_queue_at_once() {
     let agent = Agent::dev().await;
     let http = agent.http();
-    let holder = session(&http, r#"{"LockDelay":"0s"}"#).await;
-    let doomed = session(&http, r#"{"LockDelay":"0s"}"#).await;
+    let [holder, doomed] = sessions_without_lock_delay(&http).await;
     let next = session(&http, r#"{"LockDelay":"0s"}"#).await;
     token(&acquired_now(&http, "q/d", &holder, "").await);
     let doomed_wait = acquire(&http, "q/d", &doomed, "wait=60s");
@@ -307,10 +306,7 @@ async fn a_killed_holders_successor_waits_out_the_lock_delay_and_gets_a_larger_t
 async fn a_leader_failover_keeps_the_queue_and_its_tokens() {
     let mut cluster = Cluster::servers(3).clients(1).start().await;
     let http = cluster.client(0).http();
-    let mut ids = Vec::new();
-    for _ in 0..3 {
-        ids.push(session(&http, r#"{"LockDelay":"0s"}"#).await);
-    }
+    let ids: [String; 3] = sessions_without_lock_delay(&http).await;
     let first = token(&acquired_now(&http, "q/fo", &ids[0], "").await);
     let second = acquire(&http, "q/fo", &ids[1], "wait=120s");
     waiters_are(&http, "q/fo", &ids[1..2]).await;

@@ -41,6 +41,31 @@ async fn catalog_nodes(agent: &Http) -> Vec<String> {
         .collect()
 }
 
+/// Waits for `node`, which has left, to be deregistered, and asserts its `session` went with it
+/// (and the lock the session held on `key`) and the member is left. Returns how long the
+/// deregistration took from `since`.
+async fn assert_left(
+    server: &Http,
+    node: &str,
+    session: &str,
+    key: &str,
+    since: Instant,
+) -> Duration {
+    let what = format!("{node} to be deregistered");
+    eventually(CONVERGE_LIMIT, &what, || async {
+        (!catalog_nodes(server).await.iter().any(|n| n == node)).then_some(())
+    })
+    .await;
+    let took = since.elapsed();
+    assert!(
+        !server.session_exists(session).await,
+        "{node}'s session invalidated"
+    );
+    assert_eq!(server.holder(key).await, None, "{node}'s lock released");
+    assert_eq!(member_status(server, node).await, Some(3), "{node} is left");
+    took
+}
+
 async fn wait_serf_health(agent: &Http, node: &str, status: &str, limit: Duration) {
     eventually(limit, &format!("{node}'s serfHealth {status}"), || async {
         (agent.serf_health(node).await.as_deref() == Some(status)).then_some(())
@@ -173,21 +198,7 @@ async fn members_crash_and_graceful_leave() {
         .wait_exit(Duration::from_secs(20))
         .await;
     assert_eq!(code, Some(0), "c0 exit code after /v1/agent/leave");
-    eventually(CONVERGE_LIMIT, "c0 to be deregistered", || async {
-        (!catalog_nodes(&server).await.iter().any(|n| n == "c0")).then_some(())
-    })
-    .await;
-    let deregistered = left_at.elapsed();
-    assert!(
-        !server.session_exists(&other).await,
-        "c0's session invalidated"
-    );
-    assert_eq!(
-        server.holder("t70/leave0").await,
-        None,
-        "c0's lock released"
-    );
-    assert_eq!(member_status(&server, "c0").await, Some(3), "c0 is left");
+    let deregistered = assert_left(&server, "c0", &other, "t70/leave0", left_at).await;
 
     // Phase 3b: SIGTERM to a fresh client c2 (exit 0 is asserted by terminate_client).
     let c2_index = cluster.add_client(&[0, 1, 2]).await;
@@ -196,21 +207,7 @@ async fn members_crash_and_graceful_leave() {
     c2.acquire_ok("t70/leave2", &s2).await;
     cluster.terminate_client(c2_index).await;
     let terminated_at = Instant::now();
-    eventually(CONVERGE_LIMIT, "c2 to be deregistered", || async {
-        (!catalog_nodes(&server).await.iter().any(|n| n == "c2")).then_some(())
-    })
-    .await;
-    let deregistered2 = terminated_at.elapsed();
-    assert!(
-        !server.session_exists(&s2).await,
-        "c2's session invalidated"
-    );
-    assert_eq!(
-        server.holder("t70/leave2").await,
-        None,
-        "c2's lock released"
-    );
-    assert_eq!(member_status(&server, "c2").await, Some(3), "c2 is left");
+    let deregistered2 = assert_left(&server, "c2", &s2, "t70/leave2", terminated_at).await;
     // The crashed c1 is still in the catalog (failed, not left), critical.
     assert!(catalog_nodes(&server).await.iter().any(|n| n == "c1"));
     assert_eq!(server.serf_health("c1").await.as_deref(), Some("critical"));

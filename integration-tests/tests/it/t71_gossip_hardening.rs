@@ -16,7 +16,6 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::{Instant, sleep, timeout};
-use vigil_server::tls::{DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, create_ca, create_cert};
 
 use crate::common::refused_config;
 
@@ -71,19 +70,7 @@ async fn wait_log_line(path: &Path, needles: &[&str]) {
 /// A client agent named `node`, joined to every server with the gossip `key`, whose certificate
 /// comes from a CA of its own (it has the gossip key, not the cluster's CA).
 async fn impostor(cluster: &Cluster, node: &str, key: &str, tag: &str) -> (Agent, PathBuf) {
-    let dir = cluster.dir().join(format!("impostor-{tag}"));
-    std::fs::create_dir_all(&dir).expect("impostor directory");
-    let (ca, ca_key) = create_ca(&dir, DEFAULT_DOMAIN).expect("a foreign CA");
-    let (cert, cert_key) = create_cert(
-        &dir,
-        &ca,
-        &ca_key,
-        Role::Client,
-        DEFAULT_DATACENTER,
-        DEFAULT_DOMAIN,
-        Some(node),
-    )
-    .expect("a foreign certificate");
+    let (ca, cert, cert_key) = cluster.foreign_identity(&format!("impostor-{tag}"), node);
     let mut args: Vec<OsString> = ["agent", "--node", node, "--http-addr", "127.0.0.1:0"]
         .iter()
         .map(OsString::from)
@@ -279,10 +266,7 @@ async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
     let server = cluster.server(0).http();
     let client = cluster.client(0).http();
     let session = create_session(&client, r#"{"Name":"old","LockDelay":"0s"}"#).await;
-    let reply = client
-        .put(&format!("/v1/kv/t71/restart?acquire={session}"), "held")
-        .await;
-    assert_eq!(reply.text(), "true", "acquire");
+    client.acquire_ok("t71/restart", &session).await;
 
     // kill -9, then the same node name again at once on a new gossip port, before the crash
     // is detected: the new process may not take the name until the old one was seen failed.
@@ -302,10 +286,7 @@ async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
     // Then the restarted node is admitted and works.
     let client = cluster.client(0).http();
     let fresh = create_session(&client, r#"{"Name":"new","LockDelay":"0s"}"#).await;
-    let reply = client
-        .put(&format!("/v1/kv/t71/restart?acquire={fresh}"), "held")
-        .await;
-    assert_eq!(reply.text(), "true", "acquire after the restart");
+    client.acquire_ok("t71/restart", &fresh).await;
     let port = own_member(&client).await["Port"].as_u64().expect("Port");
     eventually(
         CONVERGE_LIMIT,

@@ -17,6 +17,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_agent::gossip::generate_key;
 
+use crate::common::{assert_error, assert_error_containing, assert_error_prefix};
+
 /// A counter's (or sample's) `Count` and `Sum` in `/v1/agent/metrics`, by name and labels.
 fn counter(metrics: &Value, kind: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     metrics[kind].as_array()?.iter().find_map(|m| {
@@ -216,8 +218,7 @@ async fn a_restore_brings_the_state_back_and_lock_indexes_keep_growing() {
             Some(archive[..archive.len() / 2].to_vec()),
         )
         .await;
-    assert_eq!(cut.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(cut.text().contains("snapshot archive"), "{}", cut.text());
+    assert_error_containing(&cut, StatusCode::INTERNAL_SERVER_ERROR, "snapshot archive");
     let junk = agent
         .request(
             Method::PUT,
@@ -399,29 +400,17 @@ async fn servers_are_removed_replaced_and_hand_over_leadership() {
     assert_eq!(cluster.leader().await, follower);
     let leader = follower;
     let own = raft_id(&cluster, leader, &format!("s{leader}")).await;
-    let to_self = cluster
-        .server(leader)
-        .request(
-            Method::POST,
-            &format!("/v1/operator/raft/transfer-leader?id={own}"),
-            None,
-        )
-        .await;
-    assert_eq!(to_self.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(to_self.text(), "cannot transfer leadership to itself");
-    let unknown = cluster
-        .server(leader)
+    let on_leader = cluster.server(leader);
+    let to_self = format!("/v1/operator/raft/transfer-leader?id={own}");
+    let to_self = on_leader.request(Method::POST, &to_self, None).await;
+    let itself = "cannot transfer leadership to itself";
+    assert_error(&to_self, StatusCode::INTERNAL_SERVER_ERROR, itself);
+    let unknown = on_leader
         .delete("/v1/operator/raft/peer?id=00000000000000ff")
         .await;
-    assert_eq!(unknown.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        unknown.text(),
-        "id \"00000000000000ff\" was not found in the Raft configuration"
-    );
-    let neither = cluster
-        .server(leader)
-        .delete("/v1/operator/raft/peer")
-        .await;
+    let not_found = "id \"00000000000000ff\" was not found in the Raft configuration";
+    assert_error(&unknown, StatusCode::INTERNAL_SERVER_ERROR, not_found);
+    let neither = on_leader.delete("/v1/operator/raft/peer").await;
     assert_eq!(neither.status, StatusCode::BAD_REQUEST);
 
     // A killed server is removed by ID, and a fresh one takes its place.
@@ -528,11 +517,10 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
     assert!(checks(agent.get("/v1/agent/checks").await).contains_key("worker"));
     std::fs::write(&config, "[[service]\nbroken").expect("break the config file");
     let reply = agent.put("/v1/agent/reload", "").await;
-    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(
-        reply.text().starts_with("Failed reloading config"),
-        "{}",
-        reply.text()
+    assert_error_prefix(
+        &reply,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Failed reloading config",
     );
     assert!(checks(agent.get("/v1/agent/checks").await).contains_key("worker"));
     std::fs::write(&config, service).expect("rewrite the config file");
@@ -542,8 +530,7 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
 
     // The monitor refuses an unknown level and streams the request log (no token in it).
     let bad = agent.get("/v1/agent/monitor?loglevel=loud").await;
-    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-    assert_eq!(bad.text(), "Unknown log level: loud");
+    assert_error(&bad, StatusCode::BAD_REQUEST, "Unknown log level: loud");
     let mut stream = reqwest::get(agent.url("/v1/agent/monitor?loglevel=debug"))
         .await
         .expect("monitor");
@@ -589,15 +576,17 @@ async fn keyring_change(agent: &Http, method: Method, key: &str) -> integration_
         .await
 }
 
+/// `vigil <command> ARGS` against `agent`.
+fn vigil_against(agent: &Http, command: &str, args: &[&str]) -> std::process::Command {
+    let mut cli = std::process::Command::new(binary());
+    let addr = agent.base.trim_start_matches("http://");
+    cli.args([command, "--http-addr", addr]).args(args);
+    cli
+}
+
 /// `vigil keyring ARGS` against `agent`: exit code and output (stdout, then stderr).
 fn keyring_cli(agent: &Http, args: &[&str]) -> (Option<i32>, String) {
-    let output = std::process::Command::new(binary())
-        .args([
-            "keyring",
-            "--http-addr",
-            agent.base.trim_start_matches("http://"),
-        ])
-        .args(args)
+    let output = vigil_against(agent, "keyring", args)
         .output()
         .expect("run vigil keyring");
     (
@@ -679,20 +668,15 @@ async fn gossip_keys_rotate_across_the_cluster() {
     let reply = keyring_change(&s0, Method::POST, &short).await;
     assert_eq!(reply.text(), refused("key size must be 32 bytes"));
     let reply = keyring_change(&s0, Method::POST, "not base64!").await;
-    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        reply.text(),
-        "1 error occurred:\n\t* dc1 (LAN) error: illegal base64 data at input byte 3\n\n"
+    assert_error(
+        &reply,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "1 error occurred:\n\t* dc1 (LAN) error: illegal base64 data at input byte 3\n\n",
     );
     let reply = s0
         .request(Method::POST, "/v1/operator/keyring", Some(b"{".to_vec()))
         .await;
-    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
-    assert!(
-        reply.text().starts_with("Request decode failed: "),
-        "{}",
-        reply.text()
-    );
+    assert_error_prefix(&reply, StatusCode::BAD_REQUEST, "Request decode failed: ");
     let reply = s0.get("/v1/operator/keyring?relay-factor=9").await;
     assert_eq!(
         (reply.status, reply.text()),
@@ -794,19 +778,17 @@ async fn gossip_keys_rotate_across_the_cluster() {
 #[tokio::test]
 async fn keyring_calls_need_gossip_encryption() {
     let agent = Agent::dev().await;
-    let reply = agent.get("/v1/operator/keyring").await;
-    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        reply.text(),
+    assert_error(
+        &agent.get("/v1/operator/keyring").await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "2 errors occurred:\n\t* dc1 (LAN) error: 1/1 nodes reported failure\n\t* \
-         test-node: Keyring is empty (encryption not enabled)\n\n"
+         test-node: Keyring is empty (encryption not enabled)\n\n",
     );
-    let reply = keyring_change(&agent, Method::POST, &generate_key()).await;
-    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(
-        reply.text(),
+    assert_error(
+        &keyring_change(&agent, Method::POST, &generate_key()).await,
+        StatusCode::INTERNAL_SERVER_ERROR,
         "2 errors occurred:\n\t* dc1 (LAN) error: 1/1 nodes reported failure\n\t* \
-         test-node: No keyring to modify (encryption not enabled)\n\n"
+         test-node: No keyring to modify (encryption not enabled)\n\n",
     );
     let (code, out) = keyring_cli(&agent, &["-list", "-install", &generate_key()]);
     assert_eq!(
@@ -817,13 +799,7 @@ async fn keyring_calls_need_gossip_encryption() {
 
 /// Runs `vigil debug` against `agent` with `args` (Go-style flags accepted).
 async fn vigil_debug(agent: &Agent, args: &[&str]) {
-    let output = tokio::process::Command::new(binary())
-        .args([
-            "debug",
-            "--http-addr",
-            agent.base.trim_start_matches("http://"),
-        ])
-        .args(args)
+    let output = tokio::process::Command::from(vigil_against(agent, "debug", args))
         .output()
         .await
         .expect("run vigil debug");

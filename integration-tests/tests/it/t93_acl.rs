@@ -11,6 +11,8 @@ use integration_tests::{Agent, Http, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
+use crate::common::{assert_error, assert_error_containing};
+
 const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001";
 
 async fn deny_agent() -> Agent {
@@ -72,6 +74,27 @@ async fn app_token(root: &Http, name: &str, prefix: &str) -> String {
     token["SecretID"].as_str().expect("SecretID").to_owned()
 }
 
+/// The string `field` of each element of the array `list`.
+fn fields<'a>(list: &'a Value, field: &str) -> Vec<&'a str> {
+    let list = list.as_array().expect("an array");
+    list.iter().filter_map(|e| e[field].as_str()).collect()
+}
+
+/// Whether every element of the array `list` passes `check`.
+fn every(list: &Value, check: impl Fn(&Value) -> bool) -> bool {
+    list.as_array().expect("an array").iter().all(check)
+}
+
+/// Retries `method path` (with `body`) through `http`, within 30 s, until it answers 200.
+async fn until_ok(http: &Http, method: Method, path: &str, body: Option<&[u8]>, what: &str) {
+    eventually(Duration::from_secs(30), what, || async {
+        let body = body.map(<[u8]>::to_vec);
+        let reply = http.try_request(method.clone(), path, body).await.ok()?;
+        (reply.status == StatusCode::OK).then_some(())
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
     let agent = deny_agent().await;
@@ -81,8 +104,7 @@ async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
     denied(&agent.get("/v1/kv/app/lock").await);
     let unknown = agent.with_token("00000000-1111-2222-3333-444444444444");
     let reply = unknown.get("/v1/kv/app/lock").await;
-    assert_eq!(reply.status, StatusCode::FORBIDDEN);
-    assert_eq!(reply.text(), "ACL not found");
+    assert_error(&reply, StatusCode::FORBIDDEN, "ACL not found");
 
     let app = agent.with_token(&app_token(&root, "app", "app/").await);
     let other = agent.with_token(&app_token(&root, "other", "other/").await);
@@ -132,12 +154,7 @@ async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
     // Listings show only what the token may read, and say so.
     let listed = app.get("/v1/kv/?recurse").await;
     let entries = ok(&listed);
-    let keys: Vec<&str> = entries
-        .as_array()
-        .expect("entries")
-        .iter()
-        .filter_map(|e| e["Key"].as_str())
-        .collect();
+    let keys = fields(&entries, "Key");
     assert_eq!(keys, ["app/lock"]);
     assert_eq!(
         listed
@@ -240,13 +257,7 @@ async fn tokens_policies_and_roles_are_managed_as_in_consul() {
         .await);
     assert_eq!(seen["SecretID"], "<hidden>");
     let listed = ok(&auditor.get("/v1/acl/tokens").await);
-    assert!(
-        listed
-            .as_array()
-            .expect("tokens")
-            .iter()
-            .all(|t| t["SecretID"] == "<hidden>")
-    );
+    assert!(every(&listed, |t| t["SecretID"] == "<hidden>"), "{listed}");
     denied(&auditor.put("/v1/acl/token", "{}").await);
     ok(&reader_http.get("/v1/kv/k").await);
     denied(&reader_http.put("/v1/kv/k", "w").await);
@@ -259,11 +270,10 @@ async fn tokens_policies_and_roles_are_managed_as_in_consul() {
                 .to_string(),
         )
         .await;
-    assert_eq!(bad.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(
-        bad.text().contains("Invalid key_prefix policy"),
-        "{}",
-        bad.text()
+    assert_error_containing(
+        &bad,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "Invalid key_prefix policy",
     );
     let dup = root
         .put("/v1/acl/policy", json!({"Name": "read-all"}).to_string())
@@ -300,20 +310,9 @@ async fn tokens_policies_and_roles_are_managed_as_in_consul() {
     })
     .await;
     let listed = ok(&root.get("/v1/acl/tokens").await);
-    assert!(
-        listed
-            .as_array()
-            .expect("tokens")
-            .iter()
-            .all(|t| t["AccessorID"] != accessor)
-    );
+    assert!(every(&listed, |t| t["AccessorID"] != accessor), "{listed}");
     let policies = ok(&root.get("/v1/acl/policies").await);
-    let names: Vec<&str> = policies
-        .as_array()
-        .expect("policies")
-        .iter()
-        .filter_map(|p| p["Name"].as_str())
-        .collect();
+    let names = fields(&policies, "Name");
     assert!(names.contains(&"global-management") && names.contains(&"read-all"));
     let by_name = ok(&root.get("/v1/acl/role/name/readers").await);
     assert_eq!(by_name["ID"], role["ID"]);
@@ -365,8 +364,7 @@ async fn a_token_expiring_mid_hold_stops_working_and_its_lock_stays_with_the_ses
 async fn bootstrap_works_once_and_acls_off_answers_401() {
     let open = Agent::dev().await;
     let reply = open.put("/v1/acl/bootstrap", "").await;
-    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
-    assert_eq!(reply.text(), "ACL support disabled");
+    assert_error(&reply, StatusCode::UNAUTHORIZED, "ACL support disabled");
 
     let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
     let token = eventually(Duration::from_secs(20), "bootstrap", || {
@@ -404,19 +402,13 @@ async fn acl_state_survives_a_leader_failover() {
     let leader = cluster.leader().await;
     cluster.kill9(leader).await;
     let app = client.with_token(&secret);
-    eventually(
-        Duration::from_secs(30),
-        "a write with the token after failover",
-        || {
-            let app = app.clone();
-            async move {
-                let reply = app
-                    .try_request(Method::PUT, "/v1/kv/app/x", Some(b"1".to_vec()))
-                    .await
-                    .ok()?;
-                (reply.status == StatusCode::OK).then_some(())
-            }
-        },
+    let after_failover = "a write with the token after failover";
+    until_ok(
+        &app,
+        Method::PUT,
+        "/v1/kv/app/x",
+        Some(b"1"),
+        after_failover,
     )
     .await;
     denied(&app.put("/v1/kv/other/x", "1").await);
@@ -424,21 +416,8 @@ async fn acl_state_survives_a_leader_failover() {
     // And a restart: the old leader comes back with the same state.
     cluster.restart(leader).await;
     let restarted = cluster.server(leader).http().with_token(&secret);
-    eventually(
-        Duration::from_secs(30),
-        "the token on the restarted server",
-        || {
-            let restarted = restarted.clone();
-            async move {
-                let reply = restarted
-                    .try_request(Method::GET, "/v1/kv/app/x", None)
-                    .await
-                    .ok()?;
-                (reply.status == StatusCode::OK).then_some(())
-            }
-        },
-    )
-    .await;
+    let after_restart = "the token on the restarted server";
+    until_ok(&restarted, Method::GET, "/v1/kv/app/x", None, after_restart).await;
     denied(&restarted.get("/v1/kv/other/x").await);
 }
 

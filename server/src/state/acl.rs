@@ -177,8 +177,8 @@ impl AclStore {
         {
             return Err(invalid("Invalid Token: SecretID is already in use"));
         }
-        token.policies = self.link_policies(token.policies)?;
-        token.roles = self.link_roles(token.roles)?;
+        token.policies = link(&self.policies, token.policies)?;
+        token.roles = link(&self.roles, token.roles)?;
         Ok(token)
     }
 
@@ -246,98 +246,25 @@ impl AclStore {
                 role.name
             )));
         }
-        role.policies = self.link_policies(role.policies)?;
+        role.policies = link(&self.policies, role.policies)?;
         Ok(role)
-    }
-
-    /// Links by ID, or by name when the ID is empty; an unknown one is refused.
-    fn link_policies(&self, links: Vec<Link>) -> Result<Vec<Link>, ApplyError> {
-        let mut linked: Vec<Link> = Vec::with_capacity(links.len());
-        for link in links {
-            let found = if link.id.is_empty() {
-                self.policies.values().find(|p| p.name == link.name)
-            } else {
-                self.policies.get(&link.id)
-            };
-            let Some(policy) = found else {
-                return Err(invalid(if link.id.is_empty() {
-                    format!("cannot find policy {:?}", link.name)
-                } else {
-                    format!("cannot find policy {:?}", link.id)
-                }));
-            };
-            if !linked.iter().any(|l| l.id == policy.id) {
-                linked.push(Link {
-                    id: policy.id.clone(),
-                    name: String::new(),
-                });
-            }
-        }
-        Ok(linked)
-    }
-
-    fn link_roles(&self, links: Vec<Link>) -> Result<Vec<Link>, ApplyError> {
-        let mut linked: Vec<Link> = Vec::with_capacity(links.len());
-        for link in links {
-            let found = if link.id.is_empty() {
-                self.roles.values().find(|r| r.name == link.name)
-            } else {
-                self.roles.get(&link.id)
-            };
-            let Some(role) = found else {
-                return Err(invalid(if link.id.is_empty() {
-                    format!("cannot find role {:?}", link.name)
-                } else {
-                    format!("cannot find role {:?}", link.id)
-                }));
-            };
-            if !linked.iter().any(|l| l.id == role.id) {
-                linked.push(Link {
-                    id: role.id.clone(),
-                    name: String::new(),
-                });
-            }
-        }
-        Ok(linked)
     }
 
     fn secret(&self, secret_id: &str) -> Option<&Token> {
         self.tokens.values().find(|t| t.secret_id == secret_id)
     }
 
-    /// Fills in the names of links and drops the ones whose target is gone.
-    fn named_policies(&self, links: &[Link]) -> Vec<Link> {
-        links
-            .iter()
-            .filter_map(|l| {
-                self.policies.get(&l.id).map(|p| Link {
-                    id: p.id.clone(),
-                    name: p.name.clone(),
-                })
-            })
-            .collect()
-    }
-
     fn named_token(&self, token: &Token) -> Token {
         Token {
-            policies: self.named_policies(&token.policies),
-            roles: token
-                .roles
-                .iter()
-                .filter_map(|l| {
-                    self.roles.get(&l.id).map(|r| Link {
-                        id: r.id.clone(),
-                        name: r.name.clone(),
-                    })
-                })
-                .collect(),
+            policies: named(&self.policies, &token.policies),
+            roles: named(&self.roles, &token.roles),
             ..token.clone()
         }
     }
 
     fn named_role(&self, role: &Role) -> Role {
         Role {
-            policies: self.named_policies(&role.policies),
+            policies: named(&self.policies, &role.policies),
             ..role.clone()
         }
     }
@@ -351,11 +278,7 @@ impl AclStore {
     }
 
     pub fn policy(&self, id: &str, by_name: bool) -> Option<Policy> {
-        if by_name {
-            self.policies.values().find(|p| p.name == id).cloned()
-        } else {
-            self.policies.get(id).cloned()
-        }
+        find(&self.policies, id, by_name).cloned()
     }
 
     pub fn policies(&self) -> Vec<Policy> {
@@ -363,12 +286,7 @@ impl AclStore {
     }
 
     pub fn role(&self, id: &str, by_name: bool) -> Option<Role> {
-        let role = if by_name {
-            self.roles.values().find(|r| r.name == id)
-        } else {
-            self.roles.get(id)
-        };
-        role.map(|r| self.named_role(r))
+        find(&self.roles, id, by_name).map(|r| self.named_role(r))
     }
 
     pub fn roles(&self) -> Vec<Role> {
@@ -399,6 +317,75 @@ impl AclStore {
             policies,
         })
     }
+}
+
+/// What a token or a role links to: a policy or a role, keyed by its ID.
+trait Linkable {
+    /// The noun in "cannot find …".
+    const NOUN: &'static str;
+    fn id_and_name(&self) -> (&str, &str);
+}
+
+impl Linkable for Policy {
+    const NOUN: &'static str = "policy";
+    fn id_and_name(&self) -> (&str, &str) {
+        (&self.id, &self.name)
+    }
+}
+
+impl Linkable for Role {
+    const NOUN: &'static str = "role";
+    fn id_and_name(&self) -> (&str, &str) {
+        (&self.id, &self.name)
+    }
+}
+
+/// The entry with this ID, or with this name when `by_name`.
+fn find<'a, T: Linkable>(table: &'a BTreeMap<String, T>, id: &str, by_name: bool) -> Option<&'a T> {
+    if by_name {
+        table.values().find(|t| t.id_and_name().1 == id)
+    } else {
+        table.get(id)
+    }
+}
+
+/// Links by ID, or by name when the ID is empty; an unknown one is refused, a repeated one
+/// kept once. Stored links carry the ID only.
+fn link<T: Linkable>(
+    table: &BTreeMap<String, T>,
+    links: Vec<Link>,
+) -> Result<Vec<Link>, ApplyError> {
+    let mut linked: Vec<Link> = Vec::with_capacity(links.len());
+    for link in links {
+        let by_name = link.id.is_empty();
+        let wanted = if by_name { &link.name } else { &link.id };
+        let Some(target) = find(table, wanted, by_name) else {
+            return Err(invalid(format!("cannot find {} {wanted:?}", T::NOUN)));
+        };
+        let (id, _) = target.id_and_name();
+        if !linked.iter().any(|l| l.id == id) {
+            linked.push(Link {
+                id: id.to_owned(),
+                name: String::new(),
+            });
+        }
+    }
+    Ok(linked)
+}
+
+/// Fills in the names of links and drops the ones whose target is gone.
+fn named<T: Linkable>(table: &BTreeMap<String, T>, links: &[Link]) -> Vec<Link> {
+    links
+        .iter()
+        .filter_map(|l| table.get(&l.id))
+        .map(|t| {
+            let (id, name) = t.id_and_name();
+            Link {
+                id: id.to_owned(),
+                name: name.to_owned(),
+            }
+        })
+        .collect()
 }
 
 /// Consul's rule for policy and role names.

@@ -376,15 +376,15 @@ impl KvStore {
                 }
                 Ok(vec![set(view, value, *flags)])
             }
+            KvOp::Lock { session, .. } | KvOp::Unlock { session, .. } if session.is_empty() => {
+                Err(KvOpError::MissingSession)
+            }
             KvOp::Lock {
                 value,
                 flags,
                 session,
                 ..
             } => {
-                if session.is_empty() {
-                    return Err(KvOpError::MissingSession);
-                }
                 let Some(session) = ctx.sessions.get(session).map(|s| s.id.clone()) else {
                     return Err(KvOpError::InvalidSession(session.clone()));
                 };
@@ -431,9 +431,6 @@ impl KvStore {
                 session,
                 ..
             } => {
-                if session.is_empty() {
-                    return Err(KvOpError::MissingSession);
-                }
                 let holds = |e: &KvEntry| {
                     e.session
                         .as_deref()

@@ -266,13 +266,7 @@ impl LockTable {
         if !held && !queued {
             return LockOutcome::Released { held, queued };
         }
-        if queued {
-            fx.standings.push((name.to_owned(), session.to_owned()));
-        }
-        promote(lock, &mut self.last_token, index, now_ms, fx);
-        lock.modify_index = index;
-        self.table_index = index;
-        fx.changed.push(name.to_owned());
+        self.after_leaving(name, session, queued, index, now_ms, fx);
         self.forget(session, name);
         self.drop_if_idle(name, now_ms);
         LockOutcome::Released { held, queued }
@@ -300,13 +294,7 @@ impl LockTable {
             if held && delay_ms > 0 {
                 lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
             }
-            if queued {
-                fx.standings.push((name.clone(), session.to_owned()));
-            }
-            promote(lock, &mut self.last_token, index, now_ms, fx);
-            lock.modify_index = index;
-            self.table_index = index;
-            fx.changed.push(name.clone());
+            self.after_leaving(&name, session, queued, index, now_ms, fx);
             self.drop_if_idle(&name, now_ms);
         }
     }
@@ -316,6 +304,29 @@ impl LockTable {
         self.locks.retain(|_, l| {
             !(l.holders.is_empty() && l.waiters.is_empty() && l.delay_left_ms(now_ms) == 0)
         });
+    }
+
+    /// After `session` left lock `name` (`queued`: it was waiting, and is told it no longer
+    /// is): grants whoever is now due and marks the lock changed at `index`.
+    fn after_leaving(
+        &mut self,
+        name: &str,
+        session: &str,
+        queued: bool,
+        index: u64,
+        now_ms: u64,
+        fx: &mut LockEffects,
+    ) {
+        let Some(lock) = self.locks.get_mut(name) else {
+            return;
+        };
+        if queued {
+            fx.standings.push((name.to_owned(), session.to_owned()));
+        }
+        promote(lock, &mut self.last_token, index, now_ms, fx);
+        lock.modify_index = index;
+        self.table_index = index;
+        fx.changed.push(name.to_owned());
     }
 
     fn forget(&mut self, session: &str, name: &str) {

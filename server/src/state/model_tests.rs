@@ -27,6 +27,7 @@ use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
 use vigil_shared::session::{Behavior, Session};
 
+use super::tests::session;
 use super::{Effects, StateMachine};
 
 /// The one node; sessions bind no checks, so a registered node is all they need.
@@ -183,30 +184,20 @@ impl Model {
         if key.is_empty() && !tree {
             return Err(KvOpError::MissingKey);
         }
+        if let KvOp::Lock { session, .. } | KvOp::Unlock { session, .. } = op
+            && session.is_empty()
+        {
+            return Err(KvOpError::MissingSession);
+        }
         let current = self.entries.get(&key).cloned();
         let exists_at = |want: u64| current.as_ref().map(|e| e.modify_index == want);
+        let cas_allowed = |want: u64| match want {
+            0 => current.is_none(),
+            want => exists_at(want) == Some(true),
+        };
         match op {
-            KvOp::Set { value, flags, .. } => {
-                let base = current.unwrap_or_else(|| self.fresh(index, &key));
-                Ok(vec![self.store(
-                    index,
-                    rewritten(base, value, *flags),
-                    touched,
-                )])
-            }
-            KvOp::Cas {
-                value,
-                flags,
-                index: want,
-                ..
-            } => {
-                let allowed = match *want {
-                    0 => current.is_none(),
-                    want => exists_at(want) == Some(true),
-                };
-                if !allowed {
-                    return Err(KvOpError::CasStale(key));
-                }
+            KvOp::Cas { index: want, .. } if !cas_allowed(*want) => Err(KvOpError::CasStale(key)),
+            KvOp::Set { value, flags, .. } | KvOp::Cas { value, flags, .. } => {
                 let base = current.unwrap_or_else(|| self.fresh(index, &key));
                 Ok(vec![self.store(
                     index,
@@ -220,9 +211,6 @@ impl Model {
                 session,
                 ..
             } => {
-                if session.is_empty() {
-                    return Err(KvOpError::MissingSession);
-                }
                 let Some(holder) = self
                     .sessions
                     .get(&session.to_ascii_lowercase())
@@ -255,34 +243,25 @@ impl Model {
                 flags,
                 session,
                 ..
-            } => {
-                if session.is_empty() {
-                    return Err(KvOpError::MissingSession);
+            } => match current {
+                Some(e)
+                    if e.session
+                        .as_deref()
+                        .is_some_and(|s| s.eq_ignore_ascii_case(session)) =>
+                {
+                    let released = KvEntry {
+                        session: None,
+                        ..rewritten(e, value, *flags)
+                    };
+                    Ok(vec![self.store(index, released, touched)])
                 }
-                match current {
-                    Some(e)
-                        if e.session
-                            .as_deref()
-                            .is_some_and(|s| s.eq_ignore_ascii_case(session)) =>
-                    {
-                        let released = KvEntry {
-                            session: None,
-                            ..rewritten(e, value, *flags)
-                        };
-                        Ok(vec![self.store(index, released, touched)])
-                    }
-                    _ => Err(KvOpError::NotHeld(key)),
-                }
-            }
+                _ => Err(KvOpError::NotHeld(key)),
+            },
             KvOp::Get { .. } => current.map(|e| vec![e]).ok_or(KvOpError::NotFound(key)),
-            KvOp::GetOrEmpty { .. } => Ok(vec![current.unwrap_or(KvEntry {
-                key,
-                value: Vec::new(),
-                flags: 0,
-                session: None,
+            // An absent key reads as a never-written one: no LockIndex, indexes 0.
+            KvOp::GetOrEmpty { .. } => Ok(vec![current.unwrap_or_else(|| KvEntry {
                 lock_index: 0,
-                create_index: 0,
-                modify_index: 0,
+                ..self.fresh(0, &key)
             })]),
             KvOp::GetTree { prefix } => Ok(self.tree(prefix).cloned().collect()),
             KvOp::CheckIndex { index: want, .. } => match current {
@@ -735,9 +714,6 @@ impl Run {
                 ttl,
                 lock_delay_ns,
             } => Op::CreateSession(Session {
-                id: SESSIONS[*slot].to_owned(),
-                name: String::new(),
-                node: NODE.to_owned(),
                 lock_delay_ns: *lock_delay_ns,
                 behavior: *behavior,
                 ttl: if *ttl {
@@ -746,11 +722,7 @@ impl Run {
                     String::new()
                 },
                 node_checks: Vec::new(),
-                service_checks: None,
-                checks: Vec::new(),
-                create_index: 0,
-                modify_index: 0,
-                owner: String::new(),
+                ..session(SESSIONS[*slot], NODE)
             }),
             Action::Destroy { slot, upper } => Op::DestroySession {
                 id: Run::session_ref(Who::Session {

@@ -121,7 +121,9 @@ mod tests {
     use super::*;
     use vigil_shared::kv::{KvOp, TxnOutcome};
     use vigil_shared::rpc::{Command, Op};
-    use vigil_shared::session::{Behavior, Session};
+    use vigil_shared::session::Session;
+
+    use crate::state::tests::session;
 
     fn apply(sm: &mut StateMachine, index: u64, op: Op) -> Response {
         sm.apply(
@@ -169,18 +171,10 @@ mod tests {
             },
         );
         let session = Session {
-            id: id.to_owned(),
-            name: String::new(),
-            node: "n1".to_owned(),
             lock_delay_ns: 0,
-            behavior: Behavior::Release,
             ttl: "10s".to_owned(),
             node_checks: Vec::new(),
-            service_checks: None,
-            checks: Vec::new(),
-            create_index: 0,
-            modify_index: 0,
-            owner: String::new(),
+            ..session(id, "n1")
         };
         apply(&mut sm, 2, Op::CreateSession(session));
         sm

@@ -17,6 +17,7 @@ use metrics::{
 use metrics_util::registry::{Registry, Storage};
 use parking_lot::Mutex;
 use serde::Serialize;
+use vigil_shared::go::time::Utc;
 
 /// Count, sum, extremes and Welford's running variance of the values recorded.
 #[derive(Debug, Default)]
@@ -299,47 +300,27 @@ fn labels(key: &Key) -> BTreeMap<String, String> {
 
 /// Go's `time.Time.String()` in UTC, to the second, as Consul prints `Timestamp`.
 fn go_timestamp(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
+    let u = Utc::of(t);
     format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} +0000 UTC",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
+        "{} {:02}:{:02}:{:02} +0000 UTC",
+        u.date(),
+        u.hour,
+        u.minute,
+        u.second
     )
 }
 
 /// `2026-11-24T03:40:10.123Z`: a UTC time in RFC 3339 to the millisecond, as log lines print it.
 pub fn rfc3339_millis(t: SystemTime) -> String {
-    let since = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
+    let u = Utc::of(t);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
+        "{}T{:02}:{:02}:{:02}.{:03}Z",
+        u.date(),
+        u.hour,
+        u.minute,
+        u.second,
+        u.millis
     )
-}
-
-/// Days since 1970-01-01 to a (year, month, day) of the proleptic Gregorian calendar
-/// (Howard Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d)
 }
 
 /// A metric or label name with every character outside `[a-zA-Z0-9_:]` (`[a-zA-Z0-9_]` for

@@ -22,19 +22,9 @@ fn policy(id: &str, rules: &str, datacenters: &[&str]) -> Policy {
 
 fn token(accessor_id: &str) -> Token {
     Token {
-        accessor_id: accessor_id.into(),
-        secret_id: format!("secret-{accessor_id}"),
-        description: String::new(),
-        policies: Vec::new(),
-        roles: Vec::new(),
-        service_identities: Vec::new(),
-        node_identities: Vec::new(),
-        local: false,
-        expiration_ttl_ns: 0,
-        expiration_time_ms: None,
-        create_time_ms: 0,
         create_index: 1,
         modify_index: 1,
+        ..Token::new(accessor_id, format!("secret-{accessor_id}"))
     }
 }
 

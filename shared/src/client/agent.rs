@@ -11,10 +11,7 @@ impl Client {
         let reply = self
             .send(Method::GET, "/v1/agent/members", None, REQUEST_TIMEOUT)
             .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+        reply.ok()?.json()
     }
 
     /// `GET /v1/operator/raft/configuration`: the raft servers in Consul's shape.
@@ -27,17 +24,13 @@ impl Client {
                 REQUEST_TIMEOUT,
             )
             .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+        reply.ok()?.json()
     }
 
     async fn agent_put(&self, path: &str, body: Option<Vec<u8>>) -> Result<(), ClientError> {
-        let reply = self.send(Method::PUT, path, body, REQUEST_TIMEOUT).await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
+        self.send(Method::PUT, path, body, REQUEST_TIMEOUT)
+            .await?
+            .ok()?;
         Ok(())
     }
 

@@ -111,9 +111,7 @@ impl Client {
         if reply.status == 404 {
             return Ok((Vec::new(), meta));
         }
-        let keys =
-            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        Ok((keys, meta))
+        Ok((reply.json()?, meta))
     }
 
     /// A write answering `true`/`false`; returns the bool and the reply headers.
@@ -126,22 +124,38 @@ impl Client {
     ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
         let reply = self
             .send(method, &with_query(path, query), body, REQUEST_TIMEOUT)
-            .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
+            .await?
+            .ok()?;
         let ok = serde_json::from_slice::<bool>(&reply.body).map_err(|_| {
             ClientError::Decode(format!("expected true or false, got {:?}", reply.text()))
         })?;
         Ok((ok, reply.headers))
     }
 
+    /// `PUT /v1/kv/<key>` with `value`: whether it took, and the reply headers.
+    async fn kv_write(
+        &self,
+        key: &str,
+        value: &[u8],
+        query: &[(&str, String)],
+    ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
+        let body = Some(value.to_vec());
+        self.write_bool(Method::PUT, &kv_path(key), query, body)
+            .await
+    }
+
+    /// `DELETE /v1/kv/<key>`: whether it took.
+    async fn kv_remove(&self, key: &str, query: &[(&str, String)]) -> Result<bool, ClientError> {
+        Ok(self
+            .write_bool(Method::DELETE, &kv_path(key), query, None)
+            .await?
+            .0)
+    }
+
     /// `PUT /v1/kv/<key>[?flags=]`: always `true` on success.
     pub async fn kv_put(&self, key: &str, value: &[u8], flags: u64) -> Result<bool, ClientError> {
         let query = flags_query(flags);
-        let path = kv_path(key);
-        let body = Some(value.to_vec());
-        Ok(self.write_bool(Method::PUT, &path, &query, body).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `PUT ?cas=<index>` (0: only if absent).
@@ -154,9 +168,7 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("cas", index.to_string()));
-        let path = kv_path(key);
-        let body = Some(value.to_vec());
-        Ok(self.write_bool(Method::PUT, &path, &query, body).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `PUT ?acquire=<session>`; a Vigil agent also says how long a lock-delay refusal lasts.
@@ -169,9 +181,7 @@ impl Client {
     ) -> Result<Acquired, ClientError> {
         let mut query = flags_query(flags);
         query.push(("acquire", session.to_owned()));
-        let (acquired, headers) = self
-            .write_bool(Method::PUT, &kv_path(key), &query, Some(value.to_vec()))
-            .await?;
+        let (acquired, headers) = self.kv_write(key, value, &query).await?;
         let lock_delay = headers
             .get(LOCK_DELAY_HEADER)
             .and_then(|v| v.to_str().ok())
@@ -192,35 +202,24 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("release", session.to_owned()));
-        let path = kv_path(key);
-        let body = Some(value.to_vec());
-        Ok(self.write_bool(Method::PUT, &path, &query, body).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `DELETE /v1/kv/<key>` (idempotent).
     pub async fn kv_delete(&self, key: &str) -> Result<bool, ClientError> {
-        Ok(self
-            .write_bool(Method::DELETE, &kv_path(key), &[], None)
-            .await?
-            .0)
+        self.kv_remove(key, &[]).await
     }
 
     /// `DELETE ?cas=<index>`.
     pub async fn kv_delete_cas(&self, key: &str, index: u64) -> Result<bool, ClientError> {
         let query = [("cas", index.to_string())];
-        Ok(self
-            .write_bool(Method::DELETE, &kv_path(key), &query, None)
-            .await?
-            .0)
+        self.kv_remove(key, &query).await
     }
 
     /// `DELETE ?recurse`.
     pub async fn kv_delete_tree(&self, prefix: &str) -> Result<bool, ClientError> {
         let query = [("recurse", String::new())];
-        Ok(self
-            .write_bool(Method::DELETE, &kv_path(prefix), &query, None)
-            .await?
-            .0)
+        self.kv_remove(prefix, &query).await
     }
 
     /// `PUT /v1/txn` with KV ops: 200 committed, 409 rolled back with Consul's error texts.
@@ -233,8 +232,7 @@ impl Client {
         if reply.status != 200 && reply.status != 409 {
             return Err(ClientError::api(&reply));
         }
-        let v: Value =
-            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let v: Value = reply.json()?;
         let mut results = Vec::new();
         for r in v["Results"].as_array().into_iter().flatten() {
             let dir: DirEntry = serde_json::from_value(r["KV"].clone())

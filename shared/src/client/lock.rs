@@ -10,7 +10,8 @@ use std::time::Duration;
 use super::held::{Held, monitor_key, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostTrigger};
-use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index};
+use super::session::RecipeSession as _;
+use super::{Client, ClientError, ReadOpts, next_wait_index};
 use crate::session::Behavior;
 
 /// `api.LockFlagValue` (0x2ddccbc058a50c18): marks a key used as a lock.
@@ -57,16 +58,6 @@ impl LockOptions {
             wait_time: DEFAULT_LOCK_WAIT_TIME,
             session: None,
             monitor_retries: None,
-        }
-    }
-
-    pub(crate) fn session_request(&self, behavior: Behavior) -> SessionRequest {
-        SessionRequest {
-            name: self.session_name.clone(),
-            ttl: Some(self.session_ttl),
-            lock_delay: self.lock_delay,
-            behavior,
-            ..SessionRequest::default()
         }
     }
 }

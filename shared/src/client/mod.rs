@@ -125,6 +125,20 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
+    /// The reply itself when it is a 200; any other status is the API's error.
+    fn ok(self) -> Result<Reply, ClientError> {
+        if self.status == 200 {
+            Ok(self)
+        } else {
+            Err(ClientError::api(&self))
+        }
+    }
+
+    /// The body as JSON.
+    fn json<T: serde::de::DeserializeOwned>(&self) -> Result<T, ClientError> {
+        serde_json::from_slice(&self.body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
     fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).trim_end().to_owned()
     }
@@ -317,9 +331,7 @@ impl Client {
         if reply.status == 404 {
             return Ok((None, meta));
         }
-        let body =
-            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        Ok((Some(body), meta))
+        Ok((Some(reply.json()?), meta))
     }
 
     /// `GET /v1/vigil/locks?prefix=`: held keys, semaphore holders and fair-lock queues.
@@ -328,10 +340,7 @@ impl Client {
         let (reply, _) = self
             .read("/v1/vigil/locks", &query, &ReadOpts::default())
             .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+        reply.ok()?.json()
     }
 }
 

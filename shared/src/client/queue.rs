@@ -14,9 +14,9 @@ use tokio::time::Instant;
 use super::held::{Held, Look, MONITOR_WAIT, monitor};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
+use super::session::RecipeSession as _;
 use super::{
-    Client, ClientError, REQUEST_TIMEOUT, ReadOpts, SessionRequest, encode_path, next_wait_index,
-    with_query,
+    Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
 use crate::lock::LockMode;
 use crate::session::Behavior;
@@ -123,11 +123,7 @@ impl Client {
         if !try_only {
             self.count_blocking_return();
         }
-        let reply = reply?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+        reply?.ok()?.json()
     }
 
     /// Releases the lock or leaves its queue: whether `session` had either.
@@ -142,10 +138,7 @@ impl Client {
                 REQUEST_TIMEOUT,
             )
             .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))
+        reply.ok()?.json()
     }
 
     /// `GET /v1/vigil/lock/<name>`: the lock's holders and queue, `None` when nobody uses it.
@@ -184,9 +177,7 @@ impl Client {
         if reply.status == 404 {
             return Ok((None, meta));
         }
-        let lock =
-            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
-        Ok((Some(lock), meta))
+        Ok((Some(reply.json()?), meta))
     }
 }
 
@@ -231,13 +222,7 @@ impl LockQueue {
 
     async fn take(&self, wait: Wait) -> Result<Option<Held>, ClientError> {
         let client = &self.client;
-        let request = SessionRequest {
-            name: self.opts.session_name.clone(),
-            ttl: Some(self.opts.session_ttl),
-            lock_delay: self.opts.lock_delay,
-            behavior: Behavior::Release,
-            ..SessionRequest::default()
-        };
+        let request = self.opts.session_request(Behavior::Release);
         let mut keeper =
             SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();

@@ -13,7 +13,8 @@ use tokio::time::Instant;
 use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
-use super::{Client, ClientError, ReadOpts, SessionRequest, next_wait_index, path};
+use super::session::RecipeSession as _;
+use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::KvEntry;
 use crate::session::Behavior;
 
@@ -102,8 +103,10 @@ fn go_json_string(s: &str) -> String {
     out.push('"');
     for c in s.chars() {
         match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
@@ -196,13 +199,7 @@ impl Semaphore {
     /// Blocks until a slot is held. Dropping the future gives up and cleans up.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let client = &self.client;
-        let request = SessionRequest {
-            name: self.opts.session_name.clone(),
-            ttl: Some(self.opts.session_ttl),
-            lock_delay: self.opts.lock_delay,
-            behavior: Behavior::Delete,
-            ..SessionRequest::default()
-        };
+        let request = self.opts.session_request(Behavior::Delete);
         let mut keeper =
             SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();

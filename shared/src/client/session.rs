@@ -7,7 +7,10 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path};
+use super::{
+    Client, ClientError, KvFairOptions, LockOptions, QueryMeta, QueueOptions, REQUEST_TIMEOUT,
+    ReadOpts, SemaphoreOptions, encode_path,
+};
 use crate::api::SessionJson;
 use crate::go::duration::format_go_duration;
 use crate::session::Behavior;
@@ -60,9 +63,36 @@ impl SessionRequest {
     }
 }
 
-fn sessions(body: &[u8]) -> Result<Vec<SessionJson>, ClientError> {
-    serde_json::from_slice(body).map_err(|e| ClientError::Decode(e.to_string()))
+/// The session settings every lock recipe's options carry (Go's `SessionName`, `SessionTTL`,
+/// `LockDelay`).
+pub(crate) trait RecipeSession {
+    fn session_settings(&self) -> (&str, Duration, Option<Duration>);
+
+    /// The session the recipe holds its entries with, renewed within its TTL.
+    fn session_request(&self, behavior: Behavior) -> SessionRequest {
+        let (name, ttl, lock_delay) = self.session_settings();
+        SessionRequest {
+            name: name.to_owned(),
+            ttl: Some(ttl),
+            lock_delay,
+            behavior,
+            ..SessionRequest::default()
+        }
+    }
 }
+
+/// Every recipe's options carry the settings under the same names.
+macro_rules! recipe_session {
+    ($($options:ty),*) => {$(
+        impl RecipeSession for $options {
+            fn session_settings(&self) -> (&str, Duration, Option<Duration>) {
+                (&self.session_name, self.session_ttl, self.lock_delay)
+            }
+        }
+    )*};
+}
+
+recipe_session!(LockOptions, KvFairOptions, QueueOptions, SemaphoreOptions);
 
 impl Client {
     /// `PUT /v1/session/create`: the new session's ID.
@@ -75,11 +105,7 @@ impl Client {
                 REQUEST_TIMEOUT,
             )
             .await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        let v: Value =
-            serde_json::from_slice(&reply.body).map_err(|e| ClientError::Decode(e.to_string()))?;
+        let v: Value = reply.ok()?.json()?;
         v["ID"]
             .as_str()
             .map(str::to_owned)
@@ -89,10 +115,9 @@ impl Client {
     /// `PUT /v1/session/destroy/<id>` (idempotent).
     pub async fn session_destroy(&self, id: &str) -> Result<(), ClientError> {
         let path = format!("/v1/session/destroy/{}", encode_path(id));
-        let reply = self.send(Method::PUT, &path, None, REQUEST_TIMEOUT).await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
+        self.send(Method::PUT, &path, None, REQUEST_TIMEOUT)
+            .await?
+            .ok()?;
         Ok(())
     }
 
@@ -101,7 +126,7 @@ impl Client {
         let path = format!("/v1/session/renew/{}", encode_path(id));
         let reply = self.send(Method::PUT, &path, None, REQUEST_TIMEOUT).await?;
         match reply.status {
-            200 => Ok(sessions(&reply.body)?.into_iter().next()),
+            200 => Ok(reply.json::<Vec<SessionJson>>()?.into_iter().next()),
             404 => Ok(None),
             _ => Err(ClientError::api(&reply)),
         }
@@ -114,11 +139,8 @@ impl Client {
         opts: ReadOpts,
     ) -> Result<(Option<SessionJson>, QueryMeta), ClientError> {
         let path = format!("/v1/session/info/{}", encode_path(id));
-        let (reply, meta) = self.read(&path, &[], &opts).await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        Ok((sessions(&reply.body)?.into_iter().next(), meta))
+        let (sessions, meta) = self.session_read(&path, &opts).await?;
+        Ok((sessions.into_iter().next(), meta))
     }
 
     /// `GET /v1/session/list`.
@@ -126,11 +148,7 @@ impl Client {
         &self,
         opts: ReadOpts,
     ) -> Result<(Vec<SessionJson>, QueryMeta), ClientError> {
-        let (reply, meta) = self.read("/v1/session/list", &[], &opts).await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        Ok((sessions(&reply.body)?, meta))
+        self.session_read("/v1/session/list", &opts).await
     }
 
     /// `GET /v1/session/node/<node>`.
@@ -140,11 +158,17 @@ impl Client {
         opts: ReadOpts,
     ) -> Result<(Vec<SessionJson>, QueryMeta), ClientError> {
         let path = format!("/v1/session/node/{}", encode_path(node));
-        let (reply, meta) = self.read(&path, &[], &opts).await?;
-        if reply.status != 200 {
-            return Err(ClientError::api(&reply));
-        }
-        Ok((sessions(&reply.body)?, meta))
+        self.session_read(&path, &opts).await
+    }
+
+    /// A read answering a list of sessions; a 404 is an error.
+    async fn session_read(
+        &self,
+        path: &str,
+        opts: &ReadOpts,
+    ) -> Result<(Vec<SessionJson>, QueryMeta), ClientError> {
+        let (reply, meta) = self.read(path, &[], opts).await?;
+        Ok((reply.ok()?.json()?, meta))
     }
 }
 

@@ -1,8 +1,10 @@
 //! What must match Go byte for byte, because Consul's clients send it or read it: durations
 //! (`time.ParseDuration`, `Duration.String`), go-bexpr filters (`?filter=`), `strconv`'s
-//! parsers and quoting with their error texts, and `path.Clean`. Everything else uses crates.
+//! parsers and quoting with their error texts, `path.Clean`, and the calendar fields Go's
+//! timestamps print. Everything else uses crates.
 
 pub mod duration;
 pub mod filter;
 pub mod path;
 pub mod strconv;
+pub mod time;

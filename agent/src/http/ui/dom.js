@@ -35,6 +35,14 @@ function append(el, children) {
   }
 }
 
+/** Shows the elements `above` in `main`, then an empty container with `id`, marked busy until
+ * its first fill; returns the container. */
+export function page(main, id, ...above) {
+  const content = h("div", { id, "aria-busy": "true" });
+  main.replaceChildren(...above, content);
+  return content;
+}
+
 /** A table with a caption, a header row and `rows` (already `tr` elements). */
 export function table(caption, headers, rows) {
   return h(

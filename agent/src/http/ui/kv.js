@@ -3,7 +3,7 @@
 // ModifyIndex the editor was loaded from, so it never overwrites a change it has not seen.
 
 import { getJSON, pathOf, request } from "./api.js";
-import { details, empty, h, sessionLink, table } from "./dom.js";
+import { details, empty, h, page, sessionLink, table } from "./dom.js";
 
 export function render(main, route, ctx) {
   const key = route.parts.slice(1).join("/");
@@ -41,8 +41,8 @@ function renderPrefix(main, prefix, ctx) {
     name,
     h("button", { type: "submit" }, "Create…"),
   );
-  const content = h("div", { id: "kv-list", "aria-busy": "true" });
-  main.replaceChildren(breadcrumbs(prefix), h("h1", {}, "Key/Value ", h("code", {}, prefix || "/")), create, content);
+  const heading = h("h1", {}, "Key/Value ", h("code", {}, prefix || "/"));
+  const content = page(main, "kv-list", breadcrumbs(prefix), heading, create);
   ctx.watch(`/v1/kv/${pathOf(prefix)}?keys&separator=/`, (keys) => {
     content.replaceChildren(
       keys?.length

@@ -11,6 +11,7 @@ import {
   keyLink,
   lockDelay,
   nodeLink,
+  page,
   seenSince,
   sessionHealth,
   sessionLink,
@@ -43,8 +44,7 @@ export function render(main, route, ctx) {
     input,
     h("button", { type: "submit" }, "Filter"),
   );
-  const content = h("div", { id: "locks", "aria-busy": "true" });
-  main.replaceChildren(h("h1", {}, "Locks"), form, content);
+  const content = page(main, "locks", h("h1", {}, "Locks"), form);
 
   ctx.watch(`/v1/vigil/locks?prefix=${encodeURIComponent(prefix)}`, async (report) => {
     const [sessions, checks] = await Promise.all([

@@ -12,6 +12,7 @@ import {
   keyLink,
   lockDelay,
   nodeLink,
+  page,
   sessionLink,
   status,
   table,
@@ -33,11 +34,9 @@ function memberState(member) {
 
 export function render(main, route, ctx) {
   if (route.parts.length > 1) {
-    renderOne(main, route.parts[1], ctx);
-    return;
+    return renderOne(main, route.parts[1], ctx);
   }
-  const content = h("div", { id: "nodes", "aria-busy": "true" });
-  main.replaceChildren(h("h1", {}, "Nodes"), content);
+  const content = page(main, "nodes", h("h1", {}, "Nodes"));
   ctx.watch("/v1/health/state/any", async (checks) => {
     const [members, sessions] = await Promise.all([
       getJSON("/v1/agent/members", { signal: ctx.signal }),
@@ -89,11 +88,11 @@ function checkSummary(checks) {
 }
 
 function renderOne(main, node, ctx) {
-  const content = h("div", { id: "node", "aria-busy": "true" });
-  main.replaceChildren(
+  const content = page(
+    main,
+    "node",
     h("p", {}, h("a", { href: "#/nodes" }, "All nodes")),
     h("h1", {}, "Node ", node),
-    content,
   );
   const name = encodeURIComponent(node);
   ctx.watch(`/v1/health/node/${name}`, async (checks) => {

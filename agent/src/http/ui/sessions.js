@@ -11,6 +11,7 @@ import {
   keyLink,
   lockDelay,
   nodeLink,
+  page,
   sessionHealth,
   sessionLink,
   table,
@@ -18,11 +19,9 @@ import {
 
 export function render(main, route, ctx) {
   if (route.parts.length > 1) {
-    renderOne(main, route.parts[1], ctx);
-    return;
+    return renderOne(main, route.parts[1], ctx);
   }
-  const content = h("div", { id: "sessions", "aria-busy": "true" });
-  main.replaceChildren(h("h1", {}, "Sessions"), content);
+  const content = page(main, "sessions", h("h1", {}, "Sessions"));
   ctx.watch("/v1/session/list", async (sessions) => {
     const look = await lookups(ctx);
     content.replaceChildren(
@@ -53,11 +52,11 @@ export function render(main, route, ctx) {
 }
 
 function renderOne(main, id, ctx) {
-  const content = h("div", { id: "session", "aria-busy": "true" });
-  main.replaceChildren(
+  const content = page(
+    main,
+    "session",
     h("p", {}, h("a", { href: "#/sessions" }, "All sessions")),
     h("h1", {}, "Session ", h("code", {}, id)),
-    content,
   );
   ctx.watch(`/v1/session/info/${encodeURIComponent(id)}`, async (found) => {
     const s = found?.[0];

@@ -12,6 +12,10 @@ fn acl(sm: &mut StateMachine, index: u64, op: AclOp) -> Response {
     apply(sm, index, Op::Acl(op)).0
 }
 
+fn set_token(token: Token, create: bool) -> AclOp {
+    AclOp::SetToken { token, create }
+}
+
 fn policy(id: &str, name: &str, rules: &str) -> Policy {
     Policy {
         id: id.into(),
@@ -135,17 +139,7 @@ fn links_resolve_by_name_and_unknown_ones_are_refused() {
         roles: vec![by_name("readers")],
         ..Token::new("t1", "s1")
     };
-    assert_eq!(
-        acl(
-            &mut sm,
-            5,
-            AclOp::SetToken {
-                token,
-                create: true
-            }
-        ),
-        Response::Done
-    );
+    assert_eq!(acl(&mut sm, 5, set_token(token, true)), Response::Done);
     let stored = sm.acl().token("t1").unwrap();
     assert_eq!(
         stored.roles,
@@ -162,23 +156,9 @@ fn links_resolve_by_name_and_unknown_ones_are_refused() {
         policies: vec![by_name("nope")],
         ..Token::new("t2", "s2")
     };
-    let refused = acl(
-        &mut sm,
-        6,
-        AclOp::SetToken {
-            token: unknown,
-            create: true,
-        },
-    );
+    let refused = acl(&mut sm, 6, set_token(unknown, true));
     assert!(rejected(refused).contains("cannot find policy"));
-    let reused = acl(
-        &mut sm,
-        6,
-        AclOp::SetToken {
-            token: Token::new("t3", "s1"),
-            create: true,
-        },
-    );
+    let reused = acl(&mut sm, 6, set_token(Token::new("t3", "s1"), true));
     assert!(rejected(reused).contains("SecretID is already in use"));
 
     // A deleted policy drops out of every link; the role stays.
@@ -238,32 +218,12 @@ fn an_update_keeps_the_secret_and_expiry_and_refuses_to_change_them() {
         expiration_time_ms: Some(T0 + 60_000),
         ..Token::new("t", "s")
     };
-    assert_eq!(
-        acl(
-            &mut sm,
-            1,
-            AclOp::SetToken {
-                token,
-                create: true
-            }
-        ),
-        Response::Done
-    );
+    assert_eq!(acl(&mut sm, 1, set_token(token, true)), Response::Done);
     let update = Token {
         description: "renamed".into(),
         ..Token::new("t", "")
     };
-    assert_eq!(
-        acl(
-            &mut sm,
-            2,
-            AclOp::SetToken {
-                token: update,
-                create: false
-            }
-        ),
-        Response::Done
-    );
+    assert_eq!(acl(&mut sm, 2, set_token(update, false)), Response::Done);
     let stored = sm.acl().token("t").unwrap();
     assert_eq!(
         (stored.secret_id.as_str(), stored.description.as_str()),
@@ -271,24 +231,11 @@ fn an_update_keeps_the_secret_and_expiry_and_refuses_to_change_them() {
     );
     assert_eq!(stored.expiration_time_ms, Some(T0 + 60_000));
     assert_eq!((stored.create_index, stored.modify_index), (1, 2));
-    let other_secret = AclOp::SetToken {
-        token: Token::new("t", "other"),
-        create: false,
-    };
+    let other_secret = set_token(Token::new("t", "other"), false);
     assert!(rejected(acl(&mut sm, 3, other_secret)).contains("SecretID"));
     let past = Token {
         expiration_time_ms: Some(T0 - 1),
         ..Token::new("u", "u")
     };
-    assert!(
-        rejected(acl(
-            &mut sm,
-            3,
-            AclOp::SetToken {
-                token: past,
-                create: true
-            }
-        ))
-        .contains("past")
-    );
+    assert!(rejected(acl(&mut sm, 3, set_token(past, true))).contains("past"));
 }

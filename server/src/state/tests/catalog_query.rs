@@ -41,15 +41,17 @@ fn health(sm: &StateMachine, service: &str) -> (Vec<ServiceHealth>, u64) {
 #[test]
 fn catalog_register_adds_node_service_and_checks_at_once() {
     let mut sm = StateMachine::default();
-    let op = registration(
-        N1,
-        Some(web(N1, "web1", &["v1"])),
-        vec![
-            check(N1, "disk", HealthStatus::Passing),
-            service_check(N1, "http", "web1", HealthStatus::Warning),
-        ],
-    );
-    let (response, fx) = apply(&mut sm, 5, op);
+    let register_web1 = || {
+        registration(
+            N1,
+            Some(web(N1, "web1", &["v1"])),
+            vec![
+                check(N1, "disk", HealthStatus::Passing),
+                service_check(N1, "http", "web1", HealthStatus::Warning),
+            ],
+        )
+    };
+    let (response, fx) = apply(&mut sm, 5, register_web1());
     assert_eq!(response, Response::Done);
     assert!(fx.catalog_changed);
     assert_eq!(fx.services_changed, strings(&["web"]));
@@ -66,15 +68,7 @@ fn catalog_register_adds_node_service_and_checks_at_once() {
     assert!(!h[0].passing());
 
     // The same registration again changes nothing and wakes nobody.
-    let op = registration(
-        N1,
-        Some(web(N1, "web1", &["v1"])),
-        vec![
-            check(N1, "disk", HealthStatus::Passing),
-            service_check(N1, "http", "web1", HealthStatus::Warning),
-        ],
-    );
-    let (_, fx) = apply(&mut sm, 6, op);
+    let (_, fx) = apply(&mut sm, 6, register_web1());
     assert_eq!(fx, Effects::default());
     assert_eq!(health(&sm, "web").1, 5);
 }

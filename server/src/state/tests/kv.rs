@@ -97,7 +97,7 @@ fn kv_list_and_tombstone_index() {
     assert_eq!(list_index(&sm, "foo/bar/baz"), 7);
 
     // Reap the tombstone: with nothing under the prefix the index falls back to the table's.
-    let (_, fx) = apply_at(&mut sm, 9, T0 + 1, Op::ReapTombstones { before_ms: T0 + 1 });
+    let (_, fx) = reap_at(&mut sm, 9, T0 + 1);
     assert_eq!(fx, Effects::default());
     assert_eq!(list_index(&sm, "foo/bar/baz"), 8);
 }
@@ -158,7 +158,7 @@ fn kv_delete() {
     assert_eq!(key_index(&sm, "foo"), 3);
 
     // Reap it: the prefix index reverts to the remaining foo/bar.
-    apply_at(&mut sm, 4, T0 + 1, Op::ReapTombstones { before_ms: T0 + 1 });
+    reap_at(&mut sm, 4, T0 + 1);
     assert_eq!(sm.kv().tombstone_count(), 0);
     assert_eq!(list_index(&sm, "foo"), 2);
 
@@ -283,12 +283,7 @@ fn kv_delete_tree() {
     assert_eq!(sm.kv().tombstone_count(), 1);
 
     // Reaping the tombstone lets the index revert to foo/zorp.
-    apply_at(
-        &mut sm,
-        11,
-        T0 + 1,
-        Op::ReapTombstones { before_ms: T0 + 1 },
-    );
+    reap_at(&mut sm, 11, T0 + 1);
     assert_eq!(list_index(&sm, "foo"), 6);
 
     // A locked key deleted by a tree delete is no longer held by its session.

@@ -82,17 +82,23 @@ fn lock_delay_refuses_then_expires() {
     }
 }
 
-/// §1.9: lock-delay blocks only acquire. Plain set, cas, delete, reads and release proceed;
-/// a voluntary release sets no lock-delay; a key that never had one reports none
-/// (TestStateStore_KVSLockDelay).
-#[test]
-fn lock_delay_blocks_only_acquire() {
-    // Setup: S1 held "k" and was destroyed at T0 (15 s delay). S2 is alive.
+/// S1 (on N1, default 15 s lock-delay) held "k" (value "v") and was destroyed at T0, so "k"
+/// is delayed until T0 + 15 s; S2 is alive. Raft indexes 3 to 6.
+fn k_delayed_by_destroyed_s1() -> StateMachine {
     let mut sm = world();
     create_session(&mut sm, 3, session(S1, N1));
     create_session(&mut sm, 4, session(S2, N1));
     write(&mut sm, 5, op::lock("k", "v", S1));
     destroy_at(&mut sm, 6, T0, S1);
+    sm
+}
+
+/// §1.9: lock-delay blocks only acquire. Plain set, cas, delete, reads and release proceed;
+/// a voluntary release sets no lock-delay; a key that never had one reports none
+/// (TestStateStore_KVSLockDelay).
+#[test]
+fn lock_delay_blocks_only_acquire() {
+    let mut sm = k_delayed_by_destroyed_s1();
     let now = T0 + 1_000;
     assert_eq!(sm.kv().lock_delay_remaining("never-locked", now), None);
 
@@ -185,12 +191,7 @@ fn txn_lock_during_lock_delay_rolls_back_everything() {
 /// lock-delay relative to what the state machine has already seen.
 #[test]
 fn lock_delay_uses_the_command_clock_clamped_monotonic() {
-    // S1 held "k" and was destroyed at T0: delay until T0 + 15 s.
-    let mut sm = world();
-    create_session(&mut sm, 3, session(S1, N1));
-    create_session(&mut sm, 4, session(S2, N1));
-    write(&mut sm, 5, op::lock("k", "v", S1));
-    destroy_at(&mut sm, 6, T0, S1);
+    let mut sm = k_delayed_by_destroyed_s1();
     assert_eq!(sm.now_ms(), T0);
 
     // A command at T0 + 20 s moves the state machine's clock forward.

@@ -131,7 +131,7 @@ fn no_lock_index_goes_back_after_any_deletes_and_reaps() {
                     Vec::new()
                 }
                 Reap => {
-                    apply_at(&mut sm, index, now, Op::ReapTombstones { before_ms: now });
+                    reap_at(&mut sm, index, now);
                     Vec::new()
                 }
             };
@@ -185,12 +185,7 @@ fn reaping_sets_the_lock_index_floor() {
     assert_eq!(get(&sm, "y").map(|e| e.lock_index), Some(3));
     write(&mut sm, 30, op::delete_tree(""));
     assert_eq!(sm.kv().lock_index_floor(), 0);
-    apply_at(
-        &mut sm,
-        31,
-        T0 + 1,
-        Op::ReapTombstones { before_ms: T0 + 1 },
-    );
+    reap_at(&mut sm, 31, T0 + 1);
     assert_eq!(sm.kv().tombstone_count(), 0);
     assert_eq!(sm.kv().lock_index_floor(), 3);
 

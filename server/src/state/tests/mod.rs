@@ -47,18 +47,9 @@ pub(super) const S4: &str = "5b0a4bc6-5a5b-4c7a-9a1e-0d3f2c1b0a04";
 /// bound to `serfHealth`, no TTL.
 pub(super) fn session(id: &str, node: &str) -> Session {
     Session {
-        id: id.to_owned(),
-        name: String::new(),
-        node: node.to_owned(),
         lock_delay_ns: DEFAULT_LOCK_DELAY_NS,
-        behavior: Behavior::Release,
-        ttl: String::new(),
         node_checks: vec![SERF_HEALTH.to_owned()],
-        service_checks: None,
-        checks: Vec::new(),
-        create_index: 0,
-        modify_index: 0,
-        owner: String::new(),
+        ..Session::new(id, node)
     }
 }
 
@@ -193,6 +184,11 @@ pub(super) fn apply_at(
     op: Op,
 ) -> (Response, Effects) {
     sm.apply(index, Command { now_ms, op })
+}
+
+/// Reaps, at `now_ms`, every tombstone written before it.
+pub(super) fn reap_at(sm: &mut StateMachine, index: u64, now_ms: u64) -> (Response, Effects) {
+    apply_at(sm, index, now_ms, Op::ReapTombstones { before_ms: now_ms })
 }
 
 fn apply(sm: &mut StateMachine, index: u64, op: Op) -> (Response, Effects) {

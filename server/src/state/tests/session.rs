@@ -513,15 +513,7 @@ fn lock_index_continues_across_delete() {
 
     // Once the tombstone is reaped the key's own history is gone, but the floor is not.
     write(&mut sm, 10, KvOp::Delete { key: "k".into() });
-    sm.apply(
-        11,
-        Command {
-            now_ms: T0 + 1_000_000,
-            op: Op::ReapTombstones {
-                before_ms: T0 + 1_000_000,
-            },
-        },
-    );
+    reap_at(&mut sm, 11, T0 + 1_000_000);
     assert_eq!(sm.kv().tombstone_count(), 0);
     write(&mut sm, 12, op::lock("k", "d", S1));
     assert_eq!(sm.kv().get("k").map(|e| e.lock_index), Some(4));
