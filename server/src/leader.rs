@@ -279,7 +279,9 @@ pub struct LeaderDuties {
 impl LeaderDuties {
     /// Runs until shutdown; owns the TTL timers.
     pub async fn run(mut self) {
-        let mut metrics = self.proposer.raft().metrics();
+        // The server metrics change with the role, not with every entry: this loop wakes on a
+        // change of leadership only.
+        let mut metrics = self.proposer.raft().server_metrics();
         let mut timers = SessionTimers::default();
         let mut lock_delays = LockDelayTimers::default();
         // Sessions whose TTL expired and whose destroy this term proposed: their invalidation

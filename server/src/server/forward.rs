@@ -20,7 +20,8 @@ impl Server {
         wait: Duration,
     ) -> Result<C::Reply, ServerError> {
         let request: RpcRequest = call.into();
-        let mut metrics = self.raft.metrics();
+        // Server metrics: they change with the leader, not with every entry.
+        let mut metrics = self.raft.server_metrics();
         let leader_id = metrics.borrow_and_update().current_leader;
         let leader = self.leader_socket()?;
         let is_write = matches!(request, RpcRequest::Write { .. });

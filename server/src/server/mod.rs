@@ -316,17 +316,15 @@ impl Server {
 
     /// Resolves when raft on this server has stopped for good on a fatal error (a failed log
     /// write, e.g. a full disk), with what happened; never while it runs or after a shutdown.
+    ///
+    /// It waits on the server metrics, which change with the role, not with every entry, and
+    /// whose sender goes away only when raft's core stops, after it has recorded why.
     pub async fn failed(&self) -> String {
-        let mut metrics = self.raft.metrics();
-        loop {
-            if let Err(fatal) = &metrics.borrow_and_update().running_state
-                && !matches!(fatal, openraft::error::Fatal::Stopped)
-            {
-                return fatal.to_string();
-            }
-            if metrics.changed().await.is_err() {
-                std::future::pending::<()>().await;
-            }
+        let mut server = self.raft.server_metrics();
+        while server.changed().await.is_ok() {}
+        match &self.raft.metrics().borrow_watched().running_state {
+            Err(fatal) if !matches!(fatal, openraft::error::Fatal::Stopped) => fatal.to_string(),
+            _ => std::future::pending().await,
         }
     }
 
