@@ -454,12 +454,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// The committed id is only a hint for how far to replay on restart, so nobody waits for
-    /// it: the next sync carries it.
+    /// it, and the flush thread is not even woken for it: the record waits in the log's buffer
+    /// and the next append's write carries it (every write used to wake that thread twice).
     async fn save_committed(&mut self, committed: Option<LogId>) -> io::Result<()> {
         let Some(committed) = committed else {
             return Ok(());
         };
-        self.queue(|log| log.commit(Stored(committed)))
+        self.log.lock().commit(Stored(committed)).map(drop)
     }
 
     async fn read_committed(&mut self) -> io::Result<Option<LogId>> {
