@@ -455,7 +455,7 @@ async fn destroyed_session_ends_the_lock_at_once() {
             .await;
         let reason = tokio::time::timeout(PROMPT, held.lost())
             .await
-            .expect("lost long before the renew loop would look");
+            .unwrap_or_else(|_| panic!("{kind:?}: not lost within {PROMPT:?}"));
         assert_eq!(reason, LossReason::SessionInvalidated, "{kind:?}");
     }
 }

@@ -273,7 +273,8 @@ impl LockTable {
     }
 
     /// Removes an invalidated session from every lock it holds or waits on. A lost holder arms
-    /// the session's lock-delay (capped to 60 s) on that lock; whoever is due is granted.
+    /// the session's lock-delay (capped to 60 s) on that lock, and its standing is reported
+    /// changed, since it did not ask (its own `lost()` watches it); whoever is due is granted.
     pub fn invalidate_session(
         &mut self,
         session: &str,
@@ -291,8 +292,11 @@ impl LockTable {
                 continue;
             };
             let (held, queued) = remove(lock, session);
-            if held && delay_ms > 0 {
-                lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
+            if held {
+                if delay_ms > 0 {
+                    lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
+                }
+                fx.standings.push((name.clone(), session.to_owned()));
             }
             self.after_leaving(&name, session, queued, index, now_ms, fx);
             self.drop_if_idle(&name, now_ms);
