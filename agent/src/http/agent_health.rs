@@ -166,7 +166,7 @@ pub async fn by_name(
             checks: checks.into_iter().map(CheckJson::new).collect(),
         });
     }
-    let body = serde_json::to_value(&infos).map_err(|e| ApiError::unexpected(e.to_string()))?;
+    let body = serde_json::to_value(&infos).map_err(|e| ApiError::encoding(&e))?;
     Ok(reply(code, text, &status, &cx.params, &body))
 }
 

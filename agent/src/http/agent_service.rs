@@ -123,8 +123,8 @@ pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> 
         let reply = AgentServiceJson::new(&service).with_hash();
         let changed_or_due = known.is_empty() || reply.content_hash != known;
         if changed_or_due || Instant::now() >= deadline {
-            let hash = HeaderValue::from_str(&reply.content_hash)
-                .map_err(|e| ApiError::unexpected(e.to_string()))?;
+            let hash =
+                HeaderValue::from_str(&reply.content_hash).map_err(|e| ApiError::encoding(&e))?;
             let mut response = cx.json(&reply);
             response.headers_mut().insert("X-Consul-ContentHash", hash);
             return Ok(response);

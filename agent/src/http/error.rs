@@ -38,12 +38,9 @@ impl ApiError {
 }
 
 impl ApiError {
-    /// A server answer of the wrong kind for the request: our fault, so 500.
-    pub fn unexpected(answer: impl std::fmt::Debug) -> ApiError {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected server answer: {answer:?}"),
-        )
+    /// A response that could not be encoded (its JSON, a header): our fault, so 500.
+    pub fn encoding(e: &impl std::fmt::Display) -> ApiError {
+        ApiError::server(format!("encoding the response: {e}"))
     }
 }
 

@@ -304,7 +304,7 @@ fn filtered_keyed<K, T: Serialize>(
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut out = Vec::new();
     for (key, item) in items {
-        let value = serde_json::to_value(item).map_err(|e| ApiError::unexpected(e.to_string()))?;
+        let value = serde_json::to_value(item).map_err(|e| ApiError::encoding(&e))?;
         if filter.as_ref().is_none_or(|f| f.matches(&value)) {
             out.push((key, value));
         }
