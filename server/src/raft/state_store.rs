@@ -23,7 +23,7 @@ use openraft::{EntryPayload, RaftSnapshotBuilder};
 use openraft_legacy::network_v1::SnapshotReceiverFactory;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use vigil_shared::rpc::Response;
 
 use super::{LogId, Snapshot, SnapshotMeta as Meta, StoredMembership, TypeConfig};
@@ -54,8 +54,6 @@ pub enum SessionEvent {
 pub struct SharedState {
     state: RwLock<StateMachine>,
     pub watches: Arc<Watches>,
-    /// Last applied raft index.
-    applied: watch::Sender<u64>,
     events: mpsc::UnboundedSender<SessionEvent>,
 }
 
@@ -64,7 +62,6 @@ impl SharedState {
         Arc::new(SharedState {
             state: RwLock::new(StateMachine::default()),
             watches: Arc::new(Watches::default()),
-            applied: watch::Sender::new(0),
             events,
         })
     }
@@ -72,11 +69,6 @@ impl SharedState {
     /// Read access to the state machine. Never hold it across an `.await`.
     pub fn read(&self) -> RwLockReadGuard<'_, StateMachine> {
         self.state.read()
-    }
-
-    /// Follows the last applied raft index.
-    pub fn applied_receiver(&self) -> watch::Receiver<u64> {
-        self.applied.subscribe()
     }
 
     fn publish(&self, fx: &Effects, cause: InvalidationCause) {
@@ -349,9 +341,6 @@ impl StateStore {
                 },
             })?;
             *shared.state.write() = state;
-            if let Some(last) = file.meta.last_log_id {
-                shared.applied.send_replace(last.index);
-            }
             meta = RaftMeta {
                 last_applied: file.meta.last_log_id,
                 membership: file.meta.last_membership.clone(),
@@ -458,12 +447,10 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         }
         let mut answers = Vec::with_capacity(batch.len());
         let mut effects = Vec::new();
-        let mut last = None;
         {
             let mut state = self.shared.state.write();
             let mut meta = self.meta();
             for (entry, responder) in batch {
-                last = Some(entry.log_id);
                 meta.last_applied = Some(entry.log_id);
                 let response = match entry.payload {
                     EntryPayload::Blank => Response::Done,
@@ -480,9 +467,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 };
                 answers.extend(responder.map(|r| (r, response)));
             }
-        }
-        if let Some(last) = last {
-            self.shared.applied.send_replace(last.index);
         }
         for (fx, cause) in &effects {
             self.shared.publish(fx, *cause);
@@ -519,9 +503,6 @@ impl RaftStateMachine<TypeConfig> for StateStore {
                 meta: file.meta,
                 data: file.data,
             });
-        }
-        if let Some(last) = meta.last_log_id {
-            self.shared.applied.send_replace(last.index);
         }
         // Everything may have changed: wake every waiter so each re-reads.
         self.shared.watches.wake_everyone();
@@ -673,7 +654,6 @@ mod tests {
             None,
             "k7 comes back from the log, not the snapshot"
         );
-        assert_eq!(*shared.applied_receiver().borrow(), 6);
         let (applied, membership) = store.applied_state().await.expect("applied state");
         assert_eq!(applied, Some(log_id(6)));
         assert_eq!(membership, built.meta.last_membership);
