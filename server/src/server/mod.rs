@@ -9,6 +9,8 @@ mod forward;
 mod requests;
 mod rpc_service;
 mod status;
+#[cfg(test)]
+mod tests;
 
 pub use status::RaftStats;
 
