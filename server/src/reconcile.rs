@@ -74,36 +74,31 @@ pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op
         } else {
             member.state
         };
-        match state {
-            MemberState::Alive | MemberState::Leaving => {
-                if node.is_none_or(|n| n.address != address) {
-                    ops.push(Op::RegisterNode {
-                        name: name.to_owned(),
-                        address,
-                    });
-                }
-                if check.is_none_or(|c| c.status != HealthStatus::Passing) {
-                    ops.push(serf_check(name, HealthStatus::Passing, ALIVE_OUTPUT));
-                }
-            }
-            MemberState::Failed => {
-                if node.is_none() {
-                    ops.push(Op::RegisterNode {
-                        name: name.to_owned(),
-                        address,
-                    });
-                }
-                if check.is_none_or(|c| c.status != HealthStatus::Critical) {
-                    ops.push(serf_check(name, HealthStatus::Critical, FAILED_OUTPUT));
-                }
-            }
+        // A live member's node is (re)registered at its address; a failed one's only if missing.
+        let (register, status, output) = match state {
+            MemberState::Alive | MemberState::Leaving => (
+                node.is_none_or(|n| n.address != address),
+                HealthStatus::Passing,
+                ALIVE_OUTPUT,
+            ),
+            MemberState::Failed => (node.is_none(), HealthStatus::Critical, FAILED_OUTPUT),
             MemberState::Left => {
                 if node.is_some() {
                     ops.push(Op::DeregisterNode {
                         name: name.to_owned(),
                     });
                 }
+                continue;
             }
+        };
+        if register {
+            ops.push(Op::RegisterNode {
+                name: name.to_owned(),
+                address,
+            });
+        }
+        if check.is_none_or(|c| c.status != status) {
+            ops.push(serf_check(name, status, output));
         }
     }
     ops
@@ -139,6 +134,10 @@ mod tests {
         }
         assert_eq!(plan(members, sm.catalog(), "leader"), Vec::new());
         ops
+    }
+
+    fn serf_status(sm: &StateMachine, node: &str) -> HealthStatus {
+        sm.catalog().check(node, SERF_HEALTH).unwrap().status
     }
 
     #[test]
@@ -183,10 +182,7 @@ mod tests {
 
         // Coming back flips it to passing again (the session stays gone).
         converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
-        assert_eq!(
-            sm.catalog().check("c1", SERF_HEALTH).unwrap().status,
-            HealthStatus::Passing
-        );
+        assert_eq!(serf_status(&sm, "c1"), HealthStatus::Passing);
     }
 
     #[test]
@@ -194,10 +190,7 @@ mod tests {
         let mut sm = StateMachine::default();
         let mut next = 0;
         converge(&mut sm, &[member("c9", MemberState::Failed)], &mut next);
-        assert_eq!(
-            sm.catalog().check("c9", SERF_HEALTH).unwrap().status,
-            HealthStatus::Critical
-        );
+        assert_eq!(serf_status(&sm, "c9"), HealthStatus::Critical);
     }
 
     #[test]
