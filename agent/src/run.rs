@@ -3,6 +3,9 @@
 use std::io::IsTerminal as _;
 
 use crate::cli::{AgentArgs, Cli, Command};
+use crate::cmd::{
+    acl, debug, elect, keyring, kv, lock, members, monitor, operator, session, snapshot, watch,
+};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -81,32 +84,33 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
 /// Entry point shared by the `vigil` binary and the test binary that runs the same code.
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
-    let argv = crate::cmd::lock::consul_argv(std::env::args_os().collect());
-    let argv = crate::cmd::watch::consul_argv(argv);
+    let argv = lock::consul_argv(std::env::args_os().collect());
+    let argv = watch::consul_argv(argv);
     let argv = crate::cmd::go_flags_argv(argv);
-    match Cli::parse_from(argv).command {
-        Command::Agent(args) => run_agent(args).await,
-        Command::Tls(cmd) => crate::tls_cmd::run(cmd),
-        Command::Lock(cmd) => crate::cmd::exit(crate::cmd::lock::run(cmd).await),
-        Command::Elect(args) => crate::cmd::exit(crate::cmd::elect::run(args).await),
-        Command::Kv(cmd) => crate::cmd::exit(crate::cmd::kv::run(cmd).await),
-        Command::Watch(args) => crate::cmd::exit(crate::cmd::watch::run(args).await),
-        Command::Session(cmd) => crate::cmd::exit(crate::cmd::session::run(cmd).await),
-        Command::Keyring(args) => crate::cmd::exit(crate::cmd::keyring::run(args).await),
+    let result = match Cli::parse_from(argv).command {
+        Command::Agent(args) => return run_agent(args).await,
+        Command::Tls(cmd) => return crate::tls_cmd::run(cmd),
+        Command::Lock(cmd) => lock::run(cmd).await,
+        Command::Elect(args) => elect::run(args).await,
+        Command::Kv(cmd) => kv::run(cmd).await,
+        Command::Watch(args) => watch::run(args).await,
+        Command::Session(cmd) => session::run(cmd).await,
+        Command::Keyring(args) => keyring::run(args).await,
         Command::Keygen => {
             println!("{}", crate::gossip::generate_key());
-            Ok(())
+            return Ok(());
         }
-        Command::Members(args) => crate::cmd::exit(crate::cmd::members::members(args).await),
-        Command::Join(args) => crate::cmd::exit(crate::cmd::members::join(args).await),
-        Command::Leave(agent) => crate::cmd::exit(crate::cmd::members::leave(agent).await),
-        Command::ForceLeave(args) => crate::cmd::exit(crate::cmd::members::force_leave(args).await),
-        Command::Operator(cmd) => crate::cmd::exit(crate::cmd::operator::run(cmd).await),
-        Command::Snapshot(cmd) => crate::cmd::exit(crate::cmd::snapshot::run(cmd).await),
-        Command::Acl(cmd) => crate::cmd::exit(crate::cmd::acl::run(cmd).await),
-        Command::Debug(args) => crate::cmd::exit(crate::cmd::debug::run(args).await),
-        Command::Monitor(args) => crate::cmd::exit(crate::cmd::monitor::monitor(args).await),
-        Command::Info(agent) => crate::cmd::exit(crate::cmd::monitor::info(agent).await),
-        Command::Reload(agent) => crate::cmd::exit(crate::cmd::monitor::reload(agent).await),
-    }
+        Command::Members(args) => members::members(args).await,
+        Command::Join(args) => members::join(args).await,
+        Command::Leave(agent) => members::leave(agent).await,
+        Command::ForceLeave(args) => members::force_leave(args).await,
+        Command::Operator(cmd) => operator::run(cmd).await,
+        Command::Snapshot(cmd) => snapshot::run(cmd).await,
+        Command::Acl(cmd) => acl::run(cmd).await,
+        Command::Debug(args) => debug::run(args).await,
+        Command::Monitor(args) => monitor::monitor(args).await,
+        Command::Info(agent) => monitor::info(agent).await,
+        Command::Reload(agent) => monitor::reload(agent).await,
+    };
+    crate::cmd::exit(result)
 }

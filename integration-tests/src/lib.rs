@@ -8,8 +8,8 @@ pub mod safety;
 
 use std::ffi::OsStr;
 use std::ops::Deref;
-use std::path::Path;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode, header::HeaderMap};
@@ -473,31 +473,39 @@ pub fn log_tail(path: &Path, n: usize) -> String {
     format!("--- last lines of {} ---\n{tail}", path.display())
 }
 
-/// Runs `integration-tests/py/<script>` with py-consul against `agent` (host, port and
-/// `extra` arguments) and returns its stdout; panics unless it exits 0 having printed its
-/// `checks passed` line.
-pub async fn run_py_consul(script: &str, agent: &Agent, extra: &[&str]) -> String {
-    let workspace = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let pydeps = workspace.join("target/pydeps");
+/// The workspace's root directory.
+fn workspace() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs `python3 <args>` with py-consul importable (from `target/pydeps`, which
+/// `scripts/install-test-deps.sh` fills), for at most `limit`.
+pub async fn python_with_py_consul<S: AsRef<OsStr>>(args: &[S], limit: Duration) -> Output {
+    let pydeps = workspace().join("target/pydeps");
     assert!(
         pydeps.join("consul").is_dir(),
         "py-consul is missing: run scripts/install-test-deps.sh"
     );
+    let python = Command::new("python3")
+        .args(args)
+        .env("PYTHONPATH", &pydeps)
+        .output();
+    timeout(limit, python)
+        .await
+        .expect("python3 finished in time")
+        .expect("run python3")
+}
+
+/// Runs `integration-tests/py/<script>` with py-consul against `agent` (host, port and
+/// `extra` arguments) and returns its stdout; panics unless it exits 0 having printed its
+/// `checks passed` line.
+pub async fn run_py_consul(script: &str, agent: &Agent, extra: &[&str]) -> String {
+    let script = workspace().join("integration-tests/py").join(script);
     let addr = agent.base.trim_start_matches("http://").to_owned();
     let (host, port) = addr.rsplit_once(':').expect("host:port");
-
-    let output = tokio::time::timeout(
-        Duration::from_secs(60),
-        tokio::process::Command::new("python3")
-            .arg(workspace.join("integration-tests/py").join(script))
-            .args([host, port])
-            .args(extra)
-            .env("PYTHONPATH", &pydeps)
-            .output(),
-    )
-    .await
-    .expect("py-consul script finished in time")
-    .expect("run python3");
+    let mut args = vec![script.as_os_str(), OsStr::new(host), OsStr::new(port)];
+    args.extend(extra.iter().map(OsStr::new));
+    let output = python_with_py_consul(&args, Duration::from_secs(60)).await;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -74,36 +74,31 @@ pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op
         } else {
             member.state
         };
-        match state {
-            MemberState::Alive | MemberState::Leaving => {
-                if node.is_none_or(|n| n.address != address) {
-                    ops.push(Op::RegisterNode {
-                        name: name.to_owned(),
-                        address,
-                    });
-                }
-                if check.is_none_or(|c| c.status != HealthStatus::Passing) {
-                    ops.push(serf_check(name, HealthStatus::Passing, ALIVE_OUTPUT));
-                }
-            }
-            MemberState::Failed => {
-                if node.is_none() {
-                    ops.push(Op::RegisterNode {
-                        name: name.to_owned(),
-                        address,
-                    });
-                }
-                if check.is_none_or(|c| c.status != HealthStatus::Critical) {
-                    ops.push(serf_check(name, HealthStatus::Critical, FAILED_OUTPUT));
-                }
-            }
+        // A live member's node is (re)registered at its address; a failed one's only if missing.
+        let (register, status, output) = match state {
+            MemberState::Alive | MemberState::Leaving => (
+                node.is_none_or(|n| n.address != address),
+                HealthStatus::Passing,
+                ALIVE_OUTPUT,
+            ),
+            MemberState::Failed => (node.is_none(), HealthStatus::Critical, FAILED_OUTPUT),
             MemberState::Left => {
                 if node.is_some() {
                     ops.push(Op::DeregisterNode {
                         name: name.to_owned(),
                     });
                 }
+                continue;
             }
+        };
+        if register {
+            ops.push(Op::RegisterNode {
+                name: name.to_owned(),
+                address,
+            });
+        }
+        if check.is_none_or(|c| c.status != status) {
+            ops.push(serf_check(name, status, output));
         }
     }
     ops
@@ -129,89 +124,98 @@ mod tests {
         }
     }
 
-    /// Applies a plan the way the leader would, then plans again: a converged catalog needs
-    /// nothing more.
-    fn converge(sm: &mut StateMachine, members: &[MemberStatus], next: &mut u64) -> Vec<Op> {
-        let ops = plan(members, sm.catalog(), "leader");
-        for op in ops.clone() {
-            *next += 1;
-            sm.apply(*next, Command { now_ms: 1_000, op });
+    /// A state machine that ops are applied to as the leader applies them, at raft indexes
+    /// 1, 2, …
+    #[derive(Default)]
+    struct Leader {
+        sm: StateMachine,
+        index: u64,
+    }
+
+    impl Leader {
+        fn apply(&mut self, op: Op) {
+            self.index += 1;
+            self.sm.apply(self.index, Command { now_ms: 1_000, op });
         }
-        assert_eq!(plan(members, sm.catalog(), "leader"), Vec::new());
-        ops
+
+        /// Applies the plan for `members`, then plans again: a converged catalog needs nothing
+        /// more.
+        fn converge(&mut self, members: &[MemberStatus]) -> Vec<Op> {
+            let ops = plan(members, self.catalog(), "leader");
+            for op in ops.clone() {
+                self.apply(op);
+            }
+            assert_eq!(plan(members, self.catalog(), "leader"), Vec::new());
+            ops
+        }
+
+        fn catalog(&self) -> &Catalog {
+            self.sm.catalog()
+        }
+
+        fn serf_status(&self, node: &str) -> HealthStatus {
+            self.catalog().check(node, SERF_HEALTH).unwrap().status
+        }
     }
 
     #[test]
     fn alive_member_is_registered_with_passing_serf_health() {
         // TestLeader_RegisterMember: an alive member gets a node and a passing serfHealth.
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        let ops = converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let mut leader = Leader::default();
+        let ops = leader.converge(&[member("c1", MemberState::Alive)]);
         assert_eq!(ops.len(), 2);
-        let check = sm.catalog().check("c1", SERF_HEALTH).unwrap();
+        let check = leader.catalog().check("c1", SERF_HEALTH).unwrap();
         assert_eq!(check.status, HealthStatus::Passing);
-        assert_eq!(sm.catalog().node("c1").unwrap().address, "127.0.0.7");
+        assert_eq!(leader.catalog().node("c1").unwrap().address, "127.0.0.7");
     }
 
     #[test]
     fn failed_member_goes_critical_and_loses_its_sessions() {
         // TestLeader_FailedMember: a failed member's serfHealth is critical, which invalidates
         // the sessions bound to it.
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let mut leader = Leader::default();
+        leader.converge(&[member("c1", MemberState::Alive)]);
         let session = vigil_shared::session::Session {
             node_checks: vec![SERF_HEALTH.into()],
             ..vigil_shared::session::Session::new("s1", "c1")
         };
-        next += 1;
-        sm.apply(
-            next,
-            Command {
-                now_ms: 1_000,
-                op: Op::CreateSession(session),
-            },
-        );
-        assert!(sm.sessions().get("s1").is_some());
+        leader.apply(Op::CreateSession(session));
+        assert!(leader.sm.sessions().get("s1").is_some());
 
-        let ops = converge(&mut sm, &[member("c1", MemberState::Failed)], &mut next);
+        let ops = leader.converge(&[member("c1", MemberState::Failed)]);
         assert_eq!(
             ops,
             vec![serf_check("c1", HealthStatus::Critical, FAILED_OUTPUT)]
         );
-        assert!(sm.sessions().get("s1").is_none());
+        assert!(leader.sm.sessions().get("s1").is_none());
 
         // Coming back flips it to passing again (the session stays gone).
-        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
-        assert_eq!(
-            sm.catalog().check("c1", SERF_HEALTH).unwrap().status,
-            HealthStatus::Passing
-        );
+        leader.converge(&[member("c1", MemberState::Alive)]);
+        assert_eq!(leader.serf_status("c1"), HealthStatus::Passing);
     }
 
     #[test]
     fn failed_member_unknown_to_the_catalog_is_registered_critical() {
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("c9", MemberState::Failed)], &mut next);
-        assert_eq!(
-            sm.catalog().check("c9", SERF_HEALTH).unwrap().status,
-            HealthStatus::Critical
-        );
+        let mut leader = Leader::default();
+        leader.converge(&[member("c9", MemberState::Failed)]);
+        assert_eq!(leader.serf_status("c9"), HealthStatus::Critical);
     }
 
     #[test]
     fn left_member_is_deregistered() {
         // TestLeader_LeftMember: the node is deregistered; a left node not in the catalog needs
         // nothing.
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
-        let ops = converge(&mut sm, &[member("c1", MemberState::Left)], &mut next);
+        let mut leader = Leader::default();
+        leader.converge(&[member("c1", MemberState::Alive)]);
+        let ops = leader.converge(&[member("c1", MemberState::Left)]);
         assert_eq!(ops, vec![Op::DeregisterNode { name: "c1".into() }]);
-        assert!(sm.catalog().node("c1").is_none());
+        assert!(leader.catalog().node("c1").is_none());
         assert_eq!(
-            plan(&[member("c2", MemberState::Left)], sm.catalog(), "leader"),
+            plan(
+                &[member("c2", MemberState::Left)],
+                leader.catalog(),
+                "leader"
+            ),
             Vec::new()
         );
     }
@@ -219,12 +223,11 @@ mod tests {
     #[test]
     fn leader_never_fails_or_deregisters_itself() {
         // TestLeader_ReapOrLeftMember_IgnoreSelf.
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("leader", MemberState::Alive)], &mut next);
+        let mut leader = Leader::default();
+        leader.converge(&[member("leader", MemberState::Alive)]);
         for state in [MemberState::Failed, MemberState::Left] {
             assert_eq!(
-                plan(&[member("leader", state)], sm.catalog(), "leader"),
+                plan(&[member("leader", state)], leader.catalog(), "leader"),
                 Vec::new()
             );
         }
@@ -241,10 +244,9 @@ mod tests {
     fn an_impostors_down_record_never_touches_the_live_node() {
         // A member took c1's name from another address (another host, or another port of the
         // same host) and then left or crashed, while the real c1 lives.
-        let mut sm = StateMachine::default();
-        let mut next = 0;
+        let mut leader = Leader::default();
         let real = member("c1", MemberState::Alive);
-        converge(&mut sm, std::slice::from_ref(&real), &mut next);
+        leader.converge(std::slice::from_ref(&real));
         for impostor_addr in ["127.0.0.9:8301", "127.0.0.7:9301"] {
             for state in [MemberState::Left, MemberState::Failed] {
                 let impostor = at("c1", state, impostor_addr);
@@ -252,7 +254,11 @@ mod tests {
                     vec![real.clone(), impostor.clone()],
                     vec![impostor.clone(), real.clone()],
                 ] {
-                    assert_eq!(plan(&list, sm.catalog(), "leader"), Vec::new(), "{list:?}");
+                    assert_eq!(
+                        plan(&list, leader.catalog(), "leader"),
+                        Vec::new(),
+                        "{list:?}"
+                    );
                 }
             }
         }
@@ -261,22 +267,17 @@ mod tests {
     #[test]
     fn a_down_record_at_another_address_says_nothing_about_the_node() {
         // Only the impostor's record is known (the real c1 is registered at .7).
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let mut leader = Leader::default();
+        leader.converge(&[member("c1", MemberState::Alive)]);
         for state in [MemberState::Left, MemberState::Failed] {
             let impostor = at("c1", state, "127.0.0.9:8301");
-            assert_eq!(plan(&[impostor], sm.catalog(), "leader"), Vec::new());
+            assert_eq!(plan(&[impostor], leader.catalog(), "leader"), Vec::new());
         }
         // The record at the node's address still decides.
-        let ops = converge(
-            &mut sm,
-            &[
-                at("c1", MemberState::Left, "127.0.0.9:8301"),
-                member("c1", MemberState::Failed),
-            ],
-            &mut next,
-        );
+        let ops = leader.converge(&[
+            at("c1", MemberState::Left, "127.0.0.9:8301"),
+            member("c1", MemberState::Failed),
+        ]);
         assert_eq!(
             ops,
             vec![serf_check("c1", HealthStatus::Critical, FAILED_OUTPUT)]
@@ -285,12 +286,11 @@ mod tests {
 
     #[test]
     fn address_change_reregisters_the_node() {
-        let mut sm = StateMachine::default();
-        let mut next = 0;
-        converge(&mut sm, &[member("c1", MemberState::Alive)], &mut next);
+        let mut leader = Leader::default();
+        leader.converge(&[member("c1", MemberState::Alive)]);
         let mut moved = member("c1", MemberState::Alive);
         moved.gossip_addr = "127.0.0.8:8301".parse().unwrap();
-        let ops = converge(&mut sm, &[moved], &mut next);
+        let ops = leader.converge(&[moved]);
         assert_eq!(
             ops,
             vec![Op::RegisterNode {

@@ -17,13 +17,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_server::ServerApi;
+use vigil_server::api::QueryFuture;
 use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_server::rpc::{Call, Prepared, RpcRequest, RpcResponse, StatusInfo, calls, reply};
 use vigil_server::transport::{CallKind, RpcClient, TransportError};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
-use vigil_shared::rpc::{
-    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
-};
+use vigil_shared::rpc::{Consistency, Op, QueryOptions, ReadQuery, Response, ServerError};
 use vigil_shared::session::Session;
 
 /// Time allowed for one RPC beyond its blocking wait.
@@ -258,11 +257,7 @@ impl ServerApi for RemoteServers {
         })
     }
 
-    fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         Box::pin(async move {
             let request = Prepared::new(calls::Query {
                 opts,
@@ -279,10 +274,7 @@ impl ServerApi for RemoteServers {
     }
 
     /// Whichever live server answers first, each given [`PROBE_TIMEOUT`].
-    fn stale_read(
-        &self,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn stale_read(&self, query: ReadQuery) -> QueryFuture<'_> {
         Box::pin(async move {
             let opts = QueryOptions {
                 consistency: Consistency::Stale,

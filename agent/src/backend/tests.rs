@@ -9,13 +9,13 @@ use futures::future::BoxFuture;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_server::ServerApi;
+use vigil_server::api::QueryFuture;
 use vigil_server::api::memory::MemoryServer;
 use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_server::rpc::StatusInfo;
 use vigil_shared::kv::{KvEntry, KvOp, TxnOutcome};
 use vigil_shared::rpc::{
-    Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError, reads,
-    writes,
+    Consistency, Op, QueryMeta, QueryOptions, ReadQuery, Response, ServerError, reads, writes,
 };
 use vigil_shared::session::Session;
 
@@ -213,11 +213,7 @@ impl ServerApi for Leaderless {
         self.led(true, || self.servers.write(op))
     }
 
-    fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         let needs_leader = opts.consistency != Consistency::Stale;
         self.led(needs_leader, || self.servers.query(opts, query))
     }

@@ -63,8 +63,8 @@ pub struct Grants {
 }
 
 impl Grants {
-    /// Adds the links and identities to a token or role body.
-    fn into_body(self, body: &mut Value, with_roles: bool) -> anyhow::Result<()> {
+    /// A token or role body with the links and identities added.
+    fn into_body(self, mut body: Value, with_roles: bool) -> anyhow::Result<Value> {
         let links = |ids: Vec<String>, names: Vec<String>| -> Vec<Value> {
             ids.into_iter()
                 .map(|id| json!({ "ID": id }))
@@ -107,28 +107,46 @@ impl Grants {
         if !nodes.is_empty() {
             body["NodeIdentities"] = nodes.into();
         }
-        Ok(())
+        Ok(body)
+    }
+}
+
+/// What `consul acl token create` takes.
+#[derive(Debug, Args)]
+pub struct NewToken {
+    #[arg(long, default_value = "")]
+    description: String,
+    #[command(flatten)]
+    grants: Grants,
+    /// The token expires this long after it is created (Go duration).
+    #[arg(long = "expires-ttl")]
+    expires_ttl: Option<String>,
+    /// Local to this datacenter.
+    #[arg(long)]
+    local: bool,
+    /// Use this secret instead of a random one.
+    #[arg(long)]
+    secret: Option<String>,
+}
+
+impl NewToken {
+    fn into_body(self) -> anyhow::Result<Value> {
+        let body = json!({ "Description": self.description, "Local": self.local });
+        let mut body = self.grants.into_body(body, true)?;
+        if let Some(ttl) = self.expires_ttl {
+            body["ExpirationTTL"] = ttl.into();
+        }
+        if let Some(secret) = self.secret {
+            body["SecretID"] = secret.into();
+        }
+        Ok(body)
     }
 }
 
 #[derive(Debug, Subcommand)]
 pub enum TokenAction {
     /// Create a token.
-    Create {
-        #[arg(long, default_value = "")]
-        description: String,
-        #[command(flatten)]
-        grants: Grants,
-        /// The token expires this long after it is created (Go duration).
-        #[arg(long = "expires-ttl")]
-        expires_ttl: Option<String>,
-        /// Local to this datacenter.
-        #[arg(long)]
-        local: bool,
-        /// Use this secret instead of a random one.
-        #[arg(long)]
-        secret: Option<String>,
-    },
+    Create(NewToken),
     /// Show a token by accessor ID, or the one in use with --self.
     Read {
         #[arg(long, required_unless_present = "self_")]
@@ -170,29 +188,41 @@ pub struct IdOrName {
     name: Option<String>,
 }
 
+/// What a policy holds, as `consul acl policy create` and `update` take it.
+#[derive(Debug, Args)]
+pub struct PolicyFields {
+    #[arg(long)]
+    name: String,
+    #[arg(long, default_value = "")]
+    description: String,
+    #[arg(long, default_value = "")]
+    rules: String,
+}
+
+impl PolicyFields {
+    /// The policy body; `--rules @FILE` reads the rules from the file, as Consul's CLI does.
+    fn into_body(self) -> anyhow::Result<Value> {
+        let rules = match self.rules.strip_prefix('@') {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading rules from {path}: {e}"))?,
+            None => self.rules,
+        };
+        Ok(json!({ "Name": self.name, "Description": self.description, "Rules": rules }))
+    }
+}
+
 #[derive(Debug, Subcommand)]
 pub enum PolicyAction {
     /// Create a policy; `--rules @FILE` reads them from a file.
-    Create {
-        #[arg(long)]
-        name: String,
-        #[arg(long, default_value = "")]
-        description: String,
-        #[arg(long, default_value = "")]
-        rules: String,
-    },
+    Create(PolicyFields),
     /// Show a policy by ID or name.
     Read(IdOrName),
     /// Replace a policy's name, description and rules.
     Update {
         #[arg(long)]
         id: String,
-        #[arg(long)]
-        name: String,
-        #[arg(long, default_value = "")]
-        description: String,
-        #[arg(long, default_value = "")]
-        rules: String,
+        #[command(flatten)]
+        fields: PolicyFields,
     },
     /// Delete a policy by ID or name.
     Delete(IdOrName),
@@ -217,15 +247,6 @@ pub enum RoleAction {
     Delete(IdOrName),
     /// Every role.
     List,
-}
-
-/// `--rules @FILE` reads the file, as Consul's CLI does.
-fn rules_text(rules: String) -> anyhow::Result<String> {
-    match rules.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("reading rules from {path}: {e}")),
-        None => Ok(rules),
-    }
 }
 
 async fn send(
@@ -283,6 +304,21 @@ fn text(v: &Value) -> &str {
     v.as_str().unwrap_or_default()
 }
 
+/// The `Datacenters` list of a policy or service identity.
+fn datacenters(v: &Value) -> Vec<&str> {
+    v["Datacenters"]
+        .as_array()
+        .map(|d| d.iter().map(text).collect())
+        .unwrap_or_default()
+}
+
+/// The first lines of a policy or role.
+fn print_named(v: &Value) {
+    println!("ID:           {}", text(&v["ID"]));
+    println!("Name:         {}", text(&v["Name"]));
+    println!("Description:  {}", text(&v["Description"]));
+}
+
 fn print_links(title: &str, links: &Value) {
     if let Some(links) = links.as_array().filter(|l| !l.is_empty()) {
         println!("{title}:");
@@ -296,10 +332,7 @@ fn print_identities(v: &Value) {
     if let Some(ids) = v["ServiceIdentities"].as_array() {
         println!("Service Identities:");
         for s in ids {
-            let dcs: Vec<&str> = s["Datacenters"]
-                .as_array()
-                .map(|d| d.iter().map(text).collect())
-                .unwrap_or_default();
+            let dcs = datacenters(s);
             let dcs = if dcs.is_empty() {
                 "all".to_owned()
             } else {
@@ -335,14 +368,8 @@ fn print_token(t: &Value) {
 }
 
 fn print_policy(p: &Value) {
-    println!("ID:           {}", text(&p["ID"]));
-    println!("Name:         {}", text(&p["Name"]));
-    println!("Description:  {}", text(&p["Description"]));
-    let dcs: Vec<&str> = p["Datacenters"]
-        .as_array()
-        .map(|d| d.iter().map(text).collect())
-        .unwrap_or_default();
-    println!("Datacenters:  {}", dcs.join(", "));
+    print_named(p);
+    println!("Datacenters:  {}", datacenters(p).join(", "));
     if let Some(rules) = p["Rules"].as_str() {
         println!("Rules:");
         println!("{rules}");
@@ -350,9 +377,7 @@ fn print_policy(p: &Value) {
 }
 
 fn print_role(r: &Value) {
-    println!("ID:           {}", text(&r["ID"]));
-    println!("Name:         {}", text(&r["Name"]));
-    println!("Description:  {}", text(&r["Description"]));
+    print_named(r);
     print_links("Policies", &r["Policies"]);
     print_identities(r);
 }
@@ -391,23 +416,7 @@ pub async fn run(cmd: AclCommand) -> anyhow::Result<i32> {
 
 async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow::Result<()> {
     let result = match action {
-        TokenAction::Create {
-            description,
-            grants,
-            expires_ttl,
-            local,
-            secret,
-        } => {
-            let mut body = json!({ "Description": description, "Local": local });
-            grants.into_body(&mut body, true)?;
-            if let Some(ttl) = expires_ttl {
-                body["ExpirationTTL"] = ttl.into();
-            }
-            if let Some(secret) = secret {
-                body["SecretID"] = secret.into();
-            }
-            put(agent, "/v1/acl/token", body).await?
-        }
+        TokenAction::Create(new) => put(agent, "/v1/acl/token", new.into_body()?).await?,
         TokenAction::Read { id, self_ } => {
             let path = match id.filter(|_| !self_) {
                 Some(id) => format!("/v1/acl/token/{id}"),
@@ -420,8 +429,7 @@ async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow
             description,
             grants,
         } => {
-            let mut body = json!({ "Description": description });
-            grants.into_body(&mut body, true)?;
+            let body = grants.into_body(json!({ "Description": description }), true)?;
             put(agent, &format!("/v1/acl/token/{id}"), body).await?
         }
         TokenAction::Clone { id, description } => {
@@ -436,25 +444,10 @@ async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow
 
 async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyhow::Result<()> {
     let result = match action {
-        PolicyAction::Create {
-            name,
-            description,
-            rules,
-        } => {
-            let body =
-                json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
-            put(agent, "/v1/acl/policy", body).await?
-        }
+        PolicyAction::Create(fields) => put(agent, "/v1/acl/policy", fields.into_body()?).await?,
         PolicyAction::Read(which) => read(agent, "policy", which).await?,
-        PolicyAction::Update {
-            id,
-            name,
-            description,
-            rules,
-        } => {
-            let body =
-                json!({ "Name": name, "Description": description, "Rules": rules_text(rules)? });
-            put(agent, &format!("/v1/acl/policy/{id}"), body).await?
+        PolicyAction::Update { id, fields } => {
+            put(agent, &format!("/v1/acl/policy/{id}"), fields.into_body()?).await?
         }
         PolicyAction::Delete(which) => return delete_named(agent, "policy", which).await,
         PolicyAction::List => get(agent, "/v1/acl/policies").await?,
@@ -469,8 +462,8 @@ async fn role(agent: &AgentAddr, format: Format, action: RoleAction) -> anyhow::
             description,
             grants,
         } => {
-            let mut body = json!({ "Name": name, "Description": description });
-            grants.into_body(&mut body, false)?;
+            let body =
+                grants.into_body(json!({ "Name": name, "Description": description }), false)?;
             put(agent, "/v1/acl/role", body).await?
         }
         RoleAction::Read(which) => read(agent, "role", which).await?,

@@ -501,6 +501,15 @@ mod tests {
         book.refresh(me, now);
     }
 
+    /// A book, as `me` keeps it, that has seen `members` come up in that order.
+    fn seen_up(me: &Member, members: &[&Member]) -> MemberBook {
+        let mut book = MemberBook::new("dc1", RECLAIM);
+        for &member in members {
+            fold(&mut book, me, OwnedNotification::MemberUp(member.clone()));
+        }
+        book
+    }
+
     /// The rows named `name` in `book`'s member list, as (address, state).
     fn rows_of(book: &MemberBook, me: &Member, name: &str) -> Vec<(SocketAddr, MemberState)> {
         book.snapshot(me, MemberState::Alive)
@@ -514,13 +523,7 @@ mod tests {
     fn a_live_member_keeps_its_name_against_a_newcomer_elsewhere() {
         let me = id(9, 1);
         let (real, impostor) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1", RECLAIM);
-        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
-        fold(
-            &mut book,
-            &me,
-            OwnedNotification::MemberUp(impostor.clone()),
-        );
+        let mut book = seen_up(&me, &[&real, &impostor]);
         assert_eq!(book.rival(&impostor).map(|m| m.addr), Some(real.addr));
         assert_eq!(rows_of(&book, &me, "c1"), [(real.addr, MemberState::Alive)]);
 
@@ -545,13 +548,11 @@ mod tests {
     #[test]
     fn a_newcomer_with_a_taken_name_is_not_in_its_own_list() {
         let (real, me) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1", RECLAIM);
-        fold(&mut book, &me, OwnedNotification::MemberUp(real.clone()));
+        let book = seen_up(&me, &[&real]);
         assert_eq!(rows_of(&book, &me, "c1"), [(real.addr, MemberState::Alive)]);
         // The other way round, the older node keeps its own name.
         let (me, newcomer) = (real, named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1", RECLAIM);
-        fold(&mut book, &me, OwnedNotification::MemberUp(newcomer));
+        let book = seen_up(&me, &[&newcomer]);
         assert_eq!(rows_of(&book, &me, "c1"), [(me.addr, MemberState::Alive)]);
     }
 
@@ -559,20 +560,16 @@ mod tests {
     fn a_restart_elsewhere_takes_the_name_once_the_old_process_was_seen_down() {
         let me = id(9, 1);
         let (old, new) = (named(1, 10, "c1"), named(2, 20, "c1"));
-        let mut book = MemberBook::new("dc1", RECLAIM);
-        fold(&mut book, &me, OwnedNotification::MemberUp(old.clone()));
-        fold(&mut book, &me, OwnedNotification::MemberUp(new.clone()));
+        let mut book = seen_up(&me, &[&old, &new]);
         assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Alive)]);
 
         // The old process is declared down: its name is reported Failed (so the leader
         // invalidates its sessions) for the reclaim time before the new process takes it.
+        let down = |book: &mut MemberBook, member: &Member, at| {
+            fold_at(book, &me, OwnedNotification::MemberDown(member.clone()), at);
+        };
         let down_at = Duration::from_secs(3);
-        fold_at(
-            &mut book,
-            &me,
-            OwnedNotification::MemberDown(old.clone()),
-            down_at,
-        );
+        down(&mut book, &old, down_at);
         assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Failed)]);
         book.refresh(&me, down_at + RECLAIM - Duration::from_millis(1));
         assert_eq!(rows_of(&book, &me, "c1"), [(old.addr, MemberState::Failed)]);
@@ -583,12 +580,7 @@ mod tests {
 
         // Both held the name in turn: once both are down, the newer one speaks for it.
         let later = down_at + RECLAIM * 10;
-        fold_at(
-            &mut book,
-            &me,
-            OwnedNotification::MemberDown(new.clone()),
-            later,
-        );
+        down(&mut book, &new, later);
         assert_eq!(rows_of(&book, &me, "c1"), [(new.addr, MemberState::Failed)]);
         book.refresh(&me, later + RECLAIM);
         assert_eq!(rows_of(&book, &me, "c1"), [(new.addr, MemberState::Failed)]);

@@ -37,26 +37,30 @@ pub async fn sequencer(cx: Ctx) -> Result<Response, ApiError> {
         consistency: Consistency::Consistent,
         ..QueryOptions::default()
     };
-    let (verdict, meta) = match cx.params.get("lock") {
-        Some(lock) if !lock.is_empty() => {
-            cx.check(Resource::Key, Access::Read, lock)?;
-            let query = reads::LockSequencer {
-                name: lock.to_owned(),
-                token: number("token")?,
-                session,
-            };
-            cx.state.backend.read(opts, query).await?
-        }
-        _ => {
-            let key = required("key")?;
-            cx.check(Resource::Key, Access::Read, key)?;
-            let query = reads::Sequencer {
-                key: key.to_owned(),
-                lock_index: number("lock-index")?,
-                session,
-            };
-            cx.state.backend.read(opts, query).await?
-        }
+    // A native lock's name, else the key; either is read under the key ACL.
+    let lock = cx.params.get("lock").filter(|l| !l.is_empty());
+    let name = match lock {
+        Some(lock) => lock,
+        None => required("key")?,
+    };
+    cx.check(Resource::Key, Access::Read, name)?;
+    let name = name.to_owned();
+    let (verdict, meta) = if lock.is_some() {
+        let token = number("token")?;
+        let query = reads::LockSequencer {
+            name,
+            token,
+            session,
+        };
+        cx.state.backend.read(opts, query).await?
+    } else {
+        let lock_index = number("lock-index")?;
+        let query = reads::Sequencer {
+            key: name,
+            lock_index,
+            session,
+        };
+        cx.state.backend.read(opts, query).await?
     };
     let body = match verdict {
         Ok(()) => json_value!({ "Valid": true }),

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use integration_tests::{Agent, binary, eventually};
+use integration_tests::{Agent, binary, eventually, python_with_py_consul};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::process::Command;
 
@@ -124,23 +124,7 @@ async fn curl(url: &str, args: &[&Path], flags: &[&str]) -> Output {
 
 /// Runs a py-consul snippet; `Ok(stdout)` or `Err(stderr)`.
 async fn py_consul(code: &str, args: &[&str]) -> Result<String, String> {
-    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let pydeps = workspace.join("target/pydeps");
-    assert!(
-        pydeps.join("consul").is_dir(),
-        "py-consul is missing: run scripts/install-test-deps.sh"
-    );
-    let output = tokio::time::timeout(
-        PROMPT,
-        Command::new("python3")
-            .args(["-c", code])
-            .args(args)
-            .env("PYTHONPATH", &pydeps)
-            .output(),
-    )
-    .await
-    .expect("python finished in time")
-    .expect("run python3");
+    let output = python_with_py_consul(&[&["-c", code], args].concat(), PROMPT).await;
     if output.status.success() {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {

@@ -16,6 +16,10 @@ use tokio::net::TcpListener;
 
 use crate::common::{assert_error, assert_error_containing, config_file, refused_config};
 
+/// Consul's answer to a service ID this agent does not have.
+const UNKNOWN_SERVICE: &str =
+    "Unknown service ID \"ghost\". Ensure that the service ID is passed, not the service name.";
+
 /// Long enough for an interval check's stagger, a run and the sync to the catalog.
 const SETTLE: Duration = Duration::from_secs(15);
 
@@ -59,6 +63,12 @@ async fn wait_status(agent: &Agent, id: &str, status: &str) -> Value {
             .filter(|c| c["Status"] == status)
     })
     .await
+}
+
+/// Registers the TTL check `name`, passing until its `ttl` runs out.
+async fn passing_ttl_check(agent: &Agent, name: &str, ttl: &str) {
+    let body = json!({"Name": name, "TTL": ttl, "Status": "passing"});
+    put_ok(agent, "/v1/agent/check/register", body).await;
 }
 
 /// A session bound to `serfHealth` and `check`, with no lock-delay so a released key is free.
@@ -513,16 +523,15 @@ async fn registration_errors_use_consul_texts() {
         StatusCode::BAD_REQUEST,
         "Status for checks must 'passing', 'warning', 'critical'",
     );
-    assert_error(
-        &agent.put("/v1/agent/service/deregister/ghost", "").await,
-        StatusCode::NOT_FOUND,
-        "Unknown service ID \"ghost\". Ensure that the service ID is passed, not the service name.",
-    );
-    assert_error(
-        &agent.put("/v1/agent/check/deregister/ghost", "").await,
-        StatusCode::NOT_FOUND,
-        "Unknown check ID \"ghost\". Ensure that the check ID is passed, not the check name.",
-    );
+    for (path, message) in [
+        ("/v1/agent/service/deregister/ghost", UNKNOWN_SERVICE),
+        (
+            "/v1/agent/check/deregister/ghost",
+            "Unknown check ID \"ghost\". Ensure that the check ID is passed, not the check name.",
+        ),
+    ] {
+        assert_error(&agent.put(path, "").await, StatusCode::NOT_FOUND, message);
+    }
     assert_error(
         &agent.get("/v1/agent/service/ghost").await,
         StatusCode::NOT_FOUND,
@@ -605,21 +614,31 @@ async fn service_with_several_checks() {
     assert_eq!(agent.get("/v1/catalog/service/web").await.json(), json!([]));
 }
 
+/// Turns maintenance on through `path` and returns the check `id` it adds.
+async fn enable_maintenance(agent: &Agent, path: &str, id: &str) -> Value {
+    put_ok(agent, path, json!(null)).await;
+    agent_check(agent, id).await.expect("maintenance check")
+}
+
+/// Turns maintenance off through `path`: its check `id` leaves the agent and the catalog.
+async fn disable_maintenance(agent: &Agent, path: &str, id: &str) {
+    put_ok(agent, path, json!(null)).await;
+    assert!(agent_check(agent, id).await.is_none(), "{id}");
+    assert!(catalog_check(agent, id).await.is_none(), "{id}");
+}
+
 #[tokio::test]
 async fn maintenance_mode_adds_and_removes_its_check() {
     let agent = Agent::dev().await;
     put_ok(&agent, "/v1/agent/service/register", json!({"Name": "db"})).await;
 
     // Node maintenance: a critical _node_maintenance check with the reason as its notes.
-    put_ok(
+    let check = enable_maintenance(
         &agent,
         "/v1/agent/maintenance?enable=true&reason=patching",
-        json!(null),
+        "_node_maintenance",
     )
     .await;
-    let check = agent_check(&agent, "_node_maintenance")
-        .await
-        .expect("maintenance check");
     assert_eq!(check["Name"], "Node Maintenance Mode");
     assert_eq!(check["Status"], "critical");
     assert_eq!(check["Notes"], "patching");
@@ -634,20 +653,20 @@ async fn maintenance_mode_adds_and_removes_its_check() {
         .await;
     let critical = "is in critical state";
     assert_error_containing(&refused, StatusCode::INTERNAL_SERVER_ERROR, critical);
-    put_ok(&agent, "/v1/agent/maintenance?enable=false", json!(null)).await;
-    assert!(agent_check(&agent, "_node_maintenance").await.is_none());
-    assert!(catalog_check(&agent, "_node_maintenance").await.is_none());
-
-    // Service maintenance, with Consul's default reason.
-    put_ok(
+    disable_maintenance(
         &agent,
-        "/v1/agent/service/maintenance/db?enable=true",
-        json!(null),
+        "/v1/agent/maintenance?enable=false",
+        "_node_maintenance",
     )
     .await;
-    let check = agent_check(&agent, "_service_maintenance:db")
-        .await
-        .expect("maintenance check");
+
+    // Service maintenance, with Consul's default reason.
+    let check = enable_maintenance(
+        &agent,
+        "/v1/agent/service/maintenance/db?enable=true",
+        "_service_maintenance:db",
+    )
+    .await;
     assert_eq!(check["Name"], "Service Maintenance Mode");
     assert_eq!(check["ServiceID"], "db");
     assert_eq!(
@@ -660,52 +679,36 @@ async fn maintenance_mode_adds_and_removes_its_check() {
         json!([]),
         "an instance in maintenance is not passing"
     );
-    put_ok(
+    disable_maintenance(
         &agent,
         "/v1/agent/service/maintenance/db?enable=false",
-        json!(null),
+        "_service_maintenance:db",
     )
     .await;
-    assert!(
-        agent_check(&agent, "_service_maintenance:db")
-            .await
-            .is_none()
-    );
-    assert!(
-        catalog_check(&agent, "_service_maintenance:db")
-            .await
-            .is_none()
-    );
 
     // Errors.
-    assert_error(
-        &agent.put("/v1/agent/maintenance", "").await,
-        StatusCode::BAD_REQUEST,
-        "Missing value for enable",
-    );
-    assert_error(
-        &agent.put("/v1/agent/maintenance?enable=maybe", "").await,
-        StatusCode::BAD_REQUEST,
-        "Invalid value for enable: \"maybe\"",
-    );
-    assert_error(
-        &agent
-            .put("/v1/agent/service/maintenance/ghost?enable=true", "")
-            .await,
-        StatusCode::NOT_FOUND,
-        "Unknown service ID \"ghost\". Ensure that the service ID is passed, not the service name.",
-    );
+    let bad = StatusCode::BAD_REQUEST;
+    for (path, status, message) in [
+        ("/v1/agent/maintenance", bad, "Missing value for enable"),
+        (
+            "/v1/agent/maintenance?enable=maybe",
+            bad,
+            "Invalid value for enable: \"maybe\"",
+        ),
+        (
+            "/v1/agent/service/maintenance/ghost?enable=true",
+            StatusCode::NOT_FOUND,
+            UNKNOWN_SERVICE,
+        ),
+    ] {
+        assert_error(&agent.put(path, "").await, status, message);
+    }
 }
 
 #[tokio::test]
 async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
     let agent = Agent::dev().await;
-    put_ok(
-        &agent,
-        "/v1/agent/check/register",
-        json!({"Name": "lease", "TTL": "2s", "Status": "passing"}),
-    )
-    .await;
+    passing_ttl_check(&agent, "lease", "2s").await;
 
     // Hold a lock with a session bound to the TTL check.
     let session = bound_session(&agent, "lease").await;
@@ -728,12 +731,7 @@ async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
     // Passing again does not bring the session back; a warning never invalidates.
     put_ok(&agent, "/v1/agent/check/pass/lease", json!(null)).await;
     assert!(!agent.session_exists(&session).await);
-    put_ok(
-        &agent,
-        "/v1/agent/check/register",
-        json!({"Name": "steady", "TTL": "1m", "Status": "passing"}),
-    )
-    .await;
+    passing_ttl_check(&agent, "steady", "1m").await;
     let survivor = bound_session(&agent, "steady").await;
     put_ok(&agent, "/v1/agent/check/warn/steady", json!(null)).await;
     assert!(
@@ -748,12 +746,7 @@ async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
 #[tokio::test]
 async fn check_deregistration_invalidates_bound_sessions() {
     let agent = Agent::dev().await;
-    put_ok(
-        &agent,
-        "/v1/agent/check/register",
-        json!({"Name": "guard", "TTL": "1m", "Status": "passing"}),
-    )
-    .await;
+    passing_ttl_check(&agent, "guard", "1m").await;
     let session = bound_session(&agent, "guard").await;
     agent.acquire_ok("guarded", &session).await;
 
@@ -791,12 +784,7 @@ async fn anti_entropy_repairs_the_catalog() {
         json!({"Name": "cache", "Port": 6379, "Check": {"TTL": "1m", "Status": "passing"}}),
     )
     .await;
-    put_ok(
-        &agent,
-        "/v1/agent/check/register",
-        json!({"Name": "disk", "TTL": "1m", "Status": "passing"}),
-    )
-    .await;
+    passing_ttl_check(&agent, "disk", "1m").await;
 
     // A check deleted behind the agent's back comes back with the next full sync.
     let reply = agent

@@ -18,9 +18,11 @@ use integration_tests::{Agent, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_shared::client::{
-    Client, FairMutex, Held, KvFairMutex, KvFairOptions, Lock, LockOptions, QueueOptions,
+    Client, ClientError, FairMutex, Held, KvFairMutex, KvFairOptions, Lock, LockOptions,
+    QueueOptions,
 };
 
 /// A change made through the API must be on screen within this, with no reload.
@@ -182,6 +184,19 @@ impl Browser {
         .await;
     }
 
+    /// Types `token` into the header's token form and submits it.
+    async fn use_token(&self, token: &str) {
+        self.click(".token summary").await;
+        self.driver
+            .find(Locator::Css("#token"))
+            .await
+            .expect("the token field")
+            .send_keys(token)
+            .await
+            .expect("type the token");
+        self.click("#token-form button[type=submit]").await;
+    }
+
     async fn screenshot(&self, name: &str) {
         let png = self.driver.screenshot().await.expect("take a screenshot");
         let path = screenshot_dir().join(format!("{name}.png"));
@@ -211,6 +226,22 @@ fn queued(client: &Client, name: &str, session_name: &str) -> FairMutex {
     let mut opts = QueueOptions::new(name);
     opts.session_name = session_name.to_owned();
     FairMutex::new(client, opts).expect("queue options")
+}
+
+/// `names[0]` takes the lock through `acquire`; the other names then start waiting behind it.
+async fn contend<F>(
+    names: [&str; 3],
+    acquire: impl Fn(&str) -> F,
+) -> (Held, Vec<JoinHandle<Result<Held, ClientError>>>)
+where
+    F: Future<Output = Result<Held, ClientError>> + Send + 'static,
+{
+    let holder = acquire(names[0]).await.expect("the first contender holds");
+    let waiters = names[1..]
+        .iter()
+        .map(|name| tokio::spawn(acquire(name)))
+        .collect();
+    (holder, waiters)
 }
 
 /// Sessions of `css` rows, in order.
@@ -280,17 +311,12 @@ async fn scenario(agent: &Agent, browser: &Browser) {
 
     // Phase 4: a server-side lock queue shows its holder and its waiters in queue order.
     let compact = "jobs/compact";
-    let compactor = queued(&client, compact, "compactor-a")
-        .acquire()
-        .await
-        .expect("queue holder");
-    let queue_waiters: Vec<_> = ["compactor-b", "compactor-c"]
-        .into_iter()
-        .map(|name| {
+    let (compactor, queue_waiters) =
+        contend(["compactor-a", "compactor-b", "compactor-c"], |name| {
             let contender = queued(&client, compact, name);
-            tokio::spawn(async move { contender.acquire().await })
+            async move { contender.acquire().await }
         })
-        .collect();
+        .await;
     let queue_order: Vec<String> = eventually(SLOW, "two queued waiters", || async {
         let report = client.vigil_locks(compact).await.ok()?;
         let queue = &report["Queues"][0];
@@ -307,25 +333,15 @@ async fn scenario(agent: &Agent, browser: &Browser) {
     .await;
     assert_eq!(queue_order[0], compactor.session());
     let queue_section = format!("section[data-queue=\"{compact}\"]");
-    let waiters = eventually(LIVE, "the lock queue on the locks page", || {
-        queue_shown(browser, &queue_section, &queue_order)
-    })
-    .await;
-    assert_positions(&waiters);
+    assert_queue_on_page(browser, "the lock queue", &queue_section, &queue_order).await;
 
     // Phase 5: KV fair-mutex contenders show in CreateIndex order under their holder.
     let reindex = "jobs/reindex";
-    let owner = kv_fair(&client, reindex, "reindexer-a")
-        .acquire()
-        .await
-        .expect("fair owner");
-    let fair_waiters: Vec<_> = ["reindexer-b", "reindexer-c"]
-        .into_iter()
-        .map(|name| {
-            let contender = kv_fair(&client, reindex, name);
-            tokio::spawn(async move { contender.acquire().await })
-        })
-        .collect();
+    let (owner, fair_waiters) = contend(["reindexer-a", "reindexer-b", "reindexer-c"], |name| {
+        let contender = kv_fair(&client, reindex, name);
+        async move { contender.acquire().await }
+    })
+    .await;
     let order: Vec<String> = eventually(SLOW, "two fair-mutex waiters", || async {
         let report = client.vigil_locks(reindex).await.ok()?;
         let queue = report["FairQueues"][0]["Queue"].as_array()?.clone();
@@ -334,11 +350,7 @@ async fn scenario(agent: &Agent, browser: &Browser) {
     .await;
     assert_eq!(order[0], owner.session());
     let fair_section = format!("section[data-fair=\"{reindex}\"]");
-    let waiters = eventually(LIVE, "the fair queue on the locks page", || {
-        queue_shown(browser, &fair_section, &order)
-    })
-    .await;
-    assert_positions(&waiters);
+    assert_queue_on_page(browser, "the fair queue", &fair_section, &order).await;
     browser.screenshot("locks").await;
 
     // Phase 6: the sessions page lists the holder; destroying it there releases its lock.
@@ -446,16 +458,7 @@ async fn scenario(agent: &Agent, browser: &Browser) {
     assert_eq!(raw.text(), edited);
 
     // Phase 10: an ACL token typed in the header stays in this tab only.
-    browser.click(".token summary").await;
-    browser
-        .driver
-        .find(Locator::Css("#token"))
-        .await
-        .expect("the token field")
-        .send_keys("a-token-for-this-tab")
-        .await
-        .expect("type the token");
-    browser.click("#token-form button[type=submit]").await;
+    browser.use_token("a-token-for-this-tab").await;
     let stored = browser
         .driver
         .execute(
@@ -542,16 +545,7 @@ async fn the_ui_shows_what_its_token_may_read_and_the_servers_refusals() {
         assert!(text.contains("Nothing is locked"), "{text}");
 
         // With the app's token, app/lock shows and other/lock does not.
-        browser.click(".token summary").await;
-        browser
-            .driver
-            .find(Locator::Css("#token"))
-            .await
-            .expect("the token field")
-            .send_keys(&secret)
-            .await
-            .expect("type the token");
-        browser.click("#token-form button[type=submit]").await;
+        browser.use_token(&secret).await;
         browser.rendered("locks").await;
         eventually(SLOW, "app/lock on the locks page", || async {
             let rows = browser.rows("tr[data-key=\"app/lock\"]").await;
@@ -611,8 +605,13 @@ async fn queue_shown(
     (sessions(&holders) == order[..1] && sessions(&waiters) == order[1..]).then_some(waiters)
 }
 
-/// Waiter rows start with their position: 1, 2, …
-fn assert_positions(waiters: &[(String, String)]) {
+/// Waits (within [`LIVE`]) for `section` of the locks page to show `order`, then checks that
+/// each waiter row starts with its position: 1, 2, …
+async fn assert_queue_on_page(browser: &Browser, what: &str, section: &str, order: &[String]) {
+    let waiters = eventually(LIVE, &format!("{what} on the locks page"), || {
+        queue_shown(browser, section, order)
+    })
+    .await;
     for (i, (_, text)) in waiters.iter().enumerate() {
         let position = (i + 1).to_string();
         assert!(text.starts_with(&position), "waiter {position}: {text}");

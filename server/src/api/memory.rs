@@ -23,10 +23,10 @@ use tokio_util::sync::CancellationToken;
 use vigil_shared::SESSION_TTL_MULTIPLIER;
 use vigil_shared::lock::LockOp;
 use vigil_shared::rpc::ServerError;
-use vigil_shared::rpc::{Command, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response};
+use vigil_shared::rpc::{Command, Op, QueryMeta, QueryOptions, ReadQuery, Response};
 use vigil_shared::session::{Session, check_ttl};
 
-use super::ServerApi;
+use super::{QueryFuture, ServerApi};
 use crate::leader::{LockDelayTimers, SessionTimers, session_ttl};
 use crate::operator::{
     self, AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef, ServerHealth,
@@ -228,11 +228,7 @@ impl ServerApi for MemoryServer {
         })
     }
 
-    fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         Box::pin(async move {
             let read = |q: &ReadQuery| {
                 let state = self.core.state.lock();

@@ -22,6 +22,9 @@ use crate::Server;
 use crate::operator::{self, OperatorError, OperatorReply, OperatorRequest};
 use crate::rpc::StatusInfo;
 
+/// A read's answer: the result, and the index and leader it was read at.
+pub type QueryFuture<'a> = BoxFuture<'a, Result<(QueryResult, QueryMeta), ServerError>>;
+
 /// What an agent asks of the servers, one attempt per call. Object safe (boxed futures), so an
 /// agent holds any of them behind one `Arc<dyn ServerApi>`.
 pub trait ServerApi: Send + Sync {
@@ -30,18 +33,11 @@ pub trait ServerApi: Send + Sync {
 
     /// Answers a read in `opts.consistency`, blocking while the answer's index is not above
     /// `opts.min_index`, for `opts.wait_ms` at most.
-    fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>>;
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_>;
 
     /// The query answered at once from a server's own state, without asking a leader: the
     /// fallback of a blocking query whose servers are electing one. By default a stale query.
-    fn stale_read(
-        &self,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn stale_read(&self, query: ReadQuery) -> QueryFuture<'_> {
         let opts = QueryOptions {
             consistency: Consistency::Stale,
             min_index: 0,
@@ -71,11 +67,7 @@ impl ServerApi for Server {
         Box::pin(Server::write(self, op))
     }
 
-    fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> BoxFuture<'_, Result<(QueryResult, QueryMeta), ServerError>> {
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         Box::pin(Server::query(self, opts, query))
     }
 

@@ -17,31 +17,35 @@ pub trait Operation: Into<OperatorRequest> {
     fn output(reply: OperatorReply) -> Result<Self::Output, OperatorReply>;
 }
 
-/// `Done`, the answer of a request that only succeeds or fails.
-fn done(reply: OperatorReply) -> Result<(), OperatorReply> {
-    match reply {
-        OperatorReply::Done => Ok(()),
-        other => Err(other),
-    }
+/// For each operation: the request it travels as, and the reply that answers it (`Done` for
+/// a request that only succeeds or fails).
+macro_rules! operations {
+    ($(
+        $name:ident: $fields:pat => $request:expr,
+            answers $output:ty: $reply:pat => $answer:expr;
+    )*) => {$(
+        impl From<$name> for OperatorRequest {
+            fn from($fields: $name) -> OperatorRequest {
+                $request
+            }
+        }
+
+        impl Operation for $name {
+            type Output = $output;
+
+            fn output(reply: OperatorReply) -> Result<$output, OperatorReply> {
+                match reply {
+                    $reply => Ok($answer),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
 }
 
 /// Removes a server from the raft configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemovePeer(pub PeerRef);
-
-impl From<RemovePeer> for OperatorRequest {
-    fn from(RemovePeer(peer): RemovePeer) -> OperatorRequest {
-        OperatorRequest::RemovePeer(peer)
-    }
-}
-
-impl Operation for RemovePeer {
-    type Output = ();
-
-    fn output(reply: OperatorReply) -> Result<(), OperatorReply> {
-        done(reply)
-    }
-}
 
 /// Hands leadership to `to`, or with `None` to the most caught-up voter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,40 +53,9 @@ pub struct TransferLeader {
     pub to: Option<NodeId>,
 }
 
-impl From<TransferLeader> for OperatorRequest {
-    fn from(TransferLeader { to }: TransferLeader) -> OperatorRequest {
-        OperatorRequest::TransferLeader { to }
-    }
-}
-
-impl Operation for TransferLeader {
-    type Output = ();
-
-    fn output(reply: OperatorReply) -> Result<(), OperatorReply> {
-        done(reply)
-    }
-}
-
 /// Autopilot's view of the servers' health.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Health;
-
-impl From<Health> for OperatorRequest {
-    fn from(Health: Health) -> OperatorRequest {
-        OperatorRequest::AutopilotHealth
-    }
-}
-
-impl Operation for Health {
-    type Output = AutopilotHealth;
-
-    fn output(reply: OperatorReply) -> Result<AutopilotHealth, OperatorReply> {
-        match reply {
-            OperatorReply::Health(health) => Ok(health),
-            other => Err(other),
-        }
-    }
-}
 
 /// The leader's whole state as a snapshot archive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,61 +68,13 @@ pub struct Saved {
     pub archive: Vec<u8>,
 }
 
-impl From<SaveSnapshot> for OperatorRequest {
-    fn from(SaveSnapshot: SaveSnapshot) -> OperatorRequest {
-        OperatorRequest::SnapshotSave
-    }
-}
-
-impl Operation for SaveSnapshot {
-    type Output = Saved;
-
-    fn output(reply: OperatorReply) -> Result<Saved, OperatorReply> {
-        match reply {
-            OperatorReply::Snapshot { index, archive } => Ok(Saved { index, archive }),
-            other => Err(other),
-        }
-    }
-}
-
 /// Replaces the state with a snapshot archive's, through raft.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoreSnapshot(pub Vec<u8>);
 
-impl From<RestoreSnapshot> for OperatorRequest {
-    fn from(RestoreSnapshot(archive): RestoreSnapshot) -> OperatorRequest {
-        OperatorRequest::SnapshotRestore(archive)
-    }
-}
-
-impl Operation for RestoreSnapshot {
-    type Output = ();
-
-    fn output(reply: OperatorReply) -> Result<(), OperatorReply> {
-        done(reply)
-    }
-}
-
 /// Autopilot's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GetAutopilot;
-
-impl From<GetAutopilot> for OperatorRequest {
-    fn from(GetAutopilot: GetAutopilot) -> OperatorRequest {
-        OperatorRequest::AutopilotGet
-    }
-}
-
-impl Operation for GetAutopilot {
-    type Output = AutopilotConfig;
-
-    fn output(reply: OperatorReply) -> Result<AutopilotConfig, OperatorReply> {
-        match reply {
-            OperatorReply::Autopilot(config) => Ok(config),
-            other => Err(other),
-        }
-    }
-}
 
 /// Replaces autopilot's settings; with `cas`, only if it is their `modify_index`. Answers
 /// whether they were replaced.
@@ -159,19 +84,19 @@ pub struct SetAutopilot {
     pub cas: Option<u64>,
 }
 
-impl From<SetAutopilot> for OperatorRequest {
-    fn from(SetAutopilot { config, cas }: SetAutopilot) -> OperatorRequest {
-        OperatorRequest::AutopilotSet { config, cas }
-    }
-}
-
-impl Operation for SetAutopilot {
-    type Output = bool;
-
-    fn output(reply: OperatorReply) -> Result<bool, OperatorReply> {
-        match reply {
-            OperatorReply::Applied(applied) => Ok(applied),
-            other => Err(other),
-        }
-    }
+operations! {
+    RemovePeer: RemovePeer(peer) => OperatorRequest::RemovePeer(peer),
+        answers (): OperatorReply::Done => ();
+    TransferLeader: TransferLeader { to } => OperatorRequest::TransferLeader { to },
+        answers (): OperatorReply::Done => ();
+    Health: Health => OperatorRequest::AutopilotHealth,
+        answers AutopilotHealth: OperatorReply::Health(health) => health;
+    SaveSnapshot: SaveSnapshot => OperatorRequest::SnapshotSave,
+        answers Saved: OperatorReply::Snapshot { index, archive } => Saved { index, archive };
+    RestoreSnapshot: RestoreSnapshot(archive) => OperatorRequest::SnapshotRestore(archive),
+        answers (): OperatorReply::Done => ();
+    GetAutopilot: GetAutopilot => OperatorRequest::AutopilotGet,
+        answers AutopilotConfig: OperatorReply::Autopilot(config) => config;
+    SetAutopilot: SetAutopilot { config, cas } => OperatorRequest::AutopilotSet { config, cas },
+        answers bool: OperatorReply::Applied(applied) => applied;
 }

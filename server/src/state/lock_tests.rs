@@ -33,10 +33,23 @@ fn acquire_as(
     }
 }
 
+/// A blocking acquire at `T0` that must not be refused.
+fn acquire_in(
+    sm: &mut StateMachine,
+    index: u64,
+    s: &str,
+    mode: LockMode,
+    limit: u32,
+) -> LockOutcome {
+    acquire_as(sm, index, T0, s, mode, limit, false).0.unwrap()
+}
+
 fn acquire(sm: &mut StateMachine, index: u64, s: &str) -> LockOutcome {
-    acquire_as(sm, index, T0, s, LockMode::Exclusive, 1, false)
-        .0
-        .unwrap()
+    acquire_in(sm, index, s, LockMode::Exclusive, 1)
+}
+
+fn acquire_shared(sm: &mut StateMachine, index: u64, s: &str) -> LockOutcome {
+    acquire_in(sm, index, s, LockMode::Shared, 1)
 }
 
 fn release(sm: &mut StateMachine, index: u64, s: &str) -> (LockOutcome, super::Effects) {
@@ -78,6 +91,15 @@ fn four_sessions() -> StateMachine {
     for (i, s) in [S1, S2, S3, S4].into_iter().enumerate() {
         create_session(&mut sm, 3 + i as u64, session(s, N1));
     }
+    sm
+}
+
+/// [`four_sessions`] with S1 holding the lock (index 10), S2 and S3 queued behind it (11, 12).
+fn one_holder_two_waiters() -> StateMachine {
+    let mut sm = four_sessions();
+    acquire(&mut sm, 10, S1);
+    acquire(&mut sm, 11, S2);
+    acquire(&mut sm, 12, S3);
     sm
 }
 
@@ -173,10 +195,7 @@ fn a_release_by_someone_else_changes_nothing() {
 
 #[test]
 fn a_waiter_leaving_the_queue_wakes_only_itself() {
-    let mut sm = four_sessions();
-    acquire(&mut sm, 10, S1);
-    acquire(&mut sm, 11, S2);
-    acquire(&mut sm, 12, S3);
+    let mut sm = one_holder_two_waiters();
     let (outcome, fx) = release(&mut sm, 13, S2);
     assert_eq!(
         outcome,
@@ -210,9 +229,7 @@ fn refusals_change_nothing() {
     assert_eq!(outcome, Err(ApplyError::LockSession(unknown.to_owned())));
     assert!(sm.locks().get(L).is_none());
 
-    acquire_as(&mut sm, 11, T0, S1, LockMode::Exclusive, 2, false)
-        .0
-        .unwrap();
+    acquire_in(&mut sm, 11, S1, LockMode::Exclusive, 2);
     let (outcome, _) = acquire_as(&mut sm, 12, T0, S2, LockMode::Exclusive, 3, false);
     assert_eq!(
         outcome,
@@ -224,13 +241,14 @@ fn refusals_change_nothing() {
 #[test]
 fn readers_share_and_a_waiting_writer_holds_back_later_readers() {
     let mut sm = four_sessions();
-    let shared = |sm: &mut StateMachine, index, s| {
-        acquire_as(sm, index, T0, s, LockMode::Shared, 1, false)
-            .0
-            .unwrap()
-    };
-    assert_eq!(shared(&mut sm, 10, S1), LockOutcome::Held { token: 10 });
-    assert_eq!(shared(&mut sm, 11, S2), LockOutcome::Held { token: 11 });
+    assert_eq!(
+        acquire_shared(&mut sm, 10, S1),
+        LockOutcome::Held { token: 10 }
+    );
+    assert_eq!(
+        acquire_shared(&mut sm, 11, S2),
+        LockOutcome::Held { token: 11 }
+    );
     // A writer waits for the readers ahead of it...
     assert!(matches!(
         acquire(&mut sm, 12, S3),
@@ -238,7 +256,7 @@ fn readers_share_and_a_waiting_writer_holds_back_later_readers() {
     ));
     // ...and a reader behind the waiting writer waits too: no writer starvation.
     assert!(matches!(
-        shared(&mut sm, 13, S4),
+        acquire_shared(&mut sm, 13, S4),
         LockOutcome::Queued { position: 2, .. }
     ));
     release(&mut sm, 14, S1);
@@ -255,9 +273,7 @@ fn a_released_writer_lets_every_reader_in_at_once() {
     let mut sm = four_sessions();
     acquire(&mut sm, 10, S1);
     for (i, s) in [S2, S3, S4].into_iter().enumerate() {
-        acquire_as(&mut sm, 11 + i as u64, T0, s, LockMode::Shared, 1, false)
-            .0
-            .unwrap();
+        acquire_shared(&mut sm, 11 + i as u64, s);
     }
     let (_, fx) = release(&mut sm, 20, S1);
     assert_eq!(fx.locks.standings, vec![pair(S2), pair(S3), pair(S4)]);
@@ -272,20 +288,14 @@ fn a_released_writer_lets_every_reader_in_at_once() {
     );
     // The next entry's grant continues above them, whatever its raft index.
     release(&mut sm, 21, S2);
-    acquire_as(&mut sm, 22, T0, S2, LockMode::Shared, 1, false)
-        .0
-        .unwrap();
+    acquire_shared(&mut sm, 22, S2);
     assert_eq!(sm.locks().get(L).unwrap().token, 23);
 }
 
 #[test]
 fn a_semaphore_grants_up_to_its_limit() {
     let mut sm = four_sessions();
-    let sem = |sm: &mut StateMachine, index, s| {
-        acquire_as(sm, index, T0, s, LockMode::Exclusive, 2, false)
-            .0
-            .unwrap()
-    };
+    let sem = |sm: &mut StateMachine, index, s| acquire_in(sm, index, s, LockMode::Exclusive, 2);
     assert!(matches!(sem(&mut sm, 10, S1), LockOutcome::Held { .. }));
     assert!(matches!(sem(&mut sm, 11, S2), LockOutcome::Held { .. }));
     assert!(matches!(sem(&mut sm, 12, S3), LockOutcome::Queued { .. }));
@@ -325,10 +335,7 @@ fn an_invalidated_holder_arms_lock_delay_and_the_wake_grants_the_next() {
 
 #[test]
 fn an_invalidated_waiter_leaves_the_queue() {
-    let mut sm = four_sessions();
-    acquire(&mut sm, 10, S1);
-    acquire(&mut sm, 11, S2);
-    acquire(&mut sm, 12, S3);
+    let mut sm = one_holder_two_waiters();
     let fx = destroy_at(&mut sm, 13, T0, S2);
     assert_eq!(fx.locks.standings, vec![pair(S2)]);
     assert!(fx.locks.delays.is_empty());
