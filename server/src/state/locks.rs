@@ -292,13 +292,10 @@ impl LockTable {
                 continue;
             };
             let (held, queued) = remove(lock, session);
-            if held {
-                if delay_ms > 0 {
-                    lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
-                }
-                fx.standings.push((name.clone(), session.to_owned()));
+            if held && delay_ms > 0 {
+                lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
             }
-            self.after_leaving(&name, session, queued, index, now_ms, fx);
+            self.after_leaving(&name, session, held || queued, index, now_ms, fx);
             self.drop_if_idle(&name, now_ms);
         }
     }
@@ -310,13 +307,14 @@ impl LockTable {
         });
     }
 
-    /// After `session` left lock `name` (`queued`: it was waiting, and is told it no longer
-    /// is): grants whoever is now due and marks the lock changed at `index`.
+    /// After `session` left lock `name` (`tell`: its standing change is reported, since it did
+    /// not ask itself: a waiter taken out of the queue, or any contender whose session was
+    /// invalidated): grants whoever is now due and marks the lock changed at `index`.
     fn after_leaving(
         &mut self,
         name: &str,
         session: &str,
-        queued: bool,
+        tell: bool,
         index: u64,
         now_ms: u64,
         fx: &mut LockEffects,
@@ -324,7 +322,7 @@ impl LockTable {
         let Some(lock) = self.locks.get_mut(name) else {
             return;
         };
-        if queued {
+        if tell {
             fx.standings.push((name.to_owned(), session.to_owned()));
         }
         promote(lock, &mut self.last_token, index, now_ms, fx);
