@@ -25,8 +25,8 @@ pub fn wall_ms() -> u64 {
 pub const MAX_COMMAND_BYTES: usize = 2 * 1024 * 1024;
 
 /// Raft entries a proposer keeps in flight at once. What arrives meanwhile waits and goes
-/// into the next entry: openraft 0.9 appends (and fsyncs) one entry at a time, so one entry
-/// carrying many ops is what lets concurrent writers share an fsync and a round trip.
+/// into the next entry: every entry costs a pass through openraft's core, a replication round
+/// and an apply, so one entry carrying many ops is what lets concurrent writers share them.
 const MAX_IN_FLIGHT: usize = 2;
 /// Most ops in one entry.
 const MAX_BATCH_OPS: usize = 512;
