@@ -189,7 +189,8 @@ fn unseal(data: &[u8]) -> Result<StateMachine, SnapshotDataError> {
 /// What `snapshot.bin` holds after its format byte (postcard).
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
-    /// Snapshots built so far, so snapshot ids stay unique across restarts.
+    /// Unused since openraft 0.10 dropped snapshot ids (it numbered them); written as 0 so the
+    /// file keeps its layout and older files still read.
     seq: u64,
     meta: Meta,
     /// Postcard of the [`StateMachine`], exactly as sent to followers.
@@ -286,7 +287,6 @@ struct RaftMeta {
     last_applied: Option<LogId>,
     membership: StoredMembership,
     snapshot: Option<StoredSnapshot>,
-    snapshot_seq: u64,
 }
 
 /// openraft's view of the state machine. Cloning shares everything.
@@ -296,10 +296,6 @@ pub struct StateStore {
     meta: Arc<Mutex<RaftMeta>>,
     /// `None` for `--dev`: snapshots then live only in memory.
     disk: Option<Arc<SnapshotDir>>,
-}
-
-fn io_err(e: impl std::error::Error + Send + Sync + 'static) -> io::Error {
-    io::Error::other(e)
 }
 
 impl StateStore {
@@ -344,7 +340,6 @@ impl StateStore {
             meta = RaftMeta {
                 last_applied: file.meta.last_log_id,
                 membership: file.meta.last_membership.clone(),
-                snapshot_seq: file.seq,
                 snapshot: Some(StoredSnapshot {
                     meta: file.meta,
                     data: file.data,
@@ -377,7 +372,7 @@ impl StateStore {
             (file, written)
         })
         .await
-        .map_err(io_err)?;
+        .map_err(io::Error::other)?;
         written?;
         Ok(file)
     }
@@ -391,11 +386,10 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
         // its raft position under the state lock so they match.
         let file = {
             let state = self.shared.read();
-            let data = seal(&state).map_err(io_err)?;
-            let mut meta = self.meta();
-            meta.snapshot_seq += 1;
+            let data = seal(&state).map_err(io::Error::other)?;
+            let meta = self.meta();
             SnapshotFile {
-                seq: meta.snapshot_seq,
+                seq: 0,
                 meta: Meta {
                     last_log_id: meta.last_applied,
                     last_membership: meta.membership.clone(),
@@ -483,12 +477,11 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 
     async fn install_snapshot(&mut self, meta: &Meta, snapshot: Cursor<Vec<u8>>) -> io::Result<()> {
         let data = snapshot.into_inner();
-        let restored = unseal(&data).map_err(io_err)?;
+        let restored = unseal(&data).map_err(io::Error::other)?;
         // Durable first: once this returns, openraft may purge the log the snapshot covers.
-        let seq = self.meta().snapshot_seq;
         let file = self
             .persist(SnapshotFile {
-                seq,
+                seq: 0,
                 meta: meta.clone(),
                 data,
             })
