@@ -6,13 +6,13 @@
 //! appended to the current chunk file, so a write costs one sequential append and one
 //! `fdatasync`, where a B-tree commit rewrote a dozen scattered pages. Appends do not wait for
 //! the disk: raft-log's flush thread writes and syncs every record queued meanwhile at once
-//! (group commit) and only then calls the `LogFlushed` of each append. The log's index and a
+//! (group commit) and only then calls the `IOFlushed` of each append. The log's index and a
 //! cache of recent payloads live in memory, so an entry is readable as soon as `append`
 //! returns.
 //!
 //! Invariants openraft relies on:
 //! * records reach the file in the order openraft made them: one writer, one queue;
-//! * an append's `LogFlushed` fires only once a sync holds it and every record before it;
+//! * an append's `IOFlushed` fires only once a sync holds it and every record before it;
 //! * `save_vote` returns only once its record is durable;
 //! * a truncated or purged entry is unreadable once the call returns;
 //! * `limited_get_log_entries` returns at most [`MAX_APPEND_BYTES`] of encoded payloads, and
@@ -296,17 +296,6 @@ impl LogStore {
         )?;
         log.flush(true, Some(done))
     }
-
-    /// Queues a change for the flush thread without waiting: a later sync makes it durable,
-    /// and records reach the file in order.
-    fn queue(
-        &mut self,
-        change: impl FnOnce(&mut Log) -> io::Result<raft_log::Segment>,
-    ) -> io::Result<()> {
-        let mut log = self.log.lock();
-        change(&mut log)?;
-        log.flush(false, None)
-    }
 }
 
 /// raft-log's settings for a log in `dir`.
@@ -479,15 +468,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// nothing after it is left alone (raft-log truncates only after an entry it holds).
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> io::Result<()> {
         let from = last_log_id.map_or(0, |id| id.index + 1);
-        let last = self.log.lock().log_state().last().map(|id| id.0.index);
-        if last.is_none_or(|last| last < from) {
+        let mut log = self.log.lock();
+        if log
+            .log_state()
+            .last()
+            .is_none_or(|last| last.0.index < from)
+        {
             return Ok(());
         }
-        self.queue(|log| log.truncate(from))
+        log.truncate(from)?;
+        // No sync: the next append's sync carries the truncation before its own records.
+        log.flush(false, None)
     }
 
     async fn purge(&mut self, log_id: LogId) -> io::Result<()> {
-        self.queue(|log| log.purge(Stored(log_id)))
+        let mut log = self.log.lock();
+        log.purge(Stored(log_id))?;
+        // No sync: purged entries are in the snapshot; a later sync makes the record durable.
+        log.flush(false, None)
     }
 }
 

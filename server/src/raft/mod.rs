@@ -36,6 +36,9 @@ pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
+#[cfg(test)]
 pub type Membership = openraft::Membership<NodeId, Node>;
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
-pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, std::io::Cursor<Vec<u8>>>;
+/// A snapshot's bytes, as built, sent in chunks and installed.
+pub type SnapshotData = std::io::Cursor<Vec<u8>>;
+pub type Snapshot = openraft::type_config::alias::SnapshotOf<TypeConfig, SnapshotData>;

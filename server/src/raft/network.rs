@@ -3,7 +3,6 @@
 //! v1 network, through `openraft-legacy`'s adapter); a large backlog of entries crosses as a
 //! series of AppendEntries, each cut at [`super::MAX_APPEND_BYTES`] by the log reader.
 
-use std::io::Cursor;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use openraft_legacy::network_v1::{
     Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
 };
 
-use super::{Node, NodeId, TypeConfig};
+use super::{Node, NodeId, SnapshotData, TypeConfig};
 use crate::rpc::{Call, RpcRequest, RpcResponse, calls};
 use crate::transport::{RpcClient, TransportError};
 
@@ -31,7 +30,7 @@ pub struct QuicPeer {
 }
 
 impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
-    type Network = Adapter<TypeConfig, QuicPeer, Cursor<Vec<u8>>>;
+    type Network = Adapter<TypeConfig, QuicPeer, SnapshotData>;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
         Adapter::new(QuicPeer {

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use vigil_shared::rpc::Response;
 
-use super::{LogId, Snapshot, SnapshotMeta as Meta, StoredMembership, TypeConfig};
+use super::{LogId, Snapshot, SnapshotData, SnapshotMeta as Meta, StoredMembership, TypeConfig};
 use crate::state::{Effects, StateMachine};
 use crate::telemetry::InvalidationCause;
 use crate::watch::Watches;
@@ -379,7 +379,7 @@ impl StateStore {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for StateStore {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> io::Result<Snapshot> {
         // openraft builds in its own task while entries keep being applied: read the state and
@@ -420,7 +420,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
 }
 
 impl RaftStateMachine<TypeConfig> for StateStore {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> io::Result<(Option<LogId>, StoredMembership)> {
@@ -475,7 +475,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         self.clone()
     }
 
-    async fn install_snapshot(&mut self, meta: &Meta, snapshot: Cursor<Vec<u8>>) -> io::Result<()> {
+    async fn install_snapshot(&mut self, meta: &Meta, snapshot: SnapshotData) -> io::Result<()> {
         let data = snapshot.into_inner();
         let restored = unseal(&data).map_err(io::Error::other)?;
         // Durable first: once this returns, openraft may purge the log the snapshot covers.
@@ -512,9 +512,9 @@ impl RaftStateMachine<TypeConfig> for StateStore {
 
 /// A snapshot sent in chunks (openraft's v1 protocol) is gathered in memory.
 impl SnapshotReceiverFactory<TypeConfig> for StateStore {
-    type SnapshotReceiver = Cursor<Vec<u8>>;
+    type SnapshotReceiver = SnapshotData;
 
-    async fn begin_receiving_snapshot(&mut self) -> io::Result<Cursor<Vec<u8>>> {
+    async fn begin_receiving_snapshot(&mut self) -> io::Result<SnapshotData> {
         Ok(Cursor::new(Vec::new()))
     }
 }
