@@ -177,7 +177,9 @@ mod tests {
         leader.converge(&[member("c1", MemberState::Alive)]);
         let session = vigil_shared::session::Session {
             node_checks: vec![SERF_HEALTH.into()],
-            ..vigil_shared::session::Session::new("s1", "c1")
+            id: "s1".to_owned(),
+            node: "c1".to_owned(),
+            ..Default::default()
         };
         leader.apply(Op::CreateSession(session));
         assert!(leader.sm.sessions().get("s1").is_some());

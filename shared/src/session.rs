@@ -66,7 +66,7 @@ pub struct ServiceCheck {
 }
 
 /// A live session. Sessions are never updated, so `create_index == modify_index`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Session {
     pub id: String,
     pub name: String,
@@ -90,25 +90,6 @@ pub struct Session {
 }
 
 impl Session {
-    /// A session of `node` with nothing else set: no name, TTL, checks or lock-delay, and the
-    /// `release` behavior; the state machine sets the indexes.
-    pub fn new(id: impl Into<String>, node: impl Into<String>) -> Session {
-        Session {
-            id: id.into(),
-            name: String::new(),
-            node: node.into(),
-            lock_delay_ns: 0,
-            behavior: Behavior::Release,
-            ttl: String::new(),
-            node_checks: Vec::new(),
-            service_checks: None,
-            checks: Vec::new(),
-            create_index: 0,
-            modify_index: 0,
-            owner: String::new(),
-        }
-    }
-
     /// Every check ID the session depends on (union of all three lists).
     pub fn all_checks(&self) -> Vec<String> {
         let mut all: Vec<String> = self.checks.clone();

@@ -57,7 +57,11 @@ fn expected_op(op: &Op) -> u8 {
 }
 
 fn session() -> Session {
-    Session::new("s", "n")
+    Session {
+        id: "s".to_owned(),
+        node: "n".to_owned(),
+        ..Session::default()
+    }
 }
 
 fn s(v: &str) -> String {

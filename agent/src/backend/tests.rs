@@ -126,7 +126,9 @@ async fn a_session_expires_twice_its_ttl_after_its_last_renewal_and_releases_its
     let session = Session {
         name: "ttl".to_owned(),
         ttl: format!("{}s", TTL.as_secs()),
-        ..Session::new("2a1b1e6e-2c1a-4b8f-9a7e-3f2d9c0b1a55", "n1")
+        id: "2a1b1e6e-2c1a-4b8f-9a7e-3f2d9c0b1a55".to_owned(),
+        node: "n1".to_owned(),
+        ..Session::default()
     };
     let created = backend.write(writes::CreateSession(session.clone())).await;
     assert_eq!(created, Ok(Ok(session.id.clone())));

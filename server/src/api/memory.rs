@@ -363,7 +363,9 @@ mod tests {
     fn session(id: &str, lock_delay: Duration) -> Session {
         Session {
             lock_delay_ns: lock_delay.as_nanos() as u64,
-            ..Session::new(id, "n1")
+            id: id.to_owned(),
+            node: "n1".to_owned(),
+            ..Session::default()
         }
     }
 

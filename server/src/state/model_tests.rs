@@ -27,7 +27,6 @@ use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::rpc::{ApplyError, Command, Op, QueryResult, ReadQuery, Response};
 use vigil_shared::session::{Behavior, Session};
 
-use super::tests::session;
 use super::{Effects, StateMachine};
 
 /// The one node; sessions bind no checks, so a registered node is all they need.
@@ -721,8 +720,9 @@ impl Run {
                 } else {
                     String::new()
                 },
-                node_checks: Vec::new(),
-                ..session(SESSIONS[*slot], NODE)
+                id: SESSIONS[*slot].to_owned(),
+                node: NODE.to_owned(),
+                ..Session::default()
             }),
             Action::Destroy { slot, upper } => Op::DestroySession {
                 id: Run::session_ref(Who::Session {

@@ -123,8 +123,6 @@ mod tests {
     use vigil_shared::rpc::{Command, Op};
     use vigil_shared::session::Session;
 
-    use crate::state::tests::session;
-
     fn apply(sm: &mut StateMachine, index: u64, op: Op) -> Response {
         sm.apply(
             index,
@@ -171,10 +169,10 @@ mod tests {
             },
         );
         let session = Session {
-            lock_delay_ns: 0,
+            id: id.to_owned(),
+            node: "n1".to_owned(),
             ttl: "10s".to_owned(),
-            node_checks: Vec::new(),
-            ..session(id, "n1")
+            ..Session::default()
         };
         apply(&mut sm, 2, Op::CreateSession(session));
         sm

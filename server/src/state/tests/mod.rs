@@ -49,7 +49,9 @@ pub(super) fn session(id: &str, node: &str) -> Session {
     Session {
         lock_delay_ns: DEFAULT_LOCK_DELAY_NS,
         node_checks: vec![SERF_HEALTH.to_owned()],
-        ..Session::new(id, node)
+        id: id.to_owned(),
+        node: node.to_owned(),
+        ..Session::default()
     }
 }
 
