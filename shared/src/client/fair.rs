@@ -22,7 +22,7 @@ use super::keeper::SessionKeeper;
 use super::lock::{DEFAULT_LOCK_RETRY_TIME, LOCK_FLAG_VALUE};
 use super::lost::{LostSignal, LostTrigger};
 use super::semaphore::SEMAPHORE_FLAG_VALUE;
-use super::session::RecipeSession as _;
+use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::{KvEntry, KvOp};
 use crate::session::Behavior;
@@ -149,7 +149,12 @@ impl KvFairMutex {
     /// Queues up and blocks until first in line. Dropping the future leaves the queue.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let client = &self.client;
-        let request = self.opts.session_request(Behavior::Release);
+        let request = SessionRequest::for_recipe(
+            &self.opts.session_name,
+            self.opts.session_ttl,
+            self.opts.lock_delay,
+            Behavior::Release,
+        );
         let mut keeper = SessionKeeper::create(client, &request).await?;
         let session = keeper.id().to_owned();
         let my_key = path::join(&[&self.opts.prefix, &session]);

@@ -8,7 +8,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path, with_query};
+use super::{
+    Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, Reply, encode_path, with_query,
+};
 use crate::api::DirEntry;
 use crate::go::duration::parse_go_duration;
 use crate::kv::{KvEntry, KvOp};
@@ -49,10 +51,12 @@ fn entry(dir: DirEntry) -> Result<KvEntry, ClientError> {
     })
 }
 
-fn entries(body: &[u8]) -> Result<Vec<KvEntry>, ClientError> {
-    let dirs: Vec<DirEntry> =
-        serde_json::from_slice(body).map_err(|e| ClientError::Decode(e.to_string()))?;
-    dirs.into_iter().map(entry).collect()
+fn entries(reply: &Reply) -> Result<Vec<KvEntry>, ClientError> {
+    reply
+        .json::<Vec<DirEntry>>()?
+        .into_iter()
+        .map(entry)
+        .collect()
 }
 
 fn kv_path(key: &str) -> String {
@@ -79,7 +83,7 @@ impl Client {
         if reply.status == 404 {
             return Ok((None, meta));
         }
-        Ok((entries(&reply.body)?.into_iter().next(), meta))
+        Ok((entries(&reply)?.into_iter().next(), meta))
     }
 
     /// `GET /v1/kv/<prefix>?recurse`: every entry under the raw prefix, sorted by key.
@@ -93,7 +97,7 @@ impl Client {
         if reply.status == 404 {
             return Ok((Vec::new(), meta));
         }
-        Ok((entries(&reply.body)?, meta))
+        Ok((entries(&reply)?, meta))
     }
 
     /// `GET /v1/kv/<prefix>?keys[&separator=]`.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::held::{Held, monitor_key, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostTrigger};
-use super::session::RecipeSession as _;
+use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index};
 use crate::session::Behavior;
 
@@ -88,7 +88,12 @@ impl Lock {
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let client = &self.client;
         let key = &self.opts.key;
-        let request = self.opts.session_request(Behavior::Release);
+        let request = SessionRequest::for_recipe(
+            &self.opts.session_name,
+            self.opts.session_ttl,
+            self.opts.lock_delay,
+            Behavior::Release,
+        );
         let mut keeper =
             SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();

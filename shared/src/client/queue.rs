@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::held::{Held, Look, MONITOR_WAIT, monitor};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
-use super::session::RecipeSession as _;
+use super::session::SessionRequest;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
@@ -222,7 +222,12 @@ impl LockQueue {
 
     async fn take(&self, wait: Wait) -> Result<Option<Held>, ClientError> {
         let client = &self.client;
-        let request = self.opts.session_request(Behavior::Release);
+        let request = SessionRequest::for_recipe(
+            &self.opts.session_name,
+            self.opts.session_ttl,
+            self.opts.lock_delay,
+            Behavior::Release,
+        );
         let mut keeper =
             SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
-use super::session::RecipeSession as _;
+use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::KvEntry;
 use crate::session::Behavior;
@@ -199,7 +199,12 @@ impl Semaphore {
     /// Blocks until a slot is held. Dropping the future gives up and cleans up.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let client = &self.client;
-        let request = self.opts.session_request(Behavior::Delete);
+        let request = SessionRequest::for_recipe(
+            &self.opts.session_name,
+            self.opts.session_ttl,
+            self.opts.lock_delay,
+            Behavior::Delete,
+        );
         let mut keeper =
             SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();

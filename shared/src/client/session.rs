@@ -7,10 +7,7 @@ use std::time::Duration;
 use reqwest::Method;
 use serde_json::Value;
 
-use super::{
-    Client, ClientError, KvFairOptions, LockOptions, QueryMeta, QueueOptions, REQUEST_TIMEOUT,
-    ReadOpts, SemaphoreOptions, encode_path,
-};
+use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path};
 use crate::api::SessionJson;
 use crate::go::duration::format_go_duration;
 use crate::session::Behavior;
@@ -30,6 +27,23 @@ pub struct SessionRequest {
 }
 
 impl SessionRequest {
+    /// The session a lock recipe holds its entries with, from its options' `session_name`,
+    /// `session_ttl` and `lock_delay` (Go's `SessionName`, `SessionTTL`, `LockDelay`).
+    pub(crate) fn for_recipe(
+        name: &str,
+        ttl: Duration,
+        lock_delay: Option<Duration>,
+        behavior: Behavior,
+    ) -> SessionRequest {
+        SessionRequest {
+            name: name.to_owned(),
+            ttl: Some(ttl),
+            lock_delay,
+            behavior,
+            ..SessionRequest::default()
+        }
+    }
+
     /// The JSON body, built as the Go client builds it: only the fields that are set, keys
     /// sorted, `LockDelay` in milliseconds (`"15000ms"`).
     pub fn body(&self) -> Vec<u8> {
@@ -62,37 +76,6 @@ impl SessionRequest {
         serde_json::to_vec(&body).unwrap_or_default()
     }
 }
-
-/// The session settings every lock recipe's options carry (Go's `SessionName`, `SessionTTL`,
-/// `LockDelay`).
-pub(crate) trait RecipeSession {
-    fn session_settings(&self) -> (&str, Duration, Option<Duration>);
-
-    /// The session the recipe holds its entries with, renewed within its TTL.
-    fn session_request(&self, behavior: Behavior) -> SessionRequest {
-        let (name, ttl, lock_delay) = self.session_settings();
-        SessionRequest {
-            name: name.to_owned(),
-            ttl: Some(ttl),
-            lock_delay,
-            behavior,
-            ..SessionRequest::default()
-        }
-    }
-}
-
-/// Every recipe's options carry the settings under the same names.
-macro_rules! recipe_session {
-    ($($options:ty),*) => {$(
-        impl RecipeSession for $options {
-            fn session_settings(&self) -> (&str, Duration, Option<Duration>) {
-                (&self.session_name, self.session_ttl, self.lock_delay)
-            }
-        }
-    )*};
-}
-
-recipe_session!(LockOptions, KvFairOptions, QueueOptions, SemaphoreOptions);
 
 impl Client {
     /// `PUT /v1/session/create`: the new session's ID.
