@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, Weights};
-use vigil_shared::rpc::{QueryOptions, Registration, reads, writes};
+use vigil_shared::rpc::{Registration, reads, writes};
 
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -278,16 +278,7 @@ pub async fn services(cx: Ctx) -> Result<Response, ApiError> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     if cx.params.has("node-meta") || cx.params.get("filter").is_some_and(|f| !f.is_empty()) {
         // The instances' nodes, read at once with the same consistency.
-        let options = QueryOptions {
-            min_index: 0,
-            wait_ms: 0,
-            ..cx.params.query_options()?
-        };
-        let (nodes, _) = cx
-            .state
-            .backend
-            .read(options, reads::CatalogNodes {})
-            .await?;
+        let (nodes, _) = cx.read_now(reads::CatalogNodes {}).await?;
         let nodes: BTreeMap<&str, &Node> = nodes.iter().map(|n| (n.name.as_str(), n)).collect();
         let instances = services
             .iter()

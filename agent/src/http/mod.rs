@@ -47,7 +47,7 @@ use axum::routing::{get, put};
 use serde::Serialize;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::acl::{Policy, Role};
-use vigil_shared::rpc::QueryMeta;
+use vigil_shared::rpc::{QueryMeta, QueryOptions};
 
 use crate::backend::Backend;
 use crate::gossip::Gossip;
@@ -124,6 +124,19 @@ impl Ctx {
         query: Q,
     ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
         read(&self.state, &self.params, query).await
+    }
+
+    /// A read with the query string's consistency mode that never blocks (a second read of
+    /// one request, or Consul's prepared-query execute and explain).
+    pub async fn read_now<Q: vigil_shared::rpc::Query>(
+        &self,
+        query: Q,
+    ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
+        let opts = QueryOptions {
+            consistency: self.params.query_options()?.consistency,
+            ..QueryOptions::default()
+        };
+        Ok(self.state.backend.read(opts, query).await?)
     }
 
     /// A JSON body, indented under `?pretty`.

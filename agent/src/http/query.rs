@@ -13,7 +13,7 @@ use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
-use vigil_shared::rpc::{ApplyError, Query, QueryMeta, QueryOptions, Write, reads, writes};
+use vigil_shared::rpc::{ApplyError, QueryOptions, Write, reads, writes};
 
 use super::acl::Authz;
 use super::body::RequestBody;
@@ -267,20 +267,10 @@ pub async fn delete(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiErro
     Ok(StatusCode::OK.into_response())
 }
 
-/// A read with the query string's consistency mode that never blocks, as Consul's execute and
-/// explain read.
-async fn read_now<Q: Query>(cx: &Ctx, query: Q) -> Result<(Q::Output, QueryMeta), ApiError> {
-    let opts = QueryOptions {
-        consistency: cx.params.query_options()?.consistency,
-        ..QueryOptions::default()
-    };
-    Ok(cx.state.backend.read(opts, query).await?)
-}
-
 /// `GET /v1/query/<id or name>/execute[?limit=N]`.
 pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
     let limit = cx.params.u64("limit")?;
-    let (found, meta) = read_now(&cx, reads::QueryExecute { id_or_name }).await?;
+    let (found, meta) = cx.read_now(reads::QueryExecute { id_or_name }).await?;
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };
@@ -304,7 +294,7 @@ pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response
 
 /// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
 pub async fn explain(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
-    let (queries, meta) = read_now(&cx, reads::QueryGet { id_or_name }).await?;
+    let (queries, meta) = cx.read_now(reads::QueryGet { id_or_name }).await?;
     let query = queries.first().ok_or_else(query_not_found)?;
     cx.check(Resource::Query, Access::Read, &query.name)?;
     let out = json_value!({ "Query": QueryJson::new(query) });

@@ -87,14 +87,10 @@ pub async fn locks(cx: Ctx) -> Result<Response, ApiError> {
         prefix: prefix.clone(),
     };
     let (queues, meta) = cx.state.backend.read(opts, native).await?;
-    let now = QueryOptions {
-        consistency: opts.consistency,
-        ..QueryOptions::default()
-    };
     let list = reads::KvList {
         prefix: prefix.clone(),
     };
-    let (mut entries, _) = cx.state.backend.read(now, list).await?;
+    let (mut entries, _) = cx.read_now(list).await?;
     let found = entries.len() + queues.len();
     entries.retain(|e| cx.authz.allows(Resource::Key, Access::Read, &e.key));
     let sessions = super::lock::sessions(&cx.state.backend, opts).await?;
