@@ -11,6 +11,7 @@ use anyhow::{Result, bail};
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 
+use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Plan, Systems};
 
@@ -18,11 +19,6 @@ use super::{Plan, Systems};
 const ELECTION_LIMIT: Duration = Duration::from_secs(30);
 /// How often both systems are asked who leads (the same for both).
 const POLL: Duration = Duration::from_millis(20);
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values.get(values.len() / 2).copied().unwrap_or_default()
-}
 
 /// Kill → new agreed leader, per round.
 async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<Duration>> {

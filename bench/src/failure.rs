@@ -21,6 +21,7 @@ use vigil_shared::client::Client;
 
 use super::etcd::connect;
 use super::etcd_concurrency::{Counters, Session};
+use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Plan, Systems};
 use integration_tests::cluster::create_session;
@@ -30,11 +31,6 @@ const DETECT_LIMIT: Duration = Duration::from_secs(60);
 /// etcd victims' lease TTL; see the module documentation.
 const ETCD_TTL: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(10);
-
-fn median(mut values: Vec<Duration>) -> Duration {
-    values.sort();
-    values.get(values.len() / 2).copied().unwrap_or_default()
-}
 
 /// Kill → `serfHealth` critical and kill → lock free, per round.
 async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<(Duration, Duration)>> {

@@ -57,6 +57,12 @@ impl Latency {
     }
 }
 
+/// The middle value (the upper one of an even count); zero for none.
+pub fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
+}
+
 /// A new latency histogram: microseconds, 3 significant digits.
 pub fn histogram() -> Histogram<u64> {
     Histogram::new(3).expect("3 significant digits is a valid precision")

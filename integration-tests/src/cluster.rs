@@ -247,7 +247,6 @@ impl Cluster {
         self.rpc_client_with(&cert, &key)
     }
 
-    /// Flags every agent gets: node name, HTTP on a free port, TLS files, logging, extras.
     /// A server's flags: bootstrapping with `expect` servers, its data directory and addresses,
     /// the gossip addresses it joins, and what every member is given.
     fn server_args(
@@ -277,6 +276,7 @@ impl Cluster {
         args
     }
 
+    /// Flags every agent gets: node name, HTTP on a free port, TLS files, logging, extras.
     fn common_args(&self, node: &str, ca: &Path, cert: &Path, key: &Path) -> Vec<OsString> {
         let mut args = strings(&["--node", node, "--http-addr", "127.0.0.1:0"]);
         args.extend([
