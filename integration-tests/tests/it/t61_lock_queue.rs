@@ -16,11 +16,6 @@ use tokio::time::Instant;
 
 use crate::common::{PROMPT, assert_error};
 
-/// A session with no lock-delay unless `body` says otherwise.
-async fn session(http: &Http, body: &str) -> String {
-    create_session(http, body).await
-}
-
 /// `PUT /v1/vigil/lock/<name>?session=…&<extra>` in the background.
 fn acquire(http: &Http, name: &str, session: &str, extra: &str) -> JoinHandle<Value> {
     let (http, path) = (
@@ -87,7 +82,7 @@ async fn sequencer(http: &Http, name: &str, token: u64, session: &str) -> bool {
 async fn sessions_without_lock_delay<const N: usize>(http: &Http) -> [String; N] {
     let mut ids = Vec::with_capacity(N);
     for _ in 0..N {
-        ids.push(session(http, r#"{"LockDelay":"0s"}"#).await);
+        ids.push(create_session(http, r#"{"LockDelay":"0s"}"#).await);
     }
     ids.try_into().expect("N sessions")
 }
@@ -167,10 +162,7 @@ async fn readers_share_writers_exclude_and_a_waiting_writer_holds_back_later_rea
     token(&tokio::time::timeout(PROMPT, reader).await.unwrap().unwrap());
 
     // A semaphore of 2: two in, the third waits; a different limit is refused.
-    let s: Vec<String> = futures::future::join_all(
-        (0..3).map(|_| async { session(&http, r#"{"LockDelay":"0s"}"#).await }),
-    )
-    .await;
+    let s: [String; 3] = sessions_without_lock_delay(&http).await;
     token(&acquired_now(&http, "q/sem", &s[0], "limit=2").await);
     token(&acquired_now(&http, "q/sem", &s[1], "limit=2").await);
     let busy = acquired_now(&http, "q/sem", &s[2], "limit=2&try").await;
@@ -236,8 +228,7 @@ async fn try_timeout_cancel_and_a_vanished_client_leave_the_queue() {
 async fn a_waiter_whose_session_dies_leaves_the_queue_at_once() {
     let agent = Agent::dev().await;
     let http = agent.http();
-    let [holder, doomed] = sessions_without_lock_delay(&http).await;
-    let next = session(&http, r#"{"LockDelay":"0s"}"#).await;
+    let [holder, doomed, next] = sessions_without_lock_delay(&http).await;
     token(&acquired_now(&http, "q/d", &holder, "").await);
     let doomed_wait = acquire(&http, "q/d", &doomed, "wait=60s");
     waiters_are(&http, "q/d", std::slice::from_ref(&doomed)).await;
@@ -266,8 +257,8 @@ async fn a_killed_holders_successor_waits_out_the_lock_delay_and_gets_a_larger_t
     let mut cluster = Cluster::servers(3).clients(2).start().await;
     let (victim, survivor) = (cluster.client(0).http(), cluster.client(1).http());
     let victim_node = cluster.client(0).node.clone();
-    let held = session(&victim, r#"{"LockDelay":"2s"}"#).await;
-    let waiter = session(&survivor, r#"{"LockDelay":"0s"}"#).await;
+    let held = create_session(&victim, r#"{"LockDelay":"2s"}"#).await;
+    let waiter = create_session(&survivor, r#"{"LockDelay":"0s"}"#).await;
     let first = token(&acquired_now(&victim, "q/crash", &held, "").await);
     let waiting = acquire(&survivor, "q/crash", &waiter, "wait=120s");
     waiters_are(&survivor, "q/crash", std::slice::from_ref(&waiter)).await;
