@@ -26,11 +26,11 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use vigil_server::tls::TlsMaterial;
-use vigil_server::transport::RpcClient;
 use vigil_server::{RaftTiming, Server, ServerConfig, ServerMode};
 use vigil_shared::catalog::{HealthStatus, MemberRole, SERF_HEALTH};
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
+use vigil_wire::tls::TlsMaterial;
+use vigil_wire::transport::RpcClient;
 
 use backend::{Backend, RemoteServers};
 use gossip::{Gossip, GossipConfig, Key, Keyring, KeyringFile, TimingProfile};

@@ -1,12 +1,12 @@
 //! `vigil tls ...`: creates the cluster CA and the server and client certificates it signs,
 //! as files in a directory (Consul's `consul tls ca create` / `consul tls cert create`). The
-//! work is done by `vigil_server::tls`; this module only parses flags and prints what it wrote.
+//! work is done by `vigil_wire::tls`; this module only parses flags and prints what it wrote.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::{ArgGroup, Args, Subcommand};
-use vigil_server::tls::{
+use vigil_wire::tls::{
     CA_CERT_FILE, CA_KEY_FILE, DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, create_ca, create_cert,
 };
 

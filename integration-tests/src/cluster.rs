@@ -22,10 +22,10 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::Value;
 use tempfile::TempDir;
-use vigil_server::tls::{
+use vigil_wire::tls::{
     DEFAULT_DATACENTER, DEFAULT_DOMAIN, Role, TlsMaterial, create_ca, create_cert,
 };
-use vigil_server::transport::{RpcClient, client_endpoint};
+use vigil_wire::transport::{RpcClient, client_endpoint};
 
 use crate::{Agent, Http, eventually, log_tail};
 

@@ -12,8 +12,6 @@ pub mod server;
 pub mod snapshot;
 pub mod state;
 pub mod telemetry;
-pub mod tls;
-pub mod transport;
 pub mod watch;
 
 pub use api::ServerApi;

@@ -30,7 +30,7 @@ use crate::raft::{NodeId, Raft};
 use crate::rpc::{self, Prepared, calls};
 use crate::server::Server;
 use crate::snapshot::{Archive, ArchiveError, RESTORE_CHUNK};
-use crate::transport::CallKind;
+use vigil_wire::transport::CallKind;
 
 /// How long a membership change may take to commit before the operator hears it failed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);

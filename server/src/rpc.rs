@@ -1,25 +1,21 @@
-//! The server RPC protocol carried by the QUIC transport: raft's own messages between servers,
-//! and the requests agents (and followers) send to servers. Both enums are append-only
-//! (postcard encodes the variant index); each request names its reply (see [`Call`]).
-
-use openraft::error::RaftError;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
-use openraft_legacy::network_v1::{
-    InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse,
-};
-use serde::{Deserialize, Serialize};
-use vigil_shared::rpc::{
-    Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
-};
-use vigil_shared::session::Session;
+//! The requests agents (and servers) send to servers over the transport's client protocol
+//! ([`vigil_wire::tls::ALPN_RPC`]); raft's own messages have their own enum and protocol
+//! ([`crate::raft::network`]). Both enums are append-only (postcard encodes the variant index);
+//! each request names its reply (see [`Call`]).
 
 use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+use vigil_shared::rpc::{
+    Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
+use vigil_shared::session::Session;
+use vigil_wire::transport::{CallKind, RpcClient, TransportError};
+
 use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
-use crate::raft::{NodeId, TypeConfig};
-use crate::transport::{CallKind, RpcClient, TransportError};
+use crate::raft::NodeId;
 
 /// A request that names its answer: `Self::Reply` is what the [`RpcResponse`] variant that
 /// answers it carries. The server builds the answer with [`Call::answer`] and a caller takes it
@@ -81,34 +77,25 @@ macro_rules! calls {
 calls! {
     /// 0: who are you? (cluster formation)
     Hello {} => Hello(HelloInfo);
-    /// 1: raft, server to server only.
-    AppendEntries { request: AppendEntriesRequest<TypeConfig> }
-        => AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>);
-    /// 2: raft, server to server only.
-    Vote { request: VoteRequest<TypeConfig> } => Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>);
-    /// 3: raft, server to server only.
-    InstallSnapshot { request: InstallSnapshotRequest<TypeConfig> } => InstallSnapshot(
-        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>
-    );
-    /// 4: commit a state change; `forwarded` stops a second hop.
+    /// 1: commit a state change; `forwarded` stops a second hop.
     Write { op: Op, forwarded: bool } => Write(Result<Response, ServerError>);
-    /// 5: a read, possibly blocking.
+    /// 2: a read, possibly blocking.
     Query {
         opts: QueryOptions,
         query: ReadQuery,
         forwarded: bool,
     } => Query(Result<(QueryResult, QueryMeta), ServerError>);
-    /// 6: renew a session's TTL (leader only).
+    /// 3: renew a session's TTL (leader only).
     Renew { id: String, forwarded: bool } => Renew(Result<Session, ServerError>);
-    /// 7: add this server to an existing cluster as a voter.
+    /// 4: add this server to an existing cluster as a voter (servers only).
     Join {
         node_id: NodeId,
         node: ServerNode,
         forwarded: bool,
     } => Join(Result<(), ServerError>);
-    /// 8: leader, peers and raft figures.
+    /// 5: leader, peers and raft figures.
     Status {} => Status(StatusInfo);
-    /// 9: operate the server set (`/v1/operator/*`); `forwarded` stops a second hop.
+    /// 6: operate the server set (`/v1/operator/*`); `forwarded` stops a second hop.
     Operator {
         request: OperatorRequest,
         forwarded: bool,
@@ -121,27 +108,20 @@ pub enum RpcResponse {
     /// 0
     Hello(HelloInfo),
     /// 1
-    AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
-    /// 2
-    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
-    /// 3
-    InstallSnapshot(
-        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>,
-    ),
-    /// 4
     Write(Result<Response, ServerError>),
-    /// 5
+    /// 2
     Query(Result<(QueryResult, QueryMeta), ServerError>),
-    /// 6
+    /// 3
     Renew(Result<Session, ServerError>),
-    /// 7
+    /// 4
     Join(Result<(), ServerError>),
-    /// 8
+    /// 5
     Status(StatusInfo),
-    /// 9: the request is not allowed from this peer (e.g. raft from a client certificate).
-    Refused(String),
-    /// 10
+    /// 6
     Operator(Result<OperatorReply, OperatorError>),
+    /// 7: the request is not allowed from this peer (e.g. a join from a client certificate),
+    /// or did not decode.
+    Refused(String),
 }
 
 /// A raft member: what other servers and agents need to reach it and name it.
@@ -226,3 +206,7 @@ pub async fn send<C: Call>(
         .await?;
     Ok(reply::<C>(response))
 }
+
+#[cfg(test)]
+#[path = "rpc_fuzz.rs"]
+mod fuzz;

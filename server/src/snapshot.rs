@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::proposer::MAX_COMMAND_BYTES;
 use crate::raft::state_store::SNAPSHOT_FORMAT;
 use crate::state::StateMachine;
-use crate::transport::MAX_FRAME_LEN;
+use vigil_wire::transport::MAX_FRAME_LEN;
 
 const MAGIC: &[u8; 8] = b"VIGILSNP";
 const ARCHIVE_VERSION: u8 = 1;

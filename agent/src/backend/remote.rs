@@ -20,10 +20,10 @@ use vigil_server::ServerApi;
 use vigil_server::api::QueryFuture;
 use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_server::rpc::{Call, Prepared, RpcRequest, RpcResponse, StatusInfo, calls, reply};
-use vigil_server::transport::{CallKind, RpcClient, TransportError};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{Consistency, Op, QueryOptions, ReadQuery, Response, ServerError};
 use vigil_shared::session::Session;
+use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 
 /// Time allowed for one RPC beyond its blocking wait.
 const CALL_SLACK: Duration = Duration::from_secs(30);

@@ -5,7 +5,7 @@
 //! - **TLS**: the handshake runs in the connection's own task, bounded by the header timeout,
 //!   so a slow or silent client never holds up the accept loop. With `verify_incoming_https`
 //!   the rustls config requires a client certificate signed by the CA and the handshake fails
-//!   without one (see `vigil_server::tls::TlsMaterial::https_server_config`).
+//!   without one (see `vigil_wire::tls::TlsMaterial::https_server_config`).
 //! - **Connections per client IP** (Consul's `limits.http_max_conns_per_client`, default 200):
 //!   a connection over the cap gets Consul's `429 Too Many Requests` (written only if it fits
 //!   the socket buffer at once) and is closed at once, so one client cannot use up the agent's

@@ -11,8 +11,10 @@ use futures::future::BoxFuture;
 use integration_tests::binary;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use vigil_server::tls::{PeerIdentity, Role, TlsMaterial};
-use vigil_server::transport::{RpcClient, RpcHandler, client_endpoint, serve, server_endpoint};
+use vigil_wire::tls::{ALPN_RPC, PeerIdentity, Role, TlsMaterial};
+use vigil_wire::transport::{
+    Protocol, RpcClient, RpcHandler, client_endpoint, serve, server_endpoint,
+};
 
 fn vigil(dir: &Path, args: &[&str]) -> Output {
     Command::new(binary())
@@ -171,7 +173,11 @@ async fn written_certificates_carry_mutual_tls() {
     serve(
         endpoint,
         server_tls.server_name(),
-        Arc::new(WhoAmI),
+        vec![Protocol {
+            alpn: ALPN_RPC,
+            servers_only: false,
+            handler: Arc::new(WhoAmI),
+        }],
         shutdown.clone(),
         tasks.clone(),
     );

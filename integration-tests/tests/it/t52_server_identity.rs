@@ -16,10 +16,11 @@ use openraft::Vote;
 use openraft::raft::VoteRequest;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use serde_json::Value;
+use vigil_server::raft::network::{PeerRequest, PeerResponse};
 use vigil_server::rpc::{RpcRequest, RpcResponse, ServerNode};
-use vigil_server::tls::{Role, TlsMaterial};
-use vigil_server::transport::RpcClient;
 use vigil_shared::rpc::Op;
+use vigil_wire::tls::{Role, TlsMaterial};
+use vigil_wire::transport::{RpcClient, TransportError, client_endpoint};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(40);
 
@@ -105,9 +106,6 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
     let spare = UdpSocket::bind("127.0.0.1:0").unwrap();
     let requests = [
         join(4242, "rogue", spare.local_addr().unwrap()),
-        RpcRequest::Vote {
-            request: VoteRequest::new(Vote::new(1_000, 4242), None),
-        },
         RpcRequest::Write {
             op: Op::ReapTombstones {
                 before_ms: u64::MAX,
@@ -133,10 +131,27 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
         }
     }
 
-    // Phase 5: the membership is what it was, and the cluster still commits writes.
+    // Phase 5: it cannot even open raft's protocol, so a vote never reaches raft.
+    let raft = RpcClient::with_config(
+        client_endpoint(&forged_tls).unwrap(),
+        forged_tls.server_name(),
+        forged_tls.raft_client_config().unwrap(),
+    );
+    let vote = PeerRequest::Vote(VoteRequest::new(Vote::new(1_000, 4242), None));
+    match raft
+        .call_typed::<PeerRequest, PeerResponse>(addr, &vote, CALL_TIMEOUT)
+        .await
+    {
+        Err(TransportError::Unreachable { reason, .. }) => {
+            assert!(reason.contains("server certificate"), "{reason}");
+        }
+        other => panic!("a client certificate spoke raft: {other:?}"),
+    }
+
+    // Phase 6: the membership is what it was, and the cluster still commits writes.
     assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
     cluster.server(leader).put_key("still-works", "yes").await;
-    // Phase 6: what the servers keep on disk is theirs alone (Consul's raft data is private).
+    // Phase 7: what the servers keep on disk is theirs alone (Consul's raft data is private).
     for i in 0..3 {
         let data = cluster.dir().join(format!("s{i}-data"));
         let mode = std::fs::metadata(&data).unwrap().permissions().mode();

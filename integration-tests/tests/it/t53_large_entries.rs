@@ -10,9 +10,9 @@ use integration_tests::eventually;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_server::rpc::{RpcRequest, RpcResponse};
-use vigil_server::tls::Role;
 use vigil_shared::kv::KvOp;
 use vigil_shared::rpc::{Op, ServerError};
+use vigil_wire::tls::Role;
 
 use crate::common::exclusive;
 

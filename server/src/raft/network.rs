@@ -1,7 +1,9 @@
-//! The raft network between servers: each openraft RPC is one request on the QUIC transport to
-//! the target's RPC address, over the pooled connection. Snapshots cross in chunks (openraft's
-//! v1 network, through `openraft-legacy`'s adapter); a large backlog of entries crosses as a
-//! series of AppendEntries, each cut at [`super::MAX_APPEND_BYTES`] by the log reader.
+//! The raft network between servers: each openraft RPC is one [`PeerRequest`] on the QUIC
+//! transport's raft protocol ([`ALPN_RAFT`], which only a server certificate may open) to the
+//! target's RPC address, over a connection pooled apart from client requests. Snapshots cross
+//! in chunks (openraft's v1 network, through `openraft-legacy`'s adapter); a large backlog of
+//! entries crosses as a series of AppendEntries, each cut at [`super::MAX_APPEND_BYTES`] by the
+//! log reader.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -12,14 +14,44 @@ use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, V
 use openraft_legacy::network_v1::{
     Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
 };
+use serde::{Deserialize, Serialize};
+#[cfg(doc)]
+use vigil_wire::tls::ALPN_RAFT;
+use vigil_wire::transport::{RpcClient, TransportError};
 
 use super::{Node, NodeId, SnapshotData, TypeConfig};
-use crate::rpc::{Call, RpcRequest, RpcResponse, calls};
-use crate::transport::{RpcClient, TransportError};
 
-/// Hands out clients that share the server's connection pool.
+/// Raft's messages, server to server. Append-only: postcard encodes the variant index.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// 0
+    AppendEntries(AppendEntriesRequest<TypeConfig>),
+    /// 1
+    Vote(VoteRequest<TypeConfig>),
+    /// 2
+    InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+}
+
+/// What answers a [`PeerRequest`]: the variant of the same name, or
+/// [`PeerResponse::Undecodable`].
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerResponse {
+    /// 0
+    AppendEntries(Result<AppendEntriesResponse<TypeConfig>, RaftError<TypeConfig>>),
+    /// 1
+    Vote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
+    /// 2
+    InstallSnapshot(
+        Result<InstallSnapshotResponse<TypeConfig>, RaftError<TypeConfig, InstallSnapshotError>>,
+    ),
+    /// 3: the request did not decode (a peer of another build).
+    Undecodable(String),
+}
+
+/// Hands out clients that share the server's pool of raft connections.
 #[derive(Clone)]
 pub struct QuicNetwork {
+    /// Dials with the raft protocol ([`vigil_wire::tls::TlsMaterial::raft_client_config`]).
     pub rpc: RpcClient,
 }
 
@@ -51,37 +83,32 @@ struct PeerError(String);
 type RpcErr<E> = RPCError<TypeConfig, E>;
 
 impl QuicPeer {
-    /// Sends a raft message; a refusal (this server's certificate is not a server's) is an
-    /// unreachable peer to raft, an answer of another kind a network error.
-    async fn call<C: Call, E: std::error::Error>(
+    /// Sends a raft message; a refused connection (this server's certificate is not a
+    /// server's) is an unreachable peer to raft.
+    async fn call<E: std::error::Error>(
         &self,
-        call: C,
+        request: PeerRequest,
         timeout: Duration,
-    ) -> Result<C::Reply, RpcErr<E>> {
+    ) -> Result<PeerResponse, RpcErr<E>> {
         let addr = self
             .addr
             .as_ref()
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e.clone()))))?;
-        let request: RpcRequest = call.into();
-        match self
-            .rpc
-            .call_typed::<RpcRequest, RpcResponse>(*addr, &request, timeout)
+        self.rpc
+            .call_typed(*addr, &request, timeout)
             .await
-            .map(C::reply)
-        {
-            Ok(Ok(reply)) => Ok(reply),
-            Ok(Err(RpcResponse::Refused(why))) => {
-                Err(RPCError::Unreachable(Unreachable::new(&PeerError(why))))
-            }
-            Ok(Err(other)) => Err(RPCError::Network(NetworkError::new(&PeerError(format!(
-                "node {} answered {other:?}",
-                self.target
-            ))))),
-            Err(e @ TransportError::Unreachable { .. }) => {
-                Err(RPCError::Unreachable(Unreachable::new(&e)))
-            }
-            Err(e) => Err(RPCError::Network(NetworkError::new(&e))),
-        }
+            .map_err(|e| match e {
+                TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+                e => RPCError::Network(NetworkError::new(&e)),
+            })
+    }
+
+    /// A network error for an answer that is not the one asked for.
+    fn wrong_answer<E: std::error::Error>(&self, answer: PeerResponse) -> RpcErr<E> {
+        RPCError::Network(NetworkError::new(&PeerError(format!(
+            "node {} answered {answer:?}",
+            self.target
+        ))))
     }
 }
 
@@ -98,10 +125,11 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RpcErr<RaftError<TypeConfig>>> {
-        let call = calls::AppendEntries { request: rpc };
-        self.call(call, option.hard_ttl())
-            .await?
-            .map_err(|e| remote(self.target, e))
+        let request = PeerRequest::AppendEntries(rpc);
+        match self.call(request, option.hard_ttl()).await? {
+            PeerResponse::AppendEntries(result) => result.map_err(|e| remote(self.target, e)),
+            other => Err(self.wrong_answer(other)),
+        }
     }
 
     async fn install_snapshot(
@@ -112,10 +140,11 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         InstallSnapshotResponse<TypeConfig>,
         RpcErr<RaftError<TypeConfig, InstallSnapshotError>>,
     > {
-        let call = calls::InstallSnapshot { request: rpc };
-        self.call(call, option.hard_ttl())
-            .await?
-            .map_err(|e| remote(self.target, e))
+        let request = PeerRequest::InstallSnapshot(rpc);
+        match self.call(request, option.hard_ttl()).await? {
+            PeerResponse::InstallSnapshot(result) => result.map_err(|e| remote(self.target, e)),
+            other => Err(self.wrong_answer(other)),
+        }
     }
 
     async fn vote(
@@ -123,8 +152,9 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
         rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RpcErr<RaftError<TypeConfig>>> {
-        self.call(calls::Vote { request: rpc }, option.hard_ttl())
-            .await?
-            .map_err(|e| remote(self.target, e))
+        match self.call(PeerRequest::Vote(rpc), option.hard_ttl()).await? {
+            PeerResponse::Vote(result) => result.map_err(|e| remote(self.target, e)),
+            other => Err(self.wrong_answer(other)),
+        }
     }
 }

@@ -46,10 +46,10 @@ use crate::rpc::{
     calls, reply,
 };
 use crate::state::Interest;
-use crate::tls::{PeerIdentity, Role, TlsMaterial};
-use crate::transport::{self, CallKind, RpcClient, TransportError};
 use data_dir::{data_dir_error, load_or_create_node_id};
-use rpc_service::RpcService;
+use rpc_service::{PeerService, RpcService};
+use vigil_wire::tls::{ALPN_RAFT, ALPN_RPC, PeerIdentity, Role, TlsMaterial};
+use vigil_wire::transport::{self, CallKind, RpcClient, TransportError};
 
 /// Raft timing; `lan()` for real deployments, `local()` for one machine.
 #[derive(Debug, Clone, Copy)]
@@ -178,7 +178,12 @@ impl Server {
         let endpoint = transport::server_endpoint_from_socket(rpc_socket, tls)
             .map_err(|e| StartError::Transport(e.to_string()))?;
         let rpc = RpcClient::new(endpoint.clone(), tls.server_name());
-        let network = QuicNetwork { rpc: rpc.clone() };
+        let raft_dialing = tls
+            .raft_client_config()
+            .map_err(|e| StartError::Transport(e.to_string()))?;
+        let network = QuicNetwork {
+            rpc: RpcClient::with_config(endpoint.clone(), tls.server_name(), raft_dialing),
+        };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let shared = SharedState::new(events_tx);
         let (node_id, raft) = match &config.mode {
@@ -243,7 +248,18 @@ impl Server {
         transport::serve(
             endpoint,
             tls.server_name(),
-            Arc::new(RpcService(Arc::clone(&server))),
+            vec![
+                transport::Protocol {
+                    alpn: ALPN_RPC,
+                    servers_only: false,
+                    handler: Arc::new(RpcService(Arc::clone(&server))),
+                },
+                transport::Protocol {
+                    alpn: ALPN_RAFT,
+                    servers_only: true,
+                    handler: Arc::new(PeerService(Arc::clone(&server))),
+                },
+            ],
             shutdown,
             tasks,
         );

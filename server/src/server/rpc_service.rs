@@ -1,8 +1,11 @@
-//! The RPC endpoint: who may ask what ([`refusal`]), and the answer to each request.
+//! The RPC endpoint's two protocols: client requests (who may ask what, [`refusal`], and the
+//! answer to each) and raft's messages between servers.
 
+use futures::future::BoxFuture;
 use openraft_legacy::network_v1::ChunkedSnapshotReceiver as _;
 
 use super::*;
+use crate::raft::network::{PeerRequest, PeerResponse};
 
 impl Server {
     pub(super) async fn handle(&self, peer: &PeerIdentity, request: RpcRequest) -> RpcResponse {
@@ -16,14 +19,6 @@ impl Server {
                 initialized: self.is_initialized(),
                 leader: self.leader_addr(),
             }),
-            RpcRequest::AppendEntries { request } => {
-                *self.last_leader_contact.lock() = Some(Instant::now());
-                calls::AppendEntries::answer(self.raft.append_entries(request).await)
-            }
-            RpcRequest::Vote { request } => calls::Vote::answer(self.raft.vote(request).await),
-            RpcRequest::InstallSnapshot { request } => {
-                calls::InstallSnapshot::answer(self.raft.install_snapshot(request).await)
-            }
             RpcRequest::Write { op, forwarded } => {
                 calls::Write::answer(self.write_inner(op, forwarded).await)
             }
@@ -46,17 +41,27 @@ impl Server {
             }
         }
     }
+
+    /// Hands a raft message to raft; the transport lets only servers send them.
+    async fn handle_peer(&self, request: PeerRequest) -> PeerResponse {
+        match request {
+            PeerRequest::AppendEntries(request) => {
+                *self.last_leader_contact.lock() = Some(Instant::now());
+                PeerResponse::AppendEntries(self.raft.append_entries(request).await)
+            }
+            PeerRequest::Vote(request) => PeerResponse::Vote(self.raft.vote(request).await),
+            PeerRequest::InstallSnapshot(request) => {
+                PeerResponse::InstallSnapshot(self.raft.install_snapshot(request).await)
+            }
+        }
+    }
 }
 
-/// The RPC endpoint's view of the server.
+/// The client protocol's view of the server.
 pub(super) struct RpcService(pub(super) Arc<Server>);
 
 impl transport::RpcHandler for RpcService {
-    fn handle(
-        &self,
-        peer: &PeerIdentity,
-        request: Vec<u8>,
-    ) -> futures::future::BoxFuture<'static, Vec<u8>> {
+    fn handle(&self, peer: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
         let server = Arc::clone(&self.0);
         let peer = peer.clone();
         Box::pin(async move {
@@ -65,12 +70,34 @@ impl transport::RpcHandler for RpcService {
                 Ok(request) => server.handle(&peer, request).await,
                 Err(e) => RpcResponse::Refused(format!("undecodable request: {e}")),
             };
-            postcard::to_allocvec(&response).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "encoding an RPC response");
-                Vec::new()
-            })
+            encode_response(&response)
         })
     }
+}
+
+/// The raft protocol's view of the server.
+pub(super) struct PeerService(pub(super) Arc<Server>);
+
+impl transport::RpcHandler for PeerService {
+    fn handle(&self, _: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+        let server = Arc::clone(&self.0);
+        Box::pin(async move {
+            let response = match postcard::from_bytes::<PeerRequest>(&request) {
+                Ok(request) => server.handle_peer(request).await,
+                Err(e) => PeerResponse::Undecodable(e.to_string()),
+            };
+            encode_response(&response)
+        })
+    }
+}
+
+/// The response's bytes; none (which the caller reads as a protocol error) if it does not
+/// encode.
+fn encode_response(response: &impl serde::Serialize) -> Vec<u8> {
+    postcard::to_allocvec(response).unwrap_or_else(|e| {
+        tracing::error!(error = %e, "encoding an RPC response");
+        Vec::new()
+    })
 }
 
 /// Why `peer` may not make `request`, if it may not. Raft messages, joins, forwarding and
@@ -94,10 +121,7 @@ fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
         };
     }
     match request {
-        RpcRequest::AppendEntries { .. }
-        | RpcRequest::Vote { .. }
-        | RpcRequest::InstallSnapshot { .. }
-        | RpcRequest::Join { .. } => Some("raft requests need a server certificate".to_owned()),
+        RpcRequest::Join { .. } => Some("a join needs a server certificate".to_owned()),
         RpcRequest::Write {
             forwarded: true, ..
         }

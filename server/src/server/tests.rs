@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{RaftTiming, Server, ServerConfig, ServerMode};
 use crate::raft::{Membership, Snapshot, SnapshotMeta, StoredMembership, TypeConfig, Vote};
-use crate::tls::TlsMaterial;
+use vigil_wire::tls::TlsMaterial;
 
 /// Far longer than anything here takes; only a hang reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);

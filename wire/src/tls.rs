@@ -30,8 +30,11 @@ use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-/// The ALPN protocol id of Vigil's RPC (agent→server and server↔server).
-pub const ALPN_RPC: &[u8] = b"vigil-rpc/1";
+/// The ALPN protocol id of Vigil's RPC: requests from agents and servers to servers.
+pub const ALPN_RPC: &[u8] = b"vigil-rpc/2";
+/// The ALPN protocol id of raft's messages between servers; only a server certificate may
+/// open a connection that speaks it.
+pub const ALPN_RAFT: &[u8] = b"vigil-raft/1";
 /// The ALPN protocol id the HTTPS API offers (Consul's API speaks HTTP/1.1 only).
 pub const ALPN_HTTP1: &[u8] = b"http/1.1";
 /// Consul's `domain`, with Vigil's default.
@@ -557,7 +560,7 @@ impl TlsMaterial {
     }
 
     /// The accepting side: requires a client certificate signed by our CA, offers ALPN
-    /// [`ALPN_RPC`], TLS 1.3 only, no resumption, no 0-RTT.
+    /// [`ALPN_RPC`] and [`ALPN_RAFT`], TLS 1.3 only, no resumption, no 0-RTT.
     pub fn server_config(&self) -> Result<quinn::ServerConfig, TlsError> {
         let provider = provider();
         let verifier = WebPkiClientVerifier::builder_with_provider(
@@ -569,7 +572,7 @@ impl TlsMaterial {
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
             .with_single_cert(self.chain.clone(), self.key.clone_key())?;
-        tls.alpn_protocols = vec![ALPN_RPC.to_vec()];
+        tls.alpn_protocols = vec![ALPN_RPC.to_vec(), ALPN_RAFT.to_vec()];
         tls.max_early_data_size = 0;
         tls.send_tls13_tickets = 0;
         tls.session_storage = Arc::new(NoServerSessionStorage {});
@@ -579,14 +582,23 @@ impl TlsMaterial {
         Ok(config)
     }
 
-    /// The dialing side: verifies servers against our CA (name checked at connect time, see
-    /// [`TlsMaterial::server_name`]) and presents our own certificate.
+    /// The dialing side of [`ALPN_RPC`]: verifies servers against our CA (name checked at
+    /// connect time, see [`TlsMaterial::server_name`]) and presents our own certificate.
     pub fn client_config(&self) -> Result<quinn::ClientConfig, TlsError> {
+        self.client_config_for(ALPN_RPC)
+    }
+
+    /// [`TlsMaterial::client_config`] for raft's own connections ([`ALPN_RAFT`]).
+    pub fn raft_client_config(&self) -> Result<quinn::ClientConfig, TlsError> {
+        self.client_config_for(ALPN_RAFT)
+    }
+
+    fn client_config_for(&self, alpn: &[u8]) -> Result<quinn::ClientConfig, TlsError> {
         let mut tls = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(self.root_store()?)
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
-        tls.alpn_protocols = vec![ALPN_RPC.to_vec()];
+        tls.alpn_protocols = vec![alpn.to_vec()];
         tls.enable_early_data = false;
         tls.resumption = rustls::client::Resumption::disabled();
         let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls)?));

@@ -1,10 +1,13 @@
 //! RPC over QUIC, bytes in and bytes out: the frame format, the accepting side ([`serve`] hands
-//! each request to an [`RpcHandler`] with the caller's [`PeerIdentity`]) and the dialing side
-//! ([`RpcClient`], one pooled connection per peer). Invariants: one request and one response
-//! per bidirectional stream, each a frame `[version: u8][len: u32 BE][payload]` of at most
-//! [`MAX_FRAME_LEN`] bytes; a request is sent twice only when the first attempt is known not to
-//! have reached a live handler (see [`RpcClient::call`]); every server task is tracked and
-//! stops on shutdown. The message types live elsewhere; this module never decodes payloads.
+//! each request to the [`RpcHandler`] of the connection's ALPN [`Protocol`] with the caller's
+//! [`PeerIdentity`]) and the dialing side ([`RpcClient`], one pooled connection per peer and
+//! protocol). Invariants: a connection speaks one protocol, chosen at the handshake, and one
+//! that only servers may speak is closed before any request is read when the certificate is
+//! not a server's; one request and one response per bidirectional stream, each a frame
+//! `[version: u8][len: u32 BE][payload]` of at most [`MAX_FRAME_LEN`] bytes; a request is sent
+//! twice only when the first attempt is known not to have reached a live handler (see
+//! [`RpcClient::call`]); every server task is tracked and stops on shutdown. The message types
+//! live elsewhere; this module never decodes payloads.
 
 use std::collections::HashMap;
 use std::io;
@@ -15,13 +18,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
+use quinn::{ClientConfig, Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::tls::{PeerIdentity, TlsError, TlsMaterial, peer_identity};
+use crate::tls::{PeerIdentity, Role, TlsError, TlsMaterial, peer_identity};
 
 /// The frame version this node writes and the only one it reads.
 pub const FRAME_VERSION: u8 = 1;
@@ -42,6 +45,10 @@ const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
 const CLOSE_UNKNOWN_PEER: VarInt = VarInt::from_u32(1);
 /// Connection close code: the caller dropped the connection on purpose.
 const CLOSE_DISCONNECT: VarInt = VarInt::from_u32(2);
+/// Connection close code: the negotiated ALPN protocol is not served here.
+const CLOSE_UNKNOWN_PROTOCOL: VarInt = VarInt::from_u32(3);
+/// Connection close code: the protocol is for servers and the certificate is not a server's.
+const CLOSE_SERVERS_ONLY: VarInt = VarInt::from_u32(4);
 /// How long shutdown waits for close frames to reach the peers.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// Blocking calls one watch connection carries at most: under the peer's stream limit
@@ -134,25 +141,36 @@ pub fn client_endpoint(tls: &TlsMaterial) -> Result<Endpoint, EndpointError> {
 }
 
 /// Answers requests. `peer` is who the caller's certificate proves it is, so handlers can
-/// refuse server-only requests (raft, joins, leader-internal writes) from client agents. The
+/// refuse server-only requests (joins, leader-internal writes) from client agents. The
 /// response is always a payload: errors are part of the message types.
 pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, peer: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>>;
 }
 
+/// One ALPN protocol the accepting side speaks, and who answers it.
+#[derive(Clone)]
+pub struct Protocol {
+    /// The ALPN id, one of those the endpoint's TLS configuration offers.
+    pub alpn: &'static [u8],
+    /// Whether only a peer whose certificate proves a server may speak it.
+    pub servers_only: bool,
+    pub handler: Arc<dyn RpcHandler>,
+}
+
 /// Accepts connections on `endpoint` until `shutdown`, serving every bidirectional stream as
-/// one request to `handler`, with the caller's identity judged against `server_name`
-/// (`server.<dc>.<domain>`). All tasks go on `tasks`. On shutdown, in-flight handlers are
-/// dropped and the endpoint is closed (peers see the close at once), so an [`RpcClient`]
-/// sharing this endpoint stops working too.
+/// one request to the handler of the [`Protocol`] the connection negotiated, with the caller's
+/// identity judged against `server_name` (`server.<dc>.<domain>`). All tasks go on `tasks`. On
+/// shutdown, in-flight handlers are dropped and the endpoint is closed (peers see the close at
+/// once), so an [`RpcClient`] sharing this endpoint stops working too.
 pub fn serve(
     endpoint: Endpoint,
     server_name: &str,
-    handler: Arc<dyn RpcHandler>,
+    protocols: Vec<Protocol>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
     let server_name: Arc<str> = Arc::from(server_name);
+    let protocols: Arc<[Protocol]> = protocols.into();
     let tracker = tasks.clone();
     tasks.spawn(async move {
         loop {
@@ -167,7 +185,7 @@ pub fn serve(
             tracker.spawn(serve_connection(
                 incoming,
                 Arc::clone(&server_name),
-                Arc::clone(&handler),
+                Arc::clone(&protocols),
                 shutdown.clone(),
                 tracker.clone(),
             ));
@@ -180,7 +198,7 @@ pub fn serve(
 async fn serve_connection(
     incoming: quinn::Incoming,
     server_name: Arc<str>,
-    handler: Arc<dyn RpcHandler>,
+    protocols: Arc<[Protocol]>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
@@ -201,6 +219,21 @@ async fn serve_connection(
         connection.close(CLOSE_UNKNOWN_PEER, b"certificate names no role");
         return;
     };
+    let alpn = negotiated_protocol(&connection);
+    let Some(protocol) = protocols.iter().find(|p| Some(p.alpn) == alpn.as_deref()) else {
+        tracing::warn!(%remote, alpn = ?alpn, "RPC peer speaks no protocol served here; closing");
+        connection.close(CLOSE_UNKNOWN_PROTOCOL, b"protocol not served");
+        return;
+    };
+    if protocol.servers_only && peer.role != Role::Server {
+        tracing::warn!(%remote, role = %peer.role, "a server-only protocol from a non-server; closing");
+        connection.close(
+            CLOSE_SERVERS_ONLY,
+            b"this protocol needs a server certificate",
+        );
+        return;
+    }
+    let handler = Arc::clone(&protocol.handler);
     let peer = Arc::new(peer);
     tracing::debug!(%remote, role = %peer.role, node = ?peer.node, "RPC peer connected");
     loop {
@@ -231,6 +264,15 @@ async fn serve_connection(
             }
         });
     }
+}
+
+/// The ALPN protocol the handshake settled on.
+fn negotiated_protocol(connection: &Connection) -> Option<Vec<u8>> {
+    connection
+        .handshake_data()?
+        .downcast::<quinn::crypto::rustls::HandshakeData>()
+        .ok()?
+        .protocol
 }
 
 /// One request/response exchange on the accepting side.
@@ -271,7 +313,10 @@ async fn serve_stream(
 /// is one control connection (writes, pings, reads that answer at once, raft) and, for calls
 /// that may block for minutes, watch connections of at most [`WATCH_STREAMS_PER_CONNECTION`]
 /// calls each: however many blocking queries wait, a write or a ping never queues behind them
-/// for a stream. Cheap to clone; clones share the pool.
+/// for a stream. A client speaks one protocol: its endpoint's default
+/// ([`crate::tls::ALPN_RPC`]), or the one the configuration given to
+/// [`RpcClient::with_config`] names (raft's, [`crate::tls::ALPN_RAFT`]). Cheap to clone;
+/// clones share the pool.
 #[derive(Clone)]
 pub struct RpcClient {
     inner: Arc<ClientInner>,
@@ -279,6 +324,8 @@ pub struct RpcClient {
 
 struct ClientInner {
     endpoint: Endpoint,
+    /// How to dial when not with the endpoint's default configuration.
+    config: Option<ClientConfig>,
     /// The name every server certificate carries (`server.<dc>.<domain>`).
     server_name: String,
     /// One slot per peer and lane. The slot's async lock is held while dialing, so concurrent
@@ -338,10 +385,25 @@ impl RpcClient {
     /// endpoints built here do) and verifying servers against `server_name`
     /// ([`TlsMaterial::server_name`]).
     pub fn new(endpoint: Endpoint, server_name: impl Into<String>) -> RpcClient {
+        RpcClient::dialing(endpoint, None, server_name.into())
+    }
+
+    /// A client dialing from `endpoint` with `config` (e.g.
+    /// [`TlsMaterial::raft_client_config`]), not the endpoint's default.
+    pub fn with_config(
+        endpoint: Endpoint,
+        server_name: impl Into<String>,
+        config: ClientConfig,
+    ) -> RpcClient {
+        RpcClient::dialing(endpoint, Some(config), server_name.into())
+    }
+
+    fn dialing(endpoint: Endpoint, config: Option<ClientConfig>, server_name: String) -> RpcClient {
         RpcClient {
             inner: Arc::new(ClientInner {
                 endpoint,
-                server_name: server_name.into(),
+                config,
+                server_name,
                 pool: Mutex::new(HashMap::new()),
                 watch_load: Mutex::new(HashMap::new()),
             }),
@@ -519,11 +581,14 @@ impl RpcClient {
         }
         *cached = None;
         let unreachable = |reason: String| TransportError::Unreachable { addr, reason };
-        let connecting = self
-            .inner
-            .endpoint
-            .connect(addr, &self.inner.server_name)
-            .map_err(|e| unreachable(e.to_string()))?;
+        let inner = &self.inner;
+        let connecting = match &inner.config {
+            Some(config) => inner
+                .endpoint
+                .connect_with(config.clone(), addr, &inner.server_name),
+            None => inner.endpoint.connect(addr, &inner.server_name),
+        }
+        .map_err(|e| unreachable(e.to_string()))?;
         let connection = connecting.await.map_err(|e| unreachable(e.to_string()))?;
         *cached = Some(connection.clone());
         Ok((connection, false))
@@ -583,6 +648,19 @@ impl Failure {
                 TransportError::Unreachable {
                     addr,
                     reason: format!("TLS handshake rejected: {error}"),
+                }
+            }
+            Failure::Open(ConnectionError::ApplicationClosed(close))
+            | Failure::Lost(ConnectionError::ApplicationClosed(close))
+                if close.error_code == CLOSE_UNKNOWN_PROTOCOL
+                    || close.error_code == CLOSE_SERVERS_ONLY =>
+            {
+                TransportError::Unreachable {
+                    addr,
+                    reason: format!(
+                        "the server refused the connection: {}",
+                        String::from_utf8_lossy(&close.reason)
+                    ),
                 }
             }
             Failure::Open(error) | Failure::Lost(error) => TransportError::Closed {
@@ -715,7 +793,7 @@ mod tests {
     use futures::FutureExt as _;
 
     use super::*;
-    use crate::tls::{CertificateAuthority, Role};
+    use crate::tls::{ALPN_RAFT, ALPN_RPC, CertificateAuthority, Role};
 
     const TIMEOUT: Duration = Duration::from_secs(10);
     const LOCALHOST: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
@@ -756,7 +834,7 @@ mod tests {
             serve(
                 endpoint,
                 tls.server_name(),
-                handler.clone(),
+                both_protocols(handler.clone()),
                 shutdown.clone(),
                 tasks.clone(),
             );
@@ -781,8 +859,29 @@ mod tests {
         }
     }
 
+    /// `handler` behind both ALPN protocols, raft's for servers only, as a server serves them.
+    fn both_protocols(handler: Arc<dyn RpcHandler>) -> Vec<Protocol> {
+        vec![
+            Protocol {
+                alpn: ALPN_RPC,
+                servers_only: false,
+                handler: Arc::clone(&handler),
+            },
+            Protocol {
+                alpn: ALPN_RAFT,
+                servers_only: true,
+                handler,
+            },
+        ]
+    }
+
     fn client(tls: &TlsMaterial) -> RpcClient {
         RpcClient::new(client_endpoint(tls).unwrap(), tls.server_name())
+    }
+
+    fn raft_client(tls: &TlsMaterial) -> RpcClient {
+        let config = tls.raft_client_config().unwrap();
+        RpcClient::with_config(client_endpoint(tls).unwrap(), tls.server_name(), config)
     }
 
     /// A call that TLS refuses: the peer is unreachable to the caller.
@@ -986,6 +1085,37 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn only_a_server_certificate_may_speak_raft() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let response = raft_client(&server_tls)
+            .call(server.addr, b"vote".to_vec(), TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(response, b"server:vote");
+
+        // A client certificate is closed out before any request reaches the handler; the
+        // same certificate still speaks the client protocol.
+        let error = raft_client(&client_tls)
+            .call(server.addr, b"vote".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        match &error {
+            TransportError::Unreachable { reason, .. } => {
+                assert!(reason.contains("needs a server certificate"), "{reason}");
+            }
+            other => panic!("a client spoke raft: {other:?}"),
+        }
+        assert_eq!(server.calls(), 1);
+        let response = client(&client_tls)
+            .call(server.addr, b"read".to_vec(), TIMEOUT)
+            .await
+            .unwrap();
+        assert_eq!(response, b"client:read");
+        server.stop().await;
+    }
+
+    #[tokio::test]
     async fn nothing_listening_is_unreachable_or_times_out() {
         let (_, client_tls) = cluster();
         // Bind and drop to get a port with (very likely) nobody behind it.
@@ -1086,7 +1216,7 @@ mod tests {
         serve(
             endpoint,
             server_tls.server_name(),
-            Arc::new(Stuck(called.clone())),
+            both_protocols(Arc::new(Stuck(called.clone()))),
             shutdown.clone(),
             tasks.clone(),
         );

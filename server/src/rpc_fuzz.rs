@@ -1,9 +1,9 @@
-//! Fuzzing of what a peer's bytes go through before any handler sees them: the frame header
-//! ([`decode_header`]) and the postcard decoding of [`RpcRequest`] (the server side,
-//! `RpcService`) and [`RpcResponse`] (the client side). proptest feeds arbitrary bytes and
-//! mutated valid encodings (bits flipped, bytes replaced, inserted or removed, the message
-//! truncated, a varint of 2^32 - 1 planted where a length or count may be) of a corpus that
-//! holds every request variant, every `Op` and the KV verbs.
+//! Fuzzing of the postcard decoding a peer's bytes go through before any handler sees them:
+//! [`RpcRequest`] and [`PeerRequest`] on the server side, [`RpcResponse`] and [`PeerResponse`]
+//! on the calling side (the frame around them is fuzzed in `vigil-wire`). proptest feeds
+//! arbitrary bytes and mutated valid encodings (bits flipped, bytes replaced, inserted or
+//! removed, the message truncated, a varint of 2^32 - 1 planted where a length or count may be)
+//! of a corpus that holds every variant of the four enums, every `Op` and the KV verbs.
 //!
 //! Decoding must never panic, and whatever decodes must be no larger than its input: postcard
 //! checks each string and byte-string length against the bytes left, every other element costs
@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 use openraft::EntryPayload;
 use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
-use openraft_legacy::network_v1::{InstallSnapshotRequest, SnapshotMeta};
+use openraft_legacy::network_v1::{InstallSnapshotRequest, InstallSnapshotResponse, SnapshotMeta};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -32,53 +32,10 @@ use vigil_shared::rpc::{
 };
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
-use super::{FRAME_VERSION, HEADER_LEN, MAX_FRAME_LEN, decode_header, encode_header};
-use crate::operator::OperatorRequest;
+use crate::operator::{OperatorReply, OperatorRequest};
+use crate::raft::network::{PeerRequest, PeerResponse};
 use crate::raft::{Entry, LogId, Membership, StoredMembership, TypeConfig, Vote};
 use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
-
-// ---------------------------------------------------------------------------------------------
-// Frame headers
-// ---------------------------------------------------------------------------------------------
-
-fn header() -> impl Strategy<Value = [u8; HEADER_LEN]> {
-    let version = prop_oneof![Just(FRAME_VERSION), any::<u8>()];
-    let max = u32::try_from(MAX_FRAME_LEN).expect("the frame limit fits a u32");
-    let len = prop_oneof![0..=max, max - 2..=max + 2, any::<u32>()];
-    (version, len).prop_map(|(version, len)| {
-        let [a, b, c, d] = len.to_be_bytes();
-        [version, a, b, c, d]
-    })
-}
-
-proptest! {
-    /// A header is accepted exactly when it has our version and a length within the limit,
-    /// and then it announces that length.
-    #[test]
-    fn a_header_is_accepted_only_with_our_version_within_the_limit(header in header()) {
-        let [version, len @ ..] = header;
-        let len = u32::from_be_bytes(len) as usize;
-        match decode_header(header) {
-            Ok(announced) => {
-                prop_assert_eq!(version, FRAME_VERSION);
-                prop_assert_eq!(announced, len);
-                prop_assert!(announced <= MAX_FRAME_LEN);
-            }
-            Err(reason) => {
-                prop_assert!(version != FRAME_VERSION || len > MAX_FRAME_LEN, "{}", reason);
-            }
-        }
-    }
-
-    /// What one side writes the other reads back; a frame over the limit is never written.
-    #[test]
-    fn headers_round_trip_up_to_the_limit(len in prop_oneof![0..=MAX_FRAME_LEN, MAX_FRAME_LEN..]) {
-        match encode_header(len) {
-            Ok(header) => prop_assert_eq!(decode_header(header), Ok(len)),
-            Err(_) => prop_assert!(len > MAX_FRAME_LEN),
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // The corpus: valid requests and responses
@@ -263,7 +220,7 @@ fn ops() -> Vec<Op> {
     ]
 }
 
-fn requests() -> Vec<RpcRequest> {
+fn peer_requests() -> Vec<PeerRequest> {
     let entries = ops()
         .into_iter()
         .enumerate()
@@ -285,32 +242,49 @@ fn requests() -> Vec<RpcRequest> {
             },
         ])
         .collect();
+    vec![
+        PeerRequest::AppendEntries(AppendEntriesRequest {
+            vote: Vote::new_committed(3, 1),
+            prev_log_id: Some(log_id(2, 39)),
+            entries,
+            leader_commit: Some(log_id(2, 38)),
+        }),
+        PeerRequest::Vote(VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 61)))),
+        PeerRequest::InstallSnapshot(InstallSnapshotRequest {
+            vote: Vote::new_committed(3, 1),
+            meta: SnapshotMeta {
+                last_log_id: Some(log_id(3, 61)),
+                last_membership: StoredMembership::new(Some(log_id(3, 61)), membership()),
+                snapshot_id: "3-61-1".to_owned(),
+            },
+            offset: 0,
+            data: (0..=255).collect(),
+            done: true,
+        }),
+    ]
+}
+
+fn peer_responses() -> Vec<PeerResponse> {
+    vec![
+        PeerResponse::AppendEntries(Ok(AppendEntriesResponse::Success)),
+        PeerResponse::AppendEntries(Ok(AppendEntriesResponse::PartialSuccess(Some(log_id(
+            3, 50,
+        ))))),
+        PeerResponse::Vote(Ok(VoteResponse {
+            vote: Vote::new(4, 2),
+            vote_granted: true,
+            last_log_id: Some(log_id(3, 61)),
+        })),
+        PeerResponse::InstallSnapshot(Ok(InstallSnapshotResponse {
+            vote: Vote::new_committed(3, 1),
+        })),
+        PeerResponse::Undecodable("unexpected end of input".to_owned()),
+    ]
+}
+
+fn requests() -> Vec<RpcRequest> {
     let mut requests = vec![
         RpcRequest::Hello {},
-        RpcRequest::AppendEntries {
-            request: AppendEntriesRequest {
-                vote: Vote::new_committed(3, 1),
-                prev_log_id: Some(log_id(2, 39)),
-                entries,
-                leader_commit: Some(log_id(2, 38)),
-            },
-        },
-        RpcRequest::Vote {
-            request: VoteRequest::new(Vote::new(4, 2), Some(log_id(3, 61))),
-        },
-        RpcRequest::InstallSnapshot {
-            request: InstallSnapshotRequest {
-                vote: Vote::new_committed(3, 1),
-                meta: SnapshotMeta {
-                    last_log_id: Some(log_id(3, 61)),
-                    last_membership: StoredMembership::new(Some(log_id(3, 61)), membership()),
-                    snapshot_id: "3-61-1".to_owned(),
-                },
-                offset: 0,
-                data: (0..=255).collect(),
-                done: true,
-            },
-        },
         RpcRequest::Renew {
             id: session().id,
             forwarded: false,
@@ -376,15 +350,6 @@ fn responses() -> Vec<RpcResponse> {
             initialized: true,
             leader: Some("127.0.0.1:8300".to_owned()),
         }),
-        RpcResponse::AppendEntries(Ok(AppendEntriesResponse::Success)),
-        RpcResponse::AppendEntries(Ok(AppendEntriesResponse::PartialSuccess(Some(log_id(
-            3, 50,
-        ))))),
-        RpcResponse::Vote(Ok(VoteResponse {
-            vote: Vote::new(4, 2),
-            vote_granted: true,
-            last_log_id: Some(log_id(3, 61)),
-        })),
         RpcResponse::Write(Ok(Response::Txn(TxnOutcome::Committed(vec![entry()])))),
         RpcResponse::Write(Ok(Response::Txn(TxnOutcome::RolledBack(vec![TxnError {
             op_index: 1,
@@ -419,7 +384,8 @@ fn responses() -> Vec<RpcResponse> {
             }],
             config_index: 61,
         }),
-        RpcResponse::Refused("raft messages are for servers only".to_owned()),
+        RpcResponse::Operator(Ok(OperatorReply::Applied(true))),
+        RpcResponse::Refused("a join needs a server certificate".to_owned()),
     ]
 }
 
@@ -432,6 +398,8 @@ fn encode_all<T: Serialize>(values: Vec<T>) -> Vec<Vec<u8>> {
 
 static REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(requests()));
 static RESPONSES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(responses()));
+static PEER_REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(peer_requests()));
+static PEER_RESPONSES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(peer_responses()));
 
 // ---------------------------------------------------------------------------------------------
 // Mutations and the property
@@ -522,6 +490,8 @@ proptest! {
     fn arbitrary_bytes_never_break_decoding(bytes in vec(any::<u8>(), 0..512)) {
         decodes_safely::<RpcRequest>(&bytes)?;
         decodes_safely::<RpcResponse>(&bytes)?;
+        decodes_safely::<PeerRequest>(&bytes)?;
+        decodes_safely::<PeerResponse>(&bytes)?;
     }
 
     #[test]
@@ -531,51 +501,104 @@ proptest! {
     ) {
         decodes_safely::<RpcRequest>(&mutated(&REQUESTS, &which, &mutations))?;
         decodes_safely::<RpcResponse>(&mutated(&RESPONSES, &which, &mutations))?;
+        decodes_safely::<PeerRequest>(&mutated(&PEER_REQUESTS, &which, &mutations))?;
+        decodes_safely::<PeerResponse>(&mutated(&PEER_RESPONSES, &which, &mutations))?;
     }
 }
 
-/// Every valid message decodes, and a 2^32 - 1 count planted at any offset of it is refused
-/// (or read as a value no larger than the input) rather than allocated.
-#[test]
-fn a_huge_count_at_any_offset_is_not_believed() {
-    for (i, bytes) in REQUESTS.iter().enumerate() {
-        assert!(
-            postcard::from_bytes::<RpcRequest>(bytes).is_ok(),
-            "request {i}"
-        );
-        for at in 0..bytes.len() {
+/// Every message of `corpus` decodes as a `T`, and with `planted`, a 2^32 - 1 count planted at
+/// any offset of it is refused (or read as a value no larger than the input) rather than
+/// allocated.
+fn resists_huge_counts<T: Serialize + DeserializeOwned>(corpus: &[Vec<u8>], planted: bool) {
+    for (i, bytes) in corpus.iter().enumerate() {
+        assert!(postcard::from_bytes::<T>(bytes).is_ok(), "message {i}");
+        for at in (0..bytes.len()).filter(|_| planted) {
             let mut planted = bytes.clone();
             plant_huge_count(&mut planted, at);
-            decodes_safely::<RpcRequest>(&planted).unwrap();
+            decodes_safely::<T>(&planted).unwrap();
         }
-    }
-    for (i, bytes) in RESPONSES.iter().enumerate() {
-        assert!(
-            postcard::from_bytes::<RpcResponse>(bytes).is_ok(),
-            "response {i}"
-        );
     }
 }
 
-/// Golden variant indexes: a peer of another build reads a request by its position.
 #[test]
-fn requests_keep_their_variant_indexes() {
-    let expected = |request: &RpcRequest| match request {
-        RpcRequest::Hello {} => 0,
-        RpcRequest::AppendEntries { .. } => 1,
-        RpcRequest::Vote { .. } => 2,
-        RpcRequest::InstallSnapshot { .. } => 3,
-        RpcRequest::Write { .. } => 4,
-        RpcRequest::Query { .. } => 5,
-        RpcRequest::Renew { .. } => 6,
-        RpcRequest::Join { .. } => 7,
-        RpcRequest::Status {} => 8,
-        RpcRequest::Operator { .. } => 9,
-    };
+fn a_huge_count_at_any_offset_is_not_believed() {
+    resists_huge_counts::<RpcRequest>(&REQUESTS, true);
+    resists_huge_counts::<PeerRequest>(&PEER_REQUESTS, true);
+    resists_huge_counts::<RpcResponse>(&RESPONSES, false);
+    resists_huge_counts::<PeerResponse>(&PEER_RESPONSES, false);
+}
+
+/// Each of `values` encodes with its variant's golden index (`expected`) first, and the
+/// corpus holds all `variants` of its enum.
+fn keeps_variant_indexes<T: std::fmt::Debug>(
+    values: &[T],
+    encoded: &[Vec<u8>],
+    expected: impl Fn(&T) -> u8,
+    variants: u8,
+) {
     let mut seen = BTreeSet::new();
-    for (request, bytes) in requests().iter().zip(REQUESTS.iter()) {
-        assert_eq!(bytes[0], expected(request), "{request:?}");
+    for (value, bytes) in values.iter().zip(encoded) {
+        assert_eq!(bytes[0], expected(value), "{value:?}");
         seen.insert(bytes[0]);
     }
-    assert_eq!(seen, (0..=9).collect(), "the corpus has every request");
+    assert_eq!(
+        seen,
+        (0..variants).collect(),
+        "the corpus has every variant"
+    );
+}
+
+/// Golden variant indexes: a peer of another build reads a message by its position.
+#[test]
+fn messages_keep_their_variant_indexes() {
+    keeps_variant_indexes(
+        &requests(),
+        &REQUESTS,
+        |request| match request {
+            RpcRequest::Hello {} => 0,
+            RpcRequest::Write { .. } => 1,
+            RpcRequest::Query { .. } => 2,
+            RpcRequest::Renew { .. } => 3,
+            RpcRequest::Join { .. } => 4,
+            RpcRequest::Status {} => 5,
+            RpcRequest::Operator { .. } => 6,
+        },
+        7,
+    );
+    keeps_variant_indexes(
+        &responses(),
+        &RESPONSES,
+        |response| match response {
+            RpcResponse::Hello(_) => 0,
+            RpcResponse::Write(_) => 1,
+            RpcResponse::Query(_) => 2,
+            RpcResponse::Renew(_) => 3,
+            RpcResponse::Join(_) => 4,
+            RpcResponse::Status(_) => 5,
+            RpcResponse::Operator(_) => 6,
+            RpcResponse::Refused(_) => 7,
+        },
+        8,
+    );
+    keeps_variant_indexes(
+        &peer_requests(),
+        &PEER_REQUESTS,
+        |request| match request {
+            PeerRequest::AppendEntries(_) => 0,
+            PeerRequest::Vote(_) => 1,
+            PeerRequest::InstallSnapshot(_) => 2,
+        },
+        3,
+    );
+    keeps_variant_indexes(
+        &peer_responses(),
+        &PEER_RESPONSES,
+        |response| match response {
+            PeerResponse::AppendEntries(_) => 0,
+            PeerResponse::Vote(_) => 1,
+            PeerResponse::InstallSnapshot(_) => 2,
+            PeerResponse::Undecodable(_) => 3,
+        },
+        4,
+    );
 }
