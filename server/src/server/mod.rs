@@ -3,6 +3,8 @@
 //! reads), and forwards them to the leader otherwise. The agent's HTTP API calls it directly
 //! when the agent runs the server role; other agents reach it over RPC.
 
+#[cfg(test)]
+mod cluster_tests;
 mod data_dir;
 mod formation;
 mod forward;

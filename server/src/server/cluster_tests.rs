@@ -1,0 +1,254 @@
+//! Three servers in one process, on loopback QUIC, each behind a UDP relay the test can cut:
+//! raft, formation and forwarding as they run in production, without spawning agents. The relay
+//! of a server is the address the others know it by; cutting a server drops every datagram to
+//! and from it, in both directions, until the links are healed.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::net::UdpSocket;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+use vigil_shared::kv::KvOp;
+use vigil_shared::rpc::{Consistency, Op, QueryOptions, QueryResult, ReadQuery, Response};
+use vigil_wire::tls::{CertificateAuthority, Role};
+
+use super::{RaftTiming, Server, ServerConfig, ServerMode};
+
+/// Far longer than anything here takes; only a hang reaches it.
+const PATIENCE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(20);
+
+/// Which servers are cut off, by index, and the addresses their own sockets send from.
+struct Links {
+    cut: Mutex<BTreeSet<usize>>,
+    sockets: Vec<SocketAddr>,
+}
+
+impl Links {
+    /// Whether a datagram between server `server` and the sender at `peer` is dropped.
+    fn drops(&self, server: usize, peer: SocketAddr) -> bool {
+        let cut = self.cut.lock();
+        cut.contains(&server)
+            || self
+                .sockets
+                .iter()
+                .position(|s| *s == peer)
+                .is_some_and(|i| cut.contains(&i))
+    }
+}
+
+/// Relays datagrams from `public` to the socket of server `server` at `target`, through one
+/// upstream socket per sender so that the answers find their way back.
+async fn relay(public: Arc<UdpSocket>, server: usize, target: SocketAddr, links: Arc<Links>) {
+    let mut upstreams: HashMap<SocketAddr, Arc<UdpSocket>> = HashMap::new();
+    let mut buf = vec![0; 65_536];
+    while let Ok((len, from)) = public.recv_from(&mut buf).await {
+        if links.drops(server, from) {
+            continue;
+        }
+        let upstream = match upstreams.get(&from) {
+            Some(upstream) => Arc::clone(upstream),
+            None => {
+                let upstream = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+                tokio::spawn(relay_back(
+                    Arc::clone(&upstream),
+                    Arc::clone(&public),
+                    from,
+                    server,
+                    Arc::clone(&links),
+                ));
+                upstreams.insert(from, Arc::clone(&upstream));
+                upstream
+            }
+        };
+        let _ = upstream.send_to(&buf[..len], target).await;
+    }
+}
+
+/// The answers of server `server` to the sender at `to`.
+async fn relay_back(
+    upstream: Arc<UdpSocket>,
+    public: Arc<UdpSocket>,
+    to: SocketAddr,
+    server: usize,
+    links: Arc<Links>,
+) {
+    let mut buf = vec![0; 65_536];
+    while let Ok((len, _)) = upstream.recv_from(&mut buf).await {
+        if !links.drops(server, to) {
+            let _ = public.send_to(&buf[..len], to).await;
+        }
+    }
+}
+
+struct TestCluster {
+    servers: Vec<Arc<Server>>,
+    links: Arc<Links>,
+    _dir: tempfile::TempDir,
+}
+
+impl TestCluster {
+    /// Three servers that find each other through a fixed member list and bootstrap together.
+    async fn start() -> TestCluster {
+        const SERVERS: usize = 3;
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let ca = CertificateAuthority::generate("vigil").expect("CA");
+        let sockets: Vec<std::net::UdpSocket> = (0..SERVERS)
+            .map(|_| std::net::UdpSocket::bind("127.0.0.1:0").expect("bind"))
+            .collect();
+        let links = Arc::new(Links {
+            cut: Mutex::new(BTreeSet::new()),
+            sockets: sockets.iter().map(|s| s.local_addr().unwrap()).collect(),
+        });
+        let mut members = Vec::new();
+        for (i, socket) in links.sockets.iter().enumerate() {
+            let public = Arc::new(UdpSocket::bind("127.0.0.1:0").await.expect("bind"));
+            let rpc_addr = public.local_addr().unwrap();
+            tokio::spawn(relay(public, i, *socket, Arc::clone(&links)));
+            members.push(MemberStatus {
+                name: format!("s{i}"),
+                gossip_addr: rpc_addr,
+                rpc_addr,
+                role: MemberRole::Server,
+                datacenter: "dc1".to_owned(),
+                state: MemberState::Alive,
+                pruned: false,
+            });
+        }
+        let (_, members_rx) = watch::channel(members.clone());
+        let mut servers = Vec::new();
+        for (member, socket) in members.iter().zip(sockets) {
+            let config = ServerConfig {
+                node_name: member.name.clone(),
+                rpc_addr: member.rpc_addr,
+                raft: RaftTiming::local(),
+                mode: ServerMode::Cluster {
+                    data_dir: dir.path().join(&member.name),
+                    bootstrap_expect: SERVERS,
+                },
+                members: Some(members_rx.clone()),
+                session_ttl_min: Duration::from_secs(10),
+                max_blocking_queries: 16,
+                acls: None,
+            };
+            let tls = ca
+                .issue(Role::Server, "dc1", "vigil", Some(&member.name))
+                .expect("certificate");
+            let server = Server::start(config, &tls, socket, CancellationToken::new())
+                .await
+                .expect("server starts");
+            servers.push(server);
+        }
+        TestCluster {
+            servers,
+            links,
+            _dir: dir,
+        }
+    }
+
+    /// The one of `among` that leads, once one does.
+    async fn leader(&self, among: &[usize]) -> usize {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if let Some(&i) = among.iter().find(|&&i| self.servers[i].is_leader()) {
+                return i;
+            }
+            assert!(Instant::now() < deadline, "none of {among:?} leads");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// Commits `op` through the leader among `among`, retrying what was never applied (no
+    /// leader yet, or leadership moved on) as the agent's backend does. Returns the leader.
+    async fn commit(&self, among: &[usize], op: Op) -> usize {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let leader = self.leader(among).await;
+            match self.servers[leader].write(op.clone()).await {
+                Ok(Response::Txn(_)) => return leader,
+                Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
+                    tokio::time::sleep(POLL).await;
+                }
+                other => panic!("{op:?} through s{leader}: {other:?}"),
+            }
+        }
+    }
+
+    fn cut(&self, server: usize) {
+        self.links.cut.lock().insert(server);
+    }
+
+    fn heal(&self) {
+        self.links.cut.lock().clear();
+    }
+
+    /// The value of `key` in server `server`'s own state, without asking a leader.
+    async fn local_value(&self, server: usize, key: &str) -> Option<Vec<u8>> {
+        let opts = QueryOptions {
+            consistency: Consistency::Stale,
+            min_index: 0,
+            wait_ms: 0,
+        };
+        let query = ReadQuery::KvGet {
+            key: key.to_owned(),
+        };
+        match self.servers[server].query(opts, query).await {
+            Ok((QueryResult::Entries(entries), _)) => entries.into_iter().next().map(|e| e.value),
+            other => panic!("a stale read of {key} on s{server}: {other:?}"),
+        }
+    }
+
+    /// Waits until server `server` has applied `key` = `value`.
+    async fn has(&self, server: usize, key: &str, value: &str) {
+        let deadline = Instant::now() + PATIENCE;
+        while self.local_value(server, key).await.as_deref() != Some(value.as_bytes()) {
+            assert!(Instant::now() < deadline, "s{server} never applied {key}");
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+fn put(key: &str, value: &str) -> Op {
+    Op::Kv(vec![KvOp::Set {
+        key: key.to_owned(),
+        value: value.as_bytes().to_vec(),
+        flags: 0,
+    }])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_is_replaced_and_nothing_acknowledged_is_lost() {
+    let cluster = TestCluster::start().await;
+    let all = [0, 1, 2];
+    let old = cluster.commit(&all, put("before", "1")).await;
+
+    // Cut off, the leader cannot commit; the other two elect one of themselves, which can.
+    cluster.cut(old);
+    let rest: Vec<usize> = all.into_iter().filter(|&i| i != old).collect();
+    cluster.commit(&rest, put("during", "2")).await;
+    let stranded = tokio::time::timeout(
+        Duration::from_millis(500),
+        cluster.servers[old].write(put("stranded", "3")),
+    )
+    .await;
+    assert!(
+        !matches!(stranded, Ok(Ok(_))),
+        "a leader without a quorum acknowledged a write: {stranded:?}"
+    );
+
+    // Healed, the old leader follows and holds what was acknowledged, and nothing else.
+    cluster.heal();
+    for server in all {
+        cluster.has(server, "before", "1").await;
+        cluster.has(server, "during", "2").await;
+    }
+    for server in all {
+        assert_eq!(cluster.local_value(server, "stranded").await, None);
+    }
+}
