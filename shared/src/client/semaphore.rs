@@ -8,9 +8,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::time::Instant;
 
-use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain, unreachable_after};
+use super::held::{Held, Look, MONITOR_WAIT, explain, monitor, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::recipe::contender_entry;
@@ -351,63 +350,39 @@ struct SlotWatch {
     unreachable_after: Duration,
 }
 
-/// Watches the prefix until our session is no longer a (live) holder.
+/// Watches the prefix until our session is no longer a (live) holder (see [`monitor`]).
 async fn monitor_slot(
     watch: SlotWatch,
-    mut index: u64,
+    index: u64,
     session_lost: LostSignal,
     trigger: LostTrigger,
 ) {
-    let SlotWatch {
-        client,
-        prefix,
-        lock_key,
-        limit,
-        session,
-        unreachable_after,
-    } = watch;
-    let mut last_ok = Instant::now();
-    loop {
+    let unreachable_after = watch.unreachable_after;
+    let watch = &watch;
+    let look = |index: u64| async move {
         let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
-        let result = tokio::select! {
-            reason = session_lost.wait() => {
-                trigger.fire(reason);
-                return;
-            }
-            result = client.kv_list(&prefix, opts) => result,
-        };
-        match result {
-            Ok((pairs, meta)) => {
-                last_ok = Instant::now();
-                let lock_pair = find_lock(&pairs, &lock_key);
-                let held = SemaphoreLock::decode(&lock_pair.value, limit).map(|mut lock| {
-                    lock.prune(&pairs);
-                    lock.holders.contains_key(&session)
-                });
-                if held != Ok(true) {
-                    let mine = pairs
-                        .iter()
-                        .find(|p| p.session.as_deref() == Some(&session));
-                    let reason = match explain(&client, &session, mine).await {
-                        LossReason::KeyReleased => LossReason::SlotRemoved,
-                        other => other,
-                    };
-                    trigger.fire(reason);
-                    return;
-                }
-                index = next_wait_index(index, meta.index);
-            }
-            Err(e) => {
-                if last_ok.elapsed() >= unreachable_after {
-                    trigger.fire(LossReason::Unreachable);
-                    return;
-                }
-                tracing::debug!(%prefix, error = %e, "semaphore monitor read failed, retrying");
-                index = 0;
-                tokio::time::sleep(MONITOR_RETRY).await;
-            }
+        let (pairs, meta) = watch.client.kv_list(&watch.prefix, opts).await?;
+        let lock_pair = find_lock(&pairs, &watch.lock_key);
+        let held = SemaphoreLock::decode(&lock_pair.value, watch.limit).map(|mut lock| {
+            lock.prune(&pairs);
+            lock.holders.contains_key(&watch.session)
+        });
+        if held == Ok(true) {
+            return Ok(Look::Held {
+                index: next_wait_index(index, meta.index),
+            });
         }
-    }
+        let mine = pairs
+            .iter()
+            .find(|p| p.session.as_deref() == Some(&watch.session));
+        Ok(Look::Lost(
+            match explain(&watch.client, &watch.session, mine).await {
+                LossReason::KeyReleased => LossReason::SlotRemoved,
+                other => other,
+            },
+        ))
+    };
+    monitor(index, session_lost, trigger, unreachable_after, look).await;
 }
 
 #[cfg(test)]
