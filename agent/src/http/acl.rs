@@ -82,8 +82,8 @@ pub async fn check_session_write(
     Ok(())
 }
 
-/// The secret a request presents, if any.
-pub fn request_token(parts: &Parts) -> Option<String> {
+/// The secret a request presents, if any (`params`: its query string, for `?token=`).
+pub fn request_token(parts: &Parts, params: &Params) -> Option<String> {
     let header = |name: &str| {
         parts
             .headers
@@ -102,18 +102,29 @@ pub fn request_token(parts: &Parts) -> Option<String> {
     }) {
         return Some(bearer.to_owned());
     }
-    Params::parse(parts.uri.query())
+    params
         .get("token")
         .filter(|t| !t.is_empty())
         .map(str::to_owned)
+}
+
+impl Authz {
+    /// Resolves the token the request presents (`params`: its query string).
+    pub async fn resolve(
+        parts: &Parts,
+        params: &Params,
+        state: &AppState,
+    ) -> Result<Authz, ApiError> {
+        let token = request_token(parts, params);
+        Ok(Authz(state.acls.authorize(token.as_deref()).await?))
+    }
 }
 
 impl FromRequestParts<AppState> for Authz {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Authz, ApiError> {
-        let token = request_token(parts);
-        Ok(Authz(state.acls.authorize(token.as_deref()).await?))
+        Authz::resolve(parts, &Params::parse(parts.uri.query()), state).await
     }
 }
 
