@@ -482,9 +482,20 @@ async fn read_token(state: &AppState, accessor_id: &str) -> Result<Token, ApiErr
 /// Commits a token's creation or update and answers it as stored.
 async fn set_token(cx: &Ctx, token: Token, create: bool) -> Result<Response, ApiError> {
     let accessor = token.accessor_id.clone();
-    write(&cx.state, AclOp::SetToken { token, create }).await?;
-    let token = read_token(&cx.state, &accessor).await?;
-    Ok(cx.json(&token_json(&token)))
+    let op = AclOp::SetToken { token, create };
+    commit_token(&cx.state, &cx.params, &accessor, op).await
+}
+
+/// Commits `op`, which writes the token `accessor`, and answers that token as stored.
+async fn commit_token(
+    state: &AppState,
+    params: &Params,
+    accessor: &str,
+    op: AclOp,
+) -> Result<Response, ApiError> {
+    write(state, op).await?;
+    let token = read_token(state, accessor).await?;
+    Ok(json(params, &token_json(&token)))
 }
 
 /// `PUT /v1/acl/bootstrap`: the first management token, once.
@@ -506,9 +517,7 @@ pub async fn bootstrap(
         )
     };
     let accessor = token.accessor_id.clone();
-    write(&state, AclOp::Bootstrap(token)).await?;
-    let token = read_token(&state, &accessor).await?;
-    Ok(json(&params, &token_json(&token)))
+    commit_token(&state, &params, &accessor, AclOp::Bootstrap(token)).await
 }
 
 /// `PUT /v1/acl/token`.
