@@ -79,6 +79,15 @@ pub async fn connect(endpoints: &[String]) -> Result<Client> {
         .with_context(|| format!("connect to etcd at {endpoints:?}"))
 }
 
+/// `n` clients of `endpoint`, each over its own connection.
+pub async fn connect_each(endpoint: &str, n: usize) -> Result<Vec<Client>> {
+    let mut clients = Vec::with_capacity(n);
+    for _ in 0..n {
+        clients.push(connect(&[endpoint.to_owned()]).await?);
+    }
+    Ok(clients)
+}
+
 impl EtcdCluster {
     /// Starts `n` members and waits until they agree on a leader.
     pub async fn start(n: usize) -> Result<EtcdCluster> {

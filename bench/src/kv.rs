@@ -10,7 +10,7 @@ use futures::FutureExt;
 use serde_json::json;
 use vigil_shared::client::Client;
 
-use super::etcd::connect;
+use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
 use super::machine::Meter;
 use super::report::{Outcome, Row};
@@ -46,10 +46,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         .await?;
         outcome.usage.push(meter.stop()?);
 
-        let mut etcd_clients = Vec::new();
-        for _ in 0..clients {
-            etcd_clients.push(connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?);
-        }
+        let etcd_clients = connect_each(&leaders.etcd_endpoint, clients).await?;
         let meter = Meter::start(
             format!("KV put, {}, etcd", load::clients(clients)),
             &leaders.etcd_pids,

@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use serde_json::json;
 use vigil_shared::client::{Client, SessionRequest};
 
-use super::etcd::connect;
+use super::etcd::connect_each;
 use super::load::{Percentile, Throughput, closed_loop};
 use super::machine::Meter;
 use super::report::{Outcome, Row};
@@ -102,11 +102,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         .await?;
 
     // etcd: the same with leases, each client over its own connection.
-    let mut etcd_clients = Vec::new();
-    for _ in 0..CLIENTS {
-        etcd_clients.push(connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?);
-    }
-    let etcd_clients = Arc::new(etcd_clients);
+    let etcd_clients = Arc::new(connect_each(&leaders.etcd_endpoint, CLIENTS).await?);
     let leases = created::<i64>();
     let meter = Meter::start("Lease grant, etcd", &leaders.etcd_pids)?;
     let (clients, ids) = (etcd_clients.clone(), leases.clone());

@@ -82,8 +82,8 @@ pub async fn check_session_write(
     Ok(())
 }
 
-/// The secret a request presents, if any.
-pub fn request_token(parts: &Parts) -> Option<String> {
+/// The secret a request presents, if any (`params`: its query string, for `?token=`).
+pub fn request_token(parts: &Parts, params: &Params) -> Option<String> {
     let header = |name: &str| {
         parts
             .headers
@@ -102,18 +102,29 @@ pub fn request_token(parts: &Parts) -> Option<String> {
     }) {
         return Some(bearer.to_owned());
     }
-    Params::parse(parts.uri.query())
+    params
         .get("token")
         .filter(|t| !t.is_empty())
         .map(str::to_owned)
+}
+
+impl Authz {
+    /// Resolves the token the request presents (`params`: its query string).
+    pub async fn resolve(
+        parts: &Parts,
+        params: &Params,
+        state: &AppState,
+    ) -> Result<Authz, ApiError> {
+        let token = request_token(parts, params);
+        Ok(Authz(state.acls.authorize(token.as_deref()).await?))
+    }
 }
 
 impl FromRequestParts<AppState> for Authz {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Authz, ApiError> {
-        let token = request_token(parts);
-        Ok(Authz(state.acls.authorize(token.as_deref()).await?))
+        Authz::resolve(parts, &Params::parse(parts.uri.query()), state).await
     }
 }
 
@@ -471,9 +482,20 @@ async fn read_token(state: &AppState, accessor_id: &str) -> Result<Token, ApiErr
 /// Commits a token's creation or update and answers it as stored.
 async fn set_token(cx: &Ctx, token: Token, create: bool) -> Result<Response, ApiError> {
     let accessor = token.accessor_id.clone();
-    write(&cx.state, AclOp::SetToken { token, create }).await?;
-    let token = read_token(&cx.state, &accessor).await?;
-    Ok(cx.json(&token_json(&token)))
+    let op = AclOp::SetToken { token, create };
+    commit_token(&cx.state, &cx.params, &accessor, op).await
+}
+
+/// Commits `op`, which writes the token `accessor`, and answers that token as stored.
+async fn commit_token(
+    state: &AppState,
+    params: &Params,
+    accessor: &str,
+    op: AclOp,
+) -> Result<Response, ApiError> {
+    write(state, op).await?;
+    let token = read_token(state, accessor).await?;
+    Ok(json(params, &token_json(&token)))
 }
 
 /// `PUT /v1/acl/bootstrap`: the first management token, once.
@@ -495,9 +517,7 @@ pub async fn bootstrap(
         )
     };
     let accessor = token.accessor_id.clone();
-    write(&state, AclOp::Bootstrap(token)).await?;
-    let token = read_token(&state, &accessor).await?;
-    Ok(json(&params, &token_json(&token)))
+    commit_token(&state, &params, &accessor, AclOp::Bootstrap(token)).await
 }
 
 /// `PUT /v1/acl/token`.

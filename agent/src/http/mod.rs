@@ -93,11 +93,11 @@ impl FromRequestParts<AppState> for Ctx {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Ctx, error::ApiError> {
-        let authz = acl::Authz::from_request_parts(parts, state).await?;
         let OriginalUri(uri) = OriginalUri::from_request_parts(parts, state)
             .await
             .unwrap_or_else(|never| match never {});
         let params = Params::parse(uri.query());
+        let authz = acl::Authz::resolve(parts, &params, state).await?;
         Ok(Ctx {
             state: state.clone(),
             authz,

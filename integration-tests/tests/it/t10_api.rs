@@ -185,9 +185,7 @@ async fn sequencer_validates_fencing_tokens() {
     let agent = Agent::dev().await;
     let holder = agent.session("{}").await;
     let other = agent.session("{}").await;
-    agent
-        .put_true(&format!("/v1/kv/fenced?acquire={holder}"), "")
-        .await;
+    agent.acquire_ok("fenced", &holder).await;
     assert_valid(&sequencer(&agent, "fenced", 1, &holder).await);
 
     // A wrong lock-index, a wrong session or a wrong key is invalid, with a reason.
@@ -201,15 +199,11 @@ async fn sequencer_validates_fencing_tokens() {
     }
 
     // After release the old token is invalid.
-    agent
-        .put_true(&format!("/v1/kv/fenced?release={holder}"), "")
-        .await;
+    agent.release_ok("fenced", &holder).await;
     assert_invalid(&sequencer(&agent, "fenced", 1, &holder).await, "released");
 
     // The next holder gets LockIndex 2; only its token is valid, the old one stays invalid.
-    agent
-        .put_true(&format!("/v1/kv/fenced?acquire={other}"), "")
-        .await;
+    agent.acquire_ok("fenced", &other).await;
     assert_valid(&sequencer(&agent, "fenced", 2, &other).await);
     assert_invalid(&sequencer(&agent, "fenced", 1, &other).await, "stale index");
     assert_invalid(&sequencer(&agent, "fenced", 1, &holder).await, "old holder");

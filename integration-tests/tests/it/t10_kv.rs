@@ -630,11 +630,7 @@ async fn blocking_get_on_a_key_is_not_woken_by_writes_below_it() {
 
     // Proof with a bounded wait: a second reader at the same index runs out its wait and sees
     // foo's index unchanged; the long reader is still parked.
-    let started = Instant::now();
-    let probe = agent.get(&format!("/v1/kv/foo?index={m}&wait=500ms")).await;
-    assert!(started.elapsed() >= Duration::from_millis(500));
-    assert_eq!(probe.status, StatusCode::OK);
-    assert_eq!(probe.index(), m);
+    assert_waits_out(&agent, "/v1/kv/foo", m).await;
     assert!(!watcher.is_finished(), "woken by a write to foo/bar");
 
     // A write to `foo` itself wakes the reader with the new entry.

@@ -102,12 +102,6 @@ async fn session(agent: &Agent) -> String {
     agent.session(r#"{"LockDelay": "0s"}"#).await
 }
 
-async fn lock_index(agent: &Agent, key: &str) -> u64 {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()[0]["LockIndex"].as_u64().expect("LockIndex")
-}
-
 async fn sequencer_valid(agent: &Agent, key: &str, index: u64, session: &str) -> bool {
     let query = format!("key={key}&lock-index={index}&session={session}");
     agent.sequencer(&query).await.json()["Valid"] == json!(true)
@@ -126,7 +120,7 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
     }
     assert_eq!(agent.delete(&format!("/v1/kv/{key}")).await.json(), true);
     agent.acquire_ok(key, &s).await;
-    assert_eq!(lock_index(&agent, key).await, 4);
+    assert_eq!(agent.kv_entry(key).await["LockIndex"], json!(4));
     agent.release_ok(key, &s).await;
 
     // A recursive delete of a parent prefix, then an acquire: 5, and no old sequencer is
@@ -135,7 +129,7 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
     assert_eq!(reply.json(), true);
     assert_not_found(&agent, &format!("/v1/kv/{key}")).await;
     agent.acquire_ok(key, &s).await;
-    assert_eq!(lock_index(&agent, key).await, 5);
+    assert_eq!(agent.kv_entry(key).await["LockIndex"], json!(5));
     for old in 1..=4 {
         assert!(!sequencer_valid(&agent, key, old, &s).await, "{old}");
     }
@@ -147,7 +141,7 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
     let reply = agent.delete(&format!("/v1/kv/{key}?recurse")).await;
     assert_eq!(reply.json(), true);
     agent.acquire_ok(key, &s).await;
-    assert_eq!(lock_index(&agent, key).await, 6);
+    assert_eq!(agent.kv_entry(key).await["LockIndex"], json!(6));
     assert!(!sequencer_valid(&agent, key, 1, &s).await);
 
     // The txn delete-tree verb followed by a lock in the same transaction: 7.
@@ -157,7 +151,7 @@ async fn lock_index_never_goes_back_through_a_recursive_delete() {
     ]);
     let reply = agent.put("/v1/txn", ops.to_string()).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    assert_eq!(lock_index(&agent, key).await, 7);
+    assert_eq!(agent.kv_entry(key).await["LockIndex"], json!(7));
     assert!(!sequencer_valid(&agent, key, 1, &s).await);
 }
 

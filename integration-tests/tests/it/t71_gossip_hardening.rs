@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::common::refused_config;
+use crate::common::{config_file, refused_config};
 
 /// Gossip news (a join, a leave, a crash) must reach every member within this.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
@@ -302,16 +302,13 @@ async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
 #[tokio::test]
 async fn the_gossip_key_can_come_from_the_config_file() {
     let key = keygen();
-    let secrets = tempfile::tempdir().expect("temporary directory");
-    let config = secrets.path().join("gossip.toml");
-    std::fs::write(&config, format!("encrypt = \"{key}\"\n")).expect("write the config file");
-    let config = config.to_str().expect("UTF-8 path");
+    let (_secrets, config) = config_file(&format!("encrypt = \"{key}\"\n"));
     let mut cluster = Cluster::servers(1)
         .server_arg("--config")
-        .server_arg(config)
+        .server_arg(&config)
         .start()
         .await;
-    let client = cluster.add_client_with(&[0], &["--config", config]).await;
+    let client = cluster.add_client_with(&[0], &["--config", &config]).await;
     let (name, http) = (
         cluster.clients[client].name.clone(),
         cluster.client(client).http(),

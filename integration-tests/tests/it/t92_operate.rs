@@ -17,7 +17,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_agent::gossip::generate_key;
 
-use crate::common::{assert_error, assert_error_containing, assert_error_prefix};
+use crate::common::{assert_error, assert_error_containing, assert_error_prefix, config_file};
 
 /// A counter's (or sample's) `Count` and `Sum` in `/v1/agent/metrics`, by name and labels.
 fn counter(metrics: &Value, kind: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
@@ -70,9 +70,9 @@ async fn release(agent: &Http, key: &str, session: &str) {
 }
 
 async fn lock_index(agent: &Http, key: &str) -> u64 {
-    let reply = agent.get(&format!("/v1/kv/{key}")).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()[0]["LockIndex"].as_u64().expect("LockIndex")
+    agent.kv_entry(key).await["LockIndex"]
+        .as_u64()
+        .expect("LockIndex")
 }
 
 async fn raw(agent: &Http, key: &str) -> Option<String> {
@@ -479,11 +479,8 @@ async fn servers_are_removed_replaced_and_hand_over_leadership() {
 
 #[tokio::test]
 async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let config = dir.path().join("agent.toml");
     let service = "[[service]]\nid = \"web\"\nname = \"web\"\nport = 80\n";
-    std::fs::write(&config, service).expect("write the config file");
-    let path = config.to_str().expect("UTF-8 path").to_owned();
+    let (dir, config) = config_file(service);
     let agent = Agent::spawn(
         [
             "agent",
@@ -499,7 +496,7 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
             "--log-level",
             "debug",
             "--config",
-            &path,
+            &config,
         ],
         Some(&dir.path().join("agent.log")),
     )

@@ -21,11 +21,11 @@ use super::held::{Held, monitor_key};
 use super::keeper::SessionKeeper;
 use super::lock::{DEFAULT_LOCK_RETRY_TIME, LOCK_FLAG_VALUE};
 use super::lost::{LostSignal, LostTrigger};
+use super::recipe::contender_entry;
 use super::semaphore::SEMAPHORE_FLAG_VALUE;
 use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::{KvEntry, KvOp};
-use crate::session::Behavior;
 
 /// Marks a fair-mutex contender key (ASCII "VigilFai").
 pub const FAIR_FLAG_VALUE: u64 = 0x5669_6769_6c46_6169;
@@ -148,22 +148,13 @@ impl KvFairMutex {
 
     /// Queues up and blocks until first in line. Dropping the future leaves the queue.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
-        let client = &self.client;
-        let request = SessionRequest::for_recipe(
-            &self.opts.session_name,
-            self.opts.session_ttl,
-            self.opts.lock_delay,
-            Behavior::Release,
-        );
+        let (client, opts) = (&self.client, &self.opts);
+        let request =
+            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
         let mut keeper = SessionKeeper::create(client, &request).await?;
         let session = keeper.id().to_owned();
-        let my_key = path::join(&[&self.opts.prefix, &session]);
-        let made = client
-            .kv_acquire(&my_key, &self.opts.value, FAIR_FLAG_VALUE, &session)
-            .await?;
-        if !made.acquired {
-            return Err(ClientError::ContenderEntry);
-        }
+        let my_key =
+            contender_entry(client, &opts.prefix, &opts.value, FAIR_FLAG_VALUE, &session).await?;
         // Leaving deletes our entry only while it is still ours: an entry our dead session left
         // behind carries the lock-delay the next owner must honour.
         let (c, key, s) = (client.clone(), my_key.clone(), session.clone());
@@ -193,13 +184,13 @@ impl KvFairMutex {
         ));
         let held = Held::new(my_key, lock_index, keeper, monitor, lost.clone());
 
-        let dir = format!("{}/", path::clean(&self.opts.prefix));
+        let dir = format!("{}/", path::clean(&opts.prefix));
         loop {
             if let Some(reason) = lost.get() {
                 return Err(ClientError::SessionLost(reason));
             }
             let (entries, _) = client.kv_list(&dir, ReadOpts::default()).await?;
-            match fair_step(&entries, &self.opts.prefix, &session)? {
+            match fair_step(&entries, &opts.prefix, &session)? {
                 FairStep::Gone => {
                     let reason = tokio::time::timeout(Duration::from_secs(2), lost.wait())
                         .await
@@ -233,10 +224,9 @@ async fn wait_for(
     let mut index = predecessor.modify_index;
     loop {
         let opts = ReadOpts::blocking(index, PREDECESSOR_WAIT);
-        let (entry, meta) = tokio::select! {
-            reason = lost.wait() => return Err(ClientError::SessionLost(reason)),
-            read = client.kv_get(&predecessor.key, opts) => read?,
-        };
+        let (entry, meta) = lost
+            .unless_lost(client.kv_get(&predecessor.key, opts))
+            .await??;
         match entry {
             Some(e)
                 if e.session == predecessor.session
@@ -285,10 +275,7 @@ async fn clear_dead(
             }
         };
         tracing::debug!(key = %dead.key, ?pause, "waiting out a dead owner's lock-delay");
-        tokio::select! {
-            reason = lost.wait() => return Err(ClientError::SessionLost(reason)),
-            () = tokio::time::sleep(pause) => {}
-        }
+        lost.unless_lost(tokio::time::sleep(pause)).await?;
     }
 }
 

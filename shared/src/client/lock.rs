@@ -12,7 +12,6 @@ use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostTrigger};
 use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index};
-use crate::session::Behavior;
 
 /// `api.LockFlagValue` (0x2ddccbc058a50c18): marks a key used as a lock.
 pub const LOCK_FLAG_VALUE: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -86,26 +85,19 @@ impl Lock {
 
     /// Blocks until the lock is held. Dropping the future gives up and destroys the session.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
-        let client = &self.client;
-        let key = &self.opts.key;
-        let request = SessionRequest::for_recipe(
-            &self.opts.session_name,
-            self.opts.session_ttl,
-            self.opts.lock_delay,
-            Behavior::Release,
-        );
+        let (client, opts) = (&self.client, &self.opts);
+        let key = &opts.key;
+        let request =
+            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
         let mut keeper =
-            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
+            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
         let mut index = 0;
         let mut unexplained = 0;
         loop {
-            let opts = ReadOpts::blocking(index, self.opts.wait_time);
-            let (pair, meta) = tokio::select! {
-                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
-                read = client.kv_get(key, opts) => read?,
-            };
+            let read = client.kv_get(key, ReadOpts::blocking(index, opts.wait_time));
+            let (pair, meta) = session_lost.unless_lost(read).await??;
             if let Some(pair) = &pair {
                 if pair.flags != LOCK_FLAG_VALUE {
                     return Err(ClientError::LockConflict);
@@ -116,7 +108,7 @@ impl Lock {
                 }
             }
             let acquired = client
-                .kv_acquire(key, &self.opts.value, LOCK_FLAG_VALUE, &session)
+                .kv_acquire(key, &opts.value, LOCK_FLAG_VALUE, &session)
                 .await?;
             if acquired.acquired {
                 break;
@@ -141,10 +133,7 @@ impl Lock {
             };
             unexplained = 0;
             tracing::debug!(%key, ?pause, "lock-delay in effect");
-            tokio::select! {
-                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
-                () = tokio::time::sleep(pause) => {}
-            }
+            session_lost.unless_lost(tokio::time::sleep(pause)).await?;
             index = 0;
         }
 
@@ -152,7 +141,7 @@ impl Lock {
         let (pair, meta) = client.kv_get(key, ReadOpts::default().consistent()).await?;
         let lock_index = pair.as_ref().map_or(0, |p| p.lock_index);
         let (release_client, release_key, value) =
-            (client.clone(), key.clone(), self.opts.value.clone());
+            (client.clone(), key.clone(), opts.value.clone());
         let release_session = session.clone();
         keeper.on_close(Box::pin(async move {
             release_client
@@ -171,7 +160,7 @@ impl Lock {
             meta.index,
             session_lost,
             trigger,
-            unreachable_after(self.opts.monitor_retries, keeper.ttl()),
+            unreachable_after(opts.monitor_retries, keeper.ttl()),
         ));
         Ok(Held::new(key.clone(), lock_index, keeper, monitor, lost))
     }

@@ -1,9 +1,12 @@
 //! The "lock lost" signal: set at most once by whoever notices (the session keeper, a key
 //! monitor), awaited by any number of holders. Once set it never changes.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::watch;
+
+use super::ClientError;
 
 /// Why a held lock (or a session) is no longer held.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +87,18 @@ impl LostSignal {
             if rx.changed().await.is_err() {
                 return rx.borrow().clone().unwrap_or(LossReason::Released);
             }
+        }
+    }
+
+    /// What `work` resolves to, unless the loss comes first: then [`ClientError::SessionLost`].
+    /// How a recipe waits (a blocking read, a pause) on behalf of a session it may lose.
+    pub(crate) async fn unless_lost<T>(
+        &self,
+        work: impl Future<Output = T>,
+    ) -> Result<T, ClientError> {
+        tokio::select! {
+            reason = self.wait() => Err(ClientError::SessionLost(reason)),
+            output = work => Ok(output),
         }
     }
 }

@@ -21,6 +21,7 @@ mod lock;
 mod lost;
 pub mod path;
 mod queue;
+mod recipe;
 mod semaphore;
 mod session;
 

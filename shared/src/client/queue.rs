@@ -19,7 +19,6 @@ use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
 use crate::lock::LockMode;
-use crate::session::Behavior;
 
 /// Session name of a queue contender that brings no session of its own.
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
@@ -221,18 +220,14 @@ impl LockQueue {
     }
 
     async fn take(&self, wait: Wait) -> Result<Option<Held>, ClientError> {
-        let client = &self.client;
-        let request = SessionRequest::for_recipe(
-            &self.opts.session_name,
-            self.opts.session_ttl,
-            self.opts.lock_delay,
-            Behavior::Release,
-        );
+        let (client, opts) = (&self.client, &self.opts);
+        let request =
+            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
         let mut keeper =
-            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
+            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();
         // From here on, leaving (a drop, an error, a timeout) releases or leaves the queue.
-        let (c, name, s) = (client.clone(), self.opts.name.clone(), session.clone());
+        let (c, name, s) = (client.clone(), opts.name.clone(), session.clone());
         keeper.on_close(Box::pin(async move {
             c.lock_queue_release(&name, &s).await.map(|_| ())
         }));
@@ -245,10 +240,8 @@ impl LockQueue {
                     deadline.map(|d| d.saturating_duration_since(Instant::now())),
                 ),
             };
-            let reply = tokio::select! {
-                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
-                reply = client.lock_queue_acquire(&self.opts, &session, try_only, ACQUIRE_WAIT, timeout) => reply?,
-            };
+            let reply = client.lock_queue_acquire(opts, &session, try_only, ACQUIRE_WAIT, timeout);
+            let reply = session_lost.unless_lost(reply).await??;
             match (reply.acquired, reply.token, reply.reason.as_deref()) {
                 (true, Some(token), _) => break token,
                 (_, _, Some("queued")) => continue,
@@ -264,10 +257,10 @@ impl LockQueue {
             }
         };
         let (trigger, lost) = LostTrigger::new();
-        let monitor = if self.opts.monitor {
+        let monitor = if opts.monitor {
             tokio::spawn(monitor_holder(
                 client.clone(),
-                self.opts.name.clone(),
+                opts.name.clone(),
                 session,
                 session_lost,
                 trigger,
@@ -277,7 +270,7 @@ impl LockQueue {
             tokio::spawn(async move { trigger.fire(session_lost.wait().await) })
         };
         Ok(Some(
-            Held::new(self.opts.name.clone(), token, keeper, monitor, lost).queued(),
+            Held::new(opts.name.clone(), token, keeper, monitor, lost).queued(),
         ))
     }
 }

@@ -8,11 +8,11 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::time::Instant;
 
-use super::held::{Held, MONITOR_RETRY, MONITOR_WAIT, explain, unreachable_after};
+use super::held::{Held, Look, MONITOR_WAIT, explain, monitor, unreachable_after};
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
+use super::recipe::contender_entry;
 use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::KvEntry;
@@ -198,44 +198,40 @@ impl Semaphore {
 
     /// Blocks until a slot is held. Dropping the future gives up and cleans up.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
-        let client = &self.client;
-        let request = SessionRequest::for_recipe(
-            &self.opts.session_name,
-            self.opts.session_ttl,
-            self.opts.lock_delay,
-            Behavior::Delete,
-        );
+        let (client, opts) = (&self.client, &self.opts);
+        let request = SessionRequest {
+            behavior: Behavior::Delete,
+            ..SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay)
+        };
         let mut keeper =
-            SessionKeeper::reuse_or_create(client, self.opts.session.as_deref(), &request).await?;
+            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
-        let contender = path::join(&[&self.opts.prefix, &session]);
-        let made = client
-            .kv_acquire(&contender, &self.opts.value, SEMAPHORE_FLAG_VALUE, &session)
-            .await?;
-        if !made.acquired {
-            return Err(ClientError::ContenderEntry);
-        }
+        let contender = contender_entry(
+            client,
+            &opts.prefix,
+            &opts.value,
+            SEMAPHORE_FLAG_VALUE,
+            &session,
+        )
+        .await?;
         let (c, k) = (client.clone(), contender.clone());
         keeper.on_close(Box::pin(async move { c.kv_delete(&k).await.map(|_| ()) }));
 
         let mut index = 0;
         let (lock_index, start_index) = loop {
-            let opts = ReadOpts::blocking(index, self.opts.wait_time);
-            let (pairs, meta) = tokio::select! {
-                reason = session_lost.wait() => return Err(ClientError::SessionLost(reason)),
-                read = client.kv_list(&self.opts.prefix, opts) => read?,
-            };
+            let read = client.kv_list(&opts.prefix, ReadOpts::blocking(index, opts.wait_time));
+            let (pairs, meta) = session_lost.unless_lost(read).await??;
             let lock_pair = find_lock(&pairs, &self.lock_key);
             if lock_pair.flags != SEMAPHORE_FLAG_VALUE {
                 return Err(ClientError::SemaphoreConflict);
             }
-            let mut lock = SemaphoreLock::decode(&lock_pair.value, self.opts.limit)
-                .map_err(ClientError::Decode)?;
-            if lock.limit != self.opts.limit {
+            let mut lock =
+                SemaphoreLock::decode(&lock_pair.value, opts.limit).map_err(ClientError::Decode)?;
+            if lock.limit != opts.limit {
                 return Err(ClientError::LimitConflict {
                     lock: lock.limit,
-                    local: self.opts.limit,
+                    local: opts.limit,
                 });
             }
             lock.prune(&pairs);
@@ -266,7 +262,7 @@ impl Semaphore {
         let leave = leave(
             client.clone(),
             self.lock_key.clone(),
-            self.opts.limit,
+            opts.limit,
             session.clone(),
             contender.clone(),
         );
@@ -274,11 +270,11 @@ impl Semaphore {
         let (trigger, lost) = LostTrigger::new();
         let watch = SlotWatch {
             client: client.clone(),
-            prefix: self.opts.prefix.clone(),
+            prefix: opts.prefix.clone(),
             lock_key: self.lock_key.clone(),
-            limit: self.opts.limit,
+            limit: opts.limit,
             session,
-            unreachable_after: unreachable_after(self.opts.monitor_retries, keeper.ttl()),
+            unreachable_after: unreachable_after(opts.monitor_retries, keeper.ttl()),
         };
         let monitor = tokio::spawn(monitor_slot(watch, start_index, session_lost, trigger));
         Ok(Held::new(contender, lock_index, keeper, monitor, lost))
@@ -354,63 +350,39 @@ struct SlotWatch {
     unreachable_after: Duration,
 }
 
-/// Watches the prefix until our session is no longer a (live) holder.
+/// Watches the prefix until our session is no longer a (live) holder (see [`monitor`]).
 async fn monitor_slot(
     watch: SlotWatch,
-    mut index: u64,
+    index: u64,
     session_lost: LostSignal,
     trigger: LostTrigger,
 ) {
-    let SlotWatch {
-        client,
-        prefix,
-        lock_key,
-        limit,
-        session,
-        unreachable_after,
-    } = watch;
-    let mut last_ok = Instant::now();
-    loop {
+    let unreachable_after = watch.unreachable_after;
+    let watch = &watch;
+    let look = |index: u64| async move {
         let opts = ReadOpts::blocking(index, MONITOR_WAIT).consistent();
-        let result = tokio::select! {
-            reason = session_lost.wait() => {
-                trigger.fire(reason);
-                return;
-            }
-            result = client.kv_list(&prefix, opts) => result,
-        };
-        match result {
-            Ok((pairs, meta)) => {
-                last_ok = Instant::now();
-                let lock_pair = find_lock(&pairs, &lock_key);
-                let held = SemaphoreLock::decode(&lock_pair.value, limit).map(|mut lock| {
-                    lock.prune(&pairs);
-                    lock.holders.contains_key(&session)
-                });
-                if held != Ok(true) {
-                    let mine = pairs
-                        .iter()
-                        .find(|p| p.session.as_deref() == Some(&session));
-                    let reason = match explain(&client, &session, mine).await {
-                        LossReason::KeyReleased => LossReason::SlotRemoved,
-                        other => other,
-                    };
-                    trigger.fire(reason);
-                    return;
-                }
-                index = next_wait_index(index, meta.index);
-            }
-            Err(e) => {
-                if last_ok.elapsed() >= unreachable_after {
-                    trigger.fire(LossReason::Unreachable);
-                    return;
-                }
-                tracing::debug!(%prefix, error = %e, "semaphore monitor read failed, retrying");
-                index = 0;
-                tokio::time::sleep(MONITOR_RETRY).await;
-            }
+        let (pairs, meta) = watch.client.kv_list(&watch.prefix, opts).await?;
+        let lock_pair = find_lock(&pairs, &watch.lock_key);
+        let held = SemaphoreLock::decode(&lock_pair.value, watch.limit).map(|mut lock| {
+            lock.prune(&pairs);
+            lock.holders.contains_key(&watch.session)
+        });
+        if held == Ok(true) {
+            return Ok(Look::Held {
+                index: next_wait_index(index, meta.index),
+            });
         }
-    }
+        let mine = pairs
+            .iter()
+            .find(|p| p.session.as_deref() == Some(&watch.session));
+        Ok(Look::Lost(
+            match explain(&watch.client, &watch.session, mine).await {
+                LossReason::KeyReleased => LossReason::SlotRemoved,
+                other => other,
+            },
+        ))
+    };
+    monitor(index, session_lost, trigger, unreachable_after, look).await;
 }
 
 #[cfg(test)]

@@ -28,18 +28,17 @@ pub struct SessionRequest {
 
 impl SessionRequest {
     /// The session a lock recipe holds its entries with, from its options' `session_name`,
-    /// `session_ttl` and `lock_delay` (Go's `SessionName`, `SessionTTL`, `LockDelay`).
+    /// `session_ttl` and `lock_delay` (Go's `SessionName`, `SessionTTL`, `LockDelay`); its
+    /// entries are released when it ends (set `behavior` to have them deleted).
     pub(crate) fn for_recipe(
         name: &str,
         ttl: Duration,
         lock_delay: Option<Duration>,
-        behavior: Behavior,
     ) -> SessionRequest {
         SessionRequest {
             name: name.to_owned(),
             ttl: Some(ttl),
             lock_delay,
-            behavior,
             ..SessionRequest::default()
         }
     }
