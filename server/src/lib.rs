@@ -2,17 +2,20 @@
 //! wakeups.
 
 pub mod api;
+pub mod dial;
 pub mod leader;
 pub mod operator;
 pub mod proposer;
 pub mod raft;
 pub mod reconcile;
-pub mod rpc;
 pub mod server;
 pub mod snapshot;
 pub mod state;
 pub mod telemetry;
 pub mod watch;
+
+#[cfg(test)]
+mod message_fuzz;
 
 pub use api::ServerApi;
 pub use server::{RaftTiming, Server, ServerConfig, ServerMode, StartError};

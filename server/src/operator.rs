@@ -2,7 +2,8 @@
 //! leadership to another server, autopilot's view of server health, and removing servers
 //! gossip has seen dead for a while (`CleanupDeadServers`). Every request runs on the leader
 //! (a follower forwards it). No change here may cost the cluster its quorum: a removal that
-//! would leave fewer reachable voters than a majority of the new set is refused.
+//! would leave fewer reachable voters than a majority of the new set is refused. The requests
+//! and their answers are `vigil_shared::operator`'s.
 //!
 //! openraft 0.9 had no leadership transfer, so [`transfer_leader`] builds one from what it
 //! offers: the leader stops its heartbeats, waits until the target holds its whole log and the
@@ -20,16 +21,19 @@ use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver as _;
 use openraft::{ChangeMembers, ServerState};
-use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{MemberRole, MemberState};
+use vigil_shared::operator::{
+    ArchiveError, AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef,
+    ServerHealth,
+};
+use vigil_shared::rpc::calls;
 use vigil_shared::rpc::{ApplyError, Op, Response, ServerError};
 
+use crate::dial::{self, Prepared};
 use crate::raft::{NodeId, Raft};
-use crate::rpc::{self, Prepared, calls};
 use crate::server::Server;
-use crate::snapshot::{Archive, ArchiveError, RESTORE_CHUNK};
+use crate::snapshot::{Archive, RESTORE_CHUNK};
 use vigil_wire::transport::CallKind;
 
 /// How long a membership change may take to commit before the operator hears it failed.
@@ -42,112 +46,6 @@ const POLL_TRANSFER: Duration = Duration::from_millis(20);
 pub const DEAD_SERVER_AFTER: Duration = Duration::from_secs(30);
 /// How often the leader looks for dead servers.
 const CLEANUP_EVERY: Duration = Duration::from_secs(5);
-
-/// A raft member named by its ID (16 hex digits, as `/v1/operator/raft/configuration` shows it)
-/// or by its RPC address.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum PeerRef {
-    Id(NodeId),
-    Address(String),
-}
-
-/// A request to operate the server set. Append-only (postcard encodes the variant index).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum OperatorRequest {
-    /// 0: `DELETE /v1/operator/raft/peer`.
-    RemovePeer(PeerRef),
-    /// 1: `POST /v1/operator/raft/transfer-leader`; `None` picks the most caught-up voter.
-    TransferLeader { to: Option<NodeId> },
-    /// 2: server to server: the leader hands over, campaign now.
-    Campaign,
-    /// 3: `GET /v1/operator/autopilot/health`.
-    AutopilotHealth,
-    /// 4: `GET /v1/snapshot`: the leader's whole state as an archive.
-    SnapshotSave,
-    /// 5: `PUT /v1/snapshot`: replace the state with an archive's, through raft.
-    SnapshotRestore(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// 6: `GET /v1/operator/autopilot/configuration`.
-    AutopilotGet,
-    /// 7: `PUT /v1/operator/autopilot/configuration` (`?cas=`).
-    AutopilotSet {
-        config: AutopilotConfig,
-        cas: Option<u64>,
-    },
-}
-
-/// What an operator request produced.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum OperatorReply {
-    /// 0
-    Done,
-    /// 1
-    Health(AutopilotHealth),
-    /// 2: a snapshot archive taken at raft `index`.
-    Snapshot {
-        index: u64,
-        #[serde(with = "serde_bytes")]
-        archive: Vec<u8>,
-    },
-    /// 3
-    Autopilot(AutopilotConfig),
-    /// 4: whether a check-and-set write was applied.
-    Applied(bool),
-}
-
-/// Why an operator request was refused. The texts are Consul's where it has one.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum OperatorError {
-    #[error("id {0:?} was not found in the Raft configuration")]
-    UnknownId(String),
-    #[error("address {0:?} was not found in the Raft configuration")]
-    UnknownAddress(String),
-    /// Removing the leader itself: transfer leadership first.
-    #[error("cannot remove the leader {0:?}; transfer leadership to another server first")]
-    RemoveLeader(String),
-    /// The removal would leave too few reachable voters to commit anything.
-    #[error(
-        "removing {peer:?} would lose quorum: {alive} of the remaining {voters} voters are alive"
-    )]
-    WouldLoseQuorum {
-        peer: String,
-        alive: usize,
-        voters: usize,
-    },
-    #[error("cannot find peer")]
-    NoOtherVoters,
-    #[error("cannot transfer leadership to itself")]
-    TransferToSelf,
-    #[error("leadership transfer timeout")]
-    TransferTimeout,
-    #[error("{0}")]
-    Archive(#[from] ArchiveError),
-    #[error("{0}")]
-    Server(#[from] ServerError),
-}
-
-/// Consul's `/v1/operator/autopilot/health`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct AutopilotHealth {
-    pub healthy: bool,
-    /// Voters that may fail while a quorum of healthy ones remains.
-    pub failure_tolerance: usize,
-    pub servers: Vec<ServerHealth>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ServerHealth {
-    pub id: NodeId,
-    pub name: String,
-    pub address: String,
-    /// `alive`, `failed`, `left` or `none` (gossip does not know it).
-    pub serf_status: String,
-    pub leader: bool,
-    pub voter: bool,
-    /// The last log index the leader knows this server holds.
-    pub last_index: u64,
-    pub last_term: u64,
-    pub healthy: bool,
-}
 
 /// Runs an operator request on the leader, forwarding it from a follower.
 pub async fn handle(
@@ -364,7 +262,7 @@ async fn transfer_leader(
             forwarded: false,
         });
         let timeout = Duration::from_secs(2);
-        match rpc::send(server.rpc(), CallKind::Prompt, address, &campaign, timeout).await {
+        match dial::send(server.rpc(), CallKind::Prompt, address, &campaign, timeout).await {
             Ok(Ok(Ok(_))) => {}
             other => tracing::warn!(?other, "transfer target did not campaign"),
         }

@@ -13,7 +13,7 @@ use std::io::{Read as _, Write as _};
 use flate2::Compression;
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
-use serde::{Deserialize, Serialize};
+use vigil_shared::operator::ArchiveError;
 
 use crate::proposer::MAX_COMMAND_BYTES;
 use crate::raft::state_store::SNAPSHOT_FORMAT;
@@ -31,30 +31,6 @@ pub const MAX_RESTORE_STATE: usize = 256 * 1024 * 1024;
 pub const MAX_ARCHIVE_BYTES: usize = MAX_FRAME_LEN - 1024 * 1024;
 /// A restore's part: one raft entry, with room for the command's own framing.
 pub const RESTORE_CHUNK: usize = MAX_COMMAND_BYTES / 2;
-
-/// Why an archive was refused.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-pub enum ArchiveError {
-    #[error("snapshot archive is not gzip data or is truncated: {0}")]
-    Gzip(String),
-    #[error("not a Vigil snapshot archive")]
-    NotAnArchive,
-    #[error("snapshot archive is truncated ({got} of {expected} bytes)")]
-    Truncated { got: usize, expected: usize },
-    #[error("snapshot archive fails its checksum: it was changed or damaged")]
-    Checksum,
-    #[error(
-        "snapshot archive has version {archive}/{state}; this build reads {ARCHIVE_VERSION}/{SNAPSHOT_FORMAT}"
-    )]
-    Version { archive: u8, state: u8 },
-    #[error("snapshot state does not decode: {0}")]
-    Decode(String),
-    #[error("snapshot state is {size} bytes; a restore takes at most {limit} bytes")]
-    TooLarge { size: usize, limit: usize },
-    /// Another restore began while this one's parts were being committed.
-    #[error("the restore was interrupted by another one; run it again")]
-    Interrupted,
-}
 
 /// A checked archive's contents.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,7 +81,12 @@ impl Archive {
         }
         let (archive, state) = (raw[8], raw[9]);
         if archive != ARCHIVE_VERSION || state != SNAPSHOT_FORMAT {
-            return Err(ArchiveError::Version { archive, state });
+            return Err(ArchiveError::Version {
+                archive,
+                state,
+                reads_archive: ARCHIVE_VERSION,
+                reads_state: SNAPSHOT_FORMAT,
+            });
         }
         let u64_at = |at: usize| {
             let mut b = [0u8; 8];

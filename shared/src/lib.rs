@@ -1,5 +1,6 @@
 //! The vocabulary Vigil agents and servers share: domain types (KV entries, sessions, catalog),
-//! the server request/response messages, Go-style durations, and the Consul JSON shapes.
+//! the messages agents and servers exchange (state changes, reads, the client requests and the
+//! operator's), Go-style durations, and the Consul JSON shapes.
 
 pub mod acl;
 pub mod api;
@@ -10,6 +11,7 @@ pub mod client;
 pub mod go;
 pub mod kv;
 pub mod lock;
+pub mod operator;
 pub mod query;
 pub mod rpc;
 pub mod session;

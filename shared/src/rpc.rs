@@ -1,6 +1,7 @@
 //! The server's request/response vocabulary. Agents speak it to servers (in-process in dev mode,
-//! over QUIC otherwise). Enums are versioned by appending variants only (postcard encodes the
-//! variant index), so never reorder them.
+//! over QUIC otherwise): state changes ([`Op`], [`writes`]), reads ([`ReadQuery`], [`reads`]),
+//! and the envelope of the requests sent over QUIC ([`calls`]). Enums are versioned by appending
+//! variants only (postcard encodes the variant index), so never reorder them.
 
 use serde::{Deserialize, Serialize};
 
@@ -219,6 +220,8 @@ pub trait Write: Into<Op> {
 }
 
 pub mod writes;
+
+pub mod calls;
 
 /// A read that names its answer: a caller gets `Q::Output` from `Backend::read::<Q>`, and the
 /// state machine builds the answer with `Q::answer`, so the compiler pairs every request with

@@ -18,9 +18,9 @@ use std::time::Duration;
 use rand::Rng as _;
 use tokio::time::Instant;
 use vigil_server::api::operations::Operation;
-use vigil_server::operator::OperatorError;
-use vigil_server::rpc::StatusInfo;
 use vigil_server::{Server, ServerApi};
+use vigil_shared::operator::OperatorError;
+use vigil_shared::rpc::calls::StatusInfo;
 use vigil_shared::rpc::{
     Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
 };

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 use vigil_server::ServerApi;
 use vigil_server::api::QueryFuture;
 use vigil_server::api::memory::MemoryServer;
-use vigil_server::operator::{OperatorError, OperatorReply, OperatorRequest};
-use vigil_server::rpc::StatusInfo;
 use vigil_shared::kv::{KvEntry, KvOp, TxnOutcome};
+use vigil_shared::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_shared::rpc::calls::StatusInfo;
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, ReadQuery, Response, ServerError, reads, writes,
 };

@@ -3,8 +3,7 @@
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use vigil_server::operator::OperatorError;
-use vigil_server::snapshot::ArchiveError;
+use vigil_shared::operator::{ArchiveError, OperatorError};
 use vigil_shared::rpc::ServerError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]

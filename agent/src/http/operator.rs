@@ -8,11 +8,11 @@ use serde::{Deserialize, Serialize};
 use vigil_server::api::operations::{
     GetAutopilot, Health, RemovePeer, SetAutopilot, TransferLeader,
 };
-use vigil_server::operator::{AutopilotHealth, OperatorError, PeerRef};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::go::duration::parse_go_duration;
+use vigil_shared::operator::{AutopilotHealth, OperatorError, PeerRef};
 
 use super::Ctx;
 use super::body::RequestBody;

@@ -17,8 +17,8 @@ use openraft::raft::VoteRequest;
 use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair};
 use serde_json::Value;
 use vigil_server::raft::network::{PeerRequest, PeerResponse};
-use vigil_server::rpc::{RpcRequest, RpcResponse, ServerNode};
 use vigil_shared::rpc::Op;
+use vigil_shared::rpc::calls::{RpcRequest, RpcResponse, ServerNode};
 use vigil_wire::tls::{Role, TlsMaterial};
 use vigil_wire::transport::{RpcClient, TransportError, client_endpoint};
 

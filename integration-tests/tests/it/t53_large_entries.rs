@@ -9,8 +9,8 @@ use integration_tests::cluster::Cluster;
 use integration_tests::eventually;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use vigil_server::rpc::{RpcRequest, RpcResponse};
 use vigil_shared::kv::KvOp;
+use vigil_shared::rpc::calls::{RpcRequest, RpcResponse};
 use vigil_shared::rpc::{Op, ServerError};
 use vigil_wire::tls::Role;
 

@@ -22,17 +22,18 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_shared::SESSION_TTL_MULTIPLIER;
 use vigil_shared::lock::LockOp;
+use vigil_shared::operator::{
+    AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef, ServerHealth,
+};
 use vigil_shared::rpc::ServerError;
+use vigil_shared::rpc::calls::{PeerInfo, ServerNode, StatusInfo};
 use vigil_shared::rpc::{Command, Op, QueryMeta, QueryOptions, ReadQuery, Response};
 use vigil_shared::session::{Session, check_ttl};
 
 use super::{QueryFuture, ServerApi};
 use crate::leader::{LockDelayTimers, SessionTimers, session_ttl};
-use crate::operator::{
-    self, AutopilotHealth, OperatorError, OperatorReply, OperatorRequest, PeerRef, ServerHealth,
-};
+use crate::operator;
 use crate::raft::NodeId;
-use crate::rpc::{PeerInfo, ServerNode, StatusInfo};
 use crate::snapshot::Archive;
 use crate::state::StateMachine;
 use crate::watch::{Watches, blocking_read};

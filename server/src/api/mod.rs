@@ -13,14 +13,15 @@ pub mod memory;
 pub mod operations;
 
 use futures::future::BoxFuture;
+use vigil_shared::operator::{OperatorError, OperatorReply, OperatorRequest};
+use vigil_shared::rpc::calls::StatusInfo;
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
 use vigil_shared::session::Session;
 
 use crate::Server;
-use crate::operator::{self, OperatorError, OperatorReply, OperatorRequest};
-use crate::rpc::StatusInfo;
+use crate::operator;
 
 /// A read's answer: the result, and the index and leader it was read at.
 pub type QueryFuture<'a> = BoxFuture<'a, Result<(QueryResult, QueryMeta), ServerError>>;

@@ -4,8 +4,8 @@
 //! [`OperatorRequest`] and [`OperatorReply`].
 
 use vigil_shared::autopilot::AutopilotConfig;
+use vigil_shared::operator::{AutopilotHealth, OperatorReply, OperatorRequest, PeerRef};
 
-use crate::operator::{AutopilotHealth, OperatorReply, OperatorRequest, PeerRef};
 use crate::raft::NodeId;
 
 /// An operator request that names its answer: a caller gets `O::Output` from the agent's

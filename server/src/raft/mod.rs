@@ -10,6 +10,7 @@ pub mod state_store;
 #[cfg(test)]
 mod tests;
 
+use vigil_shared::rpc::calls::ServerNode;
 use vigil_shared::rpc::{Command, Response};
 
 openraft::declare_raft_types!(
@@ -18,7 +19,7 @@ openraft::declare_raft_types!(
         D = Command,
         R = Response,
         NodeId = u64,
-        Node = crate::rpc::ServerNode,
+        Node = ServerNode,
         AsyncRuntime = openraft::TokioRuntime,
 );
 
@@ -30,7 +31,7 @@ openraft::declare_raft_types!(
 pub const MAX_APPEND_BYTES: usize = 1024 * 1024;
 
 pub type NodeId = u64;
-pub type Node = crate::rpc::ServerNode;
+pub type Node = ServerNode;
 pub type Raft = openraft::Raft<TypeConfig, state_store::StateStore>;
 pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;

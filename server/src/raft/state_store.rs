@@ -523,10 +523,11 @@ impl SnapshotReceiverFactory<TypeConfig> for StateStore {
 mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
-    use crate::raft::{Entry, Membership};
-    use crate::rpc::ServerNode;
     use vigil_shared::kv::KvOp;
+    use vigil_shared::rpc::calls::ServerNode;
     use vigil_shared::rpc::{Command, Op};
+
+    use crate::raft::{Entry, Membership};
 
     use super::*;
 

@@ -58,7 +58,7 @@ impl Server {
             let mut existing: Option<SocketAddr> = None;
             let hello = Prepared::new(calls::Hello {});
             for addr in &join {
-                let answer = rpc::send(
+                let answer = dial::send(
                     &self.rpc,
                     CallKind::Prompt,
                     *addr,
@@ -82,7 +82,7 @@ impl Server {
                     forwarded: false,
                 });
                 let timeout = Duration::from_secs(30);
-                match rpc::send(&self.rpc, CallKind::Prompt, addr, &join, timeout).await {
+                match dial::send(&self.rpc, CallKind::Prompt, addr, &join, timeout).await {
                     Ok(Ok(Ok(()))) => tracing::info!(%addr, "joined the cluster"),
                     other => {
                         // A refused joiner backs off instead of asking again every 300 ms.

@@ -32,21 +32,21 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::lock::LockOp;
+use vigil_shared::rpc::calls::{
+    self, Call, HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo, reply,
+};
 use vigil_shared::rpc::{
     Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
 };
 use vigil_shared::session::{Session, check_ttl};
 
+use crate::dial::{self, Prepared};
 use crate::leader::{DutyInput, LeaderDuties, session_ttl};
 use crate::proposer::Proposer;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::QuicNetwork;
 use crate::raft::state_store::{SharedState, StateStore};
 use crate::raft::{NodeId, Raft};
-use crate::rpc::{
-    self, Call, HelloInfo, PeerInfo, Prepared, RpcRequest, RpcResponse, ServerNode, StatusInfo,
-    calls, reply,
-};
 use crate::state::Interest;
 use data_dir::{data_dir_error, load_or_create_node_id};
 use rpc_service::{PeerService, RpcService};

@@ -135,7 +135,7 @@ fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
             forwarded: true, ..
         } => Some("only servers forward requests".to_owned()),
         RpcRequest::Operator {
-            request: crate::operator::OperatorRequest::Campaign,
+            request: vigil_shared::operator::OperatorRequest::Campaign,
             ..
         } => Some("only the leader hands leadership over".to_owned()),
         RpcRequest::Write {

@@ -8,11 +8,11 @@ use std::time::Instant;
 use openraft::EntryPayload;
 use openraft::storage::RaftLogStorageExt as _;
 use vigil_shared::kv::KvOp;
+use vigil_shared::rpc::calls::ServerNode;
 use vigil_shared::rpc::{Command, Op};
 
 use super::*;
 use crate::raft::Membership;
-use crate::rpc::ServerNode;
 
 /// How long a test waits for the flush thread before it calls it stuck.
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -1,6 +1,8 @@
 //! Fuzzing of the postcard decoding a peer's bytes go through before any handler sees them:
 //! [`RpcRequest`] and [`PeerRequest`] on the server side, [`RpcResponse`] and [`PeerResponse`]
-//! on the calling side (the frame around them is fuzzed in `vigil-wire`). proptest feeds
+//! on the calling side (the frame around them is fuzzed in `vigil-wire`). The client requests
+//! are `vigil-shared`'s ([`vigil_shared::rpc::calls`]) and raft's messages the server's
+//! ([`crate::raft::network`]), so the fuzzing of both lives here. proptest feeds
 //! arbitrary bytes and mutated valid encodings (bits flipped, bytes replaced, inserted or
 //! removed, the message truncated, a varint of 2^32 - 1 planted where a length or count may be)
 //! of a corpus that holds every variant of the four enums, every `Op` and the KV verbs.
@@ -25,17 +27,19 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use vigil_shared::catalog::{Check, HealthStatus, Service};
 use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::operator::{OperatorReply, OperatorRequest};
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
+use vigil_shared::rpc::calls::{
+    HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo,
+};
 use vigil_shared::rpc::{
     Command, Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Registration,
     Response, ServerError,
 };
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
-use crate::operator::{OperatorReply, OperatorRequest};
 use crate::raft::network::{PeerRequest, PeerResponse};
 use crate::raft::{Entry, LogId, Membership, StoredMembership, TypeConfig, Vote};
-use crate::rpc::{HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo};
 
 // ---------------------------------------------------------------------------------------------
 // The corpus: valid requests and responses

@@ -1,21 +1,14 @@
 //! The requests agents (and servers) send to servers over the transport's client protocol
-//! ([`vigil_wire::tls::ALPN_RPC`]); raft's own messages have their own enum and protocol
-//! ([`crate::raft::network`]). Both enums are append-only (postcard encodes the variant index);
-//! each request names its reply (see [`Call`]).
-
-use std::marker::PhantomData;
-use std::net::SocketAddr;
-use std::time::Duration;
+//! (`vigil_wire::tls::ALPN_RPC`), and their answers; raft's own messages have their own enum and
+//! protocol (the server's `raft::network`). Both enums are append-only (postcard encodes the
+//! variant index); each request names its reply (see [`Call`]). Sending one over QUIC is the
+//! server crate's (`vigil_server::dial`).
 
 use serde::{Deserialize, Serialize};
-use vigil_shared::rpc::{
-    Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
-};
-use vigil_shared::session::Session;
-use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 
+use super::{Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError};
 use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
-use crate::raft::NodeId;
+use crate::session::Session;
 
 /// A request that names its answer: `Self::Reply` is what the [`RpcResponse`] variant that
 /// answers it carries. The server builds the answer with [`Call::answer`] and a caller takes it
@@ -28,7 +21,7 @@ pub trait Call: Into<RpcRequest> {
 }
 
 /// Declares every request once: the wire enum [`RpcRequest`] (a struct variant each, in wire
-/// order: append only) and, in [`calls`], a struct per request implementing [`Call`].
+/// order: append only) and, beside it, a struct per request implementing [`Call`].
 macro_rules! calls {
     ($(
         $(#[$doc:meta])*
@@ -39,38 +32,33 @@ macro_rules! calls {
             $($(#[$doc])* $name { $($field: $ty),* },)*
         }
 
-        /// The requests as types, each naming its reply.
-        pub mod calls {
-            use super::*;
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone)]
+            pub struct $name { $(pub $field: $ty),* }
 
-            $(
-                $(#[$doc])*
-                #[derive(Debug, Clone)]
-                pub struct $name { $(pub $field: $ty),* }
+            impl From<$name> for RpcRequest {
+                fn from(call: $name) -> RpcRequest {
+                    let $name { $($field),* } = call;
+                    RpcRequest::$name { $($field),* }
+                }
+            }
 
-                impl From<$name> for RpcRequest {
-                    fn from(call: $name) -> RpcRequest {
-                        let $name { $($field),* } = call;
-                        RpcRequest::$name { $($field),* }
-                    }
+            impl Call for $name {
+                type Reply = $out;
+
+                fn answer(reply: $out) -> RpcResponse {
+                    RpcResponse::$answer(reply)
                 }
 
-                impl Call for $name {
-                    type Reply = $out;
-
-                    fn answer(reply: $out) -> RpcResponse {
-                        RpcResponse::$answer(reply)
-                    }
-
-                    fn reply(response: RpcResponse) -> Result<$out, RpcResponse> {
-                        match response {
-                            RpcResponse::$answer(reply) => Ok(reply),
-                            other => Err(other),
-                        }
+                fn reply(response: RpcResponse) -> Result<$out, RpcResponse> {
+                    match response {
+                        RpcResponse::$answer(reply) => Ok(reply),
+                        other => Err(other),
                     }
                 }
-            )*
-        }
+            }
+        )*
     };
 }
 
@@ -89,7 +77,7 @@ calls! {
     Renew { id: String, forwarded: bool } => Renew(Result<Session, ServerError>);
     /// 4: add this server to an existing cluster as a voter (servers only).
     Join {
-        node_id: NodeId,
+        node_id: u64,
         node: ServerNode,
         forwarded: bool,
     } => Join(Result<(), ServerError>);
@@ -139,7 +127,7 @@ impl std::fmt::Display for ServerNode {
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HelloInfo {
-    pub node_id: NodeId,
+    pub node_id: u64,
     pub node: ServerNode,
     /// Whether this server already belongs to a raft cluster.
     pub initialized: bool,
@@ -150,7 +138,7 @@ pub struct HelloInfo {
 /// One raft member as `/v1/operator/raft/configuration` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerInfo {
-    pub node_id: NodeId,
+    pub node_id: u64,
     pub node: ServerNode,
     pub leader: bool,
     pub voter: bool,
@@ -172,41 +160,3 @@ pub fn reply<C: Call>(response: RpcResponse) -> Result<C::Reply, ServerError> {
         other => ServerError::Internal(format!("an answer of the wrong kind: {other:?}")),
     })
 }
-
-/// A request built once for as many sends as retries need, that still names its reply.
-pub struct Prepared<C> {
-    request: RpcRequest,
-    call: PhantomData<fn() -> C>,
-}
-
-impl<C: Call> Prepared<C> {
-    pub fn new(call: C) -> Prepared<C> {
-        Prepared {
-            request: call.into(),
-            call: PhantomData,
-        }
-    }
-
-    pub fn request(&self) -> &RpcRequest {
-        &self.request
-    }
-}
-
-/// Sends `request` to the server at `addr` and takes its reply out of the answer: the
-/// transport's failure, or the server's answer ([`reply`]).
-pub async fn send<C: Call>(
-    rpc: &RpcClient,
-    kind: CallKind,
-    addr: SocketAddr,
-    request: &Prepared<C>,
-    timeout: Duration,
-) -> Result<Result<C::Reply, ServerError>, TransportError> {
-    let response = rpc
-        .call_typed_as::<RpcRequest, RpcResponse>(kind, addr, request.request(), timeout)
-        .await?;
-    Ok(reply::<C>(response))
-}
-
-#[cfg(test)]
-#[path = "rpc_fuzz.rs"]
-mod fuzz;
