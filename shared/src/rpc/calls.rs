@@ -21,7 +21,10 @@ pub trait Call: Into<RpcRequest> {
 }
 
 /// Declares every request once: the wire enum [`RpcRequest`] (a struct variant each, in wire
-/// order: append only) and, beside it, a struct per request implementing [`Call`].
+/// order: append only) and, beside it, a struct per request implementing [`Call`]. It has the
+/// shape of `reads!` in [`super`] but stays apart: `reads!` puts its structs in a module of their
+/// own beside the enum and its trait names the answer `Output`, so one macro for both would
+/// need a switch for each difference.
 macro_rules! calls {
     ($(
         $(#[$doc:meta])*
