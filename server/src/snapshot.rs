@@ -191,6 +191,35 @@ mod tests {
     }
 
     #[test]
+    fn an_archive_of_another_version_is_refused_naming_what_this_build_reads() {
+        let mut raw = Vec::new();
+        raw.extend_from_slice(MAGIC);
+        raw.push(ARCHIVE_VERSION + 1);
+        raw.push(SNAPSHOT_FORMAT);
+        raw.extend_from_slice(&1u64.to_le_bytes());
+        raw.extend_from_slice(&0u64.to_le_bytes());
+        let mut gz = GzEncoder::new(Vec::new(), Compression::default());
+        gz.write_all(&raw).expect("gzip");
+        let refused = Archive::decode(&gz.finish().expect("gzip")).expect_err("another version");
+        assert_eq!(
+            refused,
+            ArchiveError::Version {
+                archive: ARCHIVE_VERSION + 1,
+                state: SNAPSHOT_FORMAT,
+                reads_archive: ARCHIVE_VERSION,
+                reads_state: SNAPSHOT_FORMAT,
+            }
+        );
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "snapshot archive has version {}/{SNAPSHOT_FORMAT}; this build reads {ARCHIVE_VERSION}/{SNAPSHOT_FORMAT}",
+                ARCHIVE_VERSION + 1
+            )
+        );
+    }
+
+    #[test]
     fn a_state_above_the_limit_is_refused_by_its_declared_size() {
         let mut raw = Vec::new();
         raw.extend_from_slice(MAGIC);
