@@ -101,6 +101,7 @@ pub struct AutopilotHealth {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ServerHealth {
+    /// The server's raft node ID.
     pub id: u64,
     pub name: String,
     pub address: String,
