@@ -5,15 +5,17 @@
 //! would leave fewer reachable voters than a majority of the new set is refused. The requests
 //! and their answers are `vigil_shared::operator`'s.
 //!
-//! openraft 0.9 had no leadership transfer, so [`transfer_leader`] builds one from what it
-//! offers: the leader stops its heartbeats, waits until the target holds its whole log and the
-//! followers' leader leases (one maximum election timeout) have lapsed, then asks the target to
-//! campaign at once (`trigger().elect(false)`, no pre-vote). The target's log is the most recent, so it wins
-//! before any other follower's own election timeout (lease + election timeout) fires. New
-//! entries are held back meanwhile (they would renew the leases and outdate the target's log)
-//! and go out, or are redirected to the new leader, when the transfer ends; heartbeats come
-//! back whatever happens. If the target loses and this server wins again, it tries again until
-//! the deadline.
+//! Leadership transfer (`transfer_leader`) is built from what openraft offers rather than on
+//! its own `trigger().transfer_leader`, which stops the leader proposing until it loses
+//! leadership: a target that could not campaign (its log not flushed in time) would leave the
+//! cluster taking no writes. Here the leader stops its heartbeats, waits until the target holds
+//! its whole log and the followers' leader leases (one maximum election timeout) have lapsed,
+//! then asks the target to campaign at once (`trigger().elect(false)`, no pre-vote). The
+//! target's log is the most recent, so it wins before any other follower's own election
+//! timeout (lease + election timeout) fires. New entries are held back meanwhile (they would
+//! renew the leases and outdate the target's log) and go out, or are redirected to the new
+//! leader, when the transfer ends; heartbeats come back whatever happens. If the target loses
+//! and this server wins again, it tries again until the deadline.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

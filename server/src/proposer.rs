@@ -39,7 +39,7 @@ struct Pending {
 }
 
 /// Proposes ops for this server: each [`Proposer::propose`] joins a queue, and one task turns
-/// the queue into raft entries, at most [`MAX_IN_FLIGHT`] at a time, each carrying every op
+/// the queue into raft entries, at most `MAX_IN_FLIGHT` at a time, each carrying every op
 /// that waited (one op alone, or an [`Op::Batch`]), never more than [`MAX_COMMAND_BYTES`].
 #[derive(Clone)]
 pub struct Proposer {

@@ -311,7 +311,7 @@ async fn serve_stream(
 
 /// Calls servers: each request on its own stream of a cached QUIC connection. Per address there
 /// is one control connection (writes, pings, reads that answer at once, raft) and, for calls
-/// that may block for minutes, watch connections of at most [`WATCH_STREAMS_PER_CONNECTION`]
+/// that may block for minutes, watch connections of at most `WATCH_STREAMS_PER_CONNECTION`
 /// calls each: however many blocking queries wait, a write or a ping never queues behind them
 /// for a stream. A client speaks one protocol: its endpoint's default
 /// ([`crate::tls::ALPN_RPC`]), or the one the configuration given to

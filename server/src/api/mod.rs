@@ -1,7 +1,7 @@
 //! The seam between an agent and "the servers": [`ServerApi`], what the HTTP API asks of them
 //! (commit a write, a possibly blocking read, renew a session, operator requests, status).
 //! Implemented by the in-process [`Server`] (the server role, `--dev`), by the agent's QUIC
-//! client to remote servers, and by [`memory::MemoryServer`], a test double that applies ops
+//! client to remote servers, and by `memory::MemoryServer`, a test double that applies ops
 //! straight to a state machine. Retries and deadlines are the caller's (the agent's
 //! `Backend`); an implementation makes one attempt per call, in wire form: the caller takes
 //! the answer apart by the request's type (`Query`, `Write`, [`operations::Operation`]).
