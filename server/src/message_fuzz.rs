@@ -25,9 +25,10 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{Check, HealthStatus, Service};
 use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
-use vigil_shared::operator::{OperatorReply, OperatorRequest};
+use vigil_shared::operator::{OperatorReply, OperatorRequest, PeerRef};
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
 use vigil_shared::rpc::calls::{
     HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo,
@@ -265,6 +266,7 @@ fn peer_requests() -> Vec<PeerRequest> {
             data: (0..=255).collect(),
             done: true,
         }),
+        PeerRequest::Campaign,
     ]
 }
 
@@ -283,6 +285,8 @@ fn peer_responses() -> Vec<PeerResponse> {
             vote: Vote::new_committed(3, 1),
         })),
         PeerResponse::Undecodable("unexpected end of input".to_owned()),
+        PeerResponse::Campaign(Ok(())),
+        PeerResponse::Campaign(Err("raft stopped".to_owned())),
     ]
 }
 
@@ -584,6 +588,32 @@ fn messages_keep_their_variant_indexes() {
         },
         8,
     );
+    let operator = [
+        OperatorRequest::RemovePeer(PeerRef::Id(2)),
+        OperatorRequest::TransferLeader { to: None },
+        OperatorRequest::AutopilotHealth,
+        OperatorRequest::SnapshotSave,
+        OperatorRequest::SnapshotRestore(vec![1, 2, 3]),
+        OperatorRequest::AutopilotGet,
+        OperatorRequest::AutopilotSet {
+            config: AutopilotConfig::default(),
+            cas: Some(7),
+        },
+    ];
+    keeps_variant_indexes(
+        &operator,
+        &encode_all(operator.to_vec()),
+        |request| match request {
+            OperatorRequest::RemovePeer(_) => 0,
+            OperatorRequest::TransferLeader { .. } => 1,
+            OperatorRequest::AutopilotHealth => 2,
+            OperatorRequest::SnapshotSave => 3,
+            OperatorRequest::SnapshotRestore(_) => 4,
+            OperatorRequest::AutopilotGet => 5,
+            OperatorRequest::AutopilotSet { .. } => 6,
+        },
+        7,
+    );
     keeps_variant_indexes(
         &peer_requests(),
         &PEER_REQUESTS,
@@ -591,8 +621,9 @@ fn messages_keep_their_variant_indexes() {
             PeerRequest::AppendEntries(_) => 0,
             PeerRequest::Vote(_) => 1,
             PeerRequest::InstallSnapshot(_) => 2,
+            PeerRequest::Campaign => 3,
         },
-        3,
+        4,
     );
     keeps_variant_indexes(
         &peer_responses(),
@@ -602,7 +633,8 @@ fn messages_keep_their_variant_indexes() {
             PeerResponse::Vote(_) => 1,
             PeerResponse::InstallSnapshot(_) => 2,
             PeerResponse::Undecodable(_) => 3,
+            PeerResponse::Campaign(_) => 4,
         },
-        4,
+        5,
     );
 }

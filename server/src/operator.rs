@@ -32,11 +32,10 @@ use vigil_shared::operator::{
 use vigil_shared::rpc::calls;
 use vigil_shared::rpc::{ApplyError, Op, Response, ServerError};
 
-use crate::dial::{self, Prepared};
+use crate::raft::network::{PeerRequest, PeerResponse};
 use crate::raft::{NodeId, Raft};
 use crate::server::Server;
 use crate::snapshot::{Archive, RESTORE_CHUNK};
-use vigil_wire::transport::CallKind;
 
 /// How long a membership change may take to commit before the operator hears it failed.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -55,8 +54,7 @@ pub async fn handle(
     request: OperatorRequest,
     forwarded: bool,
 ) -> Result<OperatorReply, OperatorError> {
-    // A campaign is asked of a follower, by the leader handing over.
-    if request != OperatorRequest::Campaign && !server.is_leader() {
+    if !server.is_leader() {
         if forwarded {
             return Err(ServerError::NoLeader.into());
         }
@@ -87,15 +85,6 @@ pub async fn handle(
                 ))
                 .into()),
             }
-        }
-        OperatorRequest::Campaign => {
-            server
-                .raft()
-                .trigger()
-                .elect(false)
-                .await
-                .map_err(|e| ServerError::Membership(e.to_string()))?;
-            Ok(OperatorReply::Done)
         }
     }
 }
@@ -259,13 +248,13 @@ async fn transfer_leader(
             tokio::time::sleep(POLL_TRANSFER).await;
             continue;
         }
-        let campaign = Prepared::new(calls::Operator {
-            request: OperatorRequest::Campaign,
-            forwarded: false,
-        });
         let timeout = Duration::from_secs(2);
-        match dial::send(server.rpc(), CallKind::Prompt, address, &campaign, timeout).await {
-            Ok(Ok(Ok(_))) => {}
+        match server
+            .peers()
+            .call_typed(address, &PeerRequest::Campaign, timeout)
+            .await
+        {
+            Ok(PeerResponse::Campaign(Ok(()))) => {}
             other => tracing::warn!(?other, "transfer target did not campaign"),
         }
         // Leadership has moved, or this server won it back in a later term (the target lost

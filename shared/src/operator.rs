@@ -23,17 +23,15 @@ pub enum OperatorRequest {
     RemovePeer(PeerRef),
     /// 1: `POST /v1/operator/raft/transfer-leader`; `None` picks the most caught-up voter.
     TransferLeader { to: Option<u64> },
-    /// 2: server to server: the leader hands over, campaign now.
-    Campaign,
-    /// 3: `GET /v1/operator/autopilot/health`.
+    /// 2: `GET /v1/operator/autopilot/health`.
     AutopilotHealth,
-    /// 4: `GET /v1/snapshot`: the leader's whole state as an archive.
+    /// 3: `GET /v1/snapshot`: the leader's whole state as an archive.
     SnapshotSave,
-    /// 5: `PUT /v1/snapshot`: replace the state with an archive's, through raft.
+    /// 4: `PUT /v1/snapshot`: replace the state with an archive's, through raft.
     SnapshotRestore(#[serde(with = "serde_bytes")] Vec<u8>),
-    /// 6: `GET /v1/operator/autopilot/configuration`.
+    /// 5: `GET /v1/operator/autopilot/configuration`.
     AutopilotGet,
-    /// 7: `PUT /v1/operator/autopilot/configuration` (`?cas=`).
+    /// 6: `PUT /v1/operator/autopilot/configuration` (`?cas=`).
     AutopilotSet {
         config: AutopilotConfig,
         cas: Option<u64>,

@@ -280,7 +280,6 @@ impl ServerApi for MemoryServer {
                     Err(OperatorError::UnknownAddress(address))
                 }
                 OperatorRequest::TransferLeader { .. } => Err(OperatorError::NoOtherVoters),
-                OperatorRequest::Campaign => Ok(OperatorReply::Done),
                 OperatorRequest::AutopilotHealth => {
                     let index = self.index();
                     Ok(OperatorReply::Health(AutopilotHealth {

@@ -30,6 +30,9 @@ pub enum PeerRequest {
     Vote(VoteRequest<TypeConfig>),
     /// 2
     InstallSnapshot(InstallSnapshotRequest<TypeConfig>),
+    /// 3: the leader hands leadership over to this server: campaign now (see
+    /// [`crate::operator`]).
+    Campaign,
 }
 
 /// What answers a [`PeerRequest`]: the variant of the same name, or
@@ -46,6 +49,8 @@ pub enum PeerResponse {
     ),
     /// 3: the request did not decode (a peer of another build).
     Undecodable(String),
+    /// 4: whether the campaign started; `Err` says why not.
+    Campaign(Result<(), String>),
 }
 
 /// Hands out clients that share the server's pool of raft connections.

@@ -139,6 +139,8 @@ pub struct Server {
     config: ServerConfig,
     duties: mpsc::UnboundedSender<DutyInput>,
     rpc: RpcClient,
+    /// Dials the other servers with raft's protocol (the raft network's own client).
+    peers: RpcClient,
     /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
     last_leader_contact: Mutex<Option<Instant>>,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
@@ -183,9 +185,8 @@ impl Server {
         let raft_dialing = tls
             .raft_client_config()
             .map_err(|e| StartError::Transport(e.to_string()))?;
-        let network = QuicNetwork {
-            rpc: RpcClient::with_config(endpoint.clone(), tls.server_name(), raft_dialing),
-        };
+        let peers = RpcClient::with_config(endpoint.clone(), tls.server_name(), raft_dialing);
+        let network = QuicNetwork { rpc: peers.clone() };
         let (events_tx, events_rx) = mpsc::unbounded_channel();
         let shared = SharedState::new(events_tx);
         let (node_id, raft) = match &config.mode {
@@ -241,6 +242,7 @@ impl Server {
             config,
             duties: duties_tx,
             rpc,
+            peers,
             last_leader_contact: Mutex::new(None),
             blocking,
             confirmed_term: AtomicU64::new(0),
@@ -313,8 +315,8 @@ impl Server {
         self.node_id
     }
 
-    pub(crate) fn rpc(&self) -> &RpcClient {
-        &self.rpc
+    pub(crate) fn peers(&self) -> &RpcClient {
+        &self.peers
     }
 
     pub(crate) fn shutdown_token(&self) -> &CancellationToken {

@@ -53,6 +53,13 @@ impl Server {
             PeerRequest::InstallSnapshot(request) => {
                 PeerResponse::InstallSnapshot(self.raft.install_snapshot(request).await)
             }
+            PeerRequest::Campaign => PeerResponse::Campaign(
+                self.raft
+                    .trigger()
+                    .elect(false)
+                    .await
+                    .map_err(|e| e.to_string()),
+            ),
         }
     }
 }
@@ -134,10 +141,6 @@ fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
         | RpcRequest::Operator {
             forwarded: true, ..
         } => Some("only servers forward requests".to_owned()),
-        RpcRequest::Operator {
-            request: vigil_shared::operator::OperatorRequest::Campaign,
-            ..
-        } => Some("only the leader hands leadership over".to_owned()),
         RpcRequest::Write {
             op:
                 Op::ReapTombstones { .. }
