@@ -180,6 +180,21 @@ impl TestCluster {
         }
     }
 
+    /// Commits `op` through server `server`, which forwards it when it does not lead, retrying
+    /// what was never applied.
+    async fn commit_through(&self, server: usize, op: Op) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            match self.servers[server].write(op.clone()).await {
+                Ok(Response::Txn(_)) => return,
+                Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
+                    tokio::time::sleep(POLL).await;
+                }
+                other => panic!("{op:?} through s{server}: {other:?}"),
+            }
+        }
+    }
+
     fn cut(&self, server: usize) {
         self.links.cut.lock().insert(server);
     }
@@ -251,4 +266,31 @@ async fn a_cut_off_leader_is_replaced_and_nothing_acknowledged_is_lost() {
     for server in all {
         assert_eq!(cluster.local_value(server, "stranded").await, None);
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_writes_and_one_cut_off_catches_up_after_the_heal() {
+    let cluster = TestCluster::start().await;
+    let all = [0, 1, 2];
+    let leader = cluster.commit(&all, put("first", "1")).await;
+    let followers: Vec<usize> = all.into_iter().filter(|&i| i != leader).collect();
+    let (forwarder, cut) = (followers[0], followers[1]);
+
+    // A follower hands a write to the leader over the client protocol.
+    cluster
+        .commit_through(forwarder, put("forwarded", "2"))
+        .await;
+
+    // With one follower cut off the other two still make a quorum; the cut one hears nothing.
+    cluster.cut(cut);
+    cluster
+        .commit(&[leader, forwarder], put("while-cut", "3"))
+        .await;
+    cluster.has(forwarder, "while-cut", "3").await;
+    assert_eq!(cluster.local_value(cut, "while-cut").await, None);
+
+    // Healed, it receives what it missed.
+    cluster.heal();
+    cluster.has(cut, "forwarded", "2").await;
+    cluster.has(cut, "while-cut", "3").await;
 }
