@@ -170,12 +170,8 @@ impl TestCluster {
         let deadline = Instant::now() + PATIENCE;
         loop {
             let leader = self.leader(among).await;
-            match self.servers[leader].write(op.clone()).await {
-                Ok(Response::Txn(_)) => return leader,
-                Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
-                    tokio::time::sleep(POLL).await;
-                }
-                other => panic!("{op:?} through s{leader}: {other:?}"),
+            if self.try_commit(leader, &op, deadline).await {
+                return leader;
             }
         }
     }
@@ -184,14 +180,19 @@ impl TestCluster {
     /// what was never applied.
     async fn commit_through(&self, server: usize, op: Op) {
         let deadline = Instant::now() + PATIENCE;
-        loop {
-            match self.servers[server].write(op.clone()).await {
-                Ok(Response::Txn(_)) => return,
-                Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
-                    tokio::time::sleep(POLL).await;
-                }
-                other => panic!("{op:?} through s{server}: {other:?}"),
+        while !self.try_commit(server, &op, deadline).await {}
+    }
+
+    /// One attempt of a commit through `server`: true once applied, false (after a pause) when
+    /// it was not applied and may be retried before `deadline`.
+    async fn try_commit(&self, server: usize, op: &Op, deadline: Instant) -> bool {
+        match self.servers[server].write(op.clone()).await {
+            Ok(Response::Txn(_)) => true,
+            Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
+                tokio::time::sleep(POLL).await;
+                false
             }
+            other => panic!("{op:?} through s{server}: {other:?}"),
         }
     }
 
