@@ -107,9 +107,10 @@ fn encode_response(response: &impl serde::Serialize) -> Vec<u8> {
     })
 }
 
-/// Why `peer` may not make `request`, if it may not. Raft messages, joins, forwarding and
-/// leader-internal writes are for servers only; a server certificate issued for a node may
-/// join only as that node.
+/// Why `peer` may not make `request`, if it may not. Joins, forwarding and leader-internal
+/// writes are for servers only (raft's messages never get here: their protocol is closed to
+/// anything but a server at the handshake); a server certificate issued for a node may join
+/// only as that node.
 fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
     if peer.role == Role::Server {
         return match (request, &peer.node) {
