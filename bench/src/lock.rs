@@ -284,11 +284,12 @@ impl Setup {
                 .await?;
             anyhow::Ok((client, session))
         };
-        let queue = |session: &str| QueueOptions {
-            session: Some(session.to_owned()),
-            session_ttl: SESSION_TTL,
-            monitor: false,
-            ..QueueOptions::new(self.lock.clone())
+        let queue = |session: &str| {
+            let mut options = QueueOptions::new(self.lock.clone());
+            options.session.reuse = Some(session.to_owned());
+            options.session.ttl = SESSION_TTL;
+            options.monitor = false;
+            options
         };
         Ok(match self.recipe {
             Recipe::VigilSession => {
@@ -302,11 +303,9 @@ impl Setup {
             }
             Recipe::VigilLock => {
                 let (client, session) = vigil().await?;
-                let options = LockOptions {
-                    session: Some(session.clone()),
-                    session_ttl: SESSION_TTL,
-                    ..LockOptions::new(self.lock.clone())
-                };
+                let mut options = LockOptions::new(self.lock.clone());
+                options.session.reuse = Some(session.clone());
+                options.session.ttl = SESSION_TTL;
                 let lock = Lock::new(&client, options)?;
                 Contender::vigil(VigilRecipe::Lock(lock), client, session)
             }

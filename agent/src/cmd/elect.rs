@@ -42,9 +42,7 @@ pub async fn run(args: ElectArgs) -> anyhow::Result<i32> {
         .clone()
         .unwrap_or_else(|| format!("{}:{}", hostname(), std::process::id()))
         .into_bytes();
-    opts.session_name = format!("Vigil election '{name}'");
-    opts.session_ttl = args.hold.ttl;
-    opts.lock_delay = args.hold.lock_delay;
+    opts.session = args.hold.session(format!("Vigil election '{name}'"));
     let election = Election::new(&client, opts)?;
 
     if args.observe {

@@ -198,26 +198,20 @@ async fn run_locked(args: LockArgs) -> anyhow::Result<i32> {
             LockMode::Exclusive
         };
         opts.limit = u32::try_from(args.limit)?;
-        opts.session_name = name;
-        opts.session_ttl = args.hold.ttl;
-        opts.lock_delay = args.hold.lock_delay;
+        opts.session = args.hold.session(name);
         tracing::info!(lock = %prefix, mode = opts.mode.as_str(), limit = opts.limit, "setting up a queued lock");
         Recipe::Queue(LockQueue::new(&client, opts)?)
     } else if args.limit == 1 {
         let key = path::join(&[prefix, SEMAPHORE_KEY]);
         tracing::info!(%key, "setting up lock");
         let mut opts = LockOptions::new(key);
-        opts.session_name = name;
-        opts.session_ttl = args.hold.ttl;
-        opts.lock_delay = args.hold.lock_delay;
+        opts.session = args.hold.session(name);
         opts.monitor_retries = args.monitor_retry;
         Recipe::Lock(Lock::new(&client, opts)?)
     } else {
         tracing::info!(%prefix, limit = args.limit, "setting up semaphore");
         let mut opts = SemaphoreOptions::new(prefix, args.limit);
-        opts.session_name = name;
-        opts.session_ttl = args.hold.ttl;
-        opts.lock_delay = args.hold.lock_delay;
+        opts.session = args.hold.session(name);
         opts.monitor_retries = args.monitor_retry;
         Recipe::Semaphore(Semaphore::new(&client, opts)?)
     };

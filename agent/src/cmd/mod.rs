@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use vigil_shared::client::{Client, ClientConfig, Token};
+use vigil_shared::client::{Client, ClientConfig, RecipeSession, Token};
 use vigil_shared::go::duration::parse_go_duration;
 
 /// Exit status for errors of `vigil` itself (agent unreachable, conflicting key, bad input).
@@ -89,6 +89,18 @@ pub struct HoldArgs {
     /// Report progress on stderr.
     #[arg(long, short = 'v')]
     pub verbose: bool,
+}
+
+impl HoldArgs {
+    /// A new session per acquisition, named `name`, with these flags' TTL and lock-delay.
+    pub fn session(&self, name: String) -> RecipeSession {
+        RecipeSession {
+            name,
+            ttl: self.ttl,
+            lock_delay: self.lock_delay,
+            reuse: None,
+        }
+    }
 }
 
 /// Parses a Go duration flag (`5s`, `1m30s`, `250ms`).

@@ -14,9 +14,10 @@ use futures::stream::BoxStream;
 use integration_tests::{Agent, Http, eventually};
 use serde_json::{Value, json};
 use vigil_shared::client::{
-    Client, ClientError, Election, FairMutex, Held, LOCK_FLAG_VALUE, Leader, Lock, LockOptions,
-    LossReason, QueueOptions, ReadOpts, SEMAPHORE_FLAG_VALUE, Semaphore, SemaphoreLock,
-    SemaphoreOptions, SessionKeeper, SessionRequest,
+    Client, ClientError, Election, FairMutex, Held, KvFairMutex, KvFairOptions, LOCK_FLAG_VALUE,
+    Leader, Lock, LockOptions, LossReason, QueueOptions, ReadOpts, RecipeSession,
+    SEMAPHORE_FLAG_VALUE, Semaphore, SemaphoreLock, SemaphoreOptions, SessionKeeper,
+    SessionRequest,
 };
 
 use crate::common::PROMPT;
@@ -436,12 +437,12 @@ async fn destroyed_session_ends_the_lock_at_once() {
         let held = match kind {
             Kind::Plain => {
                 let mut opts = LockOptions::new(format!("{prefix}/.lock"));
-                opts.session_ttl = ttl;
+                opts.session.ttl = ttl;
                 Lock::new(&client, opts).unwrap().acquire().await.unwrap()
             }
             Kind::Fair => {
                 let mut opts = QueueOptions::new(prefix);
-                opts.session_ttl = ttl;
+                opts.session.ttl = ttl;
                 FairMutex::new(&client, opts)
                     .unwrap()
                     .acquire()
@@ -467,7 +468,7 @@ async fn fair_waiter_fails_at_once_when_its_session_dies_and_honours_a_dead_owne
     let client = client(&agent);
     let fair = |delay: u64| {
         let mut opts = QueueOptions::new("fd");
-        opts.lock_delay = Some(Duration::from_secs(delay));
+        opts.session.lock_delay = Some(Duration::from_secs(delay));
         FairMutex::new(&client, opts).unwrap()
     };
     let owner = fair(1).acquire().await.unwrap();
@@ -539,7 +540,7 @@ async fn unreachable_agent_loses_the_lock_after_the_ttl() {
     let agent = Agent::dev().await;
     let client = client(&agent);
     let mut opts = LockOptions::new("far/.lock");
-    opts.session_ttl = Duration::from_secs(2);
+    opts.session.ttl = Duration::from_secs(2);
     let held = Lock::new(&client, opts).unwrap().acquire().await.unwrap();
     let killed = Instant::now();
     agent.kill9().await;
@@ -560,7 +561,7 @@ async fn election_moves_to_another_candidate_when_the_leader_dies() {
         let mut opts = LockOptions::new("service/db/leader");
         opts.value = name.as_bytes().to_vec();
         // A short lock-delay, so "no leader" lasts long enough to be seen but not long.
-        opts.lock_delay = Some(Duration::from_secs(1));
+        opts.session.lock_delay = Some(Duration::from_secs(1));
         Election::new(&client, opts).unwrap()
     };
     let observer = candidate("observer");
@@ -645,43 +646,28 @@ async fn every_recipe_can_reuse_the_callers_session() {
     };
     let keeper = SessionKeeper::create(&client, &request).await.unwrap();
     let id = keeper.id().to_owned();
-    let lock = Lock::new(
-        &client,
-        LockOptions {
-            session: Some(id.clone()),
-            ..LockOptions::new("reuse/lock/.lock")
-        },
-    )
-    .unwrap();
-    let sem = Semaphore::new(
-        &client,
-        SemaphoreOptions {
-            session: Some(id.clone()),
-            ..SemaphoreOptions::new("reuse/sem", 2)
-        },
-    )
-    .unwrap();
-    let fair = FairMutex::new(
-        &client,
-        QueueOptions {
-            session: Some(id.clone()),
-            ..QueueOptions::new("reuse/fair")
-        },
-    )
-    .unwrap();
-    let election = Election::new(
-        &client,
-        LockOptions {
-            session: Some(id.clone()),
-            ..LockOptions::new("reuse/leader")
-        },
-    )
-    .unwrap();
+    let reusing = |session: &mut RecipeSession| session.reuse = Some(id.clone());
+    let mut lock = LockOptions::new("reuse/lock/.lock");
+    reusing(&mut lock.session);
+    let lock = Lock::new(&client, lock).unwrap();
+    let mut sem = SemaphoreOptions::new("reuse/sem", 2);
+    reusing(&mut sem.session);
+    let sem = Semaphore::new(&client, sem).unwrap();
+    let mut fair = QueueOptions::new("reuse/fair");
+    reusing(&mut fair.session);
+    let fair = FairMutex::new(&client, fair).unwrap();
+    let mut kv_fair = KvFairOptions::new("reuse/kv-fair");
+    reusing(&mut kv_fair.session);
+    let kv_fair = KvFairMutex::new(&client, kv_fair).unwrap();
+    let mut election = LockOptions::new("reuse/leader");
+    reusing(&mut election.session);
+    let election = Election::new(&client, election).unwrap();
     for round in 0..2 {
         let holds = [
             lock.acquire().await.unwrap(),
             sem.acquire().await.unwrap(),
             fair.acquire().await.unwrap(),
+            kv_fair.acquire().await.unwrap(),
             election.campaign().await.unwrap(),
         ];
         for held in holds {

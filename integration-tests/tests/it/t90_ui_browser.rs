@@ -210,21 +210,21 @@ impl Browser {
 
 fn lock(client: &Client, key: &str, name: &str) -> Lock {
     let mut opts = LockOptions::new(key);
-    opts.session_name = name.to_owned();
+    opts.session.name = name.to_owned();
     Lock::new(client, opts).expect("lock options")
 }
 
 /// The etcd-style fair mutex over KV keys (`FairQueues` in `/v1/vigil/locks`).
 fn kv_fair(client: &Client, prefix: &str, name: &str) -> KvFairMutex {
     let mut opts = KvFairOptions::new(prefix);
-    opts.session_name = name.to_owned();
+    opts.session.name = name.to_owned();
     KvFairMutex::new(client, opts).expect("fair mutex options")
 }
 
 /// The fair mutex on the server-side lock queue (`Queues` in `/v1/vigil/locks`).
 fn queued(client: &Client, name: &str, session_name: &str) -> FairMutex {
     let mut opts = QueueOptions::new(name);
-    opts.session_name = session_name.to_owned();
+    opts.session.name = session_name.to_owned();
     FairMutex::new(client, opts).expect("queue options")
 }
 

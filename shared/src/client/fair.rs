@@ -18,14 +18,13 @@
 use std::time::Duration;
 
 use super::held::{Held, monitor_key};
-use super::keeper::SessionKeeper;
 use super::lock::{DEFAULT_LOCK_RETRY_TIME, LOCK_FLAG_VALUE};
 use super::lost::{LostSignal, LostTrigger};
-use super::recipe::contender_entry;
+use super::recipe::{RecipeSession, contender_entry};
 use super::semaphore::SEMAPHORE_FLAG_VALUE;
-use super::session::SessionRequest;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::{KvEntry, KvOp};
+use crate::session::Behavior;
 
 /// Marks a fair-mutex contender key (ASCII "VigilFai").
 pub const FAIR_FLAG_VALUE: u64 = 0x5669_6769_6c46_6169;
@@ -111,9 +110,7 @@ pub fn fair_step(
 pub struct KvFairOptions {
     pub prefix: String,
     pub value: Vec<u8>,
-    pub session_name: String,
-    pub session_ttl: Duration,
-    pub lock_delay: Option<Duration>,
+    pub session: RecipeSession,
 }
 
 impl KvFairOptions {
@@ -121,9 +118,7 @@ impl KvFairOptions {
         KvFairOptions {
             prefix: prefix.into(),
             value: Vec::new(),
-            session_name: DEFAULT_FAIR_SESSION_NAME.to_owned(),
-            session_ttl: Duration::from_secs(15),
-            lock_delay: None,
+            session: RecipeSession::new(DEFAULT_FAIR_SESSION_NAME),
         }
     }
 }
@@ -149,9 +144,7 @@ impl KvFairMutex {
     /// Queues up and blocks until first in line. Dropping the future leaves the queue.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let (client, opts) = (&self.client, &self.opts);
-        let request =
-            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
-        let mut keeper = SessionKeeper::create(client, &request).await?;
+        let mut keeper = opts.session.keep(client, Behavior::Release).await?;
         let session = keeper.id().to_owned();
         let my_key =
             contender_entry(client, &opts.prefix, &opts.value, FAIR_FLAG_VALUE, &session).await?;

@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use super::held::{Held, monitor_key, unreachable_after};
-use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostTrigger};
-use super::session::SessionRequest;
+use super::recipe::RecipeSession;
 use super::{Client, ClientError, ReadOpts, next_wait_index};
+use crate::session::Behavior;
 
 /// `api.LockFlagValue` (0x2ddccbc058a50c18): marks a key used as a lock.
 pub const LOCK_FLAG_VALUE: u64 = 0x2ddc_cbc0_58a5_0c18;
@@ -33,14 +33,8 @@ const QUICK_RETRIES: u32 = 3;
 pub struct LockOptions {
     pub key: String,
     pub value: Vec<u8>,
-    pub session_name: String,
-    pub session_ttl: Duration,
-    /// `None`: the agent's default (15 s).
-    pub lock_delay: Option<Duration>,
+    pub session: RecipeSession,
     pub wait_time: Duration,
-    /// A session the caller keeps alive (`api.LockOptions.Session`), reused by every
-    /// acquisition; `None`: a new session per acquisition, destroyed on release.
-    pub session: Option<String>,
     /// `MonitorRetries`: failed reads of the held key tolerated, 1 s apart, before
     /// the lock counts as lost. `None`: until the agent has been unreachable for a session TTL.
     pub monitor_retries: Option<u32>,
@@ -51,11 +45,8 @@ impl LockOptions {
         LockOptions {
             key: key.into(),
             value: Vec::new(),
-            session_name: DEFAULT_LOCK_SESSION_NAME.to_owned(),
-            session_ttl: DEFAULT_LOCK_SESSION_TTL,
-            lock_delay: None,
+            session: RecipeSession::new(DEFAULT_LOCK_SESSION_NAME),
             wait_time: DEFAULT_LOCK_WAIT_TIME,
-            session: None,
             monitor_retries: None,
         }
     }
@@ -87,10 +78,7 @@ impl Lock {
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let (client, opts) = (&self.client, &self.opts);
         let key = &opts.key;
-        let request =
-            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
-        let mut keeper =
-            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
+        let mut keeper = opts.session.keep(client, Behavior::Release).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
         let mut index = 0;

@@ -43,6 +43,7 @@ pub use kv::{Acquired, TxnReply};
 pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
 pub use queue::{FairMutex, LockQueue, QueueOptions, QueueReply, RwLock};
+pub use recipe::RecipeSession;
 pub use semaphore::{
     SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,
 };

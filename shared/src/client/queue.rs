@@ -12,13 +12,13 @@ use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::held::{Held, Look, MONITOR_WAIT, monitor};
-use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
-use super::session::SessionRequest;
+use super::recipe::RecipeSession;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
 use crate::lock::LockMode;
+use crate::session::Behavior;
 
 /// Session name of a queue contender that brings no session of its own.
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
@@ -32,13 +32,7 @@ pub struct QueueOptions {
     pub mode: LockMode,
     /// Slots of the lock: 1 for a mutex, N for a semaphore (exclusive holders only).
     pub limit: u32,
-    /// A session the caller keeps alive, reused by every acquisition; `None`: a new session
-    /// per acquisition, destroyed on release.
-    pub session: Option<String>,
-    pub session_name: String,
-    pub session_ttl: Duration,
-    /// `None`: the agent's default (15 s).
-    pub lock_delay: Option<Duration>,
+    pub session: RecipeSession,
     /// Give up (and leave the queue) after this long; `None`: wait as long as it takes.
     pub timeout: Option<Duration>,
     /// Watch the grant with a long poll, so [`Held::lost`] resolves as soon as the lock is
@@ -54,10 +48,7 @@ impl QueueOptions {
             name: name.into(),
             mode: LockMode::Exclusive,
             limit: 1,
-            session: None,
-            session_name: DEFAULT_QUEUE_SESSION_NAME.to_owned(),
-            session_ttl: Duration::from_secs(15),
-            lock_delay: None,
+            session: RecipeSession::new(DEFAULT_QUEUE_SESSION_NAME),
             timeout: None,
             monitor: true,
         }
@@ -221,10 +212,7 @@ impl LockQueue {
 
     async fn take(&self, wait: Wait) -> Result<Option<Held>, ClientError> {
         let (client, opts) = (&self.client, &self.opts);
-        let request =
-            SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay);
-        let mut keeper =
-            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
+        let mut keeper = opts.session.keep(client, Behavior::Release).await?;
         let session = keeper.id().to_owned();
         // From here on, leaving (a drop, an error, a timeout) releases or leaves the queue.
         let (c, name, s) = (client.clone(), opts.name.clone(), session.clone());

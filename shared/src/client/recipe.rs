@@ -1,7 +1,56 @@
-//! A step the recipes with one entry per contender (a semaphore slot, a fair mutex) share:
-//! writing that entry, `<prefix>/<session>`, acquired by the contender's own session.
+//! What the recipes share: the session they hold their entries with, and, for the recipes with
+//! one entry per contender (a semaphore slot, a KV fair mutex), writing that entry,
+//! `<prefix>/<session>`, acquired by the contender's own session.
 
+use std::time::Duration;
+
+use super::keeper::SessionKeeper;
+use super::lock::DEFAULT_LOCK_SESSION_TTL;
+use super::session::SessionRequest;
 use super::{Client, ClientError, path};
+use crate::session::Behavior;
+
+/// The session a recipe holds its entries with: Go's `SessionName`, `SessionTTL`, `LockDelay`
+/// and `Session` options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecipeSession {
+    pub name: String,
+    pub ttl: Duration,
+    /// `None`: the agent's default (15 s).
+    pub lock_delay: Option<Duration>,
+    /// A session the caller keeps alive (`api.LockOptions.Session`), reused by every
+    /// acquisition; `None`: a new session per acquisition, destroyed on release.
+    pub reuse: Option<String>,
+}
+
+impl RecipeSession {
+    /// A new session per acquisition, named `name`, with Go's 15 s TTL and the agent's lock-delay.
+    pub fn new(name: &str) -> RecipeSession {
+        RecipeSession {
+            name: name.to_owned(),
+            ttl: DEFAULT_LOCK_SESSION_TTL,
+            lock_delay: None,
+            reuse: None,
+        }
+    }
+
+    /// The caller's session, or a new one whose entries `behavior` says what becomes of when it
+    /// ends; kept alive until the keeper closes.
+    pub(crate) async fn keep(
+        &self,
+        client: &Client,
+        behavior: Behavior,
+    ) -> Result<SessionKeeper, ClientError> {
+        let request = SessionRequest {
+            name: self.name.clone(),
+            ttl: Some(self.ttl),
+            lock_delay: self.lock_delay,
+            behavior,
+            ..SessionRequest::default()
+        };
+        SessionKeeper::reuse_or_create(client, self.reuse.as_deref(), &request).await
+    }
+}
 
 /// Writes `<prefix>/<session>` with `value` and `flags`, acquired by `session`; its key.
 pub(crate) async fn contender_entry(

@@ -10,10 +10,8 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::held::{Held, Look, MONITOR_WAIT, explain, monitor, unreachable_after};
-use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
-use super::recipe::contender_entry;
-use super::session::SessionRequest;
+use super::recipe::{RecipeSession, contender_entry};
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
 use crate::kv::KvEntry;
 use crate::session::Behavior;
@@ -145,13 +143,8 @@ pub struct SemaphoreOptions {
     pub limit: i64,
     /// Value of the contender entry.
     pub value: Vec<u8>,
-    pub session_name: String,
-    pub session_ttl: Duration,
-    pub lock_delay: Option<Duration>,
+    pub session: RecipeSession,
     pub wait_time: Duration,
-    /// A session the caller keeps alive (`api.SemaphoreOptions.Session`); `None`: a new
-    /// session per acquisition.
-    pub session: Option<String>,
     /// As [`LockOptions::monitor_retries`](super::LockOptions::monitor_retries).
     pub monitor_retries: Option<u32>,
 }
@@ -162,11 +155,8 @@ impl SemaphoreOptions {
             prefix: prefix.into(),
             limit,
             value: Vec::new(),
-            session_name: DEFAULT_SEMAPHORE_SESSION_NAME.to_owned(),
-            session_ttl: Duration::from_secs(15),
-            lock_delay: None,
+            session: RecipeSession::new(DEFAULT_SEMAPHORE_SESSION_NAME),
             wait_time: DEFAULT_SEMAPHORE_WAIT_TIME,
-            session: None,
             monitor_retries: None,
         }
     }
@@ -199,12 +189,7 @@ impl Semaphore {
     /// Blocks until a slot is held. Dropping the future gives up and cleans up.
     pub async fn acquire(&self) -> Result<Held, ClientError> {
         let (client, opts) = (&self.client, &self.opts);
-        let request = SessionRequest {
-            behavior: Behavior::Delete,
-            ..SessionRequest::for_recipe(&opts.session_name, opts.session_ttl, opts.lock_delay)
-        };
-        let mut keeper =
-            SessionKeeper::reuse_or_create(client, opts.session.as_deref(), &request).await?;
+        let mut keeper = opts.session.keep(client, Behavior::Delete).await?;
         let session = keeper.id().to_owned();
         let session_lost = keeper.lost();
         let contender = contender_entry(

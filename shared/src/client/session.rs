@@ -27,22 +27,6 @@ pub struct SessionRequest {
 }
 
 impl SessionRequest {
-    /// The session a lock recipe holds its entries with, from its options' `session_name`,
-    /// `session_ttl` and `lock_delay` (Go's `SessionName`, `SessionTTL`, `LockDelay`); its
-    /// entries are released when it ends (set `behavior` to have them deleted).
-    pub(crate) fn for_recipe(
-        name: &str,
-        ttl: Duration,
-        lock_delay: Option<Duration>,
-    ) -> SessionRequest {
-        SessionRequest {
-            name: name.to_owned(),
-            ttl: Some(ttl),
-            lock_delay,
-            ..SessionRequest::default()
-        }
-    }
-
     /// The JSON body, built as the Go client builds it: only the fields that are set, keys
     /// sorted, `LockDelay` in milliseconds (`"15000ms"`).
     pub fn body(&self) -> Vec<u8> {
