@@ -140,12 +140,13 @@ pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> 
 
 /// `PUT /v1/agent/service/register[?replace-existing-checks]`.
 pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
-    let service = parse_service_body(&body)?;
+    let definition = parse_service_body(&body)?;
+    let service = &definition.service;
     cx.check(Resource::Service, Access::Write, &service.name)?;
     limits::name("ID", &service.id)?;
     limits::name("Name", &service.name)?;
     limits::tags("Tags", &service.tags)?;
-    service.checks.iter().try_for_each(limits::check)?;
+    definition.checks.iter().try_for_each(limits::check)?;
     // Consul: present with an empty value or `true`.
     let replace = cx
         .params
@@ -153,7 +154,7 @@ pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Respons
         .is_some_and(|v| v.is_empty() || v == "true");
     cx.state
         .local
-        .add_service(service, replace, Source::Remote)?;
+        .add_service(definition, replace, Source::Remote)?;
     cx.state.local.sync_now().await;
     Ok(StatusCode::OK.into_response())
 }

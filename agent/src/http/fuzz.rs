@@ -642,10 +642,10 @@ proptest! {
     #[test]
     fn agent_service_definitions(body in body(&SERVICE)) {
         if let Some(s) = accepted(route(&body, |b| definition(parse_service_body(b))))? {
-            prop_assert!(!s.name.is_empty() && !s.id.is_empty());
-            prop_assert!((1..=65535).contains(&s.weights.passing));
+            prop_assert!(!s.service.name.is_empty() && !s.service.id.is_empty());
+            prop_assert!((1..=65535).contains(&s.service.weights.passing));
             for c in &s.checks {
-                prop_assert_eq!(&c.service_id, &s.id);
+                prop_assert_eq!(&c.service_id, &s.service.id);
                 prop_assert!(!c.id.is_empty() && !c.name.is_empty());
             }
         }

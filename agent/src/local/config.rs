@@ -321,8 +321,8 @@ mod tests {
         assert!(defs.enable_script_checks);
         assert_eq!(defs.services.len(), 1);
         let web = &defs.services[0];
-        assert_eq!((web.id.as_str(), web.port), ("web", 8080));
-        assert_eq!(web.meta["Team"], "core");
+        assert_eq!((web.service.id.as_str(), web.service.port), ("web", 8080));
+        assert_eq!(web.service.meta["Team"], "core");
         assert_eq!(web.checks[0].id, "service:web");
         assert_eq!(
             web.checks[0].deregister_critical_after,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use vigil_shared::catalog::{HealthStatus, Weights};
+use vigil_shared::catalog::{HealthStatus, Service, Weights};
 use vigil_shared::go::duration::{duration_ns_from_json, format_go_duration, parse_go_duration_ns};
 
 /// Checks never run more often than this (Consul's `checks.MinInterval`).
@@ -203,14 +203,8 @@ impl CheckDefinition {
 /// A validated service with the checks declared inside it (their IDs already assigned).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServiceDefinition {
-    pub id: String,
-    pub name: String,
-    pub tags: Vec<String>,
-    pub address: String,
-    pub port: u16,
-    pub meta: BTreeMap<String, String>,
-    pub weights: Weights,
-    pub enable_tag_override: bool,
+    /// The service; its node and indexes are left for the agent and the catalog to fill in.
+    pub service: Service,
     pub checks: Vec<CheckDefinition>,
 }
 
@@ -813,14 +807,17 @@ pub fn parse_service(value: Value) -> Result<ServiceDefinition, DefinitionError>
         def.service_id = id.clone();
     }
     Ok(ServiceDefinition {
-        id,
-        name: raw.name,
-        tags: raw.tags,
-        address: raw.address,
-        port: raw.port,
-        meta: raw.meta,
-        weights,
-        enable_tag_override: raw.enabletagoverride,
+        service: Service {
+            id,
+            name: raw.name,
+            tags: raw.tags,
+            address: raw.address,
+            port: raw.port,
+            meta: raw.meta,
+            weights,
+            enable_tag_override: raw.enabletagoverride,
+            ..Service::default()
+        },
         checks: definitions,
     })
 }
@@ -993,9 +990,9 @@ mod tests {
             "Checks": [{"TTL": "5s"}, {"TCP": "h:1", "Interval": "1s", "Name": "tcp"}],
         }))
         .unwrap();
-        assert_eq!(s.id, "web");
-        assert_eq!(s.weights, Weights::default());
-        assert_eq!(s.meta["Env"], "x");
+        assert_eq!(s.service.id, "web");
+        assert_eq!(s.service.weights, Weights::default());
+        assert_eq!(s.service.meta["Env"], "x");
         let ids: Vec<&str> = s.checks.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids, ["service:web:1", "service:web:2"]);
         assert_eq!(s.checks[0].name, "Service 'web' check");

@@ -366,22 +366,14 @@ impl LocalState {
         {
             let mut inner = self.lock();
             let generation = inner.next_generation();
+            let id = def.service.id.clone();
             let service = Service {
                 node: self.node.clone(),
-                id: def.id.clone(),
-                name: def.name,
-                tags: def.tags,
-                address: def.address,
-                port: def.port,
-                meta: def.meta,
-                weights: def.weights,
-                enable_tag_override: def.enable_tag_override,
-                create_index: 0,
-                modify_index: 0,
+                ..def.service
             };
-            inner.removed_services.remove(&def.id);
+            inner.removed_services.remove(&id);
             inner.services.insert(
-                def.id.clone(),
+                id.clone(),
                 LocalService {
                     service,
                     generation,
@@ -396,7 +388,7 @@ impl LocalState {
                 let stale: Vec<String> = inner
                     .checks
                     .values()
-                    .filter(|c| c.def.service_id == def.id && !keep.contains(&c.def.id))
+                    .filter(|c| c.def.service_id == id && !keep.contains(&c.def.id))
                     .map(|c| c.def.id.clone())
                     .collect();
                 for id in stale {

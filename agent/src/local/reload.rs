@@ -44,9 +44,9 @@ impl Reloader {
         for gone in loaded
             .services
             .iter()
-            .filter(|s| !new.services.iter().any(|n| n.id == s.id))
+            .filter(|s| !new.services.iter().any(|n| n.service.id == s.service.id))
         {
-            ignore_unknown(local.remove_service(&gone.id))?;
+            ignore_unknown(local.remove_service(&gone.service.id))?;
         }
         for gone in loaded
             .checks
