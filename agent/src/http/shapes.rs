@@ -12,15 +12,35 @@ use vigil_shared::catalog::{Check, Node, Service, ServiceHealth, Weights};
 use super::error::ApiError;
 use super::params::Params;
 
+/// The fields that name a node, first in both a node and a service instance on it.
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
-pub struct NodeJson<'a> {
+struct NodeNameJson<'a> {
     #[serde(rename = "ID")]
     id: &'a str,
     node: &'a str,
     address: &'a str,
     datacenter: &'static str,
     tagged_addresses: BTreeMap<&'a str, &'a str>,
+}
+
+impl<'a> NodeNameJson<'a> {
+    fn new(n: &'a Node) -> NodeNameJson<'a> {
+        NodeNameJson {
+            id: &n.id,
+            node: &n.name,
+            address: &n.address,
+            datacenter: crate::DATACENTER,
+            tagged_addresses: tagged_addresses(n),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct NodeJson<'a> {
+    #[serde(flatten)]
+    name: NodeNameJson<'a>,
     meta: &'a BTreeMap<String, String>,
     create_index: u64,
     modify_index: u64,
@@ -49,11 +69,7 @@ fn tagged_addresses(n: &Node) -> BTreeMap<&str, &str> {
 impl<'a> NodeJson<'a> {
     pub fn new(n: &'a Node) -> NodeJson<'a> {
         NodeJson {
-            id: &n.id,
-            node: &n.name,
-            address: &n.address,
-            datacenter: crate::DATACENTER,
-            tagged_addresses: tagged_addresses(n),
+            name: NodeNameJson::new(n),
             meta: &n.meta,
             create_index: n.create_index,
             modify_index: n.modify_index,
@@ -152,12 +168,8 @@ impl<'a> ServiceJson<'a> {
 #[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ServiceNodeJson<'a> {
-    #[serde(rename = "ID")]
-    id: &'a str,
-    node: &'a str,
-    address: &'a str,
-    datacenter: &'static str,
-    tagged_addresses: BTreeMap<&'a str, &'a str>,
+    #[serde(flatten)]
+    node: NodeNameJson<'a>,
     node_meta: &'a BTreeMap<String, String>,
     service_kind: &'static str,
     #[serde(rename = "ServiceID")]
@@ -180,11 +192,7 @@ pub struct ServiceNodeJson<'a> {
 impl<'a> ServiceNodeJson<'a> {
     pub fn new(n: &'a Node, s: &'a Service) -> ServiceNodeJson<'a> {
         ServiceNodeJson {
-            id: &n.id,
-            node: &n.name,
-            address: &n.address,
-            datacenter: crate::DATACENTER,
-            tagged_addresses: tagged_addresses(n),
+            node: NodeNameJson::new(n),
             node_meta: &n.meta,
             service_kind: "",
             service_id: &s.id,
