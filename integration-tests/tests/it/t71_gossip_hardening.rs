@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, Http, binary, eventually, keygen};
+use integration_tests::{Agent, Http, binary, eventually, keygen, log_tail};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -288,15 +288,25 @@ async fn a_client_restarted_at_a_new_address_still_loses_its_old_sessions() {
     let fresh = create_session(&client, r#"{"Name":"new","LockDelay":"0s"}"#).await;
     client.acquire_ok("t71/restart", &fresh).await;
     let port = own_member(&client).await["Port"].as_u64().expect("Port");
-    eventually(
-        CONVERGE_LIMIT,
-        "the server to list the new process",
-        || async {
-            let listed = named(&server, "c0").await;
-            (listed.len() == 1 && listed[0].1 == port && listed[0].2 == 1).then_some(())
-        },
-    )
-    .await;
+    // Polled by hand so that a timeout says what the server listed and what both logged.
+    let deadline = Instant::now() + CONVERGE_LIMIT;
+    loop {
+        let listed = named(&server, "c0").await;
+        if listed.len() == 1 && listed[0].1 == port && listed[0].2 == 1 {
+            break;
+        }
+        if Instant::now() >= deadline {
+            panic!(
+                "timed out waiting for the server to list the new process (port {port}) alone \
+                 and alive; it lists c0 as {listed:?}, all members: {}\n--- server log\n{}\n\
+                 --- client log\n{}",
+                Value::from(server.members().await),
+                log_tail(&cluster.servers[0].log, 60),
+                log_tail(&cluster.clients[0].log, 60),
+            );
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]
