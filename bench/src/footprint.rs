@@ -16,7 +16,7 @@ use vigil_shared::client::{Client, SessionRequest};
 use vigil_shared::kv::KvOp;
 
 use super::etcd::connect;
-use super::machine::{Meter, rss_kib};
+use super::machine::rss_kib;
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Leaders, Plan, Systems};
 
@@ -143,12 +143,15 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
         .transpose()?
         .map(|kib| kib as f64 / 1024.0);
     let leaders = systems.leaders().await?;
-    let meter = Meter::start("Footprint load, Vigil", &leaders.vigil_pids)?;
-    let v = vigil(&leaders, plan).await?;
-    let mut usage = vec![meter.stop()?];
-    let meter = Meter::start("Footprint load, etcd", &leaders.etcd_pids)?;
-    let e = etcd(&leaders, plan).await?;
-    usage.push(meter.stop()?);
+    let mut outcome = Outcome::default();
+    let (v, e) = outcome
+        .side_by_side(
+            "Footprint load",
+            &leaders,
+            vigil(&leaders, plan),
+            etcd(&leaders, plan),
+        )
+        .await?;
     systems.stop().await;
 
     let loaded = format!(
@@ -220,6 +223,6 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
             "vigil": v,
             "etcd": e,
         }),
-        usage,
+        ..outcome
     })
 }

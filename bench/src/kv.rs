@@ -3,16 +3,12 @@
 //! /v1/kv/<key>`; etcd: `Put`). Both commit each write to a majority with an fsync, so what
 //! differs is batching (group commit) and per-request overhead. The keys are deleted afterwards.
 
-use std::sync::Arc;
-
 use anyhow::{Result, ensure};
-use futures::FutureExt;
 use serde_json::json;
 use vigil_shared::client::Client;
 
 use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
-use super::machine::Meter;
 use super::report::{Outcome, Row};
 use super::{Plan, Systems};
 
@@ -25,48 +21,29 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let mut outcome = Outcome::default();
     let mut runs = Vec::new();
     for clients in [1, 16, 64] {
-        let meter = Meter::start(
-            format!("KV put, {}, Vigil", load::clients(clients)),
-            &leaders.vigil_pids,
-        )?;
         let client = vigil.clone();
-        let v = closed_loop(
-            clients,
-            plan.kv,
-            Arc::new(move |c, n| {
-                let client = client.clone();
-                async move {
-                    let key = format!("{PREFIX}{clients}/{c}/{n}");
-                    ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
-                    Ok(())
-                }
-                .boxed()
-            }),
-        )
-        .await?;
-        outcome.usage.push(meter.stop()?);
+        let puts = closed_loop(clients, plan.kv, move |c, n| {
+            let client = client.clone();
+            async move {
+                let key = format!("{PREFIX}{clients}/{c}/{n}");
+                ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
+                Ok(())
+            }
+        });
+        let phase = format!("KV put, {}, Vigil", load::clients(clients));
+        let v = outcome.metered(phase, &leaders.vigil_pids, puts).await?;
 
         let etcd_clients = connect_each(&leaders.etcd_endpoint, clients).await?;
-        let meter = Meter::start(
-            format!("KV put, {}, etcd", load::clients(clients)),
-            &leaders.etcd_pids,
-        )?;
-        let e = closed_loop(
-            clients,
-            plan.kv,
-            Arc::new(move |c, n| {
-                let mut client = etcd_clients[c].clone();
-                async move {
-                    client
-                        .put(format!("{PREFIX}{clients}/{c}/{n}"), VALUE.to_vec(), None)
-                        .await?;
-                    Ok(())
-                }
-                .boxed()
-            }),
-        )
-        .await?;
-        outcome.usage.push(meter.stop()?);
+        let puts = closed_loop(clients, plan.kv, move |c, n| {
+            let mut client = etcd_clients[c].clone();
+            async move {
+                let key = format!("{PREFIX}{clients}/{c}/{n}");
+                client.put(key, VALUE.to_vec(), None).await?;
+                Ok(())
+            }
+        });
+        let phase = format!("KV put, {}, etcd", load::clients(clients));
+        let e = outcome.metered(phase, &leaders.etcd_pids, puts).await?;
         outcome.rows.extend(rows(clients, &v, &e));
         runs.push(json!({ "clients": clients, "vigil": v, "etcd": e }));
     }

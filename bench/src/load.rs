@@ -2,11 +2,11 @@
 //! one answered, for a warm-up and then a fixed measured window. Operations that complete
 //! inside the window count; their latencies go to an HDR histogram (microseconds).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use futures::future::BoxFuture;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -137,11 +137,14 @@ impl Percentile {
     }
 }
 
-/// One operation of client `c` (its `n`th).
-pub type Op = dyn Fn(usize, u64) -> BoxFuture<'static, Result<()>> + Send + Sync;
-
-/// Runs `op` from `clients` concurrent tasks over `window`; the first error stops the run.
-pub async fn closed_loop(clients: usize, window: Window, op: Arc<Op>) -> Result<Throughput> {
+/// Runs `op(client, n)`, the `n`th operation of `client`, from `clients` concurrent tasks over
+/// `window`; the first error stops the run.
+pub async fn closed_loop<F, Fut>(clients: usize, window: Window, op: F) -> Result<Throughput>
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    let op = Arc::new(op);
     let (open, close) = window.schedule();
     let tasks: Vec<_> = (0..clients)
         .map(|c| {

@@ -5,11 +5,14 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::future::Future;
 
+use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::machine::{Machine, Usage, Versions};
+use super::Leaders;
+use super::machine::{Machine, Meter, Usage, Versions};
 
 /// The top of `docs/benchmarks.md`: what the file is, how to rerun it, what each workload does.
 pub const INTRO: &str = r#"
@@ -166,6 +169,36 @@ pub struct Outcome {
     pub tables: Vec<Table>,
     pub details: Value,
     pub usage: Vec<Usage>,
+}
+
+impl Outcome {
+    /// Runs `work` as the phase `phase` of the processes `pids`, whose usage over it is kept.
+    pub async fn metered<T>(
+        &mut self,
+        phase: impl Into<String>,
+        pids: &[u32],
+        work: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let meter = Meter::start(phase, pids)?;
+        let output = work.await?;
+        self.usage.push(meter.stop()?);
+        Ok(output)
+    }
+
+    /// Runs `vigil`, then `etcd`, each metered on its own system's servers as the phase
+    /// `<what>, Vigil` or `<what>, etcd`.
+    pub async fn side_by_side<V, E>(
+        &mut self,
+        what: &str,
+        leaders: &Leaders,
+        vigil: impl Future<Output = Result<V>>,
+        etcd: impl Future<Output = Result<E>>,
+    ) -> Result<(V, E)> {
+        let v = self.metered(format!("{what}, Vigil"), &leaders.vigil_pids, vigil);
+        let v = v.await?;
+        let e = self.metered(format!("{what}, etcd"), &leaders.etcd_pids, etcd);
+        Ok((v, e.await?))
+    }
 }
 
 /// A workload that failed: no figures.

@@ -9,14 +9,13 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, ensure};
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use serde_json::json;
 use vigil_shared::client::{Client, SessionRequest};
 
 use super::etcd::connect_each;
 use super::load::{Percentile, Throughput, closed_loop};
-use super::machine::Meter;
 use super::report::{Outcome, Row};
 use super::{Plan, Systems};
 
@@ -45,27 +44,22 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     // Vigil: create, then renew one session per client, then destroy them all.
     let vigil = Client::new(&leaders.vigil_addr.to_string())?;
     let sessions = created::<String>();
-    let meter = Meter::start("Session create, Vigil", &leaders.vigil_pids)?;
     let (client, ids) = (vigil.clone(), sessions.clone());
-    let v_create = closed_loop(
-        CLIENTS,
-        plan.session,
-        Arc::new(move |c, _| {
-            let (client, ids) = (client.clone(), ids.clone());
-            async move {
-                let request = SessionRequest {
-                    name: "bench".to_owned(),
-                    ttl: Some(TTL),
-                    ..SessionRequest::default()
-                };
-                push(&ids, c, client.session_create(&request).await?);
-                Ok(())
-            }
-            .boxed()
-        }),
-    )
-    .await?;
-    outcome.usage.push(meter.stop()?);
+    let creates = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let (client, ids) = (client.clone(), ids.clone());
+        async move {
+            let request = SessionRequest {
+                name: "bench".to_owned(),
+                ttl: Some(TTL),
+                ..SessionRequest::default()
+            };
+            push(&ids, c, client.session_create(&request).await?);
+            Ok(())
+        }
+    });
+    let v_create = outcome
+        .metered("Session create, Vigil", &leaders.vigil_pids, creates)
+        .await?;
     let sessions = take(&sessions);
     let renewed: Arc<Vec<String>> = Arc::new(
         sessions
@@ -73,25 +67,18 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
             .map(|ids| ids.first().cloned().context("a client created no session"))
             .collect::<Result<_>>()?,
     );
-    let meter = Meter::start("Session renew, Vigil", &leaders.vigil_pids)?;
     let client = vigil.clone();
-    let v_renew = closed_loop(
-        CLIENTS,
-        plan.session,
-        Arc::new(move |c, _| {
-            let (client, renewed) = (client.clone(), renewed.clone());
-            async move {
-                ensure!(
-                    client.session_renew(&renewed[c]).await?.is_some(),
-                    "session gone"
-                );
-                Ok(())
-            }
-            .boxed()
-        }),
-    )
-    .await?;
-    outcome.usage.push(meter.stop()?);
+    let renewals = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let (client, renewed) = (client.clone(), renewed.clone());
+        async move {
+            let renewal = client.session_renew(&renewed[c]).await?;
+            ensure!(renewal.is_some(), "session gone");
+            Ok(())
+        }
+    });
+    let v_renew = outcome
+        .metered("Session renew, Vigil", &leaders.vigil_pids, renewals)
+        .await?;
     futures::stream::iter(sessions.into_iter().flatten())
         .map(|id| {
             let client = vigil.clone();
@@ -104,23 +91,18 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     // etcd: the same with leases, each client over its own connection.
     let etcd_clients = Arc::new(connect_each(&leaders.etcd_endpoint, CLIENTS).await?);
     let leases = created::<i64>();
-    let meter = Meter::start("Lease grant, etcd", &leaders.etcd_pids)?;
     let (clients, ids) = (etcd_clients.clone(), leases.clone());
-    let e_create = closed_loop(
-        CLIENTS,
-        plan.session,
-        Arc::new(move |c, _| {
-            let (mut client, ids) = (clients[c].clone(), ids.clone());
-            async move {
-                let ttl = i64::try_from(TTL.as_secs())?;
-                push(&ids, c, client.lease_grant(ttl, None).await?.id());
-                Ok(())
-            }
-            .boxed()
-        }),
-    )
-    .await?;
-    outcome.usage.push(meter.stop()?);
+    let grants = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let (mut client, ids) = (clients[c].clone(), ids.clone());
+        async move {
+            let ttl = i64::try_from(TTL.as_secs())?;
+            push(&ids, c, client.lease_grant(ttl, None).await?.id());
+            Ok(())
+        }
+    });
+    let e_create = outcome
+        .metered("Lease grant, etcd", &leaders.etcd_pids, grants)
+        .await?;
     let leases = take(&leases);
     let mut keepers = Vec::new();
     for (c, ids) in leases.iter().enumerate() {
@@ -130,28 +112,23 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     }
     let keepers: Arc<Vec<tokio::sync::Mutex<(LeaseKeeper, LeaseKeepAliveStream)>>> =
         Arc::new(keepers);
-    let meter = Meter::start("Lease keep-alive, etcd", &leaders.etcd_pids)?;
-    let e_renew = closed_loop(
-        CLIENTS,
-        plan.session,
-        Arc::new(move |c, _| {
-            let keepers = keepers.clone();
-            async move {
-                let mut guard = keepers[c].lock().await;
-                let (keeper, responses) = &mut *guard;
-                keeper.keep_alive().await?;
-                let answer = responses
-                    .message()
-                    .await?
-                    .context("keep-alive stream ended")?;
-                ensure!(answer.ttl() > 0, "lease gone");
-                Ok(())
-            }
-            .boxed()
-        }),
-    )
-    .await?;
-    outcome.usage.push(meter.stop()?);
+    let keep_alives = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let keepers = keepers.clone();
+        async move {
+            let mut guard = keepers[c].lock().await;
+            let (keeper, responses) = &mut *guard;
+            keeper.keep_alive().await?;
+            let answer = responses.message().await?;
+            ensure!(
+                answer.context("keep-alive stream ended")?.ttl() > 0,
+                "lease gone"
+            );
+            Ok(())
+        }
+    });
+    let e_renew = outcome
+        .metered("Lease keep-alive, etcd", &leaders.etcd_pids, keep_alives)
+        .await?;
     futures::stream::iter(leases.into_iter().flatten())
         .map(|id| {
             let mut client = etcd_clients[0].clone();

@@ -21,7 +21,7 @@ use vigil_shared::client::{Client, ReadOpts};
 
 use super::etcd::connect;
 use super::load::{Latency, histogram};
-use super::machine::{Meter, micros, rss_kib};
+use super::machine::{micros, rss_kib};
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Leaders, Plan, Systems};
 
@@ -297,13 +297,15 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
     let systems = Systems::start(0).await?;
     sleep(SETTLE).await;
     let leaders = systems.leaders().await?;
-    let mut usage = Vec::new();
-    let meter = Meter::start("Watch fan-out, Vigil", &leaders.vigil_pids)?;
-    let v = vigil(&leaders, plan).await?;
-    usage.push(meter.stop()?);
-    let meter = Meter::start("Watch fan-out, etcd", &leaders.etcd_pids)?;
-    let e = etcd(&leaders, plan).await?;
-    usage.push(meter.stop()?);
+    let mut outcome = Outcome::default();
+    let (v, e) = outcome
+        .side_by_side(
+            "Watch fan-out",
+            &leaders,
+            vigil(&leaders, plan),
+            etcd(&leaders, plan),
+        )
+        .await?;
     systems.stop().await;
     let workload = format!(
         "Watch fan-out: {} idle watchers + {} on one key",
@@ -367,6 +369,6 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
         rows,
         tables: vec![table],
         details: json!({ "vigil": v, "etcd": e }),
-        usage,
+        ..outcome
     })
 }
