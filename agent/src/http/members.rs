@@ -78,13 +78,16 @@ impl MemberJson {
     }
 }
 
-/// This agent's own entry of `/v1/agent/members` (`Member` in `/v1/agent/self`).
+/// This agent's own entry of `/v1/agent/members` (`Member` in `/v1/agent/self`): the member with
+/// its name *and* its gossip address, so a node not admitted because an older process still
+/// holds its name (see `gossip::book`) is not mistaken for that process.
 pub(super) fn local_member(state: &AppState) -> Option<MemberJson> {
+    let me = state.gossip.gossip_addr();
     state
         .gossip
         .members()
         .iter()
-        .find(|m| m.name == state.node_name)
+        .find(|m| m.name == state.node_name && m.gossip_addr == me)
         .map(MemberJson::from_member)
 }
 

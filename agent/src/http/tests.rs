@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt as _;
 use vigil_server::api::memory::MemoryServer;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 
 use super::{AppState, router};
 use crate::backend::Backend;
@@ -22,6 +23,7 @@ use crate::local::{self, LocalOptions, LocalState};
 use crate::testing::settle;
 
 const NODE: &str = "node1";
+const GOSSIP: &str = "127.0.0.1:8301";
 
 /// An agent's router over the in-memory servers, with what it started.
 struct Agent {
@@ -32,7 +34,12 @@ struct Agent {
 
 impl Agent {
     fn start() -> Agent {
-        let addr: SocketAddr = "127.0.0.1:8301".parse().expect("address");
+        Agent::with_members(Vec::new())
+    }
+
+    /// An agent at gossip address [`GOSSIP`] whose member list is `members`.
+    fn with_members(members: Vec<MemberStatus>) -> Agent {
+        let addr: SocketAddr = GOSSIP.parse().expect("address");
         let backend = Arc::new(Backend::new(Arc::new(MemoryServer::default())));
         let shutdown = CancellationToken::new();
         let tasks = TaskTracker::new();
@@ -53,7 +60,7 @@ impl Agent {
         let state = AppState {
             backend: Arc::clone(&backend),
             local,
-            gossip: Gossip::detached(addr, Vec::new()),
+            gossip: Gossip::detached(addr, members),
             node_name: NODE.to_owned(),
             http_addr: Some("127.0.0.1:8500".parse().expect("address")),
             https_addr: None,
@@ -189,5 +196,34 @@ async fn a_blocking_get_answers_a_write_at_once_and_otherwise_at_its_wait() {
     let quiet = quiet.await.expect("join");
     assert_eq!((quiet.status, quiet.body.as_str()), (StatusCode::OK, "v2"));
     assert_eq!(quiet.index, Some(index));
+    agent.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn agent_self_reports_this_process_not_an_older_holder_of_its_name() {
+    // Another process (started earlier at another port) still holds this node's name, so the
+    // member list has it and not us: we are not admitted yet.
+    let member = |port: u16| MemberStatus {
+        name: NODE.to_owned(),
+        gossip_addr: SocketAddr::from(([127, 0, 0, 1], port)),
+        rpc_addr: "127.0.0.1:8300".parse().expect("address"),
+        role: MemberRole::Client,
+        datacenter: crate::DATACENTER.to_owned(),
+        state: MemberState::Alive,
+        pruned: false,
+    };
+    let me: SocketAddr = GOSSIP.parse().expect("address");
+    let agent = Agent::with_members(vec![member(9301)]);
+    let reply = agent.call(Method::GET, "/v1/agent/self", "").await;
+    let body: serde_json::Value = serde_json::from_str(&reply.body).expect("JSON");
+    assert_eq!(body["Member"]["Port"], me.port(), "{}", body["Member"]);
+    agent.stop().await;
+
+    // Once admitted, its own row, with its status.
+    let agent = Agent::with_members(vec![member(me.port())]);
+    let reply = agent.call(Method::GET, "/v1/agent/self", "").await;
+    let body: serde_json::Value = serde_json::from_str(&reply.body).expect("JSON");
+    assert_eq!(body["Member"]["Port"], me.port());
+    assert_eq!(body["Member"]["Status"], 1);
     agent.stop().await;
 }
