@@ -27,7 +27,7 @@ use vigil_wire::tls::{
 };
 use vigil_wire::transport::{RpcClient, client_endpoint};
 
-use crate::{Agent, Http, eventually, log_tail};
+use crate::{Agent, Http, eventually, free_ports, log_tail};
 
 /// How long a cluster may take to elect its first leader, or a new one.
 pub const LEADER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -183,17 +183,9 @@ fn strings(args: &[&str]) -> Vec<OsString> {
     args.iter().map(OsString::from).collect()
 }
 
-/// Distinct UDP ports that were free a moment ago: bound together, read, released. The small
-/// window before the agents bind them is harmless in practice (the OS hands out ephemeral
-/// ports at random).
+/// Distinct UDP ports that were free a moment ago (see [`free_ports`]).
 fn free_udp_ports(n: usize) -> Vec<u16> {
-    let sockets: Vec<UdpSocket> = (0..n)
-        .map(|_| UdpSocket::bind("127.0.0.1:0").expect("bind a UDP port"))
-        .collect();
-    sockets
-        .iter()
-        .map(|s| s.local_addr().expect("bound address").port())
-        .collect()
+    free_ports(n, || UdpSocket::bind("127.0.0.1:0"), UdpSocket::local_addr)
 }
 
 impl Cluster {

@@ -341,12 +341,18 @@ impl Agent {
     }
 
     pub async fn dev_with(extra: &[&str]) -> Agent {
-        let mut args = vec!["agent", "--dev", "--node", "test-node"];
+        Agent::dev_named("test-node", "warn", extra, None).await
+    }
+
+    /// A dev agent named `node` on free ports with `extra` flags, logging at `level` into `log`
+    /// (or onto the test's stderr).
+    pub async fn dev_named(node: &str, level: &str, extra: &[&str], log: Option<&Path>) -> Agent {
+        let mut args = vec!["agent", "--dev", "--node", node];
         args.extend(["--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"]);
         args.extend(["--serf-addr", "127.0.0.1:0", "--gossip-profile", "local"]);
-        args.extend(["--log-level", "warn"]);
+        args.extend(["--log-level", level]);
         args.extend(extra);
-        Agent::spawn(args, None).await
+        Agent::spawn(args, log).await
     }
 
     /// Runs `vigil <args>` and waits for its `vigil agent running: ...` line. Its stderr goes
@@ -365,12 +371,9 @@ impl Agent {
                 .into(),
             None => Stdio::inherit(),
         };
-        let mut command = Command::new(binary());
-        if log.is_some() {
-            // Plain text in log files (tracing honours NO_COLOR).
-            command.env("NO_COLOR", "1");
-        }
-        let mut child = command
+        // No NO_COLOR: the agent must write plain text to a log file by itself.
+        let mut child = Command::new(binary())
+            .env_remove("NO_COLOR")
             .args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -513,6 +516,21 @@ pub async fn run_py_consul(script: &str, agent: &Agent, extra: &[&str]) -> Strin
         "py-consul script failed:\n{stdout}\n{stderr}"
     );
     stdout
+}
+
+/// `n` distinct ports on 127.0.0.1 that were free a moment ago: `bind` takes them all at once
+/// (so none comes twice), `local_addr` reads them, and they are released on return. The small
+/// window before a process binds them is harmless in practice (the OS hands out ephemeral ports
+/// at random).
+pub fn free_ports<S>(
+    n: usize,
+    bind: impl Fn() -> std::io::Result<S>,
+    local_addr: impl Fn(&S) -> std::io::Result<std::net::SocketAddr>,
+) -> Vec<u16> {
+    let held: Vec<S> = (0..n).map(|_| bind().expect("bind a free port")).collect();
+    held.iter()
+        .map(|s| local_addr(s).expect("bound address").port())
+        .collect()
 }
 
 /// Polls `check` until it returns `Some`, or panics with `what` after `limit`.

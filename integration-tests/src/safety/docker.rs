@@ -21,6 +21,7 @@ use vigil_shared::client::{Client, ClientConfig, ReadOpts, Token};
 use super::register::{AgentBoard, client};
 use super::schedule::FaultKind;
 use super::{Env, Plan};
+use crate::free_ports;
 
 /// The image `docker/build.sh` builds.
 pub const IMAGE: &str = "vigil:dev";
@@ -94,15 +95,13 @@ pub(crate) fn is_root() -> bool {
     })
 }
 
-/// Free TCP ports on 127.0.0.1 a moment ago (bound together, then released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..n)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind a TCP port"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("bound address").port())
-        .collect()
+/// Distinct TCP ports that were free a moment ago (see [`free_ports`]).
+fn free_tcp_ports(n: usize) -> Vec<u16> {
+    free_ports(
+        n,
+        || TcpListener::bind("127.0.0.1:0"),
+        TcpListener::local_addr,
+    )
 }
 
 fn go_duration(d: Duration) -> String {
@@ -145,7 +144,7 @@ impl Docker {
         } else {
             vec!["docker-compose".to_owned()]
         };
-        let ports = free_ports(7);
+        let ports = free_tcp_ports(7);
         let names = ["S1", "S2", "S3", "C1", "C2", "C3", "BANK"];
         let w = &plan.worker;
         let mut env: Vec<(String, String)> = names

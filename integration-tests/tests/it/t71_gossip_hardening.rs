@@ -7,15 +7,13 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, Http, binary, eventually, keygen, log_tail};
+use integration_tests::{Agent, Http, eventually, keygen, log_tail};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
 use crate::common::{config_file, refused_config};
 
@@ -515,34 +513,9 @@ async fn the_timing_profile_sets_the_raft_timing() {
 async fn a_log_file_gets_no_colour_codes() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let log = dir.path().join("agent.log");
-    let stderr = std::fs::File::create(&log).expect("create the log file");
-    let mut child = tokio::process::Command::new(binary())
-        .args([
-            "agent",
-            "--dev",
-            "--node",
-            "plain",
-            "--http-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
-        .args(["--log-level", "info"])
-        .env_remove("NO_COLOR")
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn vigil");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let ready = timeout(
-        Duration::from_secs(30),
-        BufReader::new(stdout).lines().next_line(),
-    )
-    .await
-    .expect("the agent started in time")
-    .expect("read stdout");
-    assert!(ready.is_some_and(|l| l.starts_with("vigil agent running")));
-    child.kill().await.expect("stop the agent");
+    // Agent::spawn keeps NO_COLOR out of the agent's environment.
+    let agent = Agent::dev_named("plain", "info", &[], Some(&log)).await;
+    agent.kill9().await;
 
     let text = log_text(&log);
     assert!(text.contains("gossip started"), "{text}");

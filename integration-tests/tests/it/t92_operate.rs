@@ -481,26 +481,8 @@ async fn servers_are_removed_replaced_and_hand_over_leadership() {
 async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
     let service = "[[service]]\nid = \"web\"\nname = \"web\"\nport = 80\n";
     let (dir, config) = config_file(service);
-    let agent = Agent::spawn(
-        [
-            "agent",
-            "--dev",
-            "--node",
-            "reloaded",
-            "--http-addr",
-            "127.0.0.1:0",
-            "--rpc-addr",
-            "127.0.0.1:0",
-            "--serf-addr",
-            "127.0.0.1:0",
-            "--log-level",
-            "debug",
-            "--config",
-            &config,
-        ],
-        Some(&dir.path().join("agent.log")),
-    )
-    .await;
+    let log = dir.path().join("agent.log");
+    let agent = Agent::dev_named("reloaded", "debug", &["--config", &config], Some(&log)).await;
     let checks =
         |reply: integration_tests::Reply| reply.json().as_object().cloned().unwrap_or_default();
     assert!(checks(agent.get("/v1/agent/checks").await).is_empty());
