@@ -55,19 +55,15 @@ impl QueueOptions {
     }
 }
 
-/// The agent's answer to an acquire.
+/// The agent's answer to an acquire; a field it leaves out is `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct QueueReply {
     pub acquired: bool,
-    #[serde(default)]
     pub token: Option<u64>,
     /// Why not: `held`, `lock-delay`, `queued` (still waiting), `timeout`, `removed`.
-    #[serde(default)]
     pub reason: Option<String>,
-    #[serde(default)]
     pub position: Option<u64>,
-    #[serde(default)]
     pub lock_delay_remaining_ms: Option<u64>,
 }
 
@@ -350,5 +346,28 @@ impl RwLock {
 
     pub async fn write(&self) -> Result<Held, ClientError> {
         self.write.acquire().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_may_leave_out_what_does_not_apply() {
+        let queued: QueueReply =
+            serde_json::from_str(r#"{"Acquired":false,"Reason":"queued","Position":2}"#)
+                .expect("a queued reply");
+        assert_eq!(
+            queued,
+            QueueReply {
+                acquired: false,
+                token: None,
+                reason: Some("queued".to_owned()),
+                position: Some(2),
+                lock_delay_remaining_ms: None,
+            }
+        );
+        assert!(serde_json::from_str::<QueueReply>(r#"{"Token":3}"#).is_err());
     }
 }
