@@ -22,31 +22,6 @@ pub struct AclStore {
     table_index: u64,
 }
 
-/// A row of an ACL table: keyed by its ID, with Consul's raft indexes.
-trait Row {
-    fn id(&self) -> &str;
-    /// `(CreateIndex, ModifyIndex)`.
-    fn indexes(&mut self) -> (&mut u64, &mut u64);
-}
-
-macro_rules! row {
-    ($type:ty, $id:ident) => {
-        impl Row for $type {
-            fn id(&self) -> &str {
-                &self.$id
-            }
-
-            fn indexes(&mut self) -> (&mut u64, &mut u64) {
-                (&mut self.create_index, &mut self.modify_index)
-            }
-        }
-    };
-}
-
-row!(Token, accessor_id);
-row!(Policy, id);
-row!(Role, id);
-
 fn invalid(text: impl Into<String>) -> ApplyError {
     ApplyError::AclInvalid(text.into())
 }
@@ -60,15 +35,15 @@ impl AclStore {
         match op {
             AclOp::Init { initial_management } => {
                 if !self.policies.contains_key(GLOBAL_MANAGEMENT_POLICY_ID) {
-                    self.put(|acl| &mut acl.policies, management_policy(), index);
+                    self.put_policy(management_policy(), index);
                 }
                 if !self.tokens.contains_key(ANONYMOUS_TOKEN_ACCESSOR_ID) {
-                    self.put(|acl| &mut acl.tokens, anonymous_token(now_ms), index);
+                    self.put_token(anonymous_token(now_ms), index);
                 }
                 if let Some(token) = initial_management {
                     if self.secret(&token.secret_id).is_none() {
                         let token = self.check_token(token, true, now_ms)?;
-                        self.put(|acl| &mut acl.tokens, token, index);
+                        self.put_token(token, index);
                     }
                     self.bootstrapped.get_or_insert(index);
                 }
@@ -80,13 +55,13 @@ impl AclStore {
                     return Err(ApplyError::AclBootstrapped { reset_index });
                 }
                 let token = self.check_token(token, true, now_ms)?;
-                self.put(|acl| &mut acl.tokens, token, index);
+                self.put_token(token, index);
                 self.bootstrapped = Some(index);
                 Ok(())
             }
             AclOp::SetToken { token, create } => {
                 let token = self.check_token(token, create, now_ms)?;
-                self.put(|acl| &mut acl.tokens, token, index);
+                self.put_token(token, index);
                 Ok(())
             }
             AclOp::DeleteToken { accessor_id } => {
@@ -103,7 +78,7 @@ impl AclStore {
             }
             AclOp::SetPolicy { policy, create } => {
                 let policy = self.check_policy(policy, create)?;
-                self.put(|acl| &mut acl.policies, policy, index);
+                self.put_policy(policy, index);
                 Ok(())
             }
             AclOp::DeletePolicy { id } => {
@@ -118,7 +93,7 @@ impl AclStore {
             }
             AclOp::SetRole { role, create } => {
                 let role = self.check_role(role, create)?;
-                self.put(|acl| &mut acl.roles, role, index);
+                self.put_role(role, index);
                 Ok(())
             }
             AclOp::DeleteRole { id } => {
@@ -129,20 +104,30 @@ impl AclStore {
         }
     }
 
-    /// Writes `row` into the table `table` picks at raft `index`, keeping the CreateIndex of
-    /// the row it replaces.
-    fn put<R: Row>(
-        &mut self,
-        table: fn(&mut AclStore) -> &mut BTreeMap<String, R>,
-        mut row: R,
-        index: u64,
-    ) {
-        let created = table(self)
-            .get_mut(row.id())
-            .map_or(index, |old| *old.indexes().0);
-        let (create, modify) = row.indexes();
-        (*create, *modify) = (created, index);
-        table(self).insert(row.id().to_owned(), row);
+    fn put_token(&mut self, mut token: Token, index: u64) {
+        token.create_index = self
+            .tokens
+            .get(&token.accessor_id)
+            .map_or(index, |t| t.create_index);
+        token.modify_index = index;
+        self.tokens.insert(token.accessor_id.clone(), token);
+        self.table_index = index;
+    }
+
+    fn put_policy(&mut self, mut policy: Policy, index: u64) {
+        policy.create_index = self
+            .policies
+            .get(&policy.id)
+            .map_or(index, |p| p.create_index);
+        policy.modify_index = index;
+        self.policies.insert(policy.id.clone(), policy);
+        self.table_index = index;
+    }
+
+    fn put_role(&mut self, mut role: Role, index: u64) {
+        role.create_index = self.roles.get(&role.id).map_or(index, |r| r.create_index);
+        role.modify_index = index;
+        self.roles.insert(role.id.clone(), role);
         self.table_index = index;
     }
 
