@@ -66,15 +66,8 @@ fn a_prefix_tombstone_never_lowers_a_key_tombstone() {
 /// key's next acquire must grant more than anything that key was granted before.
 #[test]
 fn no_lock_index_goes_back_after_any_deletes_and_reaps() {
-    // The steps, named once: the enum and the list of all of them.
-    macro_rules! steps {
-        ($($step:ident),+) => {
-            #[derive(Clone, Copy, Debug)]
-            enum Step { $($step),+ }
-            const ALL: &[Step] = &[$(Step::$step),+];
-        };
-    }
-    steps!(
+    #[derive(Clone, Copy, Debug)]
+    enum Step {
         Acquire,
         Release,
         Delete,
@@ -82,9 +75,19 @@ fn no_lock_index_goes_back_after_any_deletes_and_reaps() {
         DeleteTreeParent,
         DeleteTreeAll,
         DestroyDeleteSession,
-        Reap
-    );
+        Reap,
+    }
     use Step::*;
+    const ALL: [Step; 8] = [
+        Acquire,
+        Release,
+        Delete,
+        DeleteTreeOwn,
+        DeleteTreeParent,
+        DeleteTreeAll,
+        DestroyDeleteSession,
+        Reap,
+    ];
     let keys = ["a/lock", "a/lock/sub", "b/other"];
     // Every sequence of four steps (8^4 = 4096 scripts), each followed by a final acquire.
     for script in 0..ALL.len().pow(4) {
