@@ -194,10 +194,12 @@ impl Outcome {
         vigil: impl Future<Output = Result<V>>,
         etcd: impl Future<Output = Result<E>>,
     ) -> Result<(V, E)> {
-        let v = self.metered(format!("{what}, Vigil"), &leaders.vigil_pids, vigil);
-        let v = v.await?;
-        let e = self.metered(format!("{what}, etcd"), &leaders.etcd_pids, etcd);
-        Ok((v, e.await?))
+        let (vigil_phase, etcd_phase) = (format!("{what}, Vigil"), format!("{what}, etcd"));
+        let v = self
+            .metered(vigil_phase, &leaders.vigil_pids, vigil)
+            .await?;
+        let e = self.metered(etcd_phase, &leaders.etcd_pids, etcd).await?;
+        Ok((v, e))
     }
 }
 
