@@ -15,9 +15,8 @@ use integration_tests::{Agent, Http, eventually};
 use serde_json::{Value, json};
 use vigil_shared::client::{
     Client, ClientError, Election, FairMutex, Held, KvFairMutex, KvFairOptions, LOCK_FLAG_VALUE,
-    Leader, Lock, LockOptions, LossReason, QueueOptions, ReadOpts, RecipeSession,
-    SEMAPHORE_FLAG_VALUE, Semaphore, SemaphoreLock, SemaphoreOptions, SessionKeeper,
-    SessionRequest,
+    Leader, Lock, LockOptions, LossReason, QueueOptions, ReadOpts, SEMAPHORE_FLAG_VALUE, Semaphore,
+    SemaphoreLock, SemaphoreOptions, SessionKeeper, SessionRequest,
 };
 
 use crate::common::PROMPT;
@@ -646,21 +645,20 @@ async fn every_recipe_can_reuse_the_callers_session() {
     };
     let keeper = SessionKeeper::create(&client, &request).await.unwrap();
     let id = keeper.id().to_owned();
-    let reusing = |session: &mut RecipeSession| session.reuse = Some(id.clone());
     let mut lock = LockOptions::new("reuse/lock/.lock");
-    reusing(&mut lock.session);
+    lock.session.reuse = Some(id.clone());
     let lock = Lock::new(&client, lock).unwrap();
     let mut sem = SemaphoreOptions::new("reuse/sem", 2);
-    reusing(&mut sem.session);
+    sem.session.reuse = Some(id.clone());
     let sem = Semaphore::new(&client, sem).unwrap();
     let mut fair = QueueOptions::new("reuse/fair");
-    reusing(&mut fair.session);
+    fair.session.reuse = Some(id.clone());
     let fair = FairMutex::new(&client, fair).unwrap();
     let mut kv_fair = KvFairOptions::new("reuse/kv-fair");
-    reusing(&mut kv_fair.session);
+    kv_fair.session.reuse = Some(id.clone());
     let kv_fair = KvFairMutex::new(&client, kv_fair).unwrap();
     let mut election = LockOptions::new("reuse/leader");
-    reusing(&mut election.session);
+    election.session.reuse = Some(id.clone());
     let election = Election::new(&client, election).unwrap();
     for round in 0..2 {
         let holds = [
