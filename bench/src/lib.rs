@@ -29,7 +29,6 @@ mod lock;
 mod machine;
 mod report;
 mod session;
-mod tap;
 mod watch;
 
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@
 //!   most acquisitions of one client), requests sent and waiting requests (Vigil: blocking reads
 //!   and queue acquisitions) or watch events (etcd) woken per acquisition. Vigil: the
 //!   Consul-style `Lock` and the server-side queue's `FairMutex`, each contender with its own
-//!   client and one long-lived session, connected through a counting [`Tap`]; etcd: the v3lock
+//!   client (which counts its requests) and one long-lived session; etcd: the v3lock
 //!   `Lock` RPC with a lease per contender and the `concurrency.Mutex` algorithm, each contender
 //!   with its own connection. The `FairMutex` runs without a holder monitor: like etcd's
 //!   recipes, a contender learns of a lost lock from its session.
@@ -32,7 +32,6 @@ use super::etcd_concurrency::{self, Counters, Session};
 use super::load::{self, Latency, Window, histogram};
 use super::machine::{Meter, Usage, micros};
 use super::report::{Better, Outcome, Row, Table, num};
-use super::tap::Tap;
 use super::{Leaders, Plan, Systems};
 
 /// Lease / session TTL of every lock contender (Consul's lock default).
@@ -261,17 +260,12 @@ struct Setup {
     lock: String,
     vigil_addr: SocketAddr,
     etcd_endpoint: String,
-    /// Vigil contenders connect through it when set.
-    tap: Option<Arc<Tap>>,
     counters: Arc<Counters>,
 }
 
 impl Setup {
     async fn contender(&self) -> Result<(Contender, Option<Client>)> {
-        let vigil_addr = match &self.tap {
-            Some(tap) => tap.addr(),
-            None => self.vigil_addr,
-        };
+        let vigil_addr = self.vigil_addr;
         // Every Vigil contender has its own client and one session (no TTL, no lock-delay).
         let vigil = || async {
             let client = Client::new(&vigil_addr.to_string())?;
@@ -350,44 +344,29 @@ impl Setup {
 /// Requests sent and wakeups so far, for the recipe's system.
 #[derive(Clone)]
 struct Tally {
-    tap: Option<Arc<Tap>>,
     vigil_clients: Vec<Client>,
     counters: Arc<Counters>,
     etcd: bool,
 }
 
 impl Tally {
-    fn read(&self) -> (Option<u64>, Option<u64>) {
+    fn read(&self) -> (u64, u64) {
         if self.etcd {
-            return (
-                Some(self.counters.requests()),
-                Some(self.counters.wakeups()),
-            );
+            return (self.counters.requests(), self.counters.wakeups());
         }
-        let wakeups = self
-            .vigil_clients
-            .iter()
-            .map(Client::blocking_returns)
-            .sum();
-        (self.tap.as_ref().map(|t| t.requests()), Some(wakeups))
+        let sum = |count: fn(&Client) -> u64| self.vigil_clients.iter().map(count).sum();
+        (sum(Client::requests_sent), sum(Client::blocking_returns))
     }
 }
 
 /// Runs one recipe with `clients` contenders on a fresh lock.
-async fn run(
-    recipe: Recipe,
-    clients: usize,
-    window: Window,
-    leaders: &Leaders,
-    tap: Option<Arc<Tap>>,
-) -> Result<LockRun> {
+async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) -> Result<LockRun> {
     let etcd = matches!(recipe, Recipe::EtcdV3Lock | Recipe::EtcdMutex);
     let setup = Setup {
         recipe,
         lock: format!("bench/lock/{recipe:?}/{clients}"),
         vigil_addr: leaders.vigil_addr,
         etcd_endpoint: leaders.etcd_endpoint.clone(),
-        tap: if etcd { None } else { tap },
         counters: Arc::new(Counters::default()),
     };
     let mut contenders = Vec::new();
@@ -398,7 +377,6 @@ async fn run(
         vigil_clients.extend(client);
     }
     let tally = Tally {
-        tap: setup.tap.clone(),
         vigil_clients: vigil_clients.clone(),
         counters: setup.counters.clone(),
         etcd,
@@ -462,11 +440,8 @@ async fn run(
         client.drain_cleanups(Duration::from_secs(10)).await;
     }
     let acquisitions = acquire.len();
-    let per_acquisition = |before: Option<u64>, after: Option<u64>| match (before, after) {
-        (Some(b), Some(a)) if acquisitions > 0 => {
-            Some(a.saturating_sub(b) as f64 / acquisitions as f64)
-        }
-        _ => None,
+    let per_acquisition = |before: u64, after: u64| {
+        (acquisitions > 0).then(|| after.saturating_sub(before) as f64 / acquisitions as f64)
     };
     Ok(LockRun {
         recipe,
@@ -498,9 +473,8 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         Recipe::EtcdV3Lock,
         Recipe::VigilLock,
     ] {
-        runs.push(run(recipe, 1, plan.lock, &leaders, None).await?);
+        runs.push(run(recipe, 1, plan.lock, &leaders).await?);
     }
-    let tap = Arc::new(Tap::start(leaders.vigil_addr).await?);
     for clients in [8, 32] {
         for recipe in [
             Recipe::VigilLock,
@@ -508,19 +482,10 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
             Recipe::EtcdV3Lock,
             Recipe::EtcdMutex,
         ] {
-            runs.push(run(recipe, clients, plan.contended, &leaders, Some(tap.clone())).await?);
+            runs.push(run(recipe, clients, plan.contended, &leaders).await?);
         }
     }
-    runs.push(
-        run(
-            Recipe::VigilShared,
-            32,
-            plan.contended,
-            &leaders,
-            Some(tap.clone()),
-        )
-        .await?,
-    );
+    runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
     Ok(outcome(runs))
 }
 

@@ -57,15 +57,15 @@ servers'.
 - **Uncontended lock cycle**: one client, acquire + release of one lock with a long-lived
   session: Vigil's `?acquire`/`?release` against etcd's `concurrency.Mutex` (lock: one
   transaction; unlock: one delete) and its v3lock `Lock`/`Unlock` RPCs. The detail table adds
-  Vigil's `Lock` recipe, which creates and destroys a session per acquisition as Consul's
-  `api.Lock` does.
+  Vigil's Consul-style `Lock` recipe with the same long-lived session.
 - **Contended lock**: 8 and 32 clients looping acquire → release on one lock: handoffs/s
   (acquisitions per second), acquire latency, fairness (fewest ÷ most acquisitions of one
   client), requests sent per acquisition and waiting requests woken per acquisition (Vigil:
   blocking queries that returned; etcd: watch responses carrying events). Vigil: the client
-  library's Consul-style `Lock` (every waiter blocks on the lock key) and `FairMutex` (each
-  waiter blocks on its predecessor only), a session per acquisition as the library does; its
-  requests are counted by a relay in front of the leader, which adds a loopback hop. etcd: the
+  library's Consul-style `Lock` (every waiter blocks on the lock key) and the server-side
+  queue's `FairMutex` (a waiter's one request returns when the release that grants it
+  commits), each client with one long-lived session; the client library counts the requests
+  it sends, as the harness counts etcd's. etcd: the
   server-side v3lock `Lock` RPC and the client-side `concurrency.Mutex` algorithm of etcd's Go
   client (reimplemented over `etcd-client`), each client with one lease.
 - **Sessions and leases**: 16 clients creating sessions / granting leases (60 s TTL; a raft

@@ -153,6 +153,56 @@ async fn fair_mutex_wakes_one_waiter_per_release() {
     );
 }
 
+#[tokio::test]
+async fn a_fair_acquisition_is_one_request_and_its_release_another() {
+    // With a reused session and no holder monitor, taking the queue's lock is one request
+    // (enqueue and wait), also for a waiter that queues behind a holder, and releasing it is
+    // one more: what the benchmark's "requests sent per acquisition" counts.
+    let agent = Agent::dev().await;
+    let observer = client(&agent);
+    let contender = || async {
+        let session = observer
+            .session_create(&SessionRequest::default())
+            .await
+            .unwrap();
+        let client = client(&agent);
+        let mut options = QueueOptions::new("requests");
+        options.session.reuse = Some(session);
+        options.monitor = false;
+        let mutex = FairMutex::new(&client, options).unwrap();
+        (client, mutex)
+    };
+    let (first_client, first) = contender().await;
+    let (second_client, second) = contender().await;
+
+    let held = first.acquire().await.unwrap();
+    assert_eq!(
+        first_client.requests_sent(),
+        1,
+        "an uncontended acquisition"
+    );
+    let waiting = tokio::spawn(async move { second.acquire().await.unwrap() });
+    eventually(PROMPT, "the second contender queued", || async {
+        let report = observer.vigil_locks("requests").await.ok()?;
+        let waiters = report["Queues"][0]["Waiters"].as_array()?.len();
+        (waiters == 1).then_some(())
+    })
+    .await;
+    held.release().await.unwrap();
+    assert_eq!(first_client.requests_sent(), 2, "the release");
+    let held = tokio::time::timeout(PROMPT, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        second_client.requests_sent(),
+        1,
+        "an acquisition that waited"
+    );
+    held.release().await.unwrap();
+    assert_eq!(second_client.requests_sent(), 2, "the release");
+}
+
 /// A client written from CONSUL-SEMANTICS.md §8.1/§8.2 with plain HTTP, as Go's `api` does it.
 struct GoClient {
     http: Http,

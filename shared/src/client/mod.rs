@@ -99,8 +99,8 @@ pub fn next_wait_index(previous: u64, returned: u64) -> u64 {
     }
 }
 
-/// One agent's HTTP API. Cheap to clone; clones share the connection pool, the counter of
-/// blocking-query returns and the queue of pending cleanups.
+/// One agent's HTTP API. Cheap to clone; clones share the connection pool, the counters of
+/// requests sent and blocking-query returns, and the queue of pending cleanups.
 #[derive(Clone)]
 pub struct Client {
     inner: Arc<Inner>,
@@ -110,6 +110,8 @@ struct Inner {
     http: reqwest::Client,
     /// `http://host:port`, no trailing slash.
     base: String,
+    /// Requests sent through [`Client::send`]: every call of the API and the recipes.
+    requests_sent: AtomicU64,
     /// Blocking reads (index > 0) and waiting queue acquisitions that returned, for measuring
     /// wakeups.
     blocking_returns: AtomicU64,
@@ -174,6 +176,7 @@ impl Client {
             inner: Arc::new(Inner {
                 http,
                 base,
+                requests_sent: AtomicU64::new(0),
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
                 token,
@@ -199,6 +202,12 @@ impl Client {
     /// `http://host:port` (or `https://…`) of the agent.
     pub fn base(&self) -> &str {
         &self.inner.base
+    }
+
+    /// How many requests the API calls and recipes of this client and its clones have sent
+    /// (not those built with [`Client::request`]).
+    pub fn requests_sent(&self) -> u64 {
+        self.inner.requests_sent.load(Ordering::Relaxed)
     }
 
     /// How many blocking reads (index > 0) and waiting queue acquisitions have returned through
@@ -267,6 +276,7 @@ impl Client {
             addr: self.inner.base.clone(),
             source,
         };
+        self.inner.requests_sent.fetch_add(1, Ordering::Relaxed);
         let response = request.send().await.map_err(unreachable)?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
