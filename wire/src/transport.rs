@@ -4,8 +4,10 @@
 //! protocol). Invariants: a connection speaks one protocol, chosen at the handshake, and one
 //! that only servers may speak is closed before any request is read when the certificate is
 //! not a server's; one request and one response per bidirectional stream, each a frame
-//! `[version: u8][len: u32 BE][payload]` of at most [`MAX_FRAME_LEN`] bytes; a request is sent
-//! twice only when the first attempt is known not to have reached a live handler (see
+//! `[version: u8][len: u32 BE][payload]` of at most [`MAX_FRAME_LEN`] bytes, except on a stream
+//! that opens with an empty frame: a stream call ([`RpcClient::stream`]), whose requests follow
+//! one frame each as the caller has them and are answered one frame each, in order; a request
+//! is sent twice only when the first attempt is known not to have reached a live handler (see
 //! [`RpcClient::call`]); every server task is tracked and stops on shutdown. The message types
 //! live elsewhere; this module never decodes payloads.
 
@@ -17,12 +19,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
+use futures::stream::{BoxStream, StreamExt as _};
 use parking_lot::Mutex;
 use quinn::{ClientConfig, Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::tls::{PeerIdentity, Role, TlsError, TlsMaterial, peer_identity};
 
@@ -39,6 +42,8 @@ const STREAM_BAD_REQUEST: VarInt = VarInt::from_u32(1);
 const STREAM_RESPONSE_TOO_LARGE: VarInt = VarInt::from_u32(2);
 /// Stream reset code: the server shut down while the handler was running.
 const STREAM_SHUTTING_DOWN: VarInt = VarInt::from_u32(3);
+/// Stream reset code: a stream call to a protocol that has none.
+const STREAM_NOT_STREAMED: VarInt = VarInt::from_u32(4);
 /// Connection close code: this node is shutting down.
 const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
 /// Connection close code: the peer's certificate names no role.
@@ -145,7 +150,21 @@ pub fn client_endpoint(tls: &TlsMaterial) -> Result<Endpoint, EndpointError> {
 /// response is always a payload: errors are part of the message types.
 pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, peer: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>>;
+
+    /// Answers a stream call ([`RpcClient::stream`]): `requests` yields each request as it
+    /// arrives and ends when the caller finishes (or the stream breaks); each item of the
+    /// returned stream goes back as one response, in order. `None` (the default): this protocol
+    /// has no stream calls, and the stream is reset.
+    fn handle_stream(&self, _peer: &PeerIdentity, _requests: Frames) -> Option<Frames> {
+        None
+    }
 }
+
+/// Frames of a stream call, one message each.
+pub type Frames = BoxStream<'static, Vec<u8>>;
+
+/// The answers to a stream call, in order.
+pub type Responses = BoxStream<'static, Result<Vec<u8>, TransportError>>;
 
 /// One ALPN protocol the accepting side speaks, and who answers it.
 #[derive(Clone)]
@@ -252,7 +271,7 @@ async fn serve_connection(
         let peer = Arc::clone(&peer);
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
-            let (mut send, mut recv) = (send, recv);
+            let mut send = send;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {
@@ -260,7 +279,7 @@ async fn serve_connection(
                     // would read as a truncated response.
                     let _ = send.reset(STREAM_SHUTTING_DOWN);
                 }
-                () = serve_stream(&mut send, &mut recv, &peer, handler.as_ref(), remote) => {}
+                () = serve_stream(&mut send, recv, &peer, handler.as_ref(), remote) => {}
             }
         });
     }
@@ -275,15 +294,15 @@ fn negotiated_protocol(connection: &Connection) -> Option<Vec<u8>> {
         .protocol
 }
 
-/// One request/response exchange on the accepting side.
+/// One request/response exchange on the accepting side, or a stream call.
 async fn serve_stream(
     send: &mut SendStream,
-    recv: &mut RecvStream,
+    mut recv: RecvStream,
     peer: &PeerIdentity,
     handler: &dyn RpcHandler,
     remote: SocketAddr,
 ) {
-    let request = match read_frame(recv).await {
+    let request = match read_frame(&mut recv).await {
         Ok(request) => request,
         Err(Failure::Protocol(reason)) => {
             tracing::warn!(%remote, %reason, "rejecting RPC request");
@@ -293,27 +312,68 @@ async fn serve_stream(
         }
         Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown) => return,
     };
+    if request.is_empty() {
+        return serve_frames(send, recv, peer, handler, remote).await;
+    }
     let response = handler.handle(peer, request).await;
+    if respond(send, response, remote).await {
+        let _ = send.finish();
+    }
+}
+
+/// Writes one response frame; false (the stream reset or broken) when it could not.
+async fn respond(send: &mut SendStream, response: Vec<u8>, remote: SocketAddr) -> bool {
     if response.len() > MAX_FRAME_LEN {
         tracing::error!(%remote, len = response.len(), "RPC response exceeds the frame limit");
         let _ = send.reset(STREAM_RESPONSE_TOO_LARGE);
-        return;
+        return false;
     }
     match write_frame(send, response.into()).await {
-        Ok(()) => {
-            let _ = send.finish();
-        }
+        Ok(()) => true,
         Err(failure) => {
             tracing::debug!(%remote, error = %failure.into_error(remote), "RPC response not sent");
+            false
         }
     }
 }
 
-/// Calls servers: each request on its own stream of a cached QUIC connection. Per address there
-/// is one control connection (writes, pings, reads that answer at once, raft) and, for calls
-/// that may block for minutes, watch connections of at most `WATCH_STREAMS_PER_CONNECTION`
-/// calls each: however many blocking queries wait, a write or a ping never queues behind them
-/// for a stream. A client speaks one protocol: its endpoint's default
+/// The accepting side of a stream call: the handler's responses go back as they come, and
+/// the stream is finished when they end.
+async fn serve_frames(
+    send: &mut SendStream,
+    recv: RecvStream,
+    peer: &PeerIdentity,
+    handler: &dyn RpcHandler,
+    remote: SocketAddr,
+) {
+    let requests = futures::stream::unfold(recv, move |mut recv| async move {
+        match read_next_frame(&mut recv).await {
+            Ok(Some(frame)) => Some((frame, recv)),
+            Ok(None) => None,
+            Err(failure) => {
+                tracing::debug!(%remote, error = %failure.into_error(remote), "stream call broken");
+                None
+            }
+        }
+    });
+    let Some(mut responses) = handler.handle_stream(peer, requests.boxed()) else {
+        tracing::warn!(%remote, "a stream call to a protocol that has none");
+        let _ = send.reset(STREAM_NOT_STREAMED);
+        return;
+    };
+    while let Some(response) = responses.next().await {
+        if !respond(send, response, remote).await {
+            return;
+        }
+    }
+    let _ = send.finish();
+}
+
+/// Calls servers: each request on its own stream of a cached QUIC connection (a stream call,
+/// all its requests on one). Per address there is one control connection (writes, pings,
+/// reads that answer at once, raft) and, for calls that may block for minutes, watch
+/// connections of at most `WATCH_STREAMS_PER_CONNECTION` calls each: however many blocking
+/// queries wait, a write or a ping never queues behind them for a stream. A client speaks one protocol: its endpoint's default
 /// ([`crate::tls::ALPN_RPC`]), or the one the configuration given to
 /// [`RpcClient::with_config`] names (raft's, [`crate::tls::ALPN_RAFT`]). Cheap to clone;
 /// clones share the pool.
@@ -458,6 +518,11 @@ impl RpcClient {
                 request.len()
             )));
         }
+        if request.is_empty() {
+            return Err(TransportError::Protocol(
+                "an empty request: an empty first frame opens a stream call".to_owned(),
+            ));
+        }
         let request = Bytes::from(request);
         tokio::time::timeout(timeout, self.call_with_retry(addr, lane, &request))
             .await
@@ -509,6 +574,57 @@ impl RpcClient {
             CallKind::Blocking => self.call_blocking(addr, request, timeout).await?,
         };
         decode(&response)
+    }
+
+    /// A stream call to `addr` on the control connection: each item of `requests` leaves as
+    /// one request as soon as it is ready, without waiting for the answers before it, and the
+    /// returned stream yields the answers in order. Each answer must come within `timeout` of
+    /// its request's sending. The answers end after the last request's once `requests` ends,
+    /// and at the first error; dropping them stops the call. The peer handles the requests in
+    /// the order sent ([`RpcHandler::handle_stream`]). Nothing is sent twice: a connection
+    /// lost mid-call fails it and is dropped from the pool.
+    pub async fn stream(
+        &self,
+        addr: SocketAddr,
+        requests: Frames,
+        timeout: Duration,
+    ) -> Result<Responses, TransportError> {
+        let opened = async {
+            let (connection, _) = self.connection(addr, Lane::Control).await?;
+            match open_stream_call(&connection).await {
+                Ok(streams) => Ok((connection, streams)),
+                Err(failure) => {
+                    self.forget(addr, Lane::Control, &connection).await;
+                    Err(failure.into_error(addr))
+                }
+            }
+        };
+        let (connection, (send, recv)) = tokio::time::timeout(timeout, opened).await.unwrap_or(
+            Err(TransportError::Timeout {
+                addr,
+                after: timeout,
+            }),
+        )?;
+        let (deadlines, pending) = tokio::sync::mpsc::unbounded_channel();
+        let writer = AbortOnDropHandle::new(tokio::spawn(write_requests(
+            send, requests, deadlines, timeout, addr,
+        )));
+        let call = StreamCall {
+            client: self.clone(),
+            connection,
+            addr,
+            timeout,
+            recv,
+            pending,
+            _writer: writer,
+        };
+        Ok(futures::stream::unfold(Some(call), |call| async move {
+            let mut call = call?;
+            let answer = call.next_answer().await?;
+            let more = answer.is_ok().then_some(call);
+            Some((answer, more))
+        })
+        .boxed())
     }
 
     /// Closes and forgets every connection to `addr` (e.g. a server that left the cluster, or
@@ -687,6 +803,76 @@ fn is_tls_rejection(error: &ConnectionError) -> bool {
     (0x100..0x200).contains(&u64::from(code))
 }
 
+/// The dialing side of a stream call in progress: the answers still owed, each with the time
+/// by which it must come (or the error that stopped the requests).
+struct StreamCall {
+    client: RpcClient,
+    connection: Connection,
+    addr: SocketAddr,
+    timeout: Duration,
+    recv: RecvStream,
+    pending: tokio::sync::mpsc::UnboundedReceiver<Result<tokio::time::Instant, TransportError>>,
+    _writer: AbortOnDropHandle<()>,
+}
+
+impl StreamCall {
+    /// The next answer; `None` once every request is answered and no more will come.
+    async fn next_answer(&mut self) -> Option<Result<Vec<u8>, TransportError>> {
+        let deadline = match self.pending.recv().await? {
+            Ok(deadline) => deadline,
+            Err(error) => return Some(Err(error)),
+        };
+        let answer = match tokio::time::timeout_at(deadline, read_frame(&mut self.recv)).await {
+            Ok(Ok(answer)) => return Some(Ok(answer)),
+            Ok(Err(failure)) => failure,
+            Err(_) => {
+                return Some(Err(TransportError::Timeout {
+                    addr: self.addr,
+                    after: self.timeout,
+                }));
+            }
+        };
+        if matches!(answer, Failure::Lost(_)) {
+            self.client
+                .forget(self.addr, Lane::Control, &self.connection)
+                .await;
+        }
+        Some(Err(answer.into_error(self.addr)))
+    }
+}
+
+/// Opens a stream call's stream: the empty frame that says so.
+async fn open_stream_call(connection: &Connection) -> Result<(SendStream, RecvStream), Failure> {
+    let (mut send, recv) = connection.open_bi().await.map_err(Failure::Open)?;
+    write_frame(&mut send, Bytes::new()).await?;
+    Ok((send, recv))
+}
+
+/// Sends a stream call's requests as they come, telling the reader by when each must be
+/// answered; finishes the stream when they end, and stops at the first that cannot be sent.
+async fn write_requests(
+    mut send: SendStream,
+    mut requests: Frames,
+    pending: tokio::sync::mpsc::UnboundedSender<Result<tokio::time::Instant, TransportError>>,
+    timeout: Duration,
+    addr: SocketAddr,
+) {
+    while let Some(request) = requests.next().await {
+        let sent = match encode_header(request.len()) {
+            Ok(_) => {
+                let _ = pending.send(Ok(tokio::time::Instant::now() + timeout));
+                write_frame(&mut send, request.into()).await
+            }
+            Err(reason) => Err(Failure::Protocol(reason)),
+        };
+        if let Err(failure) = sent {
+            let _ = pending.send(Err(failure.into_error(addr)));
+            return;
+        }
+    }
+    let _ = send.finish();
+}
+
 /// One request/response exchange on the dialing side.
 async fn exchange(connection: &Connection, request: Bytes) -> Result<Vec<u8>, Failure> {
     let (mut send, mut recv) = connection.open_bi().await.map_err(Failure::Open)?;
@@ -737,12 +923,23 @@ async fn write_frame(send: &mut SendStream, payload: Bytes) -> Result<(), Failur
 }
 
 async fn read_frame(recv: &mut RecvStream) -> Result<Vec<u8>, Failure> {
+    read_next_frame(recv)
+        .await?
+        .ok_or_else(|| Failure::Protocol("stream ended before a frame".to_owned()))
+}
+
+/// The next frame, or `None` when the peer finished the stream between frames.
+async fn read_next_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, Failure> {
     let mut header = [0; HEADER_LEN];
-    recv.read_exact(&mut header).await.map_err(read_failure)?;
+    match recv.read_exact(&mut header).await {
+        Ok(()) => {}
+        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
+        Err(error) => return Err(read_failure(error)),
+    }
     let len = decode_header(header).map_err(Failure::Protocol)?;
     let mut payload = vec![0; len];
     recv.read_exact(&mut payload).await.map_err(read_failure)?;
-    Ok(payload)
+    Ok(Some(payload))
 }
 
 fn write_failure(error: quinn::WriteError) -> Failure {
@@ -920,9 +1117,13 @@ mod tests {
             .await;
         assert_eq!(response.unwrap(), b"server:vote");
 
-        // Empty payloads are fine, and typed calls go through postcard.
+        // An empty request is refused locally (an empty first frame opens a stream call), and
+        // typed calls go through postcard.
         let response = agent.call(server.addr, Vec::new(), TIMEOUT).await;
-        assert_eq!(response.unwrap(), b"client:");
+        assert!(
+            matches!(response, Err(TransportError::Protocol(_))),
+            "{response:?}"
+        );
         // The echo answers b"client:" + postcard("hello"), which decodes as a 7-byte array
         // followed by the string.
         let (role, text): ([u8; 7], String) = agent
@@ -936,7 +1137,7 @@ mod tests {
             matches!(typed, Err(TransportError::Protocol(_))),
             "{typed:?}"
         );
-        assert_eq!(server.calls(), 5);
+        assert_eq!(server.calls(), 4);
 
         server.stop().await;
     }
@@ -1185,6 +1386,109 @@ mod tests {
         assert_eq!(response.unwrap(), b"client:ok");
         assert_eq!(server.calls(), 1);
         server.stop().await;
+    }
+
+    /// Answers a stream call's requests two at a time, once the second has come (or the call
+    /// ended): a caller that waited for each answer before sending the next would get none.
+    struct Pairs;
+
+    impl RpcHandler for Pairs {
+        fn handle(&self, _: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+            async move { request }.boxed()
+        }
+
+        fn handle_stream(&self, _: &PeerIdentity, requests: Frames) -> Option<Frames> {
+            Some(requests.chunks(2).flat_map(futures::stream::iter).boxed())
+        }
+    }
+
+    /// A server on loopback whose protocols are both served by `handler`.
+    fn serve_with(
+        handler: Arc<dyn RpcHandler>,
+        tls: &TlsMaterial,
+    ) -> (SocketAddr, CancellationToken) {
+        let endpoint = server_endpoint(LOCALHOST, tls).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        serve(
+            endpoint,
+            tls.server_name(),
+            both_protocols(handler),
+            shutdown.clone(),
+            TaskTracker::new(),
+        );
+        (addr, shutdown)
+    }
+
+    async fn next_answer(answers: &mut Responses) -> Option<Result<Vec<u8>, TransportError>> {
+        tokio::time::timeout(TIMEOUT, answers.next())
+            .await
+            .expect("an answer or the end in time")
+    }
+
+    #[tokio::test]
+    async fn a_stream_call_sends_without_waiting_for_answers_and_answers_in_order() {
+        let (server_tls, client_tls) = cluster();
+        let (addr, shutdown) = serve_with(Arc::new(Pairs), &server_tls);
+        let (requests, frames) = futures::channel::mpsc::unbounded::<Vec<u8>>();
+        let mut answers = client(&client_tls)
+            .stream(addr, frames.boxed(), TIMEOUT)
+            .await
+            .unwrap();
+        for request in [b"a", b"b"] {
+            requests.unbounded_send(request.to_vec()).unwrap();
+        }
+        assert_eq!(next_answer(&mut answers).await.unwrap().unwrap(), b"a");
+        assert_eq!(next_answer(&mut answers).await.unwrap().unwrap(), b"b");
+        // "c" alone is not answered until "d" is sent behind it, before any answer to "c".
+        requests.unbounded_send(b"c".to_vec()).unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), answers.next())
+                .await
+                .is_err(),
+            "c was answered on its own"
+        );
+        requests.unbounded_send(b"d".to_vec()).unwrap();
+        assert_eq!(next_answer(&mut answers).await.unwrap().unwrap(), b"c");
+        assert_eq!(next_answer(&mut answers).await.unwrap().unwrap(), b"d");
+        // An empty request is an ordinary one inside a call; ending the requests answers the
+        // last and ends the answers.
+        requests.unbounded_send(Vec::new()).unwrap();
+        drop(requests);
+        assert_eq!(next_answer(&mut answers).await.unwrap().unwrap(), b"");
+        assert!(next_answer(&mut answers).await.is_none());
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_stream_call_fails_when_unanswered_in_time_or_not_served() {
+        let (server_tls, client_tls) = cluster();
+        let agent = client(&client_tls);
+
+        // One request that `Pairs` holds back for a partner that never comes.
+        let (addr, shutdown) = serve_with(Arc::new(Pairs), &server_tls);
+        let (requests, frames) = futures::channel::mpsc::unbounded::<Vec<u8>>();
+        let patience = Duration::from_millis(300);
+        let mut answers = agent.stream(addr, frames.boxed(), patience).await.unwrap();
+        requests.unbounded_send(b"alone".to_vec()).unwrap();
+        let answer = next_answer(&mut answers).await.unwrap();
+        assert!(
+            matches!(answer, Err(TransportError::Timeout { .. })),
+            "{answer:?}"
+        );
+        assert!(
+            next_answer(&mut answers).await.is_none(),
+            "ends at the error"
+        );
+        shutdown.cancel();
+
+        // A protocol without stream calls resets the stream.
+        let (addr, shutdown) = serve_with(Arc::new(Echo::default()), &server_tls);
+        let requests = futures::stream::iter([b"x".to_vec()]).boxed();
+        let mut answers = agent.stream(addr, requests, TIMEOUT).await.unwrap();
+        let answer = next_answer(&mut answers).await.unwrap();
+        assert!(answer.is_err(), "{answer:?}");
+        shutdown.cancel();
     }
 
     #[tokio::test]
