@@ -1,6 +1,7 @@
 //! Fuzzing of the postcard decoding a peer's bytes go through before any handler sees them:
-//! [`RpcRequest`] and [`PeerRequest`] on the server side, [`RpcResponse`] and [`PeerResponse`]
-//! on the calling side (the frame around them is fuzzed in `vigil-wire`). The client requests
+//! [`RpcRequest`], [`PeerRequest`] and a replication stream's [`AppendEntriesRequest`] on the
+//! server side, [`RpcResponse`], [`PeerResponse`] and [`StreamAppendReply`] on the calling side
+//! (the frame around them is fuzzed in `vigil-wire`). The client requests
 //! are `vigil-shared`'s ([`vigil_shared::rpc::calls`]) and raft's messages the server's
 //! ([`crate::raft::network`]), so the fuzzing of both lives here. proptest feeds
 //! arbitrary bytes and mutated valid encodings (bits flipped, bytes replaced, inserted or
@@ -18,7 +19,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::LazyLock;
 
 use openraft::EntryPayload;
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, StreamAppendError, VoteRequest, VoteResponse,
+};
 use openraft_legacy::network_v1::{InstallSnapshotRequest, InstallSnapshotResponse, SnapshotMeta};
 use proptest::collection::vec;
 use proptest::prelude::*;
@@ -39,7 +42,7 @@ use vigil_shared::rpc::{
 };
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
 
-use crate::raft::network::{PeerRequest, PeerResponse};
+use crate::raft::network::{PeerRequest, PeerResponse, StreamAppendReply};
 use crate::raft::{Entry, LogId, Membership, StoredMembership, TypeConfig, Vote};
 
 // ---------------------------------------------------------------------------------------------
@@ -270,6 +273,34 @@ fn peer_requests() -> Vec<PeerRequest> {
     ]
 }
 
+/// A replication stream's requests: the AppendEntries of [`peer_requests`], and a heartbeat.
+fn stream_requests() -> Vec<AppendEntriesRequest<TypeConfig>> {
+    let mut requests: Vec<_> = peer_requests()
+        .into_iter()
+        .filter_map(|request| match request {
+            PeerRequest::AppendEntries(request) => Some(request),
+            _ => None,
+        })
+        .collect();
+    requests.push(AppendEntriesRequest {
+        vote: Vote::new_committed(3, 1),
+        prev_log_id: Some(log_id(3, 61)),
+        entries: Vec::new(),
+        leader_commit: Some(log_id(3, 61)),
+    });
+    requests
+}
+
+fn stream_replies() -> Vec<StreamAppendReply> {
+    vec![
+        Ok(Ok(Some(log_id(3, 61)))),
+        Ok(Ok(None)),
+        Ok(Err(StreamAppendError::Conflict(log_id(2, 39)))),
+        Ok(Err(StreamAppendError::HigherVote(Vote::new(4, 2)))),
+        Err("raft stopped".to_owned()),
+    ]
+}
+
 fn peer_responses() -> Vec<PeerResponse> {
     vec![
         PeerResponse::AppendEntries(Ok(AppendEntriesResponse::Success)),
@@ -408,6 +439,8 @@ static REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(requests()
 static RESPONSES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(responses()));
 static PEER_REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(peer_requests()));
 static PEER_RESPONSES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(peer_responses()));
+static STREAM_REQUESTS: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(stream_requests()));
+static STREAM_REPLIES: LazyLock<Vec<Vec<u8>>> = LazyLock::new(|| encode_all(stream_replies()));
 
 // ---------------------------------------------------------------------------------------------
 // Mutations and the property
@@ -500,6 +533,8 @@ proptest! {
         decodes_safely::<RpcResponse>(&bytes)?;
         decodes_safely::<PeerRequest>(&bytes)?;
         decodes_safely::<PeerResponse>(&bytes)?;
+        decodes_safely::<AppendEntriesRequest<TypeConfig>>(&bytes)?;
+        decodes_safely::<StreamAppendReply>(&bytes)?;
     }
 
     #[test]
@@ -511,6 +546,10 @@ proptest! {
         decodes_safely::<RpcResponse>(&mutated(&RESPONSES, &which, &mutations))?;
         decodes_safely::<PeerRequest>(&mutated(&PEER_REQUESTS, &which, &mutations))?;
         decodes_safely::<PeerResponse>(&mutated(&PEER_RESPONSES, &which, &mutations))?;
+        decodes_safely::<AppendEntriesRequest<TypeConfig>>(
+            &mutated(&STREAM_REQUESTS, &which, &mutations),
+        )?;
+        decodes_safely::<StreamAppendReply>(&mutated(&STREAM_REPLIES, &which, &mutations))?;
     }
 }
 
@@ -534,6 +573,8 @@ fn a_huge_count_at_any_offset_is_not_believed() {
     resists_huge_counts::<PeerRequest>(&PEER_REQUESTS, true);
     resists_huge_counts::<RpcResponse>(&RESPONSES, false);
     resists_huge_counts::<PeerResponse>(&PEER_RESPONSES, false);
+    resists_huge_counts::<AppendEntriesRequest<TypeConfig>>(&STREAM_REQUESTS, true);
+    resists_huge_counts::<StreamAppendReply>(&STREAM_REPLIES, false);
 }
 
 /// Each of `values` encodes with its variant's golden index (`expected`) first, and the

@@ -1,25 +1,41 @@
 //! The raft network between servers: each openraft RPC is one [`PeerRequest`] on the QUIC
 //! transport's raft protocol ([`ALPN_RAFT`], which only a server certificate may open) to the
-//! target's RPC address, over a connection pooled apart from client requests. Snapshots cross
-//! in chunks (openraft's v1 network, through `openraft-legacy`'s adapter); a large backlog of
-//! entries crosses as a series of AppendEntries, each cut at [`super::MAX_APPEND_BYTES`] by the
-//! log reader.
+//! target's RPC address, over a connection pooled apart from client requests. Replication is
+//! one stream call per openraft replication session ([`RaftPeer::stream_append`]): each
+//! AppendEntries leaves as soon as openraft has it, without waiting for the answer to the one
+//! before, and the follower takes them in order into [`openraft::Raft::stream_append`], so its
+//! log can sync several in one `fdatasync`. Snapshots cross in chunks (openraft's v1 network,
+//! through `openraft-legacy`'s adapter); a large backlog of entries crosses as a series of
+//! AppendEntries, each cut at [`super::MAX_APPEND_BYTES`] by the log reader.
 
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{NetworkError, RPCError, RaftError, RemoteError, Unreachable};
-use openraft::network::{RPCOption, RaftNetworkFactory};
-use openraft::raft::{AppendEntriesRequest, AppendEntriesResponse, VoteRequest, VoteResponse};
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use openraft::error::{
+    NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable,
+};
+use openraft::network::{Backoff, RPCOption, RaftNetworkFactory, RaftNetworkV2};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, StreamAppendResult,
+    TransferLeaderRequest, TransferLeaderResponse, VoteRequest, VoteResponse,
+};
+use openraft::type_config::alias::{SnapshotOf, VoteOf};
 use openraft_legacy::network_v1::{
     Adapter, InstallSnapshotError, InstallSnapshotRequest, InstallSnapshotResponse, RaftNetwork,
 };
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 #[cfg(doc)]
 use vigil_wire::tls::ALPN_RAFT;
 use vigil_wire::transport::{RpcClient, TransportError};
 
-use super::{Node, NodeId, SnapshotData, TypeConfig};
+use super::{LogId, Node, NodeId, SnapshotData, TypeConfig};
 
 /// Raft's messages, server to server. Append-only: postcard encodes the variant index.
 #[derive(Debug, Serialize, Deserialize)]
@@ -53,6 +69,10 @@ pub enum PeerResponse {
     Campaign(Result<(), String>),
 }
 
+/// A follower's answer to one AppendEntries of a stream call: openraft's, or why raft could
+/// not give one (it stopped, or the request did not decode); the call ends after either.
+pub type StreamAppendReply = Result<StreamAppendResult<TypeConfig>, String>;
+
 /// Hands out clients that share the server's pool of raft connections.
 #[derive(Clone)]
 pub struct QuicNetwork {
@@ -66,18 +86,22 @@ pub struct QuicPeer {
     addr: Result<SocketAddr, String>,
 }
 
+/// One peer as openraft sees it: replication as stream calls, everything else through the v1
+/// adapter (which cuts snapshots into chunks).
+pub struct RaftPeer(Adapter<TypeConfig, QuicPeer, SnapshotData>);
+
 impl RaftNetworkFactory<TypeConfig> for QuicNetwork {
-    type Network = Adapter<TypeConfig, QuicPeer, SnapshotData>;
+    type Network = RaftPeer;
 
     async fn new_client(&mut self, target: NodeId, node: &Node) -> Self::Network {
-        Adapter::new(QuicPeer {
+        RaftPeer(Adapter::new(QuicPeer {
             rpc: self.rpc.clone(),
             target,
             addr: node
                 .rpc_addr
                 .parse()
                 .map_err(|e| format!("bad RPC address {:?} of node {target}: {e}", node.rpc_addr)),
-        })
+        }))
     }
 }
 
@@ -87,25 +111,70 @@ struct PeerError(String);
 
 type RpcErr<E> = RPCError<TypeConfig, E>;
 
+/// A transport failure as raft sees it: a refused connection (this server's certificate is not
+/// a server's) is an unreachable peer.
+fn transport_error<E: std::error::Error>(e: TransportError) -> RpcErr<E> {
+    match e {
+        TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
+        e => RPCError::Network(NetworkError::new(&e)),
+    }
+}
+
 impl QuicPeer {
-    /// Sends a raft message; a refused connection (this server's certificate is not a
-    /// server's) is an unreachable peer to raft.
+    fn addr<E: std::error::Error>(&self) -> Result<SocketAddr, RpcErr<E>> {
+        self.addr
+            .clone()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e))))
+    }
+
+    /// Sends a raft message.
     async fn call<E: std::error::Error>(
         &self,
         request: PeerRequest,
         timeout: Duration,
     ) -> Result<PeerResponse, RpcErr<E>> {
-        let addr = self
-            .addr
-            .as_ref()
-            .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e.clone()))))?;
         self.rpc
-            .call_typed(*addr, &request, timeout)
+            .call_typed(self.addr()?, &request, timeout)
             .await
-            .map_err(|e| match e {
-                TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&e)),
-                e => RPCError::Network(NetworkError::new(&e)),
+            .map_err(transport_error)
+    }
+
+    /// Opens a stream call that sends each of `requests` as it comes and answers them in order.
+    async fn stream_append(
+        &self,
+        requests: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+        timeout: Duration,
+    ) -> Result<
+        BoxStream<'static, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+        RPCError<TypeConfig>,
+    > {
+        let plans = Plans::default();
+        // A request that does not encode goes as an empty frame, which the follower answers
+        // with an error: the call ends there, as it would on any other failure.
+        let frames = fold_commits(requests, plans.clone())
+            .map(|request| postcard::to_allocvec(&request).unwrap_or_default())
+            .boxed();
+        let replies = self
+            .rpc
+            .stream(self.addr()?, frames, timeout)
+            .await
+            .map_err(transport_error)?;
+        let target = self.target;
+        Ok(replies
+            .map(move |reply| {
+                let reply = reply.map_err(transport_error)?;
+                match postcard::from_bytes::<StreamAppendReply>(&reply) {
+                    Ok(Ok(result)) => Ok(result),
+                    Ok(Err(why)) => Err(RPCError::Network(NetworkError::new(&PeerError(format!(
+                        "node {target} could not append: {why}"
+                    ))))),
+                    Err(e) => Err(RPCError::Network(NetworkError::new(&PeerError(format!(
+                        "node {target} answered an AppendEntries undecodably: {e}"
+                    ))))),
+                }
             })
+            .flat_map(move |reply| futures::stream::iter(plans.answers(reply)))
+            .boxed())
     }
 
     /// A network error for an answer that is not the one asked for.
@@ -115,6 +184,75 @@ impl QuicPeer {
             self.target
         ))))
     }
+}
+
+/// How long an AppendEntries that carries nothing but a new commit index waits for the next
+/// request of its stream to carry the commit instead. After every commit openraft sends the
+/// followers a request with no entries to tell them; folding it into the next request spares
+/// two messages each way and a wake-up of each follower per write when writes follow each
+/// other. A follower learns of a commit at most this much later (or at the next heartbeat);
+/// nothing waits for that, since reads are the leader's.
+const COMMIT_HOLD: Duration = Duration::from_millis(20);
+
+/// For each request of a replication stream, in order: `None` when it was sent, or the
+/// `prev_log_id` of a request that carried only a commit and was folded into the next one.
+#[derive(Clone, Default)]
+struct Plans(Arc<Mutex<VecDeque<Option<Option<LogId>>>>>);
+
+impl Plans {
+    fn push(&self, plan: Option<Option<LogId>>) {
+        self.0.lock().push_back(plan);
+    }
+
+    /// The answers a follower's `reply` to the next request sent gives, in order: one for
+    /// each request folded into it, then its own. The follower accepting a request whose
+    /// `prev_log_id` is a folded request's (or later) means it matches there too, which is
+    /// all an answer to a request without entries says. An error is the answer to the first
+    /// of them (replication stops at it).
+    fn answers<E>(
+        &self,
+        reply: Result<StreamAppendResult<TypeConfig>, E>,
+    ) -> Vec<Result<StreamAppendResult<TypeConfig>, E>> {
+        let mut plans = self.0.lock();
+        let mut answers = Vec::new();
+        while let Some(Some(prev_log_id)) = plans.pop_front() {
+            if matches!(reply, Ok(Ok(_))) {
+                answers.push(Ok(Ok(prev_log_id)));
+            }
+        }
+        answers.push(reply);
+        answers
+    }
+}
+
+/// `requests` with each request that carries only a commit folded into the next one, when
+/// that comes within [`COMMIT_HOLD`]; `plans` records what became of each.
+fn fold_commits(
+    requests: BoxStream<'static, AppendEntriesRequest<TypeConfig>>,
+    plans: Plans,
+) -> BoxStream<'static, AppendEntriesRequest<TypeConfig>> {
+    futures::stream::unfold(
+        (requests.fuse(), None, plans),
+        |(mut requests, mut next, plans)| async move {
+            loop {
+                let request = match next.take() {
+                    Some(request) => request,
+                    None => requests.next().await?,
+                };
+                if request.entries.is_empty()
+                    && let Ok(Some(later)) =
+                        tokio::time::timeout(COMMIT_HOLD, requests.next()).await
+                {
+                    plans.push(Some(request.prev_log_id));
+                    next = Some(later);
+                    continue;
+                }
+                plans.push(None);
+                return Some((request, (requests, next, plans)));
+            }
+        },
+    )
+    .boxed()
 }
 
 fn remote<E: std::error::Error>(
@@ -161,5 +299,71 @@ impl RaftNetwork<TypeConfig> for QuicPeer {
             PeerResponse::Vote(result) => result.map_err(|e| remote(self.target, e)),
             other => Err(self.wrong_answer(other)),
         }
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for RaftPeer {
+    type SnapshotData = SnapshotData;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.0.append_entries(rpc, option).await
+    }
+
+    fn stream_append<'s, S>(
+        &'s mut self,
+        input: S,
+        option: RPCOption,
+    ) -> BoxFuture<
+        's,
+        Result<
+            BoxStream<'s, Result<StreamAppendResult<TypeConfig>, RPCError<TypeConfig>>>,
+            RPCError<TypeConfig>,
+        >,
+    >
+    where
+        S: futures::Stream<Item = AppendEntriesRequest<TypeConfig>> + Send + Unpin + 'static,
+    {
+        Box::pin(async move {
+            let replies = self
+                .0
+                .inner()
+                .stream_append(input.boxed(), option.hard_ttl())
+                .await?;
+            Ok(replies)
+        })
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.0.vote(rpc, option).await
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: VoteOf<TypeConfig>,
+        snapshot: SnapshotOf<TypeConfig, SnapshotData>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        self.0.full_snapshot(vote, snapshot, cancel, option).await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.0.transfer_leader(rpc, option).await
+    }
+
+    fn backoff(&self) -> Option<Backoff> {
+        self.0.backoff()
     }
 }

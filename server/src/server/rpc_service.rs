@@ -1,11 +1,14 @@
 //! The RPC endpoint's two protocols: client requests (who may ask what, [`refusal`], and the
 //! answer to each) and raft's messages between servers.
 
+use futures::StreamExt as _;
 use futures::future::BoxFuture;
+use openraft::raft::AppendEntriesRequest;
 use openraft_legacy::network_v1::ChunkedSnapshotReceiver as _;
 
 use super::*;
-use crate::raft::network::{PeerRequest, PeerResponse};
+use crate::raft::TypeConfig;
+use crate::raft::network::{PeerRequest, PeerResponse, StreamAppendReply};
 
 impl Server {
     pub(super) async fn handle(&self, peer: &PeerIdentity, request: RpcRequest) -> RpcResponse {
@@ -95,6 +98,49 @@ impl transport::RpcHandler for PeerService {
             };
             encode_response(&response)
         })
+    }
+
+    /// Replication: every request is an AppendEntries, taken in order by raft, which answers
+    /// each once it is in the log (several may share one sync). A request that does not decode
+    /// ends the call with an error after the answers to those before it.
+    fn handle_stream(
+        &self,
+        _: &PeerIdentity,
+        requests: transport::Frames,
+    ) -> Option<transport::Frames> {
+        let server = Arc::clone(&self.0);
+        let undecodable = Arc::new(Mutex::new(None));
+        let requests = {
+            let server = Arc::clone(&server);
+            let undecodable = Arc::clone(&undecodable);
+            requests
+                .map(move |frame| {
+                    match postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(&frame) {
+                        Ok(request) => {
+                            *server.last_leader_contact.lock() = Some(Instant::now());
+                            Some(request)
+                        }
+                        Err(e) => {
+                            *undecodable.lock() = Some(format!("undecodable AppendEntries: {e}"));
+                            None
+                        }
+                    }
+                })
+                .take_while(|request| std::future::ready(request.is_some()))
+                .filter_map(std::future::ready)
+        };
+        let replies = server
+            .raft
+            .stream_append(requests)
+            .map(|reply| reply.map_err(|fatal| fatal.to_string()));
+        let refusal = futures::stream::once(async move { undecodable.lock().take().map(Err) })
+            .filter_map(std::future::ready);
+        Some(
+            replies
+                .chain(refusal)
+                .map(|reply: StreamAppendReply| encode_response(&reply))
+                .boxed(),
+        )
     }
 }
 
