@@ -367,3 +367,96 @@ impl RaftNetworkV2<TypeConfig> for RaftPeer {
         self.0.backoff()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::EntryPayload;
+    use openraft::raft::StreamAppendError;
+
+    use super::*;
+    use crate::raft::{Entry, Vote};
+
+    fn log_id(index: u64) -> LogId {
+        openraft::testing::log_id::<TypeConfig>(1, 1, index)
+    }
+
+    /// A request after `prev` carrying the entries up to `last` (none when equal).
+    fn request(prev: u64, last: u64) -> AppendEntriesRequest<TypeConfig> {
+        AppendEntriesRequest {
+            vote: Vote::new_committed(1, 1),
+            prev_log_id: Some(log_id(prev)),
+            entries: (prev + 1..=last)
+                .map(|i| Entry {
+                    log_id: log_id(i),
+                    payload: EntryPayload::Blank,
+                })
+                .collect(),
+            leader_commit: Some(log_id(prev)),
+        }
+    }
+
+    fn prevs(sent: &[AppendEntriesRequest<TypeConfig>]) -> Vec<Option<LogId>> {
+        sent.iter().map(|r| r.prev_log_id).collect()
+    }
+
+    #[tokio::test]
+    async fn commit_only_requests_fold_into_the_next_and_take_its_answer() {
+        let plans = Plans::default();
+        let requests = [request(0, 5), request(5, 5), request(5, 5), request(5, 7)];
+        let sent: Vec<_> = fold_commits(futures::stream::iter(requests).boxed(), plans.clone())
+            .collect()
+            .await;
+        assert_eq!(prevs(&sent), [Some(log_id(0)), Some(log_id(5))]);
+
+        let ok = |index: u64| Ok::<_, ()>(Ok(Some(log_id(index))));
+        assert_eq!(
+            plans.answers(ok(5)),
+            [ok(5)],
+            "the first request's own answer"
+        );
+        assert_eq!(
+            plans.answers(ok(7)),
+            [ok(5), ok(5), ok(7)],
+            "the two folded requests are answered with their prev_log_id, then the carrier"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_error_answers_the_first_folded_request_and_nothing_after() {
+        let plans = Plans::default();
+        let requests = [request(5, 5), request(5, 6)];
+        let sent: Vec<_> = fold_commits(futures::stream::iter(requests).boxed(), plans.clone())
+            .collect()
+            .await;
+        assert_eq!(sent.len(), 1);
+        let conflict = Ok::<_, ()>(Err(StreamAppendError::Conflict(log_id(5))));
+        assert_eq!(plans.answers(conflict.clone()), [conflict]);
+        assert!(plans.0.lock().is_empty(), "both requests accounted for");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_commit_only_request_waits_for_a_carrier_at_most_the_hold() {
+        let plans = Plans::default();
+        let (requests, input) = futures::channel::mpsc::unbounded();
+        let mut folded = fold_commits(input.boxed(), plans.clone());
+
+        // Nothing follows: it goes on its own once the hold has passed.
+        requests.unbounded_send(request(5, 5)).unwrap();
+        let start = tokio::time::Instant::now();
+        let sent = folded.next().await.unwrap();
+        assert_eq!(sent.prev_log_id, Some(log_id(5)));
+        assert_eq!(start.elapsed(), COMMIT_HOLD);
+
+        // At the end of the stream (a heartbeat, a probe) it goes at once.
+        requests.unbounded_send(request(5, 5)).unwrap();
+        drop(requests);
+        let start = tokio::time::Instant::now();
+        assert_eq!(
+            folded.next().await.map(|r| r.prev_log_id),
+            Some(Some(log_id(5)))
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert!(folded.next().await.is_none());
+        assert_eq!(*plans.0.lock(), [None, None], "both sent");
+    }
+}
