@@ -512,12 +512,7 @@ impl RpcClient {
         request: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, TransportError> {
-        if request.len() > MAX_FRAME_LEN {
-            return Err(TransportError::Protocol(format!(
-                "request of {} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit",
-                request.len()
-            )));
-        }
+        fits_a_frame(&request)?;
         if request.is_empty() {
             return Err(TransportError::Protocol(
                 "an empty request: an empty first frame opens a stream call".to_owned(),
@@ -858,19 +853,28 @@ async fn write_requests(
     addr: SocketAddr,
 ) {
     while let Some(request) = requests.next().await {
-        let sent = match encode_header(request.len()) {
-            Ok(_) => {
-                let _ = pending.send(Ok(tokio::time::Instant::now() + timeout));
-                write_frame(&mut send, request.into()).await
-            }
-            Err(reason) => Err(Failure::Protocol(reason)),
-        };
-        if let Err(failure) = sent {
+        if let Err(error) = fits_a_frame(&request) {
+            let _ = pending.send(Err(error));
+            return;
+        }
+        let _ = pending.send(Ok(tokio::time::Instant::now() + timeout));
+        if let Err(failure) = write_frame(&mut send, request.into()).await {
             let _ = pending.send(Err(failure.into_error(addr)));
             return;
         }
     }
     let _ = send.finish();
+}
+
+/// A request too large for a frame fails before anything is sent.
+fn fits_a_frame(request: &[u8]) -> Result<(), TransportError> {
+    if request.len() > MAX_FRAME_LEN {
+        return Err(TransportError::Protocol(format!(
+            "request of {} bytes exceeds the {MAX_FRAME_LEN}-byte frame limit",
+            request.len()
+        )));
+    }
+    Ok(())
 }
 
 /// One request/response exchange on the dialing side.

@@ -70,7 +70,7 @@ pub enum PeerResponse {
 }
 
 /// A follower's answer to one AppendEntries of a stream call: openraft's, or why raft could
-/// not give one (it stopped, or the request did not decode); the call ends after either.
+/// not give one (it stopped); the call ends after the latter.
 pub type StreamAppendReply = Result<StreamAppendResult<TypeConfig>, String>;
 
 /// Hands out clients that share the server's pool of raft connections.
@@ -194,13 +194,20 @@ impl QuicPeer {
 /// nothing waits for that, since reads are the leader's.
 const COMMIT_HOLD: Duration = Duration::from_millis(20);
 
-/// For each request of a replication stream, in order: `None` when it was sent, or the
-/// `prev_log_id` of a request that carried only a commit and was folded into the next one.
+/// What became of a request of a replication stream.
+#[derive(Debug, PartialEq)]
+enum Plan {
+    Sent,
+    /// It carried only a commit and was folded into the next one; its `prev_log_id`.
+    Folded(Option<LogId>),
+}
+
+/// The [`Plan`] of each request of a replication stream, in order, until answered.
 #[derive(Clone, Default)]
-struct Plans(Arc<Mutex<VecDeque<Option<Option<LogId>>>>>);
+struct Plans(Arc<Mutex<VecDeque<Plan>>>);
 
 impl Plans {
-    fn push(&self, plan: Option<Option<LogId>>) {
+    fn push(&self, plan: Plan) {
         self.0.lock().push_back(plan);
     }
 
@@ -215,7 +222,7 @@ impl Plans {
     ) -> Vec<Result<StreamAppendResult<TypeConfig>, E>> {
         let mut plans = self.0.lock();
         let mut answers = Vec::new();
-        while let Some(Some(prev_log_id)) = plans.pop_front() {
+        while let Some(Plan::Folded(prev_log_id)) = plans.pop_front() {
             if matches!(reply, Ok(Ok(_))) {
                 answers.push(Ok(Ok(prev_log_id)));
             }
@@ -243,11 +250,11 @@ fn fold_commits(
                     && let Ok(Some(later)) =
                         tokio::time::timeout(COMMIT_HOLD, requests.next()).await
                 {
-                    plans.push(Some(request.prev_log_id));
+                    plans.push(Plan::Folded(request.prev_log_id));
                     next = Some(later);
                     continue;
                 }
-                plans.push(None);
+                plans.push(Plan::Sent);
                 return Some((request, (requests, next, plans)));
             }
         },
@@ -457,6 +464,6 @@ mod tests {
         );
         assert_eq!(start.elapsed(), Duration::ZERO);
         assert!(folded.next().await.is_none());
-        assert_eq!(*plans.0.lock(), [None, None], "both sent");
+        assert_eq!(*plans.0.lock(), [Plan::Sent, Plan::Sent], "both sent");
     }
 }

@@ -102,26 +102,26 @@ impl transport::RpcHandler for PeerService {
 
     /// Replication: every request is an AppendEntries, taken in order by raft, which answers
     /// each once it is in the log (several may share one sync). A request that does not decode
-    /// ends the call with an error after the answers to those before it.
+    /// ends the requests: the call ends after the answers to those before it, and the leader
+    /// sees it end unanswered.
     fn handle_stream(
         &self,
         _: &PeerIdentity,
         requests: transport::Frames,
     ) -> Option<transport::Frames> {
         let server = Arc::clone(&self.0);
-        let undecodable = Arc::new(Mutex::new(None));
         let requests = {
             let server = Arc::clone(&server);
-            let undecodable = Arc::clone(&undecodable);
             requests
                 .map(move |frame| {
-                    match postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(&frame) {
+                    let request = postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(&frame);
+                    match request {
                         Ok(request) => {
                             *server.last_leader_contact.lock() = Some(Instant::now());
                             Some(request)
                         }
                         Err(e) => {
-                            *undecodable.lock() = Some(format!("undecodable AppendEntries: {e}"));
+                            tracing::warn!(error = %e, "undecodable AppendEntries; ending the stream");
                             None
                         }
                     }
@@ -129,18 +129,11 @@ impl transport::RpcHandler for PeerService {
                 .take_while(|request| std::future::ready(request.is_some()))
                 .filter_map(std::future::ready)
         };
-        let replies = server
-            .raft
-            .stream_append(requests)
-            .map(|reply| reply.map_err(|fatal| fatal.to_string()));
-        let refusal = futures::stream::once(async move { undecodable.lock().take().map(Err) })
-            .filter_map(std::future::ready);
-        Some(
-            replies
-                .chain(refusal)
-                .map(|reply: StreamAppendReply| encode_response(&reply))
-                .boxed(),
-        )
+        let replies = server.raft.stream_append(requests).map(|reply| {
+            let reply: StreamAppendReply = reply.map_err(|fatal| fatal.to_string());
+            encode_response(&reply)
+        });
+        Some(replies.boxed())
     }
 }
 
