@@ -6,8 +6,10 @@
 
 use std::sync::Arc;
 
-use openraft::error::{ClientWriteError, RaftError};
-use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use openraft::error::ClientWriteError;
+use openraft::raft::ClientWriteResult;
+use openraft::raft::responder::Responder;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use vigil_shared::rpc::{Command, Op, Response, ServerError};
 
 use crate::raft::{Raft, TypeConfig};
@@ -35,8 +37,11 @@ const MAX_BATCH_OPS: usize = 512;
 struct Pending {
     op: Op,
     size: usize,
-    reply: oneshot::Sender<Result<Response, ServerError>>,
+    reply: Reply,
 }
+
+/// Where the caller of one op waits for its answer.
+type Reply = oneshot::Sender<Result<Response, ServerError>>;
 
 /// Proposes ops for this server: each [`Proposer::propose`] joins a queue, and one task turns
 /// the queue into raft entries, at most `MAX_IN_FLIGHT` at a time, each carrying every op
@@ -140,17 +145,27 @@ async fn batch_loop(
             size += next.size;
             batch.push(next);
         }
-        let raft = raft.clone();
-        tokio::spawn(async move {
-            commit(&raft, batch).await;
-            drop(slot);
-        });
+        let (cmd, replies) = entry(batch);
+        let answers = Answers {
+            replies,
+            _slot: slot,
+        };
+        let answer = Answer(Box::new(move |result: ClientWriteResult<TypeConfig>| {
+            answers.send(result.map(|w| w.data));
+        }));
+        if raft.client_write_ff(cmd, Some(answer)).await.is_err() {
+            // raft's core has stopped; the answer, dropped with the refused message, told the
+            // callers, and the server's failure watch reports why.
+            return;
+        }
     }
 }
 
-/// Commits one entry for `batch` and answers each op.
-async fn commit(raft: &Raft, batch: Vec<Pending>) {
-    let (mut ops, replies): (Vec<Op>, Vec<_>) = batch.into_iter().map(|p| (p.op, p.reply)).unzip();
+/// The entry for `batch` (one op alone, or an [`Op::Batch`]), stamped with this leader's
+/// clock, and who waits for each op.
+fn entry(batch: Vec<Pending>) -> (Command, Vec<Reply>) {
+    let (mut ops, replies): (Vec<Op>, Vec<Reply>) =
+        batch.into_iter().map(|p| (p.op, p.reply)).unzip();
     let op = match ops.len() {
         1 => ops.remove(0),
         _ => Op::Batch(ops),
@@ -159,49 +174,120 @@ async fn commit(raft: &Raft, batch: Vec<Pending>) {
         now_ms: wall_ms(),
         op,
     };
-    let result = raft
-        .client_write(cmd)
-        .await
-        .map(|w| w.data)
-        .map_err(map_write_error);
-    let responses: Vec<Result<Response, ServerError>> = match result {
-        Ok(Response::Batch(responses)) if replies.len() > 1 && responses.len() == replies.len() => {
-            responses.into_iter().map(Ok).collect()
-        }
-        Ok(response) if replies.len() == 1 => vec![Ok(response)],
-        Ok(other) => {
-            let e = ServerError::Internal(format!(
-                "a batch of {} ops was answered {other:?}",
-                replies.len()
-            ));
-            vec![Err(e); replies.len()]
-        }
-        Err(e) => vec![Err(e); replies.len()],
-    };
-    for (reply, response) in replies.into_iter().zip(responses) {
-        // A caller that went away needs no answer.
-        let _ = reply.send(response);
+    (cmd, replies)
+}
+
+/// openraft's responder for the proposer's entries (`TypeConfig::Responder`): what answers an
+/// entry's callers, run by the apply itself, so no task stands between a commit and them.
+pub struct Answer<T>(Box<dyn FnOnce(T) + Send>);
+
+impl<T: openraft::OptionalSend + 'static> Responder<TypeConfig, T> for Answer<T> {
+    fn on_complete(self, result: T) {
+        (self.0)(result);
     }
 }
 
-fn map_write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ServerError {
+/// Who waits for one entry, and its in-flight slot (given back when they are answered).
+struct Answers {
+    replies: Vec<Reply>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Answers {
+    /// Answers each op with its part of what applying the entry produced.
+    fn send(mut self, result: Result<Response, ClientWriteError<TypeConfig>>) {
+        let replies = std::mem::take(&mut self.replies);
+        let n = replies.len();
+        let responses: Vec<Result<Response, ServerError>> = match result.map_err(write_error) {
+            Ok(Response::Batch(responses)) if n > 1 && responses.len() == n => {
+                responses.into_iter().map(Ok).collect()
+            }
+            Ok(response) if n == 1 => vec![Ok(response)],
+            Ok(other) => {
+                let e = ServerError::Internal(format!("a batch of {n} ops was answered {other:?}"));
+                vec![Err(e); n]
+            }
+            Err(e) => vec![Err(e); n],
+        };
+        for (reply, response) in replies.into_iter().zip(responses) {
+            // A caller that went away needs no answer.
+            let _ = reply.send(response);
+        }
+    }
+}
+
+impl Drop for Answers {
+    /// An entry raft dropped unanswered (its core stopped): the change may or may not have
+    /// been applied.
+    fn drop(&mut self) {
+        for reply in self.replies.drain(..) {
+            let _ = reply.send(Err(ServerError::Indeterminate(
+                "raft stopped on this server before the change was answered; it may or may not have been applied".to_owned(),
+            )));
+        }
+    }
+}
+
+/// What a caller is told of a write raft refused.
+fn write_error(e: ClientWriteError<TypeConfig>) -> ServerError {
     match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => match f.leader_node {
+        ClientWriteError::ForwardToLeader(f) => match f.leader_node {
             Some(node) => ServerError::NotLeader {
                 leader: Some(node.rpc_addr),
             },
             None => ServerError::NoLeader,
         },
-        RaftError::Fatal(openraft::error::Fatal::Stopped) => ServerError::ShuttingDown,
-        // The entry may have reached other servers before the log failed here: the outcome is
-        // unknown. The cause goes to this server's log, not to the client.
-        RaftError::Fatal(fatal) => {
-            tracing::error!(error = %fatal, "raft has stopped on this server");
-            ServerError::Indeterminate(
-                "the raft log on this server failed; the change may or may not have been applied"
-                    .to_owned(),
-            )
-        }
         other => ServerError::Internal(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers for `n` ops holding one of `slots`, and where each op's caller waits.
+    fn waiting(
+        n: usize,
+        slots: &Arc<Semaphore>,
+    ) -> (
+        Answers,
+        Vec<oneshot::Receiver<Result<Response, ServerError>>>,
+    ) {
+        let (replies, answers): (Vec<_>, Vec<_>) = (0..n).map(|_| oneshot::channel()).unzip();
+        let slot = slots.clone().try_acquire_owned().expect("a free slot");
+        (
+            Answers {
+                replies,
+                _slot: slot,
+            },
+            answers,
+        )
+    }
+
+    #[test]
+    fn each_op_of_a_batch_gets_its_own_response() {
+        let slots = Arc::new(Semaphore::new(1));
+        let (answers, mut rx) = waiting(2, &slots);
+        answers.send(Ok(Response::Batch(vec![
+            Response::Done,
+            Response::Applied(false),
+        ])));
+        assert!(matches!(rx[0].try_recv(), Ok(Ok(Response::Done))));
+        assert!(matches!(rx[1].try_recv(), Ok(Ok(Response::Applied(false)))));
+        assert_eq!(slots.available_permits(), 1, "the slot is given back");
+    }
+
+    #[test]
+    fn an_entry_dropped_unanswered_is_indeterminate_for_every_op() {
+        let slots = Arc::new(Semaphore::new(1));
+        let (answers, rx) = waiting(2, &slots);
+        drop(answers);
+        for mut rx in rx {
+            assert!(matches!(
+                rx.try_recv(),
+                Ok(Err(ServerError::Indeterminate(_)))
+            ));
+        }
+        assert_eq!(slots.available_permits(), 1, "the slot is given back");
     }
 }

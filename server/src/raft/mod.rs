@@ -13,15 +13,35 @@ mod tests;
 use vigil_shared::rpc::calls::ServerNode;
 use vigil_shared::rpc::{Command, Response};
 
-openraft::declare_raft_types!(
-    /// Vigil's raft type configuration.
-    pub TypeConfig:
-        D = Command,
-        R = Response,
-        NodeId = u64,
-        Node = ServerNode,
-        AsyncRuntime = openraft::TokioRuntime,
-);
+/// Vigil's raft type configuration: openraft's defaults (what `declare_raft_types!` would
+/// fill in), except the responder, which is the proposer's [`Answer`](crate::proposer::Answer)
+/// so that an apply answers a write's callers itself. The macro cannot name a generic
+/// associated type, hence the impl written out.
+#[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
+pub struct TypeConfig {}
+
+impl openraft::RaftTypeConfig for TypeConfig {
+    type D = Command;
+    type R = Response;
+    type NodeId = u64;
+    type Node = ServerNode;
+    type Term = u64;
+    type LeaderId = openraft::impls::leader_id_adv::LeaderId<Self::Term, Self::NodeId>;
+    type Vote = openraft::impls::Vote<Self::LeaderId>;
+    type Payload = openraft::EntryPayload<Self::D, Self::NodeId, Self::Node>;
+    type Entry =
+        openraft::Entry<<Self::LeaderId as openraft::vote::RaftLeaderId>::Committed, Self::Payload>;
+    type Responder<T>
+        = crate::proposer::Answer<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type Batch<T>
+        = openraft::impls::InlineBatch<T>
+    where
+        T: openraft::OptionalSend + 'static;
+    type AsyncRuntime = openraft::TokioRuntime;
+    type ErrorSource = openraft::impls::BoxedErrorSource;
+}
 
 /// Most bytes of log entries one AppendEntries carries (at least one entry is always sent): the
 /// log reader cuts replication's reads there. openraft cuts an AppendEntries off after one
