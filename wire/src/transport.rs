@@ -373,10 +373,10 @@ async fn serve_frames(
 /// all its requests on one). Per address there is one control connection (writes, pings,
 /// reads that answer at once, raft) and, for calls that may block for minutes, watch
 /// connections of at most `WATCH_STREAMS_PER_CONNECTION` calls each: however many blocking
-/// queries wait, a write or a ping never queues behind them for a stream. A client speaks one protocol: its endpoint's default
-/// ([`crate::tls::ALPN_RPC`]), or the one the configuration given to
-/// [`RpcClient::with_config`] names (raft's, [`crate::tls::ALPN_RAFT`]). Cheap to clone;
-/// clones share the pool.
+/// queries wait, a write or a ping never queues behind them for a stream. A client speaks one
+/// protocol: its endpoint's default ([`crate::tls::ALPN_RPC`]), or the one the configuration
+/// given to [`RpcClient::with_config`] names (raft's, [`crate::tls::ALPN_RAFT`]). Cheap to
+/// clone; clones share the pool.
 #[derive(Clone)]
 pub struct RpcClient {
     inner: Arc<ClientInner>,
@@ -594,12 +594,14 @@ impl RpcClient {
                 }
             }
         };
-        let (connection, (send, recv)) = tokio::time::timeout(timeout, opened).await.unwrap_or(
-            Err(TransportError::Timeout {
-                addr,
-                after: timeout,
-            }),
-        )?;
+        let (connection, (send, recv)) = tokio::time::timeout(timeout, opened)
+            .await
+            .unwrap_or_else(|_| {
+                Err(TransportError::Timeout {
+                    addr,
+                    after: timeout,
+                })
+            })?;
         let (deadlines, pending) = tokio::sync::mpsc::unbounded_channel();
         let writer = AbortOnDropHandle::new(tokio::spawn(write_requests(
             send, requests, deadlines, timeout, addr,

@@ -149,8 +149,8 @@ impl QuicPeer {
         RPCError<TypeConfig>,
     > {
         let plans = Plans::default();
-        // A request that does not encode goes as an empty frame, which the follower answers
-        // with an error: the call ends there, as it would on any other failure.
+        // A request that does not encode goes as an empty frame, which the follower cannot
+        // decode: it ends the call there, as any other failure would.
         let frames = fold_commits(requests, plans.clone())
             .map(|request| postcard::to_allocvec(&request).unwrap_or_default())
             .boxed();

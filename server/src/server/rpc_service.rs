@@ -110,25 +110,20 @@ impl transport::RpcHandler for PeerService {
         requests: transport::Frames,
     ) -> Option<transport::Frames> {
         let server = Arc::clone(&self.0);
-        let requests = {
-            let server = Arc::clone(&server);
-            requests
-                .map(move |frame| {
-                    let request = postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(&frame);
-                    match request {
-                        Ok(request) => {
-                            *server.last_leader_contact.lock() = Some(Instant::now());
-                            Some(request)
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "undecodable AppendEntries; ending the stream");
-                            None
-                        }
-                    }
-                })
-                .take_while(|request| std::future::ready(request.is_some()))
-                .filter_map(std::future::ready)
-        };
+        let contact = Arc::clone(&server);
+        let requests = requests.scan((), move |(), frame| {
+            let request = match postcard::from_bytes::<AppendEntriesRequest<TypeConfig>>(&frame) {
+                Ok(request) => {
+                    *contact.last_leader_contact.lock() = Some(Instant::now());
+                    Some(request)
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "undecodable AppendEntries; ending the stream");
+                    None
+                }
+            };
+            std::future::ready(request)
+        });
         let replies = server.raft.stream_append(requests).map(|reply| {
             let reply: StreamAppendReply = reply.map_err(|fatal| fatal.to_string());
             encode_response(&reply)
