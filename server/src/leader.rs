@@ -30,17 +30,17 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::time::{DelayQueue, delay_queue};
-use vigil_shared::SESSION_TTL_MULTIPLIER;
 use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
 use vigil_shared::catalog::MemberStatus;
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::lock::LockOp;
 use vigil_shared::rpc::{AclOp, Op, Response};
+use vigil_shared::{PROTOCOL, SESSION_TTL_MULTIPLIER};
 
 use crate::proposer::{Proposer, wall_ms};
 use crate::raft::state_store::{SessionEvent, SharedState};
-use crate::reconcile;
 use crate::telemetry::{self, InvalidationCause};
+use crate::{protocol, reconcile};
 
 /// Tombstones older than this are reaped (Consul's `tombstone_ttl`).
 const TOMBSTONE_TTL: Duration = Duration::from_secs(15 * 60);
@@ -57,6 +57,8 @@ const CHECKPOINT_BATCH: usize = 2048;
 /// The leadership barrier is retried after this, doubling up to [`BARRIER_RETRY_MAX`].
 const BARRIER_RETRY_MIN: Duration = Duration::from_millis(50);
 const BARRIER_RETRY_MAX: Duration = Duration::from_secs(1);
+/// How often a leader looks again whether every server can apply this build's protocol.
+const PROTOCOL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Requests to the leader duties from request handlers.
 #[derive(Debug)]
@@ -339,6 +341,7 @@ impl LeaderDuties {
                         }
                         self.spawn_reconcile(t.token.clone());
                         self.spawn_acl_init(t.token.clone());
+                        self.spawn_protocol_upgrade(t.token.clone());
                     }
                     (TermEvent::Checkpointed { term: n, done }, Some(t)) if t.number == n => {
                         t.checkpointing = false;
@@ -488,6 +491,59 @@ impl LeaderDuties {
                 },
             };
             let _ = report.send(TermEvent::Checkpointed { term: number, done });
+        });
+    }
+
+    /// Raises the cluster's protocol level to this build's once every server in the raft
+    /// configuration advertises it (without gossip, once this server is the only one), checking
+    /// on every member change and every [`PROTOCOL_CHECK_INTERVAL`] while this term lasts.
+    fn spawn_protocol_upgrade(&self, term: CancellationToken) {
+        let proposer = self.proposer.clone();
+        let shared = Arc::clone(&self.shared);
+        let mut members = self.members.clone().map(|(members, _)| members);
+        self.tasks.spawn(async move {
+            let mut every = tokio::time::interval(PROTOCOL_CHECK_INTERVAL);
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while shared.read().protocol() < PROTOCOL {
+                let ready = {
+                    let metrics = proposer.raft().metrics();
+                    let metrics = metrics.borrow_watched();
+                    let servers = metrics.membership_config.membership().nodes();
+                    match &mut members {
+                        Some(members) => protocol::every_server_at(
+                            PROTOCOL,
+                            servers.map(|(_, node)| node),
+                            &members.borrow_and_update(),
+                        ),
+                        None => servers.count() == 1,
+                    }
+                };
+                if ready {
+                    match proposer.propose(Op::SetProtocol { level: PROTOCOL }).await {
+                        Ok(_) => {
+                            tracing::info!(level = PROTOCOL, "raised the protocol level");
+                            continue;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "raising the protocol level failed"),
+                    }
+                }
+                let changed = async {
+                    match &mut members {
+                        Some(members) => {
+                            if members.changed().await.is_err() {
+                                std::future::pending::<()>().await;
+                            }
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    _ = term.cancelled() => return,
+                    () = changed => {}
+                    _ = every.tick() => {}
+                }
+            }
         });
     }
 

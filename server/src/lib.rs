@@ -6,6 +6,7 @@ pub mod dial;
 pub mod leader;
 pub mod operator;
 pub mod proposer;
+pub mod protocol;
 pub mod raft;
 pub mod reconcile;
 pub mod server;

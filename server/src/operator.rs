@@ -283,15 +283,17 @@ async fn transfer_leader(
     }
 }
 
-/// The leader's state as an archive, at the index it has applied.
+/// The leader's state as an archive, at the index it has applied (the index of its latest
+/// op, which is above the raft index when batched ops took indexes of their own).
 fn save(server: &Server) -> Result<OperatorReply, OperatorError> {
-    let index = server
+    let applied = server
         .raft()
         .metrics()
         .borrow_watched()
         .last_applied
         .map_or(0, |l| l.index);
     let state = server.shared().read();
+    let index = applied.max(state.index());
     let archive = Archive::of(&state, index)?;
     drop(state);
     Ok(OperatorReply::Snapshot {

@@ -121,6 +121,7 @@ mod tests {
             datacenter: "dc1".to_owned(),
             state,
             pruned: false,
+            protocol: vigil_shared::PROTOCOL,
         }
     }
 

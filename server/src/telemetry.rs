@@ -434,6 +434,7 @@ mod tests {
             datacenter: "dc1".to_owned(),
             state,
             pruned: false,
+            protocol: vigil_shared::PROTOCOL,
         };
         let mut d = FlapDetector::default();
         let t0 = Instant::now();

@@ -189,4 +189,6 @@ pub struct MemberStatus {
     /// Force-left with `?prune`: still Left for the leader (which deregisters the node), but no
     /// longer listed as a member (`/v1/agent/members`), as Consul's prune does.
     pub pruned: bool,
+    /// The state-machine protocol level the member's build applies ([`crate::PROTOCOL`]).
+    pub protocol: u32,
 }

@@ -18,6 +18,13 @@ pub mod session;
 #[cfg(test)]
 mod wire_tests;
 
+/// The state machine's protocol this build applies. Level 2: every op gets its own index (also
+/// the ops the leader batches into one raft entry), and the lock queue knows which request
+/// holds a contender's place (`LockOp::Enqueue`, `LockOp::Leave`). A cluster applies the
+/// previous level until every server advertises this one and the leader commits
+/// `Op::SetProtocol`, so servers of two releases never apply the same entry differently.
+pub const PROTOCOL: u32 = 2;
+
 /// Largest KV value accepted (Consul's `kv_max_value_size`).
 pub const KV_MAX_VALUE_SIZE: usize = 512 * 1024;
 /// Most ops in one transaction (Consul's limit since 1.14).

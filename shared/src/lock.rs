@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 /// Most slots a lock may have.
 pub const MAX_LOCK_LIMIT: u32 = 1024;
 
+/// In JSON `"exclusive"` or `"shared"`; on the wire and in the log its variant index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LockMode {
     /// 0: one slot of the lock (the whole lock when its limit is 1).
     #[default]
@@ -56,14 +58,67 @@ pub enum LockOp {
     Release { name: String, session: String },
     /// 2: leader-internal, when the lock's lock-delay has passed: grants whoever is due.
     Wake { name: String },
+    /// 3: [`LockOp::Acquire`] made by the request `request` (a random ID the agent draws for
+    /// each HTTP request): the session's standing, new or already there, is claimed by this
+    /// request, so only this request's [`LockOp::Leave`] can take it out of the queue. A
+    /// session asking for a stronger mode than it holds or waits for is refused (an upgrade),
+    /// unless it is the lock's only holder; a weaker or equal mode is answered with the
+    /// standing as stored.
+    Enqueue {
+        name: String,
+        session: String,
+        mode: LockMode,
+        limit: u32,
+        try_only: bool,
+        request: u64,
+    },
+    /// 4: the request `request` gives up: the session leaves the queue if it still waits
+    /// there under this request. A grant, or a place claimed by a newer request of the same
+    /// session, is left alone (a grant stays with the session, as a lost reply to Consul's
+    /// `?acquire` does).
+    Leave {
+        name: String,
+        session: String,
+        request: u64,
+    },
 }
 
 impl LockOp {
     pub fn name(&self) -> &str {
         match self {
-            LockOp::Acquire { name, .. } | LockOp::Release { name, .. } | LockOp::Wake { name } => {
-                name
-            }
+            LockOp::Acquire { name, .. }
+            | LockOp::Release { name, .. }
+            | LockOp::Wake { name }
+            | LockOp::Enqueue { name, .. }
+            | LockOp::Leave { name, .. } => name,
+        }
+    }
+
+    /// The op the previous release understands, for a cluster some of whose servers still run
+    /// it (it cannot decode [`LockOp::Enqueue`] or [`LockOp::Leave`]): the request identity is
+    /// dropped, so a leave is a plain release, as that release made it.
+    pub fn downgraded(self) -> LockOp {
+        match self {
+            LockOp::Enqueue {
+                name,
+                session,
+                mode,
+                limit,
+                try_only,
+                request: _,
+            } => LockOp::Acquire {
+                name,
+                session,
+                mode,
+                limit,
+                try_only,
+            },
+            LockOp::Leave {
+                name,
+                session,
+                request: _,
+            } => LockOp::Release { name, session },
+            op => op,
         }
     }
 }
@@ -81,6 +136,38 @@ pub enum LockOutcome {
     Released { held: bool, queued: bool },
     /// 4: a wake-up ran.
     Woken,
+    /// 5: ([`LockOp::Enqueue`]) the session holds the lock with this fencing token, in `mode`
+    /// (what it holds, which may be stronger than what this request asked for).
+    Granted { token: u64, mode: LockMode },
+    /// 6: ([`LockOp::Enqueue`]) the session waits in `mode` at `position` (1: next in line)
+    /// since raft index `index`.
+    Waiting {
+        position: u64,
+        index: u64,
+        mode: LockMode,
+    },
+    /// 7: ([`LockOp::Leave`]) the request's place in the queue is given up.
+    Left,
+    /// 8: ([`LockOp::Leave`]) nothing changed: the session's standing as stored (a grant, a
+    /// place claimed by a newer request, or none).
+    Stayed(LockHold),
+}
+
+/// Where one session stands on one lock, as stored: the mode it holds or waits for, and its
+/// place in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum LockHold {
+    /// 0: granted with `token` in `mode` by an entry the leader proposed at `since_ms` (its
+    /// wall clock).
+    Held {
+        token: u64,
+        since_ms: u64,
+        mode: LockMode,
+    },
+    /// 1: waiting in `mode` at `position` (1: next in line).
+    Queued { position: u64, mode: LockMode },
+    /// 2: neither holds nor waits (released, given up, or its session is gone).
+    Absent,
 }
 
 /// One holder of a lock.
@@ -161,4 +248,46 @@ pub enum LockStanding {
     Queued { position: u64 },
     /// 2: neither holds nor waits (released, cancelled, or its session is gone).
     Absent,
+}
+
+/// Why an acquire answers without the lock (`Reason` in [`AcquireReply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NotAcquired {
+    /// A try found the lock taken.
+    Held,
+    /// A try found the lock in its lock-delay.
+    LockDelay,
+    /// The request's wait ended first: the session is still in the queue, and asking again
+    /// resumes the wait (HTTP 202).
+    Queued,
+    /// The request's `timeout` passed: the session left the queue.
+    Timeout,
+    /// The session left the queue meanwhile (released, or invalidated).
+    Removed,
+}
+
+/// The answer to an acquire, `PUT /v1/vigil/lock/<name>?session=S`, for the agent that writes it
+/// and the clients that read it. The mode is the one the session holds or waits for, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AcquireReply {
+    pub lock: String,
+    pub session: String,
+    pub mode: LockMode,
+    pub acquired: bool,
+    /// The fencing token, when acquired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    /// Still waiting in the queue (the request's wait ended first); never with `acquired`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub queued: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<NotAcquired>,
+    /// The place in the queue while queued (1: next in line).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<u64>,
+    /// With reason `lock-delay`: how long it has left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_delay_remaining_ms: Option<u64>,
 }

@@ -78,6 +78,10 @@ pub enum Op {
     },
     /// 18: a change to the ACL tables (tokens, policies, roles).
     Acl(AclOp),
+    /// 19: every server now applies `level` of the state machine's protocol
+    /// ([`crate::PROTOCOL`]); the leader writes it once every server says it can
+    /// (leader-internal). It never goes back.
+    SetProtocol { level: u32 },
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -187,6 +191,17 @@ pub enum ApplyError {
     /// An ACL change Consul refuses, with its text.
     #[error("{0}")]
     AclInvalid(String),
+    /// A session holding a native lock shared asks for it exclusive while other sessions share
+    /// it: an upgrade, which would grant exclusive beside readers.
+    #[error(
+        "session {session} holds lock \"{lock}\" shared with other sessions: it cannot hold it exclusive; release it first"
+    )]
+    LockUpgradeHeld { lock: String, session: String },
+    /// A session waiting for a native lock shared asks for it exclusive.
+    #[error(
+        "session {session} waits for lock \"{lock}\" shared: it cannot ask for it exclusive; release it first"
+    )]
+    LockUpgradeQueued { lock: String, session: String },
 }
 
 /// The result of applying one command.
@@ -359,6 +374,9 @@ reads! {
     AclRole { id: String, by_name: bool } => AclRoles(Vec<Role>);
     /// 29
     AclRoleList {} => AclRoles(Vec<Role>);
+    /// 30: where `session` stands on lock `name`, with the mode it holds or waits for; blocks
+    /// until that changes (as `LockStanding`).
+    LockHold { name: String, session: String } => Hold(crate::lock::LockHold);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -404,6 +422,8 @@ pub enum QueryResult {
     AclPolicies(Vec<Policy>),
     /// 19
     AclRoles(Vec<Role>),
+    /// 20
+    Hold(crate::lock::LockHold),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

@@ -11,7 +11,7 @@ use crate::acl::{Policy, Role, Token};
 use crate::autopilot::AutopilotConfig;
 use crate::catalog::{Check, HealthStatus};
 use crate::kv::{KvOp, TxnOutcome};
-use crate::lock::{LockMode, LockOp, LockOutcome, LockStanding};
+use crate::lock::{LockHold, LockMode, LockOp, LockOutcome, LockStanding};
 use crate::query::PreparedQuery;
 use crate::rpc::{
     AclOp, ApplyError, Op, Query as _, ReadQuery, Registration, Response, ServerError, reads,
@@ -53,6 +53,7 @@ fn expected_op(op: &Op) -> u8 {
         Op::SetAutopilotConfig { .. } => 16,
         Op::RestoreChunk { .. } => 17,
         Op::Acl(_) => 18,
+        Op::SetProtocol { .. } => 19,
     }
 }
 
@@ -112,6 +113,7 @@ fn op_variants_keep_their_indexes() {
             last: true,
         },
         Op::Acl(AclOp::DeleteRole { id: s("r") }),
+        Op::SetProtocol { level: 2 },
     ];
     check(&samples, expected_op);
 }
@@ -267,11 +269,26 @@ fn lock_and_small_enums_keep_their_indexes() {
             session: s("s"),
         },
         LockOp::Wake { name: s("l") },
+        LockOp::Enqueue {
+            name: s("l"),
+            session: s("s"),
+            mode: LockMode::Exclusive,
+            limit: 1,
+            try_only: false,
+            request: 9,
+        },
+        LockOp::Leave {
+            name: s("l"),
+            session: s("s"),
+            request: 9,
+        },
     ];
     check(&lock_ops, |op| match op {
         LockOp::Acquire { .. } => 0,
         LockOp::Release { .. } => 1,
         LockOp::Wake { .. } => 2,
+        LockOp::Enqueue { .. } => 3,
+        LockOp::Leave { .. } => 4,
     });
     check(&[LockMode::Exclusive, LockMode::Shared], |m| match m {
         LockMode::Exclusive => 0,
@@ -306,6 +323,23 @@ fn lock_and_small_enums_keep_their_indexes() {
         LockStanding::Held { .. } => 0,
         LockStanding::Queued { .. } => 1,
         LockStanding::Absent => 2,
+    });
+    let holds = [
+        LockHold::Held {
+            token: 1,
+            since_ms: 1,
+            mode: LockMode::Shared,
+        },
+        LockHold::Queued {
+            position: 1,
+            mode: LockMode::Exclusive,
+        },
+        LockHold::Absent,
+    ];
+    check(&holds, |h| match h {
+        LockHold::Held { .. } => 0,
+        LockHold::Queued { .. } => 1,
+        LockHold::Absent => 2,
     });
 }
 
@@ -345,6 +379,17 @@ fn response_variants_keep_their_indexes() {
             queued: false,
         },
         LockOutcome::Woken,
+        LockOutcome::Granted {
+            token: 1,
+            mode: LockMode::Shared,
+        },
+        LockOutcome::Waiting {
+            position: 1,
+            index: 1,
+            mode: LockMode::Shared,
+        },
+        LockOutcome::Left,
+        LockOutcome::Stayed(LockHold::Absent),
     ];
     check(&outcomes, |o| match o {
         LockOutcome::Held { .. } => 0,
@@ -352,6 +397,10 @@ fn response_variants_keep_their_indexes() {
         LockOutcome::Busy { .. } => 2,
         LockOutcome::Released { .. } => 3,
         LockOutcome::Woken => 4,
+        LockOutcome::Granted { .. } => 5,
+        LockOutcome::Waiting { .. } => 6,
+        LockOutcome::Left => 7,
+        LockOutcome::Stayed(_) => 8,
     });
 }
 
@@ -372,6 +421,8 @@ fn expected_apply_error(e: &ApplyError) -> u8 {
         ApplyError::AclBootstrapped { .. } => 12,
         ApplyError::AclNotFound => 13,
         ApplyError::AclInvalid(_) => 14,
+        ApplyError::LockUpgradeHeld { .. } => 15,
+        ApplyError::LockUpgradeQueued { .. } => 16,
     }
 }
 
@@ -396,6 +447,14 @@ fn apply_error_variants_keep_their_indexes() {
         ApplyError::AclBootstrapped { reset_index: 1 },
         ApplyError::AclNotFound,
         ApplyError::AclInvalid(s("x")),
+        ApplyError::LockUpgradeHeld {
+            lock: s("l"),
+            session: s("s"),
+        },
+        ApplyError::LockUpgradeQueued {
+            lock: s("l"),
+            session: s("s"),
+        },
     ];
     check(&samples, expected_apply_error);
 }
@@ -432,6 +491,7 @@ fn expected_read(q: &ReadQuery) -> u8 {
         ReadQuery::AclPolicyList {} => 27,
         ReadQuery::AclRole { .. } => 28,
         ReadQuery::AclRoleList {} => 29,
+        ReadQuery::LockHold { .. } => 30,
     }
 }
 
@@ -497,6 +557,11 @@ fn read_variants_keep_their_indexes_and_bytes() {
         }
         .into(),
         reads::AclRoleList {}.into(),
+        reads::LockHold {
+            name: s("l"),
+            session: s("s"),
+        }
+        .into(),
     ];
     check(&samples, expected_read);
     // Whole encodings, as older builds wrote them (fields in order, no names; a read without

@@ -391,6 +391,7 @@ mod tests {
             role: MemberRole::Client,
             datacenter: "dc1".into(),
             generation,
+            protocol: 2,
         }
     }
 

@@ -36,15 +36,23 @@ pub struct Member {
     pub role: MemberRole,
     /// Members of another datacenter are ignored (never reported, never counted).
     pub datacenter: Arc<str>,
+    /// The state-machine protocol level this member's build applies
+    /// ([`vigil_shared::PROTOCOL`]); the leader raises the cluster's level once every server
+    /// has it. The first release sent none: it reads as [`FIRST_PROTOCOL`].
+    pub protocol: u8,
 }
+
+/// The protocol level of a member whose identity carries none (the first release).
+pub const FIRST_PROTOCOL: u8 = 1;
 
 /// Version byte of the identity encoding. Version 1 decoders ignore trailing bytes, so later
 /// versions may append fields.
 const WIRE_VERSION: u8 = 1;
 /// Longest node name or datacenter name the identity encoding carries.
 pub const MAX_NAME_LEN: usize = u8::MAX as usize;
-/// Longest encoding: version, generation, role, two IPv6 socket addresses, two names.
-const MAX_WIRE_LEN: usize = 1 + 8 + 1 + 2 * (1 + 16 + 2) + 2 * (1 + MAX_NAME_LEN);
+/// Longest encoding: version, generation, role, two IPv6 socket addresses, two names, the
+/// protocol level.
+const MAX_WIRE_LEN: usize = 1 + 8 + 1 + 2 * (1 + 16 + 2) + 2 * (1 + MAX_NAME_LEN) + 1;
 
 /// The last generation handed out in this process, so two starts within the same millisecond
 /// (tests restarting an instance on the same port) still get increasing generations.
@@ -87,6 +95,7 @@ impl Member {
             role,
             datacenter: datacenter.into(),
             generation: fresh_generation(),
+            protocol: vigil_shared::PROTOCOL as u8,
         }
     }
 
@@ -101,6 +110,7 @@ impl Member {
             role: MemberRole::Client,
             datacenter: Arc::from(datacenter),
             generation: 0,
+            protocol: FIRST_PROTOCOL,
         }
     }
 
@@ -114,6 +124,7 @@ impl Member {
             datacenter: self.datacenter.to_string(),
             state,
             pruned: false,
+            protocol: u32::from(self.protocol),
         }
     }
 
@@ -171,7 +182,8 @@ pub enum WireError {
 }
 
 /// Writes the wire form into a stack buffer: `version | generation (u64 LE) | role | addr |
-/// rpc_addr | name_len | name | dc_len | dc`, an address being `4|6 | ip | port (u16 LE)`.
+/// rpc_addr | name_len | name | dc_len | dc | protocol`, an address being `4|6 | ip | port
+/// (u16 LE)`. `protocol` was appended after the first release, whose decoder ignores it.
 struct WireBuf<'a> {
     buf: &'a mut [u8; MAX_WIRE_LEN],
     len: usize,
@@ -262,6 +274,7 @@ impl Member {
         w.put_addr(&self.rpc_addr);
         w.put_name(&self.name);
         w.put_name(&self.datacenter);
+        w.put(&[self.protocol]);
         w.len
     }
 
@@ -283,6 +296,7 @@ impl Member {
         let rpc_addr = r.addr()?;
         let name = r.name()?;
         let datacenter = r.name()?;
+        let protocol = r.byte().unwrap_or(FIRST_PROTOCOL);
         Ok(Member {
             name,
             addr,
@@ -290,6 +304,7 @@ impl Member {
             role,
             datacenter,
             generation,
+            protocol,
         })
     }
 }
@@ -371,6 +386,7 @@ mod tests {
             role: MemberRole::Server,
             datacenter: "dc1".into(),
             generation,
+            protocol: 2,
         }
     }
 
@@ -439,6 +455,7 @@ mod tests {
             role: MemberRole::Client,
             datacenter: "eu-west".into(),
             generation: u64::MAX,
+            protocol: 7,
         };
         let bytes = postcard::to_allocvec(&v6).unwrap();
         assert_eq!(postcard::from_bytes::<Member>(&bytes).unwrap(), v6);
@@ -464,8 +481,9 @@ mod tests {
         let mut buf = [0u8; MAX_WIRE_LEN];
         let len = member(1).to_wire(&mut buf);
         let good = &buf[..len];
+        // Cut inside the datacenter name (the protocol level after it may be missing).
         assert_eq!(
-            Member::from_wire(&good[..good.len() - 1]),
+            Member::from_wire(&good[..good.len() - 2]),
             Err(WireError::Truncated)
         );
         let mut bad = good.to_vec();
@@ -481,5 +499,14 @@ mod tests {
         let mut longer = good.to_vec();
         longer.extend_from_slice(b"future");
         assert_eq!(Member::from_wire(&longer), Ok(member(1)));
+        // The first release's identity has no protocol level.
+        let first = &good[..good.len() - 1];
+        assert_eq!(
+            Member::from_wire(first),
+            Ok(Member {
+                protocol: FIRST_PROTOCOL,
+                ..member(1)
+            })
+        );
     }
 }

@@ -47,6 +47,7 @@ fn identity(i: usize, generation: u64) -> Member {
         },
         datacenter: Arc::from("dc1"),
         generation,
+        protocol: 2,
     }
 }
 

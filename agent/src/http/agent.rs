@@ -30,6 +30,7 @@ pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
                 "last_log_index": r.last_log_index.to_string(),
                 "applied_index": r.applied_index.to_string(),
                 "num_peers": r.num_peers.to_string(),
+                "protocol_level": r.protocol.to_string(),
             })
         }
         None => json_value!({}),

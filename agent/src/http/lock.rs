@@ -2,9 +2,17 @@
 //! - `PUT ?session=S[&mode=shared][&limit=N][&try][&wait=D][&timeout=D]` takes the lock or
 //!   joins its queue (one raft write) and waits for the grant in the same request (a blocking
 //!   read woken only by this session's own grant). `wait` bounds one request (Consul's blocking
-//!   default, 5 min, at most 10 min): past it the contender keeps its place and asking again
-//!   resumes the wait. `timeout` gives up: the contender leaves the queue. A client that goes
-//!   away mid-wait leaves the queue too.
+//!   default, 5 min, at most 10 min): past it the answer is 202 with `"Queued":true`, the
+//!   contender keeps its place and asking again resumes the wait. `timeout` gives up: the
+//!   contender leaves the queue (and is told of a grant that landed first). `try` answers at
+//!   once, also for a session that already waits.
+//! - Each acquire request has an identity of its own. A retry (the same session asking again,
+//!   say on a new connection after a timeout) claims the session's place; the earlier request,
+//!   when its client is gone, gives up only a place it still owns. A grant is never given back
+//!   by a request that ends: it reaches the client that asks again, or stays with the session.
+//! - One session has one standing per lock, in one mode: asking for exclusive what it holds or
+//!   waits for shared is refused (500), unless it is the only holder (upgraded in place, with a
+//!   new token); asking for shared what it holds exclusive answers the exclusive hold.
 //! - `PUT ?release&session=S` or `DELETE ?session=S`: release, or leave the queue.
 //! - `GET`: the lock's holders, queue and lock-delay (blocking with `?index=`); with
 //!   `?session=S`, where S stands (`Held` and `Token`, or `Position`), blocking only until S's
@@ -20,8 +28,10 @@ use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::go::strconv::parse_uint;
-use vigil_shared::lock::{LockMode, LockStanding, LockState, MAX_LOCK_LIMIT};
-use vigil_shared::rpc::writes::{Acquired, LockAcquire, LockRelease};
+use vigil_shared::lock::{
+    AcquireReply, LockHold, LockMode, LockStanding, LockState, MAX_LOCK_LIMIT, NotAcquired,
+};
+use vigil_shared::rpc::writes::{Acquired, Leave, LockEnqueue, LockLeave, LockRelease};
 use vigil_shared::rpc::{ApplyError, QueryOptions, ServerError, reads};
 use vigil_shared::session::Session;
 
@@ -93,90 +103,147 @@ pub async fn change(cx: Ctx, method: Method) -> Result<Response, ApiError> {
                 ApiError::bad_request(format!("Invalid limit: must be 1 to {MAX_LOCK_LIMIT}"))
             })?,
     };
-    let try_only = cx.params.has("try");
     let wait = duration_param(&cx.params, "wait")?
         .filter(|d| !d.is_zero())
         .unwrap_or(DEFAULT_WAIT)
         .min(MAX_WAIT);
     let timeout = duration_param(&cx.params, "timeout")?;
-    let acquire = LockAcquire {
+    let try_only = cx.params.has("try") || timeout.is_some_and(|t| t.is_zero());
+    // This request's identity: only it can give up the place it claims. Never 0, which names
+    // the places taken by the first release's acquire.
+    let request = rand::random::<u64>() | 1;
+    let enqueue = LockEnqueue {
         name: name.clone(),
         session: session.clone(),
         mode,
         limit,
-        try_only: try_only || timeout.is_some_and(|t| t.is_zero()),
+        try_only,
+        request,
     };
-    let base = json_value!({ "Lock": name, "Session": session, "Mode": mode.as_str() });
-    let answer = |fields: Value| {
-        let mut body = base.clone();
-        if let (Some(body), Value::Object(fields)) = (body.as_object_mut(), fields) {
-            body.extend(fields);
-        }
-        cx.json(&body)
+    let reply = |mode, outcome: Outcome| {
+        let (status, body) = outcome.reply(name.clone(), session.clone(), mode);
+        (status, cx.json(&body)).into_response()
     };
     // The enqueue runs to its end in its own task, and the guard is armed before it starts: a
-    // client that goes away while its contender is being queued still leaves the queue, after
-    // the enqueue (never before it, which would leave the contender queued for good).
-    let enqueue = tokio::spawn({
+    // client that goes away while its contender is being queued still gives up its place,
+    // after the enqueue (never before it, which would leave the contender queued for good).
+    let enqueued = tokio::spawn({
         let backend = cx.state.backend.clone();
-        async move { backend.write(acquire).await }
+        async move { backend.write(enqueue).await }
     });
     let mut leave = LeaveOnDrop {
         backend: cx.state.backend.clone(),
         name: name.clone(),
         session: session.clone(),
-        enqueue: Some(enqueue),
+        request,
+        enqueue: Some(enqueued),
         armed: true,
     };
     let acquired = leave.enqueued().await?;
     // From here on the guard is armed only while this request waits in the queue.
     leave.armed = false;
-    let queued_index = match acquired.map_err(refused)? {
-        Acquired::Held { token } => {
-            return Ok(answer(json_value!({ "Acquired": true, "Token": token })));
-        }
+    let (queued_index, mode) = match acquired.map_err(refused)? {
+        Acquired::Held { token, mode } => return Ok(reply(mode, Outcome::Held(token))),
         Acquired::Busy { lock_delay_ms } => {
-            let reason = if lock_delay_ms > 0 {
-                "lock-delay"
-            } else {
-                "held"
-            };
-            return Ok(answer(json_value!({
-                "Acquired": false,
-                "Reason": reason,
-                "LockDelayRemainingMs": lock_delay_ms,
-            })));
+            return Ok(reply(mode, Outcome::Busy { lock_delay_ms }));
         }
-        Acquired::Queued { index, .. } => index,
+        // A try from a session that already waits (under another request): where it stands,
+        // at once.
+        Acquired::Queued { position, mode, .. } if try_only => {
+            return Ok(reply(mode, Outcome::Queued(position)));
+        }
+        Acquired::Queued { index, mode, .. } => (index, mode),
     };
     leave.armed = true;
     let gives_up = timeout.is_some_and(|t| t <= wait);
     let deadline = Instant::now() + timeout.map_or(wait, |t| t.min(wait));
-    let standing =
-        wait_for_grant(&cx.state.backend, &name, &session, queued_index, deadline).await?;
+    let hold = wait_for_grant(&cx.state.backend, &name, &session, queued_index, deadline).await?;
     // The wait ended with an answer: whatever it is, this request says so itself.
     leave.armed = false;
-    match standing {
-        LockStanding::Held { token, since_ms } => {
+    let hold = match hold {
+        LockHold::Queued { .. } if gives_up => {
+            // Gives up its own place; a grant that landed since the last look is kept, and
+            // told.
+            match leave_queue(&cx.state.backend, &name, &session, request).await? {
+                Leave::Left => return Ok(reply(mode, Outcome::TimedOut)),
+                Leave::Stayed(hold) => hold,
+            }
+        }
+        hold => hold,
+    };
+    Ok(match hold {
+        LockHold::Held {
+            token,
+            since_ms,
+            mode,
+        } => {
             // From the releasing entry's proposal to this waiter's answer.
             telemetry::lock_handoff(Duration::from_millis(wall_ms().saturating_sub(since_ms)));
-            Ok(answer(json_value!({ "Acquired": true, "Token": token })))
+            reply(mode, Outcome::Held(token))
         }
-        LockStanding::Absent => Ok(answer(
-            json_value!({ "Acquired": false, "Reason": "removed" }),
-        )),
-        LockStanding::Queued { position } if !gives_up => Ok(answer(json_value!({
-            "Acquired": false,
-            "Reason": "queued",
-            "Position": position,
-        }))),
-        LockStanding::Queued { .. } => {
-            // A grant may have landed since the last look: releasing leaves either way.
-            release(&cx.state.backend, &name, &session).await?;
-            Ok(answer(
-                json_value!({ "Acquired": false, "Reason": "timeout" }),
-            ))
-        }
+        LockHold::Queued { position, mode } => reply(mode, Outcome::Queued(position)),
+        LockHold::Absent => reply(mode, Outcome::Removed),
+    })
+}
+
+/// How an acquire ended.
+enum Outcome {
+    Held(u64),
+    Busy {
+        lock_delay_ms: u64,
+    },
+    /// Still waiting at this position.
+    Queued(u64),
+    TimedOut,
+    Removed,
+}
+
+impl Outcome {
+    /// Its status and body: 200, or 202 while the session still waits in the queue (asking
+    /// again resumes the wait), so no client reads a wait that ended as a refusal.
+    fn reply(self, lock: String, session: String, mode: LockMode) -> (StatusCode, AcquireReply) {
+        let mut body = AcquireReply {
+            lock,
+            session,
+            mode,
+            acquired: false,
+            token: None,
+            queued: false,
+            reason: None,
+            position: None,
+            lock_delay_remaining_ms: None,
+        };
+        let status = match self {
+            Outcome::Held(token) => {
+                body.acquired = true;
+                body.token = Some(token);
+                StatusCode::OK
+            }
+            Outcome::Busy { lock_delay_ms } => {
+                body.reason = Some(if lock_delay_ms > 0 {
+                    NotAcquired::LockDelay
+                } else {
+                    NotAcquired::Held
+                });
+                body.lock_delay_remaining_ms = Some(lock_delay_ms);
+                StatusCode::OK
+            }
+            Outcome::Queued(position) => {
+                body.queued = true;
+                body.reason = Some(NotAcquired::Queued);
+                body.position = Some(position);
+                StatusCode::ACCEPTED
+            }
+            Outcome::TimedOut => {
+                body.reason = Some(NotAcquired::Timeout);
+                StatusCode::OK
+            }
+            Outcome::Removed => {
+                body.reason = Some(NotAcquired::Removed);
+                StatusCode::OK
+            }
+        };
+        (status, body)
     }
 }
 
@@ -187,7 +254,7 @@ async fn wait_for_grant(
     session: &str,
     mut index: u64,
     deadline: Instant,
-) -> Result<LockStanding, ApiError> {
+) -> Result<LockHold, ApiError> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let opts = QueryOptions {
@@ -195,13 +262,13 @@ async fn wait_for_grant(
             wait_ms: left.as_millis() as u64,
             ..QueryOptions::default()
         };
-        let query = reads::LockStanding {
+        let query = reads::LockHold {
             name: name.to_owned(),
             session: session.to_owned(),
         };
-        let (standing, meta) = backend.read(opts, query).await?;
-        if !matches!(standing, LockStanding::Queued { .. }) || left.is_zero() {
-            return Ok(standing);
+        let (hold, meta) = backend.read(opts, query).await?;
+        if !matches!(hold, LockHold::Queued { .. }) || left.is_zero() {
+            return Ok(hold);
         }
         index = index.max(meta.index);
     }
@@ -222,13 +289,31 @@ async fn release(backend: &Backend, name: &str, session: &str) -> Result<bool, A
     Ok(released.held || released.queued)
 }
 
-/// Takes a contender out of the queue when its request ends without an answer (the client
-/// went away): nobody is left to be told of a grant. If the enqueue is still under way, the
-/// contender leaves after it.
+/// Gives up the place in the queue that `request` claimed, if it still has it.
+async fn leave_queue(
+    backend: &Backend,
+    name: &str,
+    session: &str,
+    request: u64,
+) -> Result<Leave, ApiError> {
+    let leave = LockLeave {
+        name: name.to_owned(),
+        session: session.to_owned(),
+        request,
+    };
+    backend.write(leave).await?.map_err(refused)
+}
+
+/// Gives up a contender's place in the queue when its request ends without an answer (the
+/// client went away): nobody is left to be told of a grant. Only this request's own place is
+/// given up: a newer request of the same session (a client retrying on a new connection) has
+/// claimed it, or a grant that landed stays with the session, as a lost reply to Consul's
+/// `?acquire` does. If the enqueue is still under way, the contender leaves after it.
 struct LeaveOnDrop {
     backend: std::sync::Arc<Backend>,
     name: String,
     session: String,
+    request: u64,
     enqueue: Option<JoinHandle<Result<Result<Acquired, ApplyError>, ServerError>>>,
     armed: bool,
 }
@@ -251,17 +336,18 @@ impl Drop for LeaveOnDrop {
             return;
         }
         let backend = self.backend.clone();
-        let (name, session) = (
+        let (name, session, request) = (
             std::mem::take(&mut self.name),
             std::mem::take(&mut self.session),
+            self.request,
         );
         let enqueue = self.enqueue.take();
         tokio::spawn(async move {
             if let Some(enqueue) = enqueue {
-                // Whatever it answered, the contender may be queued or hold the lock now.
+                // Whatever it answered, the contender may be queued now.
                 let _ = enqueue.await;
             }
-            if let Err(e) = release(&backend, &name, &session).await {
+            if let Err(e) = leave_queue(&backend, &name, &session, request).await {
                 tracing::warn!(lock = %name, session = %session, error = %e.message, "leaving a lock queue after the client went away failed");
             }
         });

@@ -211,6 +211,7 @@ async fn agent_self_reports_this_process_not_an_older_holder_of_its_name() {
         datacenter: crate::DATACENTER.to_owned(),
         state: MemberState::Alive,
         pruned: false,
+        protocol: vigil_shared::PROTOCOL,
     };
     let me: SocketAddr = GOSSIP.parse().expect("address");
     let agent = Agent::with_members(vec![member(9301)]);

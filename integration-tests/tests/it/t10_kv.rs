@@ -692,3 +692,55 @@ async fn blocking_get_on_a_missing_key_wakes_when_the_key_is_created() {
     assert_eq!(woken.json()[0]["Value"], json!(b64("here")));
     assert!(woken.index() > index);
 }
+
+/// Consul gives every write its own index, and recipes order contenders by `CreateIndex`: 64
+/// concurrent creates (which the leader batches into a few raft entries) get 64 distinct
+/// `CreateIndex`es, and each `ModifyIndex` works as a check-and-set token for its key alone.
+/// Before, a batch's ops shared its raft index (6 shared values in 64).
+#[tokio::test]
+async fn concurrent_writes_never_share_an_index() {
+    let agent = Arc::new(Agent::dev().await);
+    // Every op has an index of its own once the leader has raised the protocol level.
+    integration_tests::eventually(PROMPTLY, "protocol level 2", || {
+        let agent = Arc::clone(&agent);
+        async move {
+            let stats = agent.get("/v1/agent/self").await.json();
+            (stats["Stats"]["raft"]["protocol_level"] == json!("2")).then_some(())
+        }
+    })
+    .await;
+    let writers: Vec<JoinHandle<Reply>> = (0..64)
+        .map(|i| {
+            let agent = Arc::clone(&agent);
+            tokio::spawn(async move { agent.put(&format!("/v1/kv/idx/{i:02}"), "x").await })
+        })
+        .collect();
+    for writer in writers {
+        assert_eq!(writer.await.expect("writer").text(), "true");
+    }
+    let entries = agent.get("/v1/kv/idx/?recurse").await.json();
+    let mut creates: Vec<u64> = entries
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["CreateIndex"].as_u64().expect("CreateIndex"))
+        .collect();
+    creates.sort_unstable();
+    creates.dedup();
+    assert_eq!(creates.len(), 64, "{creates:?}");
+
+    // Each ModifyIndex is a cas token for its own key only.
+    let first = &entries[0];
+    let (key, index) = (first["Key"].as_str().expect("Key"), modify_index(first));
+    for other in entries.as_array().expect("entries").iter().skip(1) {
+        let path = format!("/v1/kv/{}?cas={index}", other["Key"].as_str().expect("Key"));
+        assert_eq!(agent.put(&path, "y").await.text(), "false");
+    }
+    assert_eq!(
+        agent
+            .put(&format!("/v1/kv/{key}?cas={index}"), "y")
+            .await
+            .text(),
+        "true"
+    );
+}

@@ -16,17 +16,36 @@ use tokio::time::Instant;
 
 use crate::common::{PROMPT, assert_error};
 
-/// `PUT /v1/vigil/lock/<name>?session=…&<extra>` in the background.
+/// `PUT /v1/vigil/lock/<name>?session=…&<extra>` in the background, answered 200. Aborting
+/// the task drops the request (the client goes away).
 fn acquire(http: &Http, name: &str, session: &str, extra: &str) -> JoinHandle<Value> {
-    let (http, path) = (
-        http.clone(),
-        format!("/v1/vigil/lock/{name}?session={session}&{extra}"),
-    );
+    let (http, path) = (http.clone(), acquire_path(name, session, extra));
     tokio::spawn(async move {
-        let reply = http.put(&path, "").await;
-        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-        reply.json()
+        let (status, body) = put_acquire(&http, &path).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        body
     })
+}
+
+/// `PUT /v1/vigil/lock/<name>?session=…&<extra>` in the background: its status and body.
+fn acquire_with_status(
+    http: &Http,
+    name: &str,
+    session: &str,
+    extra: &str,
+) -> JoinHandle<(StatusCode, Value)> {
+    let (http, path) = (http.clone(), acquire_path(name, session, extra));
+    tokio::spawn(async move { put_acquire(&http, &path).await })
+}
+
+fn acquire_path(name: &str, session: &str, extra: &str) -> String {
+    format!("/v1/vigil/lock/{name}?session={session}&{extra}")
+}
+
+async fn put_acquire(http: &Http, path: &str) -> (StatusCode, Value) {
+    let reply = http.put(path, "").await;
+    let body = serde_json::from_slice(&reply.body).unwrap_or(Value::String(reply.text()));
+    (reply.status, body)
 }
 
 async fn acquired_now(http: &Http, name: &str, session: &str, extra: &str) -> Value {
@@ -324,4 +343,154 @@ async fn a_leader_failover_keeps_the_queue_and_its_tokens() {
     assert_eq!(release(&http, "q/fo", &ids[1]).await, json!(true));
     let last = token(&tokio::time::timeout(PROMPT, third).await.unwrap().unwrap());
     assert!(last > next);
+}
+
+/// Holds until the lock changes or `quiet` passes (a blocking read on the lock from its current
+/// index): the lock as it stands then. Tells that nothing changed the lock meanwhile.
+async fn lock_after_quiet(http: &Http, name: &str, quiet: Duration) -> Value {
+    let index = http.get(&format!("/v1/vigil/lock/{name}")).await.index();
+    let path = format!(
+        "/v1/vigil/lock/{name}?index={index}&wait={}ms",
+        quiet.as_millis()
+    );
+    http.get(&path).await.json()
+}
+
+/// A client whose request drops mid-wait (timeout, proxy, restart) and who retries at once on a
+/// new connection: the retry owns the session's place, so the dropped request's leave never
+/// releases what the retry is told it holds, and no other session is granted beside it.
+/// Before the fix a plain release followed the retry's grant in about a third of the rounds.
+#[tokio::test]
+async fn a_retry_after_a_dropped_request_is_never_double_granted() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let [holder, retrier, rival] = sessions_without_lock_delay(&http).await;
+    for round in 0..20 {
+        let name = format!("q/retry{round}");
+        token(&acquired_now(&http, &name, &holder, "").await);
+        let first = acquire(&http, &name, &retrier, "wait=60s");
+        waiters_are(&http, &name, std::slice::from_ref(&retrier)).await;
+        // The connection drops and the client retries at once.
+        first.abort();
+        let retry = acquire(&http, &name, &retrier, "wait=60s");
+        release(&http, &name, &holder).await;
+        let answer = tokio::time::timeout(PROMPT, retry)
+            .await
+            .expect("the retry is answered")
+            .expect("request task");
+        let granted = token(&answer);
+
+        // Whatever the dropped request's leave does, it lands by now or changes nothing: the
+        // retrier keeps the lock, its token stays valid, and the rival is refused.
+        let report = lock_after_quiet(&http, &name, Duration::from_millis(300)).await;
+        assert_eq!(
+            sessions_of(&report["Holders"]),
+            vec![retrier.clone()],
+            "round {round}: {report}"
+        );
+        assert!(
+            sequencer(&http, &name, granted, &retrier).await,
+            "round {round}"
+        );
+        let busy = acquired_now(&http, &name, &rival, "try").await;
+        assert_eq!(busy["Acquired"], json!(false), "round {round}: {busy}");
+        release(&http, &name, &retrier).await;
+    }
+}
+
+/// One session, one standing, one mode: a reader asking for exclusive while others read is
+/// refused (Consul-style 500) and keeps its shared hold; asking for shared again answers that
+/// hold; alone, it is upgraded to exclusive with a new token, and the shared token is no longer
+/// valid.
+#[tokio::test]
+async fn exclusive_is_never_granted_beside_readers() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let [r1, r2] = sessions_without_lock_delay(&http).await;
+    let shared = token(&acquired_now(&http, "q/up", &r1, "mode=shared").await);
+    token(&acquired_now(&http, "q/up", &r2, "mode=shared").await);
+
+    let refused = http
+        .put(&format!("/v1/vigil/lock/q/up?session={r1}"), "")
+        .await;
+    assert_eq!(refused.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(
+        refused.text().contains("shared with other sessions"),
+        "{}",
+        refused.text()
+    );
+    let report = lock(&http, "q/up").await;
+    let modes: Vec<&Value> = report["Holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| &h["Mode"])
+        .collect();
+    assert_eq!(modes, [&json!("shared"), &json!("shared")], "{report}");
+    assert!(sequencer(&http, "q/up", shared, &r1).await);
+
+    let again = acquired_now(&http, "q/up", &r1, "mode=shared").await;
+    assert_eq!((token(&again), &again["Mode"]), (shared, &json!("shared")));
+
+    release(&http, "q/up", &r2).await;
+    let upgraded = acquired_now(&http, "q/up", &r1, "").await;
+    assert_eq!(upgraded["Mode"], json!("exclusive"), "{upgraded}");
+    let exclusive = token(&upgraded);
+    assert!(exclusive > shared);
+    assert!(!sequencer(&http, "q/up", shared, &r1).await);
+    assert!(sequencer(&http, "q/up", exclusive, &r1).await);
+    // A reader asking now waits behind the writer.
+    let waiting = acquire_with_status(&http, "q/up", &r2, "mode=shared&wait=200ms");
+    let (status, body) = waiting.await.expect("request task");
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+}
+
+/// A wait that ends before the grant is not a refusal: 202, `Queued:true` and the position,
+/// the place kept; asking again resumes it. A try from a session that already waits answers
+/// at once, wherever it stands.
+#[tokio::test]
+async fn a_wait_that_ends_answers_queued_and_a_try_answers_at_once() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let [holder, waiter] = sessions_without_lock_delay(&http).await;
+    token(&acquired_now(&http, "q/w", &holder, "").await);
+
+    let (status, body) = acquire_with_status(&http, "q/w", &waiter, "wait=300ms")
+        .await
+        .expect("request task");
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(
+        (
+            &body["Acquired"],
+            &body["Queued"],
+            &body["Position"],
+            &body["Reason"]
+        ),
+        (&json!(false), &json!(true), &json!(1), &json!("queued")),
+        "{body}"
+    );
+    waiters_are(&http, "q/w", std::slice::from_ref(&waiter)).await;
+
+    // A try from the waiting session: answered well before its wait would end.
+    let started = Instant::now();
+    let (status, body) = tokio::time::timeout(
+        PROMPT,
+        acquire_with_status(&http, "q/w", &waiter, "try&wait=120s"),
+    )
+    .await
+    .expect("answered")
+    .expect("request task");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["Queued"], json!(true));
+    waiters_are(&http, "q/w", std::slice::from_ref(&waiter)).await;
+
+    // Asking again resumes the wait, and the release answers it.
+    let resumed = acquire(&http, "q/w", &waiter, "wait=60s");
+    release(&http, "q/w", &holder).await;
+    let answer = tokio::time::timeout(PROMPT, resumed)
+        .await
+        .expect("answered")
+        .expect("request task");
+    token(&answer);
 }

@@ -99,7 +99,7 @@ impl MemoryServer {
         let (timers, inputs) = mpsc::unbounded_channel();
         let core = Arc::new(Core {
             state: Mutex::new(Applied {
-                machine: StateMachine::default(),
+                machine: StateMachine::at_protocol(vigil_shared::PROTOCOL),
                 index: 0,
             }),
             watches: Arc::new(Watches::default()),

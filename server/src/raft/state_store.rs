@@ -109,9 +109,11 @@ const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
 /// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
 /// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums
 /// and the KV table's LockIndex floor, version 3 the native lock table and autopilot's
-/// settings; an older file is refused (the server is then rebuilt from its peers: remove its
-/// data directory and let it rejoin).
-pub(crate) const SNAPSHOT_FORMAT: u8 = 3;
+/// settings, version 4 (after the first release's fields, so a version 3 encoding is a prefix
+/// of it) the op index, the protocol level, the latest restore's index and the lock queue's
+/// request identities; an older file is refused (the server is then rebuilt from its peers:
+/// remove its data directory and let it rejoin).
+pub(crate) const SNAPSHOT_FORMAT: u8 = 4;
 /// Bytes of a CRC-32 trailer (little endian).
 const CRC_LEN: usize = 4;
 

@@ -119,6 +119,7 @@ impl TestCluster {
                 datacenter: "dc1".to_owned(),
                 state: MemberState::Alive,
                 pruned: false,
+                protocol: vigil_shared::PROTOCOL,
             });
         }
         let (_, members_rx) = watch::channel(members.clone());

@@ -19,7 +19,9 @@ impl Server {
                 check_ttl(&session.ttl, self.config.session_ttl_min)
                     .map_err(ServerError::InvalidSessionTtl)?;
             }
-            return self.proposer.propose(op).await;
+            let level = self.shared.read().protocol();
+            let (op, reply) = crate::protocol::downgrade(op, level);
+            return self.proposer.propose(op).await.map(|r| reply.restore(r));
         }
         let forwarded = calls::Write {
             op,

@@ -44,6 +44,7 @@ impl Server {
                 .voter_ids()
                 .count()
                 .saturating_sub(1),
+            protocol: self.shared.read().protocol(),
         }
     }
 }
@@ -56,4 +57,6 @@ pub struct RaftStats {
     pub last_log_index: u64,
     pub applied_index: u64,
     pub num_peers: usize,
+    /// The state machine's protocol level the cluster applies (`vigil_shared::PROTOCOL`).
+    pub protocol: u32,
 }

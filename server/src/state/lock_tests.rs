@@ -2,11 +2,13 @@
 //! change per grant, shared/exclusive exclusion without writer starvation, semaphore slots,
 //! lock-delay after an involuntary loss, and fencing tokens that never go back.
 
-use vigil_shared::lock::{LockMode, LockOp, LockOutcome, LockStanding};
+use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome, LockStanding};
 use vigil_shared::rpc::{ApplyError, Op, QueryResult, ReadQuery, Response};
 
 use super::StateMachine;
-use super::tests::{N1, S1, S2, S3, S4, T0, apply_at, create_session, destroy_at, session, world};
+use super::tests::{
+    N1, S1, S2, S3, S4, T0, apply_at, create_session, destroy_at, session, world, world_at,
+};
 
 const L: &str = "db/primary";
 
@@ -374,4 +376,214 @@ fn locks_and_tokens_survive_a_snapshot() {
     release(&mut restored, 12, S1);
     assert_eq!(holders(&restored), vec![(S2.to_owned(), 12)]);
     assert_eq!(restored.locks().last_token(), 12);
+}
+
+fn enqueue(
+    sm: &mut StateMachine,
+    index: u64,
+    s: &str,
+    mode: LockMode,
+    try_only: bool,
+    request: u64,
+) -> Result<LockOutcome, ApplyError> {
+    let op = Op::Lock(LockOp::Enqueue {
+        name: L.to_owned(),
+        session: s.to_owned(),
+        mode,
+        limit: 1,
+        try_only,
+        request,
+    });
+    match apply_at(sm, index, T0, op).0 {
+        Response::Lock(outcome) => Ok(outcome),
+        Response::Rejected(e) => Err(e),
+        other => panic!("an enqueue answers with a lock outcome, got {other:?}"),
+    }
+}
+
+fn leave(sm: &mut StateMachine, index: u64, s: &str, request: u64) -> LockOutcome {
+    let op = Op::Lock(LockOp::Leave {
+        name: L.to_owned(),
+        session: s.to_owned(),
+        request,
+    });
+    match apply_at(sm, index, T0, op).0 {
+        Response::Lock(outcome) => outcome,
+        other => panic!("a leave answers with a lock outcome, got {other:?}"),
+    }
+}
+
+fn hold(sm: &StateMachine, s: &str) -> LockHold {
+    match sm.query(&ReadQuery::LockHold {
+        name: L.to_owned(),
+        session: s.to_owned(),
+    }) {
+        (QueryResult::Hold(hold), _) => hold,
+        (other, _) => panic!("a hold read answers with a hold, got {other:?}"),
+    }
+}
+
+const X: LockMode = LockMode::Exclusive;
+const SH: LockMode = LockMode::Shared;
+
+/// The double grant of a retried acquire: the first request's client went away, the retry
+/// claimed the place (and was granted); the first request's leave must change nothing.
+#[test]
+fn a_leave_never_takes_back_a_grant_or_a_place_a_retry_claimed() {
+    let mut sm = four_sessions();
+    enqueue(&mut sm, 10, S1, X, false, 1).unwrap();
+    assert_eq!(
+        enqueue(&mut sm, 11, S2, X, false, 100),
+        Ok(LockOutcome::Waiting {
+            position: 1,
+            index: 11,
+            mode: X
+        })
+    );
+    // S2's client retries on a new connection: same place, now owned by request 200.
+    assert_eq!(
+        enqueue(&mut sm, 12, S2, X, false, 200),
+        Ok(LockOutcome::Waiting {
+            position: 1,
+            index: 11,
+            mode: X
+        })
+    );
+    // The first request's leave arrives: ignored, S2 keeps its place.
+    let stayed = leave(&mut sm, 13, S2, 100);
+    assert_eq!(
+        stayed,
+        LockOutcome::Stayed(LockHold::Queued {
+            position: 1,
+            mode: X
+        })
+    );
+    // S1 releases: S2 is granted; a leave of either request now leaves the grant alone.
+    release(&mut sm, 14, S1);
+    let LockHold::Held { token, .. } = hold(&sm, S2) else {
+        panic!("S2 is granted");
+    };
+    for request in [100, 200] {
+        assert!(matches!(
+            leave(&mut sm, 15, S2, request),
+            LockOutcome::Stayed(LockHold::Held { .. })
+        ));
+    }
+    assert_eq!(holders(&sm), vec![(S2.to_owned(), token)]);
+    // And S3 is not granted beside S2.
+    enqueue(&mut sm, 16, S3, X, false, 300).unwrap();
+    assert_eq!(holders(&sm), vec![(S2.to_owned(), token)]);
+}
+
+/// A request that still owns its place gives it up; the next in line moves up.
+#[test]
+fn a_leave_gives_up_only_the_place_its_own_request_holds() {
+    let mut sm = four_sessions();
+    enqueue(&mut sm, 10, S1, X, false, 1).unwrap();
+    enqueue(&mut sm, 11, S2, X, false, 2).unwrap();
+    enqueue(&mut sm, 12, S3, X, false, 3).unwrap();
+    assert_eq!(leave(&mut sm, 13, S2, 2), LockOutcome::Left);
+    assert_eq!(hold(&sm, S2), LockHold::Absent);
+    assert_eq!(
+        hold(&sm, S3),
+        LockHold::Queued {
+            position: 1,
+            mode: X
+        }
+    );
+    // A leave of a session that is nowhere changes nothing.
+    assert_eq!(
+        leave(&mut sm, 14, S4, 4),
+        LockOutcome::Stayed(LockHold::Absent)
+    );
+}
+
+/// A try from a session that already waits answers at once and claims nothing: the waiting
+/// request's leave still works.
+#[test]
+fn a_try_from_a_waiting_session_answers_at_once_and_claims_nothing() {
+    let mut sm = four_sessions();
+    enqueue(&mut sm, 10, S1, X, false, 1).unwrap();
+    enqueue(&mut sm, 11, S2, X, false, 2).unwrap();
+    assert_eq!(
+        enqueue(&mut sm, 12, S2, X, true, 9),
+        Ok(LockOutcome::Waiting {
+            position: 1,
+            index: 11,
+            mode: X
+        })
+    );
+    assert_eq!(leave(&mut sm, 13, S2, 2), LockOutcome::Left);
+}
+
+/// Exclusive is never granted beside readers: a reader asking for exclusive is refused while
+/// others share the lock, and upgraded in place (new token) when it is the only holder.
+#[test]
+fn a_reader_asking_for_exclusive_is_refused_unless_it_is_alone() {
+    let mut sm = four_sessions();
+    let Ok(LockOutcome::Granted {
+        token: t1,
+        mode: SH,
+    }) = enqueue(&mut sm, 10, S1, SH, false, 1)
+    else {
+        panic!("S1 reads");
+    };
+    enqueue(&mut sm, 11, S2, SH, false, 2).unwrap();
+    assert_eq!(
+        enqueue(&mut sm, 12, S1, X, false, 3),
+        Err(ApplyError::LockUpgradeHeld {
+            lock: L.to_owned(),
+            session: S1.to_owned()
+        })
+    );
+    assert!(matches!(hold(&sm, S1), LockHold::Held { mode: SH, .. }));
+    // Asking for shared again answers the hold as stored.
+    assert_eq!(
+        enqueue(&mut sm, 13, S1, SH, false, 4),
+        Ok(LockOutcome::Granted {
+            token: t1,
+            mode: SH
+        })
+    );
+    // Once S2 is gone, S1 alone may upgrade: a new grant, with a new token.
+    release(&mut sm, 14, S2);
+    let Ok(LockOutcome::Granted { token, mode: X }) = enqueue(&mut sm, 15, S1, X, false, 5) else {
+        panic!("S1 is upgraded");
+    };
+    assert!(token > t1);
+    assert!(matches!(hold(&sm, S1), LockHold::Held { mode: X, .. }));
+    // Asking for shared what it holds exclusive answers the exclusive hold.
+    assert_eq!(
+        enqueue(&mut sm, 16, S1, SH, false, 6),
+        Ok(LockOutcome::Granted { token, mode: X })
+    );
+    // A reader now waits behind the writer.
+    assert!(matches!(
+        enqueue(&mut sm, 17, S3, SH, false, 7),
+        Ok(LockOutcome::Waiting { mode: SH, .. })
+    ));
+    // ...and may not turn its wait into an exclusive one.
+    assert_eq!(
+        enqueue(&mut sm, 18, S3, X, false, 8),
+        Err(ApplyError::LockUpgradeQueued {
+            lock: L.to_owned(),
+            session: S3.to_owned()
+        })
+    );
+}
+
+/// Below protocol level 2 an acquire answers the holder whatever mode it asks, exactly as
+/// the first release does, so servers of both releases apply the same entries alike.
+#[test]
+fn below_level_2_acquire_keeps_the_first_releases_answers() {
+    let mut sm = world_at(1);
+    for (i, s) in [S1, S2].into_iter().enumerate() {
+        create_session(&mut sm, 3 + i as u64, session(s, N1));
+    }
+    assert_eq!(
+        acquire_shared(&mut sm, 10, S1),
+        LockOutcome::Held { token: 10 }
+    );
+    acquire_shared(&mut sm, 11, S2);
+    assert_eq!(acquire(&mut sm, 12, S1), LockOutcome::Held { token: 10 });
 }

@@ -10,13 +10,18 @@
 //!   waiter and no lock-delay left is dropped; its successor's tokens continue above it.
 //! - Losing a holder involuntarily (its session invalidated) arms the lock-delay of that
 //!   session, capped to 60 s; the leader proposes [`LockOp::Wake`] when it ends.
+//! - A waiter's place belongs to the request that claimed it last ([`LockOp::Enqueue`]); only
+//!   that request's [`LockOp::Leave`] takes it out of the queue, and no leave ever takes a
+//!   grant back. A session never holds or waits in a mode it did not get: asking for a
+//!   stronger one than it has is refused, unless it is the only holder (an upgrade in place,
+//!   with a new token).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 use vigil_shared::MAX_LOCK_DELAY_MS;
 use vigil_shared::lock::{
-    LockHolder, LockMode, LockOp, LockOutcome, LockStanding, LockState, LockWaiter,
+    LockHold, LockHolder, LockMode, LockOp, LockOutcome, LockStanding, LockState, LockWaiter,
 };
 use vigil_shared::rpc::ApplyError;
 
@@ -33,6 +38,16 @@ pub struct LockEffects {
     pub delays: Vec<(String, u64)>,
 }
 
+/// Who asks for a lock, and how.
+struct Contender {
+    session: String,
+    mode: LockMode,
+    limit: u32,
+    try_only: bool,
+    /// The asking request's identity (0: none, [`LockOp::Acquire`]).
+    request: u64,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockTable {
     locks: BTreeMap<String, LockState>,
@@ -43,6 +58,12 @@ pub struct LockTable {
     /// Raft index of the latest change to any lock.
     table_index: u64,
 }
+
+/// `(lock, session)` → the request whose [`LockOp::Leave`] may take the session's place in
+/// that lock's queue (waiters only; 0 for a place taken by [`LockOp::Acquire`]). The state
+/// machine keeps it after every table of the first release, so that release's snapshot
+/// encoding stays a prefix of this one's.
+pub type Requests = BTreeMap<(String, String), u64>;
 
 impl LockTable {
     pub fn get(&self, name: &str) -> Option<&LockState> {
@@ -112,6 +133,31 @@ impl LockTable {
         }
     }
 
+    /// Where `session` stands on `name`, with its mode, and the index of that standing.
+    pub fn hold(&self, name: &str, session: &str) -> (LockHold, u64) {
+        let Some(lock) = self.locks.get(name) else {
+            return (LockHold::Absent, self.table_index);
+        };
+        if let Some(h) = lock.holder(session) {
+            let held = LockHold::Held {
+                token: h.token,
+                since_ms: h.since_ms,
+                mode: h.mode,
+            };
+            return (held, h.index);
+        }
+        match lock.waiters.iter().position(|w| w.session == session) {
+            Some(p) => (
+                LockHold::Queued {
+                    position: p as u64 + 1,
+                    mode: lock.waiters[p].mode,
+                },
+                lock.waiters[p].index,
+            ),
+            None => (LockHold::Absent, self.table_index),
+        }
+    }
+
     /// Is `session` holding `name` with exactly `token`? `Err` says why not.
     pub fn check_sequencer(&self, name: &str, token: u64, session: &str) -> Result<(), String> {
         let Some(lock) = self.locks.get(name) else {
@@ -131,12 +177,17 @@ impl LockTable {
         }
     }
 
+    /// Applies `op` at `index`. `legacy`: the cluster's protocol is below 2, where
+    /// [`LockOp::Acquire`] answers a contender whatever mode it asks, as the first release did.
+    #[allow(clippy::too_many_arguments)]
     pub fn apply(
         &mut self,
         op: LockOp,
         sessions: &SessionStore,
+        requests: &mut Requests,
         index: u64,
         now_ms: u64,
+        legacy: bool,
         fx: &mut LockEffects,
     ) -> Result<LockOutcome, ApplyError> {
         match op {
@@ -150,16 +201,66 @@ impl LockTable {
                 let Some(found) = sessions.get(&session) else {
                     return Err(ApplyError::LockSession(session));
                 };
-                let session = found.id.clone();
-                self.acquire(&name, &session, mode, limit, try_only, index, now_ms, fx)
+                let contender = Contender {
+                    session: found.id.clone(),
+                    mode,
+                    limit,
+                    try_only,
+                    request: 0,
+                };
+                let outcome =
+                    self.enqueue(&name, &contender, requests, legacy, index, now_ms, fx)?;
+                // The first release's answers, which carry no mode.
+                Ok(match outcome {
+                    LockOutcome::Granted { token, .. } => LockOutcome::Held { token },
+                    LockOutcome::Waiting {
+                        position, index, ..
+                    } => LockOutcome::Queued { position, index },
+                    other => other,
+                })
+            }
+            LockOp::Enqueue {
+                name,
+                session,
+                mode,
+                limit,
+                try_only,
+                request,
+            } => {
+                let Some(found) = sessions.get(&session) else {
+                    return Err(ApplyError::LockSession(session));
+                };
+                let contender = Contender {
+                    session: found.id.clone(),
+                    mode,
+                    limit,
+                    try_only,
+                    request,
+                };
+                self.enqueue(&name, &contender, requests, false, index, now_ms, fx)
             }
             LockOp::Release { name, session } => {
                 let session = sessions.get(&session).map_or(session, |s| s.id.clone());
-                Ok(self.release(&name, &session, index, now_ms, fx))
+                Ok(self.release(&name, &session, requests, index, now_ms, fx))
+            }
+            LockOp::Leave {
+                name,
+                session,
+                request,
+            } => {
+                let session = sessions.get(&session).map_or(session, |s| s.id.clone());
+                let claimed = requests.get(&(name.clone(), session.clone())).copied();
+                match self.hold(&name, &session).0 {
+                    LockHold::Queued { .. } if claimed == Some(request) => {
+                        self.release(&name, &session, requests, index, now_ms, fx);
+                        Ok(LockOutcome::Left)
+                    }
+                    hold => Ok(LockOutcome::Stayed(hold)),
+                }
             }
             LockOp::Wake { name } => {
                 if let Some(lock) = self.locks.get_mut(&name) {
-                    if promote(lock, &mut self.last_token, index, now_ms, fx) {
+                    if promote(lock, &mut self.last_token, requests, index, now_ms, fx) {
                         lock.modify_index = index;
                         self.table_index = index;
                         fx.changed.push(name.clone());
@@ -171,31 +272,78 @@ impl LockTable {
         }
     }
 
+    /// Takes the lock for `c` or queues it; a session already holding or waiting keeps its
+    /// standing, claimed by `c`'s request (a try claims nothing: it ends at once). Without
+    /// `legacy`, a session asking for exclusive what it holds or waits for shared is refused,
+    /// unless it is the only holder (then it is upgraded in place, with a new token).
     #[allow(clippy::too_many_arguments)]
-    fn acquire(
+    fn enqueue(
         &mut self,
         name: &str,
-        session: &str,
-        mode: LockMode,
-        limit: u32,
-        try_only: bool,
+        c: &Contender,
+        requests: &mut Requests,
+        legacy: bool,
         index: u64,
         now_ms: u64,
         fx: &mut LockEffects,
     ) -> Result<LockOutcome, ApplyError> {
-        if let Some(lock) = self.locks.get(name) {
-            if let Some(h) = lock.holder(session) {
-                return Ok(LockOutcome::Held { token: h.token });
+        if let Some(lock) = self.locks.get_mut(name) {
+            let upgrade = |held: LockMode| {
+                !legacy && c.mode == LockMode::Exclusive && held == LockMode::Shared
+            };
+            if let Some(h) = lock.holders.iter().position(|h| h.session == c.session) {
+                let held = lock.holders[h].mode;
+                if !upgrade(held) {
+                    let token = lock.holders[h].token;
+                    return Ok(LockOutcome::Granted { token, mode: held });
+                }
+                if lock.holders.len() > 1 {
+                    return Err(ApplyError::LockUpgradeHeld {
+                        lock: name.to_owned(),
+                        session: c.session.clone(),
+                    });
+                }
+                lock.holders.remove(h);
+                let token = grant(
+                    lock,
+                    &mut self.last_token,
+                    &c.session,
+                    LockMode::Exclusive,
+                    index,
+                    now_ms,
+                );
+                lock.modify_index = index;
+                self.table_index = index;
+                fx.changed.push(name.to_owned());
+                fx.standings.push((name.to_owned(), c.session.clone()));
+                return Ok(LockOutcome::Granted {
+                    token,
+                    mode: LockMode::Exclusive,
+                });
             }
-            if let Some(position) = lock.position(session) {
-                let index = lock.waiters[position as usize - 1].index;
-                return Ok(LockOutcome::Queued { position, index });
+            if let Some(position) = lock.position(&c.session) {
+                let waiter = &lock.waiters[position as usize - 1];
+                if upgrade(waiter.mode) {
+                    return Err(ApplyError::LockUpgradeQueued {
+                        lock: name.to_owned(),
+                        session: c.session.clone(),
+                    });
+                }
+                let (index, mode) = (waiter.index, waiter.mode);
+                if !legacy && !c.try_only {
+                    requests.insert((name.to_owned(), c.session.clone()), c.request);
+                }
+                return Ok(LockOutcome::Waiting {
+                    position,
+                    index,
+                    mode,
+                });
             }
             let in_use = !lock.holders.is_empty() || !lock.waiters.is_empty();
-            if in_use && lock.limit != limit {
+            if in_use && lock.limit != c.limit {
                 return Err(ApplyError::LockLimitConflict {
                     lock: lock.limit,
-                    local: limit,
+                    local: c.limit,
                 });
             }
         }
@@ -204,7 +352,7 @@ impl LockTable {
             .entry(name.to_owned())
             .or_insert_with(|| LockState {
                 name: name.to_owned(),
-                limit,
+                limit: c.limit,
                 holders: Vec::new(),
                 waiters: VecDeque::new(),
                 token: 0,
@@ -213,35 +361,47 @@ impl LockTable {
                 create_index: index,
                 modify_index: index,
             });
-        lock.limit = limit;
+        lock.limit = c.limit;
         let delay_left = lock.delay_left_ms(now_ms);
-        let outcome = if lock.waiters.is_empty() && delay_left == 0 && lock.admits(mode) {
-            let token = grant(lock, &mut self.last_token, session, mode, index, now_ms);
-            LockOutcome::Held { token }
-        } else if try_only {
+        let outcome = if lock.waiters.is_empty() && delay_left == 0 && lock.admits(c.mode) {
+            let token = grant(
+                lock,
+                &mut self.last_token,
+                &c.session,
+                c.mode,
+                index,
+                now_ms,
+            );
+            LockOutcome::Granted {
+                token,
+                mode: c.mode,
+            }
+        } else if c.try_only {
             self.drop_if_idle(name, now_ms);
             return Ok(LockOutcome::Busy {
                 lock_delay_ms: delay_left,
             });
         } else {
             lock.waiters.push_back(LockWaiter {
-                session: session.to_owned(),
-                mode,
+                session: c.session.clone(),
+                mode: c.mode,
                 since_ms: now_ms,
                 index,
             });
             if delay_left > 0 {
                 fx.delays.push((name.to_owned(), lock.delay_until_ms));
             }
-            LockOutcome::Queued {
+            requests.insert((name.to_owned(), c.session.clone()), c.request);
+            LockOutcome::Waiting {
                 position: lock.waiters.len() as u64,
                 index,
+                mode: c.mode,
             }
         };
         lock.modify_index = index;
         self.table_index = index;
         self.by_session
-            .entry(session.to_owned())
+            .entry(c.session.clone())
             .or_default()
             .insert(name.to_owned());
         fx.changed.push(name.to_owned());
@@ -252,6 +412,7 @@ impl LockTable {
         &mut self,
         name: &str,
         session: &str,
+        requests: &mut Requests,
         index: u64,
         now_ms: u64,
         fx: &mut LockEffects,
@@ -266,7 +427,8 @@ impl LockTable {
         if !held && !queued {
             return LockOutcome::Released { held, queued };
         }
-        self.after_leaving(name, session, queued, index, now_ms, fx);
+        requests.remove(&(name.to_owned(), session.to_owned()));
+        self.after_leaving(name, session, queued, requests, index, now_ms, fx);
         self.forget(session, name);
         self.drop_if_idle(name, now_ms);
         LockOutcome::Released { held, queued }
@@ -279,6 +441,7 @@ impl LockTable {
         &mut self,
         session: &str,
         lock_delay_ns: u64,
+        requests: &mut Requests,
         index: u64,
         now_ms: u64,
         fx: &mut LockEffects,
@@ -292,10 +455,11 @@ impl LockTable {
                 continue;
             };
             let (held, queued) = remove(lock, session);
+            requests.remove(&(name.clone(), session.to_owned()));
             if held && delay_ms > 0 {
                 lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
             }
-            self.after_leaving(&name, session, held || queued, index, now_ms, fx);
+            self.after_leaving(&name, session, held || queued, requests, index, now_ms, fx);
             self.drop_if_idle(&name, now_ms);
         }
     }
@@ -310,11 +474,13 @@ impl LockTable {
     /// After `session` left lock `name` (`tell`: its standing change is reported, since it did
     /// not ask itself: a waiter taken out of the queue, or any contender whose session was
     /// invalidated): grants whoever is now due and marks the lock changed at `index`.
+    #[allow(clippy::too_many_arguments)]
     fn after_leaving(
         &mut self,
         name: &str,
         session: &str,
         tell: bool,
+        requests: &mut Requests,
         index: u64,
         now_ms: u64,
         fx: &mut LockEffects,
@@ -325,7 +491,7 @@ impl LockTable {
         if tell {
             fx.standings.push((name.to_owned(), session.to_owned()));
         }
-        promote(lock, &mut self.last_token, index, now_ms, fx);
+        promote(lock, &mut self.last_token, requests, index, now_ms, fx);
         lock.modify_index = index;
         self.table_index = index;
         fx.changed.push(name.to_owned());
@@ -386,6 +552,7 @@ fn grant(
 fn promote(
     lock: &mut LockState,
     last_token: &mut u64,
+    requests: &mut Requests,
     index: u64,
     now_ms: u64,
     fx: &mut LockEffects,
@@ -400,6 +567,7 @@ fn promote(
     let mut granted = false;
     while lock.waiters.front().is_some_and(|w| lock.admits(w.mode)) {
         let w = lock.waiters.pop_front().expect("front exists");
+        requests.remove(&(lock.name.clone(), w.session.clone()));
         grant(lock, last_token, &w.session, w.mode, index, now_ms);
         fx.standings.push((lock.name.clone(), w.session));
         granted = true;

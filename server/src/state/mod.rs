@@ -32,7 +32,7 @@ use vigil_shared::session::Session;
 use acl::AclStore;
 use catalog::{Catalog, Touched};
 use kv::{KvStore, TxnContext};
-use locks::{LockEffects, LockTable};
+use locks::{LockEffects, LockTable, Requests};
 use query::QueryStore;
 use restore::StagedRestore;
 use session::SessionStore;
@@ -117,10 +117,12 @@ impl Interest {
             ReadQuery::Lock { name } => Interest::Locks(name.clone()),
             ReadQuery::Locks { prefix } => Interest::Locks(prefix.clone()),
             // Session IDs are lowercase UUIDs, and a lock's effects name them so.
-            ReadQuery::LockStanding { name, session } => Interest::LockStanding {
-                name: name.clone(),
-                session: session.to_ascii_lowercase(),
-            },
+            ReadQuery::LockStanding { name, session } | ReadQuery::LockHold { name, session } => {
+                Interest::LockStanding {
+                    name: name.clone(),
+                    session: session.to_ascii_lowercase(),
+                }
+            }
             ReadQuery::Txn { .. }
             | ReadQuery::Sequencer { .. }
             | ReadQuery::QueryExecute { .. }
@@ -150,6 +152,22 @@ pub struct StateMachine {
     /// same bytes.
     #[serde(skip)]
     staged_restore: Option<StagedRestore>,
+    /// The index of the latest op applied. From protocol level 2 on every op gets its own,
+    /// strictly above the one before, also when the leader batched several into one raft
+    /// entry: Consul gives every write its own index, and clients order contenders by
+    /// `CreateIndex` and use `ModifyIndex` as a check-and-set token.
+    index: u64,
+    /// The protocol level every server applies ([`vigil_shared::PROTOCOL`]); 0 until the
+    /// leader commits `Op::SetProtocol`. Below 2, the ops of one entry share its raft index and
+    /// the lock queue ignores request identities, as the first release does.
+    protocol: u32,
+    /// The index of the latest restore: every read reports at least this index, since a
+    /// restore may have replaced anything, so `X-Consul-Index` never goes back across one.
+    restored_at: u64,
+    /// Which request holds each waiting contender's place in a native lock's queue.
+    lock_requests: Requests,
+    // Fields added after the first release come last (above), so its snapshot encoding is a
+    // prefix of this one's.
 }
 
 impl StateMachine {
@@ -200,13 +218,61 @@ impl StateMachine {
         self.ttl_deadlines.get(&id.to_ascii_lowercase()).copied()
     }
 
-    /// Applies a committed command at raft `index`.
-    pub fn apply(&mut self, index: u64, cmd: Command) -> (Response, Effects) {
+    /// An empty state machine that already applies protocol `level` (tests, and the
+    /// in-memory server double, which has no leader to raise it).
+    #[cfg(any(test, feature = "test-double"))]
+    pub fn at_protocol(level: u32) -> StateMachine {
+        StateMachine {
+            protocol: level,
+            ..StateMachine::default()
+        }
+    }
+
+    /// The index of the latest op applied (what a snapshot archive is taken at).
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The protocol level the cluster applies.
+    pub fn protocol(&self) -> u32 {
+        self.protocol
+    }
+
+    /// Applies a committed command from the raft entry at `raft_index`. From protocol level 2
+    /// on, each op of a batch is applied at an index of its own.
+    pub fn apply(&mut self, raft_index: u64, cmd: Command) -> (Response, Effects) {
         let now_ms = cmd.now_ms.max(self.last_now_ms);
         self.last_now_ms = now_ms;
         let mut fx = Effects::default();
-        let response = self.apply_op(index, now_ms, cmd.op, &mut fx);
+        let response = match cmd.op {
+            Op::Batch(ops) if self.protocol >= 2 => Response::Batch(
+                ops.into_iter()
+                    .map(|op| {
+                        let index = self.next_index(raft_index);
+                        self.apply_op(index, now_ms, op, &mut fx)
+                    })
+                    .collect(),
+            ),
+            op => {
+                let index = self.next_index(raft_index);
+                self.apply_op(index, now_ms, op, &mut fx)
+            }
+        };
         (response, fx)
+    }
+
+    /// The index the next op of the entry at `raft_index` is applied at: the entry's own, or
+    /// (from protocol level 2 on) one above the previous op's when an earlier entry's ops
+    /// took indexes up to or beyond it. Never below the raft index, so a blocking query's
+    /// index and the raft log's stay comparable.
+    fn next_index(&mut self, raft_index: u64) -> u64 {
+        let index = if self.protocol >= 2 {
+            raft_index.max(self.index + 1)
+        } else {
+            raft_index
+        };
+        self.index = self.index.max(index);
+        index
     }
 
     /// Applies one op at raft `index`, adding what it changed to `fx`.
@@ -323,10 +389,16 @@ impl StateMachine {
                 Response::Done
             }
             Op::Lock(op) => {
-                match self
-                    .locks
-                    .apply(op, &self.sessions, index, now_ms, &mut fx.locks)
-                {
+                let legacy = self.protocol < 2;
+                match self.locks.apply(
+                    op,
+                    &self.sessions,
+                    &mut self.lock_requests,
+                    index,
+                    now_ms,
+                    legacy,
+                    &mut fx.locks,
+                ) {
                     Ok(outcome) => Response::Lock(outcome),
                     Err(e) => Response::Rejected(e),
                 }
@@ -340,13 +412,13 @@ impl StateMachine {
                 }
                 Response::Done
             }
-            Op::RestoreSnapshot { state } => restore::restore(self, &state, fx),
+            Op::RestoreSnapshot { state } => restore::restore(self, &state, index, fx),
             Op::RestoreChunk {
                 id,
                 offset,
                 bytes,
                 last,
-            } => restore::stage(self, id, offset, bytes, last, fx),
+            } => restore::stage(self, id, offset, bytes, last, index, fx),
             Op::SetAutopilotConfig { config, cas } => {
                 Response::Applied(self.autopilot.set(config, index, cas))
             }
@@ -357,6 +429,10 @@ impl StateMachine {
                 }
                 Err(e) => Response::Rejected(e),
             },
+            Op::SetProtocol { level } => {
+                self.protocol = self.protocol.max(level);
+                Response::Done
+            }
         }
     }
 
@@ -434,6 +510,7 @@ impl StateMachine {
         self.locks.invalidate_session(
             &session.id,
             session.lock_delay_ns,
+            &mut self.lock_requests,
             index,
             now_ms,
             &mut fx.locks,
@@ -445,8 +522,14 @@ impl StateMachine {
         fx.sessions_destroyed.push(session.id);
     }
 
-    /// Answers a read; returns the result and its `X-Consul-Index` (before the floor to 1).
+    /// Answers a read; returns the result and its `X-Consul-Index` (before the floor to 1),
+    /// never below the latest restore's index.
     pub fn query(&self, query: &ReadQuery) -> (QueryResult, u64) {
+        let (result, index) = self.answer(query);
+        (result, index.max(self.restored_at))
+    }
+
+    fn answer(&self, query: &ReadQuery) -> (QueryResult, u64) {
         match query {
             ReadQuery::KvGet { key } => (
                 reads::KvGet::answer(self.kv.get(key).cloned().into_iter().collect()),
@@ -567,6 +650,14 @@ impl StateMachine {
                     .map_or(session.as_str(), |s| &s.id);
                 let (standing, index) = self.locks.standing(name, session);
                 (reads::LockStanding::answer(standing), index)
+            }
+            ReadQuery::LockHold { name, session } => {
+                let session = self
+                    .sessions
+                    .get(session)
+                    .map_or(session.as_str(), |s| &s.id);
+                let (hold, index) = self.locks.hold(name, session);
+                (reads::LockHold::answer(hold), index)
             }
             ReadQuery::LockSequencer {
                 name,

@@ -624,7 +624,7 @@ struct Run {
 
 impl Run {
     fn new() -> Run {
-        let mut sm = StateMachine::default();
+        let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         let node = Op::RegisterNode {
             name: NODE.to_owned(),
             address: "127.0.0.1".to_owned(),

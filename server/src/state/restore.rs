@@ -27,6 +27,7 @@ pub fn stage(
     offset: u64,
     bytes: Vec<u8>,
     last: bool,
+    index: u64,
     fx: &mut Effects,
 ) -> Response {
     let staged = match current.staged_restore.take() {
@@ -44,24 +45,27 @@ pub fn stage(
         current.staged_restore = Some(staged);
         return Response::Done;
     }
-    restore(current, &staged.state, fx)
+    restore(current, &staged.state, index, fx)
 }
 
 /// Carries over from `before` (the state a restore replaces) into `restored` everything that
 /// must keep growing across a restore: every fencing token. Each KV LockIndex granted after
 /// the restore is above every LockIndex granted before it (on any key, even one the archive
-/// does not hold), and the command clock never goes back. Extend it for every new counter that
-/// is a fencing token.
+/// does not hold), and the command clock, the op index and the protocol level never go back.
+/// Extend it for every new counter that is a fencing token.
 pub fn carry_floors(before: &StateMachine, restored: &mut StateMachine) {
     restored
         .kv
         .raise_lock_index_floor(before.kv.highest_lock_index());
     restored.locks.raise_token_floor(before.locks.last_token());
     restored.last_now_ms = restored.last_now_ms.max(before.last_now_ms);
+    restored.index = restored.index.max(before.index);
+    restored.protocol = restored.protocol.max(before.protocol);
 }
 
-/// Applies `Op::RestoreSnapshot`: `state` is a postcard-encoded [`StateMachine`].
-pub fn restore(current: &mut StateMachine, state: &[u8], fx: &mut Effects) -> Response {
+/// Applies `Op::RestoreSnapshot` at `index`: `state` is a postcard-encoded [`StateMachine`].
+/// Every read afterwards reports at least `index`.
+pub fn restore(current: &mut StateMachine, state: &[u8], index: u64, fx: &mut Effects) -> Response {
     let Ok(mut restored) = postcard::from_bytes::<StateMachine>(state) else {
         return Response::Rejected(ApplyError::InvalidSnapshot);
     };
@@ -113,6 +117,8 @@ pub fn restore(current: &mut StateMachine, state: &[u8], fx: &mut Effects) -> Re
             .map(|s| (s.id.clone(), s.ttl.clone())),
     );
     *current = restored;
+    current.index = current.index.max(index);
+    current.restored_at = index;
     Response::Done
 }
 
@@ -159,7 +165,7 @@ mod tests {
     }
 
     fn with_session(id: &str) -> StateMachine {
-        let mut sm = StateMachine::default();
+        let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         apply(
             &mut sm,
             1,
@@ -194,7 +200,7 @@ mod tests {
         highest = highest.max(acquire(&mut sm, 30, "b", s));
 
         let mut fx = Effects::default();
-        assert_eq!(restore(&mut sm, &archive, &mut fx), Response::Done);
+        assert_eq!(restore(&mut sm, &archive, 35, &mut fx), Response::Done);
         assert!(fx.kv_keys.contains(&"b".to_owned()), "b's watchers wake");
         assert_eq!(fx.ttl_sessions_created, [(s.to_owned(), "10s".to_owned())]);
 
@@ -232,7 +238,7 @@ mod tests {
         let highest = sm.locks().last_token();
 
         let mut fx = Effects::default();
-        assert_eq!(restore(&mut sm, &archive, &mut fx), Response::Done);
+        assert_eq!(restore(&mut sm, &archive, 25, &mut fx), Response::Done);
         assert!(fx.locks.standings.contains(&("q".to_owned(), s.to_owned())));
         // Even an entry at a low index (the floor alone decides) grants above every token.
         queue(&mut sm, 4, give("q"));
@@ -248,7 +254,7 @@ mod tests {
         let before = sm.clone();
         let mut fx = Effects::default();
         assert_eq!(
-            restore(&mut sm, b"\xff\xff\xff", &mut fx),
+            restore(&mut sm, b"\xff\xff\xff", 5, &mut fx),
             Response::Rejected(ApplyError::InvalidSnapshot)
         );
         assert_eq!(sm, before);
@@ -289,11 +295,11 @@ mod staging_tests {
 
     /// The archive of a state holding `keys`, and the state that currently holds `other`.
     fn archive_and_current(keys: &[&str], other: &str) -> (Vec<u8>, StateMachine) {
-        let mut archived = StateMachine::default();
+        let mut archived = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         for (i, key) in keys.iter().enumerate() {
             apply(&mut archived, 1 + i as u64, set(key));
         }
-        let mut current = StateMachine::default();
+        let mut current = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         apply(&mut current, 1, set(other));
         (postcard::to_allocvec(&archived).expect("encode"), current)
     }
@@ -336,7 +342,7 @@ mod staging_tests {
             refused
         );
         assert_eq!(sm.staged_restore().cloned(), staged);
-        let mut fresh = StateMachine::default();
+        let mut fresh = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         assert_eq!(apply(&mut fresh, 1, part("r", 5, two, true)), refused);
         // A new restore (offset 0) replaces the staged one.
         apply(&mut sm, 13, part("y", 0, one, false));

@@ -42,7 +42,7 @@ pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
 pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
-pub use queue::{FairMutex, LockQueue, QueueOptions, QueueReply, RwLock};
+pub use queue::{FairMutex, LockQueue, QueueOptions, RwLock};
 pub use recipe::RecipeSession;
 pub use semaphore::{
     SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,

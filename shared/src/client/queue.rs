@@ -8,7 +8,6 @@
 use std::time::Duration;
 
 use reqwest::Method;
-use serde::Deserialize;
 use tokio::time::Instant;
 
 use super::held::{Held, Look, MONITOR_WAIT, monitor};
@@ -17,7 +16,7 @@ use super::recipe::RecipeSession;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
-use crate::lock::LockMode;
+use crate::lock::{AcquireReply, LockMode, NotAcquired};
 use crate::session::Behavior;
 
 /// Session name of a queue contender that brings no session of its own.
@@ -55,18 +54,6 @@ impl QueueOptions {
     }
 }
 
-/// The agent's answer to an acquire; a field it leaves out is `None`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "PascalCase")]
-pub struct QueueReply {
-    pub acquired: bool,
-    pub token: Option<u64>,
-    /// Why not: `held`, `lock-delay`, `queued` (still waiting), `timeout`, `removed`.
-    pub reason: Option<String>,
-    pub position: Option<u64>,
-    pub lock_delay_remaining_ms: Option<u64>,
-}
-
 /// Whether an acquisition waits for its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Wait {
@@ -84,7 +71,7 @@ impl Client {
         try_only: bool,
         wait: Duration,
         timeout: Option<Duration>,
-    ) -> Result<QueueReply, ClientError> {
+    ) -> Result<AcquireReply, ClientError> {
         let mut query = vec![
             ("session", session.to_owned()),
             ("mode", opts.mode.as_str().to_owned()),
@@ -109,7 +96,12 @@ impl Client {
         if !try_only {
             self.count_blocking_return();
         }
-        reply?.ok()?.json()
+        let reply = reply?;
+        // 202: the wait ended with the session still queued (the body says so).
+        if reply.status == 202 {
+            return reply.json();
+        }
+        reply.ok()?.json()
     }
 
     /// Releases the lock or leaves its queue: whether `session` had either.
@@ -226,10 +218,10 @@ impl LockQueue {
             };
             let reply = client.lock_queue_acquire(opts, &session, try_only, ACQUIRE_WAIT, timeout);
             let reply = session_lost.unless_lost(reply).await??;
-            match (reply.acquired, reply.token, reply.reason.as_deref()) {
+            match (reply.acquired, reply.token, reply.reason) {
                 (true, Some(token), _) => break token,
-                (_, _, Some("queued")) => continue,
-                (_, _, Some("removed")) => {
+                (_, _, Some(NotAcquired::Queued)) => continue,
+                (_, _, Some(NotAcquired::Removed)) => {
                     return Err(ClientError::SessionLost(LossReason::SessionInvalidated));
                 }
                 _ => {
@@ -355,19 +347,24 @@ mod tests {
 
     #[test]
     fn a_reply_may_leave_out_what_does_not_apply() {
-        let queued: QueueReply =
-            serde_json::from_str(r#"{"Acquired":false,"Reason":"queued","Position":2}"#)
-                .expect("a queued reply");
+        let queued: AcquireReply = serde_json::from_str(
+            r#"{"Lock":"l","Session":"s","Mode":"shared","Acquired":false,"Queued":true,"Reason":"queued","Position":2}"#,
+        )
+        .expect("a queued reply");
         assert_eq!(
             queued,
-            QueueReply {
+            AcquireReply {
+                lock: "l".to_owned(),
+                session: "s".to_owned(),
+                mode: LockMode::Shared,
                 acquired: false,
                 token: None,
-                reason: Some("queued".to_owned()),
+                queued: true,
+                reason: Some(NotAcquired::Queued),
                 position: Some(2),
                 lock_delay_remaining_ms: None,
             }
         );
-        assert!(serde_json::from_str::<QueueReply>(r#"{"Token":3}"#).is_err());
+        assert!(serde_json::from_str::<AcquireReply>(r#"{"Token":3}"#).is_err());
     }
 }

@@ -4,7 +4,7 @@
 //! refusal of it is an answer of the wrong kind.
 
 use crate::kv::{KvOp, TxnOutcome};
-use crate::lock::{LockMode, LockOp, LockOutcome};
+use crate::lock::{LockHold, LockMode, LockOp, LockOutcome};
 use crate::query::PreparedQuery;
 use crate::session::Session;
 
@@ -133,58 +133,120 @@ impl Write for CreateSession {
     }
 }
 
-/// A session takes a native lock or joins its queue ([`LockOp::Acquire`]).
+/// A session takes a native lock or joins its queue on behalf of one request
+/// ([`LockOp::Enqueue`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockAcquire {
+pub struct LockEnqueue {
     pub name: String,
     pub session: String,
     pub mode: LockMode,
     pub limit: u32,
     pub try_only: bool,
+    /// The request's identity: only it can leave the place it claims ([`LockLeave`]).
+    pub request: u64,
 }
 
-/// What an acquire did.
+/// What an enqueue did. The mode is the one the session holds or waits for, as stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Acquired {
     /// The session holds the lock with this fencing token.
-    Held { token: u64 },
+    Held { token: u64, mode: LockMode },
     /// The session waits at `position` (1: next in line) since raft index `index`.
-    Queued { position: u64, index: u64 },
+    Queued {
+        position: u64,
+        index: u64,
+        mode: LockMode,
+    },
     /// A try-acquire found the lock taken, or in its lock-delay for `lock_delay_ms` more.
     Busy { lock_delay_ms: u64 },
 }
 
-impl From<LockAcquire> for Op {
-    fn from(acquire: LockAcquire) -> Op {
-        let LockAcquire {
+impl From<LockEnqueue> for Op {
+    fn from(enqueue: LockEnqueue) -> Op {
+        let LockEnqueue {
             name,
             session,
             mode,
             limit,
             try_only,
-        } = acquire;
-        Op::Lock(LockOp::Acquire {
+            request,
+        } = enqueue;
+        Op::Lock(LockOp::Enqueue {
             name,
             session,
             mode,
             limit,
             try_only,
+            request,
         })
     }
 }
 
-impl Write for LockAcquire {
+impl Write for LockEnqueue {
     type Output = Result<Acquired, ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
         or_rejected(response, |response| match response {
-            Response::Lock(LockOutcome::Held { token }) => Ok(Acquired::Held { token }),
-            Response::Lock(LockOutcome::Queued { position, index }) => {
-                Ok(Acquired::Queued { position, index })
+            Response::Lock(LockOutcome::Granted { token, mode }) => {
+                Ok(Acquired::Held { token, mode })
             }
+            Response::Lock(LockOutcome::Waiting {
+                position,
+                index,
+                mode,
+            }) => Ok(Acquired::Queued {
+                position,
+                index,
+                mode,
+            }),
             Response::Lock(LockOutcome::Busy { lock_delay_ms }) => {
                 Ok(Acquired::Busy { lock_delay_ms })
             }
+            other => Err(other),
+        })
+    }
+}
+
+/// One request gives up its place in a native lock's queue ([`LockOp::Leave`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockLeave {
+    pub name: String,
+    pub session: String,
+    pub request: u64,
+}
+
+/// What a leave did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Leave {
+    /// The request's place in the queue is given up.
+    Left,
+    /// Nothing changed; the session's standing as stored.
+    Stayed(LockHold),
+}
+
+impl From<LockLeave> for Op {
+    fn from(
+        LockLeave {
+            name,
+            session,
+            request,
+        }: LockLeave,
+    ) -> Op {
+        Op::Lock(LockOp::Leave {
+            name,
+            session,
+            request,
+        })
+    }
+}
+
+impl Write for LockLeave {
+    type Output = Result<Leave, ApplyError>;
+
+    fn output(response: Response) -> Result<Self::Output, Response> {
+        or_rejected(response, |response| match response {
+            Response::Lock(LockOutcome::Left) => Ok(Leave::Left),
+            Response::Lock(LockOutcome::Stayed(hold)) => Ok(Leave::Stayed(hold)),
             other => Err(other),
         })
     }
@@ -234,7 +296,7 @@ mod tests {
             held: true,
             queued: false,
         });
-        assert_eq!(LockAcquire::output(released.clone()), Err(released));
+        assert_eq!(LockEnqueue::output(released.clone()), Err(released));
     }
 
     #[test]

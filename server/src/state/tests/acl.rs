@@ -44,7 +44,7 @@ fn rejected(response: Response) -> String {
 
 #[test]
 fn init_writes_the_builtins_and_ends_bootstrapping() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let root = Token {
         policies: vec![Link {
             id: GLOBAL_MANAGEMENT_POLICY_ID.into(),
@@ -74,7 +74,7 @@ fn init_writes_the_builtins_and_ends_bootstrapping() {
 
 #[test]
 fn bootstrap_works_once() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     acl(
         &mut sm,
         1,
@@ -96,7 +96,8 @@ fn bootstrap_works_once() {
 
 #[test]
 fn links_resolve_by_name_and_unknown_ones_are_refused() {
-    let mut sm = StateMachine::default();
+    // Refused writes reuse the next index below, as in the first release (protocol 1).
+    let mut sm = StateMachine::at_protocol(1);
     acl(
         &mut sm,
         1,
@@ -175,7 +176,7 @@ fn links_resolve_by_name_and_unknown_ones_are_refused() {
 
 #[test]
 fn the_builtins_are_protected() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     acl(
         &mut sm,
         1,
@@ -213,7 +214,7 @@ fn the_builtins_are_protected() {
 
 #[test]
 fn an_update_keeps_the_secret_and_expiry_and_refuses_to_change_them() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let token = Token {
         expiration_time_ms: Some(T0 + 60_000),
         ..Token::new("t", "s")

@@ -40,7 +40,7 @@ fn health(sm: &StateMachine, service: &str) -> (Vec<ServiceHealth>, u64) {
 
 #[test]
 fn catalog_register_adds_node_service_and_checks_at_once() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let register_web1 = || {
         registration(
             N1,
@@ -75,7 +75,7 @@ fn catalog_register_adds_node_service_and_checks_at_once() {
 
 #[test]
 fn catalog_register_refusals_change_nothing() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let orphan = registration(
         N1,
         None,
@@ -102,7 +102,7 @@ fn catalog_register_refusals_change_nothing() {
 
 #[test]
 fn a_service_watcher_wakes_only_for_its_service() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     apply(
         &mut sm,
         5,
@@ -152,7 +152,7 @@ fn a_service_watcher_wakes_only_for_its_service() {
 
 #[test]
 fn deregistering_a_service_invalidates_sessions_on_its_checks() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let op = registration(
         N1,
         Some(web(N1, "web1", &[])),
@@ -200,7 +200,7 @@ fn set_query(q: PreparedQuery, update: bool) -> Op {
 
 #[test]
 fn a_prepared_query_goes_with_its_session() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     register_node(&mut sm, 1, N1);
     register_check(&mut sm, 2, check(N1, SERF_HEALTH, HealthStatus::Passing));
     create_session(&mut sm, 3, session(S1, N1));
@@ -244,7 +244,7 @@ fn register_critical(sm: &mut StateMachine, index: u64, node: &str) -> (Response
 
 #[test]
 fn executing_a_query_keeps_healthy_tagged_instances() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let instances = [
         (N1, "a", &["prod"][..], HealthStatus::Passing),
         (N2, "b", &["prod", "canary"][..], HealthStatus::Passing),

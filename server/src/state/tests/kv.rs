@@ -64,7 +64,7 @@ fn kv_set_get() {
 #[test]
 fn kv_list_and_tombstone_index() {
     // Empty store: nothing, at index 0.
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     assert_eq!(list(&sm, ""), (Vec::new(), 0));
 
     // Setup (out of key order on purpose).
@@ -105,7 +105,7 @@ fn kv_list_and_tombstone_index() {
 /// TestKVSEndpoint_ListKeys at the state level: keys listing with and without a separator.
 #[test]
 fn kv_keys_with_separator() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     for (i, key) in ["/test/key1", "/test/key2", "/test/sub/key3", "/other"]
         .iter()
         .enumerate()
@@ -143,7 +143,7 @@ fn kv_keys_with_separator() {
 #[test]
 fn kv_delete() {
     // Setup.
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     write(&mut sm, 1, op::set("foo", "foo"));
     write(&mut sm, 2, op::set("foo/bar", "bar"));
 
@@ -167,7 +167,7 @@ fn kv_delete() {
     let (outcome, fx) = kv_at(&mut sm, 5, T0 + 1, vec![op::delete("foo")]);
     assert!(committed(outcome).is_empty());
     assert_eq!(fx, Effects::default());
-    assert_eq!(sm, before);
+    assert_unchanged(&sm, &before, "nothing changed");
     assert_eq!(sm.kv().table_index(), 3);
 }
 
@@ -186,7 +186,7 @@ fn kv_delete_cas() {
     ];
     for (name, key, index, want) in cases {
         // Setup: foo at 1, bar at 2, baz at 3.
-        let mut sm = StateMachine::default();
+        let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         write(&mut sm, 1, op::set("foo", "foo"));
         write(&mut sm, 2, op::set("bar", "bar"));
         write(&mut sm, 3, op::set("baz", "baz"));
@@ -204,7 +204,7 @@ fn kv_delete_cas() {
             }
             Err(text) => {
                 assert_eq!(failures(outcome), vec![(0, text.to_owned())], "{name}");
-                assert_eq!(sm, before, "{name}");
+                assert_unchanged(&sm, &before, "{name}");
             }
         }
     }
@@ -215,7 +215,7 @@ fn kv_delete_cas() {
 #[test]
 fn kv_cas() {
     let stale = |key: &str| format!("failed to set key \"{key}\", index is stale");
-    let mut sm = world();
+    let mut sm = world_at(1);
 
     // cas 0 on a missing key creates it.
     let (outcome, fx) = kv(&mut sm, 3, vec![op::cas("foo", "bar", 0)]);
@@ -233,7 +233,7 @@ fn kv_cas() {
             "cas {key}@{index}"
         );
         assert_eq!(fx, Effects::default());
-        assert_eq!(sm, before);
+        assert_unchanged(&sm, &before, "nothing changed");
     }
 
     // The matching index writes.
@@ -267,7 +267,7 @@ fn kv_delete_tree() {
     let (outcome, fx) = kv_at(&mut sm, 9, T0, vec![op::delete_tree("bar")]);
     assert!(committed(outcome).is_empty());
     assert_eq!(fx, Effects::default());
-    assert_eq!(sm, before);
+    assert_unchanged(&sm, &before, "nothing changed");
 
     // Nested prefix: the three keys go; one tombstone for "foo/bar" holds the index.
     let (outcome, fx) = kv_at(&mut sm, 10, T0, vec![op::delete_tree("foo/bar")]);
@@ -306,7 +306,7 @@ fn kv_delete_tree() {
 /// it; locking an existing key bumps from its LockIndex; another session is refused.
 #[test]
 fn kv_lock() {
-    let mut sm = world();
+    let mut sm = world_at(1);
 
     // No session, then a bogus one.
     let (outcome, _) = kv(&mut sm, 3, vec![op::lock("foo", "foo", "")]);
@@ -370,7 +370,7 @@ fn kv_lock() {
         vec![(0, "failed to lock key \"bar\", lock is already held".into())]
     );
     assert_eq!(fx, Effects::default());
-    assert_eq!(sm, before);
+    assert_unchanged(&sm, &before, "nothing changed");
     assert_eq!(key_index(&sm, "bar"), 11);
 }
 

@@ -8,7 +8,7 @@ use super::*;
 #[test]
 fn reap_tombstones() {
     // Setup: five keys; delete two of them at T0 + 6 s and T0 + 7 s.
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     for (i, key) in ["foo", "foo/bar", "foo/baz", "foo/moo", "foo/zoo"]
         .iter()
         .enumerate()
@@ -120,7 +120,7 @@ fn snapshot_round_trip() {
 /// changed; a check needs its node.
 #[test]
 fn catalog_registration_effects() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let node = |address: &str| Op::RegisterNode {
         name: N1.into(),
         address: address.into(),

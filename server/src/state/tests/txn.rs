@@ -121,14 +121,14 @@ fn txn_rollback_reports_every_error_in_order() {
     let (outcome, fx) = kv(&mut sm, 8, ops);
     assert_eq!(failures(outcome), want);
     assert_eq!(fx, Effects::default());
-    assert_eq!(sm, before, "nothing applied");
+    assert_unchanged(&sm, &before, "nothing applied");
 }
 
 /// TestTxn_CheckNotExists: check-not-exists then set succeeds once; the second run fails with
 /// exactly `op 0: key "test" exists`.
 #[test]
 fn txn_check_not_exists_then_set() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     let txn = || vec![op::check_not_exists("test"), op::set("test", "hello")];
 
     let (outcome, _) = kv(&mut sm, 1, txn());
@@ -149,7 +149,7 @@ fn txn_check_not_exists_then_set() {
 /// gets the transaction's index; only the changed key is touched.
 #[test]
 fn txn_unchanged_set_keeps_modify_index() {
-    let mut sm = StateMachine::default();
+    let mut sm = StateMachine::at_protocol(vigil_shared::PROTOCOL);
     write(&mut sm, 1, op::set("foo/a", "1"));
     write(&mut sm, 2, op::set("foo/b", "2"));
 
@@ -239,5 +239,5 @@ fn txn_read_only_query() {
     };
     let refused: Vec<usize> = failures(outcome).into_iter().map(|(i, _)| i).collect();
     assert_eq!(refused, vec![1, 2, 3, 4]);
-    assert_eq!(sm, before);
+    assert_unchanged(&sm, &before, "nothing changed");
 }

@@ -1,0 +1,158 @@
+//! The state machine's protocol level in a cluster whose servers may run two releases. An op of
+//! a newer level is proposed in the form the older release applies, and its answer read back,
+//! until the leader has raised the cluster's level (`Op::SetProtocol`), which it does once every
+//! server in the raft configuration advertises the new level in gossip. So two servers never
+//! apply one entry differently, and an older server never meets an op it cannot decode.
+
+use vigil_shared::PROTOCOL;
+use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
+use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome};
+use vigil_shared::rpc::calls::ServerNode;
+use vigil_shared::rpc::{Op, Response};
+
+/// How to read back the answer of an op proposed in an older form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reply {
+    /// Proposed as it came.
+    AsIs,
+    /// A `LockOp::Enqueue` proposed as `LockOp::Acquire`, which answers without the mode.
+    Enqueue(LockMode),
+    /// A `LockOp::Leave` proposed as `LockOp::Release`.
+    Leave,
+}
+
+/// `op` as a cluster applying protocol `level` takes it, and how to read its answer.
+pub fn downgrade(op: Op, level: u32) -> (Op, Reply) {
+    if level >= PROTOCOL {
+        return (op, Reply::AsIs);
+    }
+    match op {
+        Op::Lock(lock @ LockOp::Enqueue { mode, .. }) => {
+            (Op::Lock(lock.downgraded()), Reply::Enqueue(mode))
+        }
+        Op::Lock(lock @ LockOp::Leave { .. }) => (Op::Lock(lock.downgraded()), Reply::Leave),
+        op => (op, Reply::AsIs),
+    }
+}
+
+impl Reply {
+    /// The answer in the shape the op as asked for it gets.
+    pub fn restore(self, response: Response) -> Response {
+        let lock = |outcome| Response::Lock(outcome);
+        match (self, response) {
+            (Reply::Enqueue(mode), Response::Lock(LockOutcome::Held { token })) => {
+                lock(LockOutcome::Granted { token, mode })
+            }
+            (Reply::Enqueue(mode), Response::Lock(LockOutcome::Queued { position, index })) => {
+                lock(LockOutcome::Waiting {
+                    position,
+                    index,
+                    mode,
+                })
+            }
+            (Reply::Leave, Response::Lock(LockOutcome::Released { held, queued })) => {
+                if held || queued {
+                    lock(LockOutcome::Left)
+                } else {
+                    lock(LockOutcome::Stayed(LockHold::Absent))
+                }
+            }
+            (_, response) => response,
+        }
+    }
+}
+
+/// Whether every server of the raft configuration is a live gossip member (by node name and
+/// RPC address) whose build applies `level`.
+pub fn every_server_at<'a>(
+    level: u32,
+    servers: impl IntoIterator<Item = &'a ServerNode>,
+    members: &[MemberStatus],
+) -> bool {
+    servers.into_iter().all(|server| {
+        members.iter().any(|m| {
+            m.role == MemberRole::Server
+                && matches!(m.state, MemberState::Alive | MemberState::Leaving)
+                && m.name == server.name
+                && m.rpc_addr.to_string() == server.rpc_addr
+                && m.protocol >= level
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn enqueue(request: u64) -> Op {
+        Op::Lock(LockOp::Enqueue {
+            name: "l".into(),
+            session: "s".into(),
+            mode: LockMode::Shared,
+            limit: 1,
+            try_only: false,
+            request,
+        })
+    }
+
+    #[test]
+    fn new_lock_ops_go_out_as_the_first_release_knows_them_below_the_level() {
+        let (op, reply) = downgrade(enqueue(7), 0);
+        assert!(matches!(op, Op::Lock(LockOp::Acquire { .. })));
+        assert_eq!(
+            reply.restore(Response::Lock(LockOutcome::Held { token: 3 })),
+            Response::Lock(LockOutcome::Granted {
+                token: 3,
+                mode: LockMode::Shared
+            })
+        );
+        let leave = Op::Lock(LockOp::Leave {
+            name: "l".into(),
+            session: "s".into(),
+            request: 7,
+        });
+        let (op, reply) = downgrade(leave, 1);
+        assert!(matches!(op, Op::Lock(LockOp::Release { .. })));
+        assert_eq!(
+            reply.restore(Response::Lock(LockOutcome::Released {
+                held: false,
+                queued: false
+            })),
+            Response::Lock(LockOutcome::Stayed(LockHold::Absent))
+        );
+        assert_eq!(downgrade(enqueue(7), PROTOCOL), (enqueue(7), Reply::AsIs));
+    }
+
+    #[test]
+    fn the_level_rises_only_when_every_configured_server_has_it() {
+        let member = |name: &str, port: u16, protocol| MemberStatus {
+            name: name.into(),
+            gossip_addr: ([127, 0, 0, 1], port + 10).into(),
+            rpc_addr: ([127, 0, 0, 1], port).into(),
+            role: MemberRole::Server,
+            datacenter: "dc1".into(),
+            state: MemberState::Alive,
+            pruned: false,
+            protocol,
+        };
+        let servers = [
+            ServerNode {
+                name: "s1".into(),
+                rpc_addr: "127.0.0.1:7301".into(),
+            },
+            ServerNode {
+                name: "s2".into(),
+                rpc_addr: "127.0.0.1:7302".into(),
+            },
+        ];
+        let both = [member("s1", 7301, 2), member("s2", 7302, 2)];
+        assert!(every_server_at(2, &servers, &both));
+        let old = [member("s1", 7301, 2), member("s2", 7302, 1)];
+        assert!(!every_server_at(2, &servers, &old));
+        let unseen = [member("s1", 7301, 2)];
+        assert!(!every_server_at(2, &servers, &unseen));
+        let mut failed = both.clone();
+        failed[1].state = MemberState::Failed;
+        assert!(!every_server_at(2, &servers, &failed));
+    }
+}
