@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use integration_tests::Http;
-use integration_tests::cluster::{Cluster, create_session};
+use integration_tests::cluster::{Cluster, LEADER_TIMEOUT, create_session};
 use reqwest::{Method, StatusCode};
 use tokio::time::Instant;
 
@@ -207,4 +207,85 @@ async fn default_reads_never_go_back_across_leader_kills() {
         "only {acknowledged} acknowledged writes"
     );
     assert_eq!(stale, 0, "{stale} reads went back in time");
+}
+
+/// Sends `GET path` to the agent behind `http` over a connection of its own and returns the
+/// connection, to read the answer from later: the agent may be stopped now, and the kernel
+/// queues the request until it runs again.
+async fn send_get(http: &Http, path: &str) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt as _;
+    let url = http.url("");
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: vigil\r\nConnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .expect("send the request");
+    stream
+}
+
+/// The whole answer on `stream` (status line, headers and body).
+async fn read_answer(mut stream: tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut bytes = Vec::new();
+    stream
+        .read_to_end(&mut bytes)
+        .await
+        .expect("read the answer");
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// A leader paused (SIGSTOP) past its lease is replaced; when it resumes, it must not answer a
+/// default read from its old term, not even one that reached it while it was stopped (and so
+/// is handled before it hears of the new term). Before, it answered the value replaced
+/// meanwhile, with `X-Consul-KnownLeader: true`: a leader confirmed itself once per term.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_old_leader_never_answers_a_default_read_from_its_old_term() {
+    let _heavy = exclusive().await;
+    let cluster = Cluster::servers(3).start().await;
+    for round in 0..3 {
+        let old = cluster.leader().await;
+        let key = format!("/v1/kv/paused-leader/{round}");
+        cluster.server(old).http().put_true(&key, "before").await;
+        cluster.pause(old);
+
+        // The other two elect a leader and the value is replaced through it.
+        let others: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        let old_rpc = cluster.server_rpc(old).to_string();
+        let new = integration_tests::eventually(LEADER_TIMEOUT, "a new leader", || async {
+            let mut named = Vec::new();
+            for &i in &others {
+                let reply = cluster.server(i).try_get("/v1/status/leader").await?;
+                named.push(reply.json().as_str()?.to_owned());
+            }
+            let leader = named.first()?.clone();
+            (named.iter().all(|n| *n == leader) && !leader.is_empty() && leader != old_rpc)
+                .then(|| {
+                    others
+                        .iter()
+                        .copied()
+                        .find(|&i| cluster.server_rpc(i).to_string() == leader)
+                })
+                .flatten()
+        })
+        .await;
+        cluster.server(new).http().put_true(&key, "after").await;
+
+        // A default read queued at the stopped leader, then it resumes.
+        let queued = send_get(&cluster.server(old).http(), &format!("{key}?raw")).await;
+        cluster.resume(old);
+        let answer = tokio::time::timeout(Duration::from_secs(30), read_answer(queued))
+            .await
+            .expect("the resumed server answers");
+        let body = answer.rsplit("\r\n\r\n").next().unwrap_or_default();
+        assert!(
+            !answer.starts_with("HTTP/1.1 200") || body == "after",
+            "round {round}: the old leader answered from its old term:\n{answer}"
+        );
+        cluster.leader().await;
+    }
 }

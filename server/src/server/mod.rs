@@ -20,7 +20,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openraft::async_runtime::WatchReceiver as _;
@@ -145,9 +144,6 @@ pub struct Server {
     last_leader_contact: Mutex<Option<Instant>>,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
     blocking: tokio::sync::Semaphore,
-    /// The raft term in which this server, leading, last passed a read barrier; default reads
-    /// are answered without another only in that term.
-    confirmed_term: AtomicU64,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -245,7 +241,6 @@ impl Server {
             peers,
             last_leader_contact: Mutex::new(None),
             blocking,
-            confirmed_term: AtomicU64::new(0),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });

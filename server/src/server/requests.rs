@@ -108,24 +108,22 @@ impl Server {
         Ok(answer)
     }
 
-    /// Checks that this server leads and, once per term, that it really does (a read-index
-    /// barrier: a quorum confirms the term, and everything committed before is applied). A new
-    /// leader's state may miss entries the previous leader committed and acknowledged, and a
-    /// server restarted as the leader of a term already over may still be replaying its log:
-    /// answering a default read from either could go back in time.
+    /// Checks that this server leads under a valid leader lease: a quorum acknowledged a
+    /// message it sent within the lease (one election timeout, on the monotonic clock), else a
+    /// heartbeat round confirms it; then waits until everything committed is applied. A leader
+    /// paused longer than the lease (SIGSTOP, a long stall) has lost it when it resumes, and
+    /// finds the new term in that round instead of answering from its old one; a new leader,
+    /// or a server restarted as the leader of a term already over, answers only once it has
+    /// applied what earlier leaders committed. The followers refuse to vote for anyone else for
+    /// as long as the lease runs, measured from when they heard the leader, which is later.
     pub(super) async fn confirmed_leader(&self) -> Result<(), ServerError> {
         if !self.is_leader() {
             return Err(ServerError::NoLeader);
         }
-        let term = self.raft.metrics().borrow_watched().current_term;
-        if self.confirmed_term.load(Ordering::Acquire) == term {
-            return Ok(());
-        }
         self.raft
-            .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+            .ensure_linearizable(openraft::LinearizerOption::new(None, true))
             .await
             .map_err(|_| ServerError::NoLeader)?;
-        self.confirmed_term.fetch_max(term, Ordering::AcqRel);
         Ok(())
     }
 
