@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime};
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, anyhow, ensure};
+use anyhow::{Context, Result, anyhow};
 use futures::FutureExt;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{Signal, kill};
@@ -256,27 +256,7 @@ pub async fn main(options: &Options) -> ExitCode {
 /// is how [`integration_tests::binary`] finds an agent binary from outside a test.
 async fn run_with_agent() -> Result<ExitCode> {
     let exe = std::env::current_exe()?;
-    let agent = exe.with_file_name("vigil-under-test");
-    if let Some(cargo) = std::env::var_os("CARGO") {
-        let mut build = std::process::Command::new(cargo);
-        build.args([
-            "build",
-            "-p",
-            "integration-tests",
-            "--bin",
-            "vigil-under-test",
-        ]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        let status = build.status().context("run cargo build")?;
-        ensure!(status.success(), "building vigil-under-test failed");
-    }
-    ensure!(
-        agent.exists(),
-        "no agent binary at {} (cargo build --release -p integration-tests --bins)",
-        agent.display()
-    );
+    let agent = integration_tests::build_agent()?;
     let mut child = tokio::process::Command::new(&exe)
         .args(std::env::args_os().skip(1))
         .env(AGENT_ENV, &agent)

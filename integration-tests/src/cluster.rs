@@ -156,6 +156,13 @@ pub struct Cluster {
     pub clients: Vec<Member>,
 }
 
+/// Sends `signal` to a running agent's process.
+fn signal(agent: &Agent, signal: nix::sys::signal::Signal) {
+    let pid = agent.pid().expect("a running agent has a pid");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits in i32"));
+    nix::sys::signal::kill(pid, signal).expect("signal the agent");
+}
+
 /// Member `i` of `members` (the `role`s: "server" or "client"); panics when it is not running.
 fn running<'a>(members: &'a [Member], role: &str, i: usize) -> &'a Agent {
     members[i]
@@ -451,10 +458,18 @@ impl Cluster {
         self.signal(i, nix::sys::signal::Signal::SIGCONT);
     }
 
-    fn signal(&self, i: usize, signal: nix::sys::signal::Signal) {
-        let pid = self.server(i).pid().expect("a running server has a pid");
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid fits in i32"));
-        nix::sys::signal::kill(pid, signal).expect("signal the server");
+    /// Freezes client agent `i` (SIGSTOP) until [`Cluster::resume_client`].
+    pub fn pause_client(&self, i: usize) {
+        signal(self.client(i), nix::sys::signal::Signal::SIGSTOP);
+    }
+
+    /// Lets a client agent frozen by [`Cluster::pause_client`] run again (SIGCONT).
+    pub fn resume_client(&self, i: usize) {
+        signal(self.client(i), nix::sys::signal::Signal::SIGCONT);
+    }
+
+    fn signal(&self, i: usize, signal_: nix::sys::signal::Signal) {
+        signal(self.server(i), signal_);
     }
 
     /// `kill -9` client agent `i` and wait until the process is gone.

@@ -4,6 +4,7 @@
 //! and client agents out of them.
 
 pub mod cluster;
+pub mod jepsen;
 pub mod safety;
 
 use std::ffi::OsStr;
@@ -74,16 +75,46 @@ pub fn demo_binary() -> std::path::PathBuf {
 }
 
 /// A binary of this crate: `CARGO_BIN_EXE_<name>` names it when set (`vigil-bench` sets it for
-/// the agent); otherwise it sits next to the `deps/` directory holding the test executable.
+/// the agent); otherwise it sits next to the `deps/` directory holding a test executable, or
+/// next to a binary of this crate (`vigil-jepsen`).
 fn built_binary(name: &str) -> std::path::PathBuf {
     if let Some(path) = std::env::var_os(format!("CARGO_BIN_EXE_{name}")) {
         return path.into();
     }
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.parent()
-        .and_then(|deps| deps.parent())
-        .map(|dir| dir.join(name))
-        .expect("target directory")
+    let exe = std::env::current_exe().expect("executable path");
+    let dir = exe.parent().expect("executable directory");
+    if dir.file_name().is_some_and(|d| d == "deps") {
+        dir.parent().expect("target directory").join(name)
+    } else {
+        dir.join(name)
+    }
+}
+
+/// Builds the agent binary beside the running program when it runs under Cargo (a no-op when
+/// fresh: `cargo run --bin X` builds only X), in the same profile; returns its path.
+pub fn build_agent() -> anyhow::Result<std::path::PathBuf> {
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let mut build = std::process::Command::new(cargo);
+        build.args([
+            "build",
+            "-p",
+            "integration-tests",
+            "--bin",
+            "vigil-under-test",
+        ]);
+        if !cfg!(debug_assertions) {
+            build.arg("--release");
+        }
+        let status = build.status()?;
+        anyhow::ensure!(status.success(), "building vigil-under-test failed");
+    }
+    let agent = std::env::current_exe()?.with_file_name("vigil-under-test");
+    anyhow::ensure!(
+        agent.exists(),
+        "no agent binary at {} (cargo build -p integration-tests --bins)",
+        agent.display()
+    );
+    Ok(agent)
 }
 
 /// An agent's HTTP API. Cheap to clone, so concurrent tasks can each hold one.

@@ -40,6 +40,7 @@ mod t71_gossip_hardening;
 mod t80_safety_docker;
 mod t80_safety_loopback;
 mod t80_safety_negative_control;
+mod t81_jepsen;
 mod t90_ui_browser;
 mod t92_operate;
 mod t93_acl;

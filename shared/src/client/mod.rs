@@ -63,6 +63,8 @@ pub struct ReadOpts {
     pub index: u64,
     pub wait: Option<Duration>,
     pub consistent: bool,
+    /// Any server may answer from its own state (`?stale`, Go's `AllowStale`).
+    pub stale: bool,
 }
 
 impl ReadOpts {
@@ -72,11 +74,17 @@ impl ReadOpts {
             index,
             wait: Some(wait),
             consistent: false,
+            stale: false,
         }
     }
 
     pub fn consistent(mut self) -> ReadOpts {
         self.consistent = true;
+        self
+    }
+
+    pub fn stale(mut self) -> ReadOpts {
+        self.stale = true;
         self
     }
 }
@@ -302,6 +310,9 @@ impl Client {
         let mut pairs: Vec<(&str, String)> = query.to_vec();
         if opts.consistent {
             pairs.push(("consistent", String::new()));
+        }
+        if opts.stale {
+            pairs.push(("stale", String::new()));
         }
         let blocking = opts.index > 0;
         let mut timeout = REQUEST_TIMEOUT;
