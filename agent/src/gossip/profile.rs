@@ -125,7 +125,8 @@ impl TimingProfile {
     }
 
     /// While foca is not connected: announce to the join list and known members this often.
-    /// This is retry-join, and what heals a full partition (RUST-STACK §1.7).
+    /// This is retry-join, and what heals a full partition
+    /// (docs/architecture.md#rejoining-after-a-partition).
     pub fn reannounce_interval(self) -> Duration {
         match self {
             TimingProfile::Lan => Duration::from_secs(3),

@@ -1,7 +1,8 @@
 //! The re-announce rule, shared by the real driver and the simulator: foca never rejoins by itself
-//! after a full partition (RUST-STACK §1.7), so while it is not connected we keep announcing to
-//! the join list and a few known members, forever; while connected we still announce, slowly, to
-//! join addresses that are not members. Pure: it only decides *whom* to announce to and *when*.
+//! after a full partition (docs/architecture.md#rejoining-after-a-partition), so while it is not
+//! connected we keep announcing to the join list and a few known members, forever; while connected
+//! we still announce, slowly, to join addresses that are not members. Pure: it only decides *whom*
+//! to announce to and *when*.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -1,9 +1,10 @@
-//! Deterministic in-process simulation of a whole gossip cluster (RUST-STACK §1.9): a hundred
-//! [`GossipNode`]s (the production sans-IO node, with its re-announce and leave logic) in a
-//! `Vec`, a virtual clock, one min-heap of timers, ticks and packets ordered by `(due, seq)`
-//! with a global sequence number as tie-breaker, seeded RNGs, and switches to crash, restart,
-//! pause (SIGSTOP) and partition members. Packets are sealed and opened by the nodes as on the
-//! wire, so a cluster with a keyring can rotate keys here. Same seed, same trace.
+//! Deterministic in-process simulation of a whole gossip cluster
+//! (docs/architecture.md#the-gossip-simulator): a hundred [`GossipNode`]s (the production sans-IO
+//! node, with its re-announce and leave logic) in a `Vec`, a virtual clock, one min-heap of timers,
+//! ticks and packets ordered by `(due, seq)` with a global sequence number as tie-breaker, seeded
+//! RNGs, and switches to crash, restart, pause (SIGSTOP) and partition members. Packets are sealed
+//! and opened by the nodes as on the wire, so a cluster with a keyring can rotate keys here. Same
+//! seed, same trace.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};

@@ -1,5 +1,6 @@
 //! The one place errors become HTTP responses: plain-text bodies with Consul's messages, 400 for
-//! bad input (SPEC.md), 500 only for our own faults.
+//! bad input, 500 for what Consul's servers refuse and for our own faults
+//! (docs/consul-compatibility.md#errors).
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};

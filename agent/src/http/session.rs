@@ -95,7 +95,7 @@ pub(super) fn build_session(node_name: &str, body: &[u8]) -> Result<Session, Api
     // The TTL is checked by the servers, against their `session_ttl_min`, as in Consul.
     let ttl = req.ttl.unwrap_or_default();
 
-    // Consul's legacy/new check-list fix-up (CONSUL-SEMANTICS.md §1.2).
+    // Consul's legacy/new check-list fix-up (docs/consul-compatibility.md#check-lists-on-create).
     let default_checks = || Some(vec![SERF_HEALTH.to_owned()]);
     let mut checks = req
         .checks

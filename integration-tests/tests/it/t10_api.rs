@@ -1,7 +1,8 @@
 //! The HTTP API's shared conventions against a real dev agent: status and agent endpoints,
 //! routing (404, 405 with `Allow`, OPTIONS), `?pretty`, read headers, consistency and blocking
 //! parameter validation, and Vigil's sequencer (fencing token) check.
-//! Mirrors CONSUL-SEMANTICS.md §0, §3 and SPEC.md's additions.
+//! Mirrors docs/consul-compatibility.md#http-conventions, #blocking-queries-and-consistency and
+//! #additions.
 
 use integration_tests::{Agent, Reply};
 use reqwest::{Method, StatusCode};

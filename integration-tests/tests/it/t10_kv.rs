@@ -1,7 +1,8 @@
 //! The KV HTTP API (`/v1/kv/<key>`) against a real dev agent: reads, writes, deletes, locks,
-//! `X-Consul-Index` semantics and blocking queries, as Consul answers them (CONSUL-SEMANTICS.md
-//! §2, §3, §11.4–§11.6), with Vigil's deliberate differences (SPEC.md: LockIndex never
-//! decreases, lock-delay refusals carry `X-Vigil-Lock-Delay`).
+//! `X-Consul-Index` semantics and blocking queries, as Consul answers them
+//! (docs/consul-compatibility.md#kv, #blocking-queries-and-consistency, #consul-tests-mirrored),
+//! with Vigil's deliberate differences (#deliberate-differences: LockIndex never decreases,
+//! lock-delay refusals carry `X-Vigil-Lock-Delay`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -110,7 +111,8 @@ async fn put_get_delete_round_trip_answers_true_and_one_element_arrays() {
 async fn missing_key_is_404_with_read_headers_and_index_never_zero() {
     let agent = Agent::dev().await;
 
-    // On a fresh agent the KV table index is 0, which must go out as 1 (§2.6: never 0).
+    // On a fresh agent the KV table index is 0, which must go out as 1
+    // (docs/consul-compatibility.md#kv-index: never 0).
     let missing = agent.get("/v1/kv/nope").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert!(missing.body.is_empty(), "{}", missing.text());

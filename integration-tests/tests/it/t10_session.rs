@@ -2,7 +2,7 @@
 //! case-insensitive bodies, LockDelay and TTL inputs, exact error codes and texts (Consul's 500
 //! for what servers refuse, 400 for undecodable bodies; index unmoved), destroy / info / renew /
 //! list / node, invalidation of held keys, and blocking reads.
-//! Mirrors CONSUL-SEMANTICS.md §1, §11.1, §11.6 and §11.11.
+//! Mirrors docs/consul-compatibility.md#sessions and #consul-tests-mirrored.
 
 use std::time::{Duration, Instant};
 
@@ -107,7 +107,8 @@ async fn create_without_body_uses_consul_defaults() {
 
 #[tokio::test]
 async fn check_lists_follow_consul_fixup_rules() {
-    // Each body of the §1.2 matrix gives the stored NodeChecks, with legacy Checks dropped.
+    // Each body of the check-list matrix (docs/consul-compatibility.md#check-lists-on-create) gives
+    // the stored NodeChecks, with legacy Checks dropped.
     let agent = Agent::dev().await;
     let cases = [
         (r#"{"Checks":["serfHealth"]}"#, json!(["serfHealth"])),

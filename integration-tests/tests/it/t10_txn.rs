@@ -1,6 +1,7 @@
 //! `PUT /v1/txn` against a real dev agent: every KV verb's result shape, all-or-nothing
 //! conflicts reporting every failing op, the read-only path, lock-delay, and the body limits
-//! (CONSUL-SEMANTICS.md §4, §11.7), with Vigil's LockIndex rule (SPEC.md).
+//! (docs/consul-compatibility.md#transactions, #consul-tests-mirrored), with Vigil's LockIndex rule
+//! (#deliberate-differences, difference 1).
 
 use std::time::Duration;
 

@@ -3,8 +3,8 @@
 //! `/bin/true`, `/bin/false` and `exit 2` scripts), TTL updates and expiry, services with
 //! several checks, maintenance mode, sessions bound to checks, anti-entropy repairing the
 //! catalog, config-file definitions, Consul's exact shapes and error texts.
-//! Mirrors CONSUL-SEMANTICS.md §5, §1.6 and §11.12 (`TestCheckHTTP`, `TestCheckTCP*`,
-//! `TestCheckMonitor_*`, `TestCheckTTL`).
+//! Mirrors docs/consul-compatibility.md#agent-checks-and-services, #invalidation and
+//! #consul-tests-mirrored (`TestCheckHTTP`, `TestCheckTCP*`, `TestCheckMonitor_*`, `TestCheckTTL`).
 
 use std::time::Duration;
 

@@ -1,7 +1,8 @@
 //! The catalog, health and prepared-query APIs against a real dev agent: registration through
 //! `/v1/catalog/register`, every read in Consul's shape with `?passing`, `?tag`, `?node-meta`
 //! and `?filter=`, per-service blocking, check and service removal invalidating sessions, and
-//! prepared queries that go with their session. Mirrors CONSUL-SEMANTICS.md §7.
+//! prepared queries that go with their session. Mirrors
+//! docs/consul-compatibility.md#catalog-health-and-prepared-queries.
 
 use std::time::{Duration, Instant};
 
@@ -238,7 +239,7 @@ async fn a_service_watcher_is_not_woken_by_other_writes() {
 #[tokio::test]
 async fn removing_a_check_or_service_invalidates_sessions_bound_to_it() {
     // An external node: the agent's own node would have its anti-entropy delete checks it
-    // does not know about (CONSUL-SEMANTICS.md §5.6), racing this test.
+    // does not know about (docs/consul-compatibility.md#anti-entropy), racing this test.
     let agent = Agent::dev().await;
     let node = "ext-db";
     let reg = json!({

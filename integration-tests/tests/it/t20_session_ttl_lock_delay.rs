@@ -2,7 +2,8 @@
 //! TTL and 2×TTL, renewals keeping a session alive, blocking reads waking on expiry, held keys
 //! released on expiry, and lock-delay refusing acquires (`200 false` + `X-Vigil-Lock-Delay`)
 //! until it passes, capped at 60 s, disabled by 0, never set by a voluntary release.
-//! Mirrors CONSUL-SEMANTICS.md §1.7–§1.9, §11.2, §11.5 (`TestKVS_Apply_LockDelay`), §11.6.
+//! Mirrors docs/consul-compatibility.md#invalidation, #session-ttl, #lock-delay and
+//! #consul-tests-mirrored (`TestKVS_Apply_LockDelay`).
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,8 @@
 //! Leader failover in a 3-server set of real processes: `kill -9` of the leader under
 //! concurrent writes loses no acknowledged write and the killed server catches up after a
 //! restart; TTL sessions renewed through a client agent and lock-delay survive the failover
-//! (SPEC.md, deliberate differences 4 and 5); a blocking query through a client agent survives
-//! the loss of the server it was waiting on.
+//! (docs/consul-compatibility.md#deliberate-differences, 4 and 5); a blocking query through a
+//! client agent survives the loss of the server it was waiting on.
 //!
 //! The measured failover times are printed (`cargo test -- --nocapture` shows them).
 

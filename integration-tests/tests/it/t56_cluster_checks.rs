@@ -1,7 +1,8 @@
 //! Checks of a client agent in a 3-server cluster: a TTL check registered on client 0 reaches
 //! the catalog through the servers, a session on client 0 bound to it holds a lock, and when the
 //! TTL lapses the session is invalidated and the lock released, as client 1 sees it.
-//! CONSUL-SEMANTICS.md §1.6 (a check turning critical), §5.2 and §5.6.
+//! docs/consul-compatibility.md#invalidation (a check turning critical), #ttl-check-updates and
+//! #anti-entropy.
 
 use std::time::Duration;
 

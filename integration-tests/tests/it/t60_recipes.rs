@@ -1,9 +1,9 @@
 //! The client library's recipes against a dev agent: wakeups per release of the fair mutex
 //! versus the plain lock with 20 waiters (counted client-side) and handoff latency with 8;
 //! interop with a hand-written client following Consul's `api.Lock` and `api.Semaphore`
-//! protocols byte for byte (CONSUL-SEMANTICS.md §8.1, §8.2), in both directions; lock/semaphore
-//! conflicts on one prefix; and elections (3 candidates, the leader's session destroyed,
-//! `observe` reporting "no leader" and then the new one).
+//! protocols byte for byte (docs/consul-compatibility.md#the-lock-recipe, #the-semaphore-recipe),
+//! in both directions; lock/semaphore conflicts on one prefix; and elections (3 candidates, the
+//! leader's session destroyed, `observe` reporting "no leader" and then the new one).
 
 use std::time::{Duration, Instant};
 
@@ -203,7 +203,8 @@ async fn a_fair_acquisition_is_one_request_and_its_release_another() {
     assert_eq!(second_client.requests_sent(), 2, "the release");
 }
 
-/// A client written from CONSUL-SEMANTICS.md §8.1/§8.2 with plain HTTP, as Go's `api` does it.
+/// A client written from docs/consul-compatibility.md#the-lock-recipe and #the-semaphore-recipe
+/// with plain HTTP, as Go's `api` does it.
 struct GoClient {
     http: Http,
     session: String,

@@ -2,16 +2,17 @@
 //! the keys each session holds, and lock-delay deadlines. Writes run as transactions over an
 //! overlay, so a failing op leaves the table untouched.
 //!
-//! LockIndex never goes backwards (SPEC.md, difference 1), whatever deletes it: every way a key
-//! disappears (a delete, a tree delete, a delete-behaviour session) leaves a tombstone holding
-//! the key's LockIndex, and a key created again continues from it. A tree delete also writes one
-//! tombstone for its prefix (as Consul does, for the prefix's index), and a tombstone never
-//! lowers the LockIndex another one already holds for the same key. Tombstones are reaped after
-//! 15 minutes (`Op::ReapTombstones`), so the table keeps one number past them: the highest
-//! LockIndex any reaped tombstone held. Every acquire grants more than that floor, so a key
-//! whose history was reaped still never hands out a LockIndex it handed out before. The price
-//! is that a fresh key's first LockIndex can be above 1 once tombstones with locks have been
-//! reaped; clients only ever compare LockIndexes of one key, so that is harmless.
+//! LockIndex never goes backwards (docs/consul-compatibility.md#deliberate-differences,
+//! difference 1), whatever deletes it: every way a key disappears (a delete, a tree delete, a
+//! delete-behaviour session) leaves a tombstone holding the key's LockIndex, and a key created
+//! again continues from it. A tree delete also writes one tombstone for its prefix (as Consul does,
+//! for the prefix's index), and a tombstone never lowers the LockIndex another one already holds
+//! for the same key. Tombstones are reaped after 15 minutes (`Op::ReapTombstones`), so the table
+//! keeps one number past them: the highest LockIndex any reaped tombstone held. Every acquire
+//! grants more than that floor, so a key whose history was reaped still never hands out a LockIndex
+//! it handed out before. The price is that a fresh key's first LockIndex can be above 1 once
+//! tombstones with locks have been reaped; clients only ever compare LockIndexes of one key, so
+//! that is harmless.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 

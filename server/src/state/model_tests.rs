@@ -7,13 +7,14 @@
 //! prefix indexes, lock-delays, tombstones, the LockIndex floor, sessions), must equal what
 //! [`Model`] computes.
 //!
-//! The model is written from CONSUL-SEMANTICS.md (§1.7 invalidation, §1.9 lock-delay, §2.4
-//! write rules, §2.5 tombstones, §2.6 indexes, the txn verbs) and SPEC.md's first difference
-//! (LockIndex never decreases: plain writes keep it, a key re-created while its tombstone lives
-//! continues from it, and an acquire grants more than the highest LockIndex any reaped
-//! tombstone held), with plain maps and no indexes of its own: a transaction runs on a copy of
-//! the model that replaces it only if no op failed. Independently of the model, every acquire
-//! must grant a LockIndex above every LockIndex its key ever had (the fencing-token rule).
+//! The model is written from docs/consul-compatibility.md (#invalidation, #lock-delay,
+//! #write-rules, #deleting-keys-and-tombstones, #kv-index, the txn verbs of #transactions) and its
+//! first deliberate difference (LockIndex never decreases: plain writes keep it, a key re-created
+//! while its tombstone lives continues from it, and an acquire grants more than the highest
+//! LockIndex any reaped tombstone held), with plain maps and no indexes of its own: a transaction
+//! runs on a copy of the model that replaces it only if no op failed. Independently of the model,
+//! every acquire must grant a LockIndex above every LockIndex its key ever had (the fencing-token
+//! rule).
 
 use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};

@@ -449,8 +449,9 @@ fn kv_unlock() {
     assert_eq!(key_index(&sm, "foo"), 13);
 }
 
-/// SPEC.md difference 1 (and TestTxnEndpoint_KV_Actions with Vigil's twist): LockIndex never
-/// decreases on a key: plain set, cas, unlock, invalidation and re-lock all keep or raise it.
+/// docs/consul-compatibility.md#deliberate-differences, difference 1 (and
+/// TestTxnEndpoint_KV_Actions with Vigil's twist): LockIndex never decreases on a key: plain set,
+/// cas, unlock, invalidation and re-lock all keep or raise it.
 #[test]
 fn lock_index_never_decreases() {
     let mut sm = world();

@@ -1,5 +1,6 @@
 //! Lock-delay: enforced in apply from the command's clock, 0 meaning none, capped at 60 s
-//! (`delay_test.go`, `TestKVS_Apply_LockDelay`, `TestTxn_Apply_LockDelay`, SPEC.md).
+//! (`delay_test.go`, `TestKVS_Apply_LockDelay`, `TestTxn_Apply_LockDelay`,
+//! docs/consul-compatibility.md#lock-delay).
 
 use super::*;
 
@@ -93,9 +94,9 @@ fn k_delayed_by_destroyed_s1() -> StateMachine {
     sm
 }
 
-/// §1.9: lock-delay blocks only acquire. Plain set, cas, delete, reads and release proceed;
-/// a voluntary release sets no lock-delay; a key that never had one reports none
-/// (TestStateStore_KVSLockDelay).
+/// docs/consul-compatibility.md#lock-delay: lock-delay blocks only acquire. Plain set, cas, delete,
+/// reads and release proceed; a voluntary release sets no lock-delay; a key that never had one
+/// reports none (TestStateStore_KVSLockDelay).
 #[test]
 fn lock_delay_blocks_only_acquire() {
     let mut sm = k_delayed_by_destroyed_s1();
@@ -186,9 +187,9 @@ fn txn_lock_during_lock_delay_rolls_back_everything() {
     );
 }
 
-/// SPEC.md: apply uses the command's leader-stamped `now_ms`, clamped so it never goes
-/// backwards; a command stamped by a leader with a lagging clock cannot shorten or extend a
-/// lock-delay relative to what the state machine has already seen.
+/// docs/consul-compatibility.md#lock-delay: apply uses the command's leader-stamped `now_ms`,
+/// clamped so it never goes backwards; a command stamped by a leader with a lagging clock cannot
+/// shorten or extend a lock-delay relative to what the state machine has already seen.
 #[test]
 fn lock_delay_uses_the_command_clock_clamped_monotonic() {
     let mut sm = k_delayed_by_destroyed_s1();

@@ -1,4 +1,5 @@
-//! LockIndex across tree deletes and tombstone reaping (SPEC.md difference 1).
+//! LockIndex across tree deletes and tombstone reaping
+//! (docs/consul-compatibility.md#deliberate-differences, difference 1).
 
 use super::*;
 

@@ -1,8 +1,9 @@
 //! Table-driven tests of the deterministic state machine, mirroring Consul's state-store tests
 //! (`session_test.go`, `kvs_test.go`, `delay_test.go`, `graveyard_test.go`, `txn_test.go`;
-//! CONSUL-SEMANTICS.md §11.3, §11.4, §11.7) plus Vigil's deliberate differences (SPEC.md):
-//! LockIndex never decreases, lock-delay is enforced in apply from the command's `now_ms`,
-//! 0 means no lock-delay, and lock-delay is capped at 60 s.
+//! docs/consul-compatibility.md#consul-tests-mirrored) plus Vigil's deliberate differences
+//! (docs/consul-compatibility.md#deliberate-differences): LockIndex never decreases, lock-delay is
+//! enforced in apply from the command's `now_ms`, 0 means no lock-delay, and lock-delay is capped
+//! at 60 s.
 //!
 //! Time is only ever the `now_ms` put into a command; raft indexes are written out explicitly
 //! so each script reads like the Consul test it mirrors.

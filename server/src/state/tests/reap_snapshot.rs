@@ -43,7 +43,8 @@ fn reap_tombstones() {
 
 /// TestStateStore_{Session,KVS,Tombstone}_Snapshot_Restore: the whole state machine survives a
 /// postcard round trip, and the restored copy behaves identically afterwards: check mappings,
-/// held keys, tombstones and lock-delays (SPEC.md difference 4) all come back.
+/// held keys, tombstones and lock-delays (docs/consul-compatibility.md#deliberate-differences,
+/// difference 4) all come back.
 #[test]
 fn snapshot_round_trip() {
     // Setup: two nodes with checks; sessions of both behaviours; locked keys, a tombstone, a
@@ -176,8 +177,8 @@ fn catalog_registration_effects() {
     assert_eq!(fx, Effects::default());
 }
 
-/// §1.1: session IDs are looked up case-insensitively everywhere: info, lock, re-lock,
-/// unlock, destroy.
+/// docs/consul-compatibility.md#the-session-object: session IDs are looked up case-insensitively
+/// everywhere: info, lock, re-lock, unlock, destroy.
 #[test]
 fn session_ids_are_case_insensitive() {
     let upper = S1.to_ascii_uppercase();

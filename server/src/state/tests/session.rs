@@ -345,8 +345,8 @@ fn session_invalidation_triggers() {
     }
 }
 
-/// §1.6.3 / §10.16: deregistering a node destroys all of its sessions, including sessions with
-/// no checks and TTL-only sessions; the node's checks go with it.
+/// docs/consul-compatibility.md#invalidation: deregistering a node destroys all of its sessions,
+/// including sessions with no checks and TTL-only sessions; the node's checks go with it.
 #[test]
 fn node_deregistration_destroys_every_session_on_the_node() {
     // Setup: three kinds of session on node1, one on node2.
