@@ -551,6 +551,17 @@ pub fn raft_ids(configuration: &Value) -> BTreeSet<String> {
         .collect()
 }
 
+/// The node names of the voters in a `/v1/operator/raft/configuration` answer.
+pub fn raft_voters(configuration: &Value) -> BTreeSet<String> {
+    configuration["Servers"]
+        .as_array()
+        .expect("Servers array")
+        .iter()
+        .filter(|s| s["Voter"] == true)
+        .map(|s| s["Node"].as_str().expect("server Node").to_owned())
+        .collect()
+}
+
 /// Creates a session through `agent`, retrying until the agent's node is registered (it does
 /// that shortly after start, once a leader exists). Returns the session ID.
 pub async fn create_session(agent: &Http, body: &str) -> String {

@@ -80,6 +80,9 @@ pub const GOSSIP_MEMBERS: &str = "vigil.gossip.members";
 pub const GOSSIP_DECRYPT_FAILURES: &str = "vigil.gossip.decrypt_failures";
 /// Gossip packets from another datacenter, dropped, since start (gauge).
 pub const GOSSIP_FOREIGN_DROPS: &str = "vigil.gossip.foreign_datacenter_drops";
+/// Times this server, out of the raft configuration or without a leader for an election
+/// timeout, asked to be added again (counter).
+pub const RAFT_REJOIN: &str = "vigil.raft.rejoin";
 
 /// How a KV acquire ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +196,11 @@ pub fn session_invalidated(cause: InvalidationCause) {
 /// This server became the leader.
 pub fn became_leader() {
     counter!(RAFT_STATE_LEADER).increment(1);
+}
+
+/// This server asked to be added to the cluster again.
+pub fn rejoin_attempt() {
+    counter!(RAFT_REJOIN).increment(1);
 }
 
 /// The RPC endpoint answered a request.

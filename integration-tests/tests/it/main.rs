@@ -24,6 +24,7 @@ mod t31_http_hardening;
 mod t40_consul_client;
 mod t50_cluster;
 mod t51_cluster_failover;
+mod t51_server_rejoin;
 mod t52_server_identity;
 mod t53_large_entries;
 mod t54_many_watchers;

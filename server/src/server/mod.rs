@@ -141,8 +141,11 @@ pub struct Server {
     rpc: RpcClient,
     /// Dials the other servers with raft's protocol (the raft network's own client).
     peers: RpcClient,
-    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
+    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`
+    /// and to tell when it is stranded outside the cluster.
     last_leader_contact: Mutex<Option<Instant>>,
+    /// When this server started: before any leader contact, how long it has gone without.
+    started: Instant,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
     blocking: tokio::sync::Semaphore,
     /// The raft term in which this server, leading, last passed a read barrier; default reads
@@ -244,6 +247,7 @@ impl Server {
             rpc,
             peers,
             last_leader_contact: Mutex::new(None),
+            started: Instant::now(),
             blocking,
             confirmed_term: AtomicU64::new(0),
             shutdown: shutdown.clone(),
@@ -287,7 +291,7 @@ impl Server {
                 let s = Arc::clone(&server);
                 server
                     .tasks
-                    .spawn(async move { s.form_cluster(bootstrap_expect).await });
+                    .spawn(async move { s.stay_in_cluster(bootstrap_expect).await });
                 let s = Arc::clone(&server);
                 server.tasks.spawn(crate::operator::cleanup_dead_servers(s));
             }
