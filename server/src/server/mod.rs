@@ -260,11 +260,13 @@ impl Server {
                 transport::Protocol {
                     alpn: ALPN_RPC,
                     servers_only: false,
+                    limits: transport::RequestLimits::RPC,
                     handler: Arc::new(RpcService(Arc::clone(&server))),
                 },
                 transport::Protocol {
                     alpn: ALPN_RAFT,
                     servers_only: true,
+                    limits: transport::RequestLimits::RAFT,
                     handler: Arc::new(PeerService(Arc::clone(&server))),
                 },
             ],
