@@ -208,8 +208,9 @@ impl Server {
             ServerMode::Cluster { data_dir, .. } => {
                 let node_id = load_or_create_node_id(data_dir)?;
                 let log = LogStore::open(data_dir).map_err(data_dir_error)?;
-                let state =
-                    StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
+                let state = StateStore::open(Arc::clone(&shared), data_dir)
+                    .map_err(data_dir_error)?
+                    .stopping_with(shutdown.clone());
                 let raft = Raft::new(node_id, raft_config, network, log, state).await;
                 (node_id, raft)
             }
