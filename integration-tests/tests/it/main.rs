@@ -30,6 +30,7 @@ mod t53_large_entries;
 mod t54_many_watchers;
 mod t55_leader_terms;
 mod t56_cluster_checks;
+mod t57_exhaustion;
 mod t57_full_disk;
 mod t58_consul_drop_in;
 mod t59_consul_cli;
