@@ -2,6 +2,8 @@
 //! 60 s (the leader, at the worst moment), or killed with SIGKILL and restarted 60 s later on
 //! its data directory, it is removed as dead meanwhile, and within 30 s of its return the
 //! configuration has three voters again and the server has what was written while it was away.
+//! Its return costs no election: the others' raft term does not move (Pre-Vote keeps the
+//! returning server from raising its own).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -36,6 +38,16 @@ async fn await_voters(cluster: &Cluster, at: usize, expected: &[&str], limit: Du
         (voters_at(cluster, at).await.as_ref() == Some(&expected)).then_some(())
     })
     .await;
+}
+
+/// Server `at`'s raft term, from `/v1/agent/self`.
+async fn term(cluster: &Cluster, at: usize) -> u64 {
+    let reply = cluster.server(at).get("/v1/agent/self").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    reply.json()["Stats"]["raft"]["term"]
+        .as_str()
+        .and_then(|t| t.parse().ok())
+        .unwrap_or_else(|| panic!("Stats.raft.term in {}", reply.text()))
 }
 
 /// Writes `key` through server `at` until it is acknowledged (an election may be under way).
@@ -91,14 +103,19 @@ async fn a_leader_paused_past_autopilot_rejoins_as_a_voter() {
     await_voters(&cluster, others[0], &rest, REMOVAL_LIMIT).await;
     write(&cluster, others[0], "while-away").await;
     tokio::time::sleep_until(paused_at + AWAY).await;
+    let before = term(&cluster, others[0]).await;
 
-    // Phase 3: thawed, it is a voter again within the limit, and has the write it missed.
+    // Phase 3: thawed, it is a voter again within the limit, and has the write it missed; no
+    // election was held for it.
     cluster.resume(paused);
     await_voters(&cluster, others[0], &all, REJOIN_LIMIT).await;
     await_voters(&cluster, paused, &all, REJOIN_LIMIT).await;
     await_key(&cluster, paused, "while-away").await;
     cluster.leader().await;
     write(&cluster, paused, "after").await;
+    for i in 0..3 {
+        assert_eq!(term(&cluster, i).await, before, "server {i}'s term");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -118,12 +135,17 @@ async fn a_server_killed_and_restarted_past_autopilot_rejoins_as_a_voter() {
     await_voters(&cluster, leader, &rest, REMOVAL_LIMIT).await;
     write(&cluster, leader, "while-away").await;
     tokio::time::sleep_until(killed_at + AWAY).await;
+    let before = term(&cluster, leader).await;
 
     // Phase 3: restarted on its data directory (its log still names it a voter), it is one
-    // again within the limit and catches up.
+    // again within the limit and catches up, and the leader stayed the leader throughout.
     cluster.restart(killed).await;
     await_voters(&cluster, leader, &all, REJOIN_LIMIT).await;
     await_voters(&cluster, killed, &all, REJOIN_LIMIT).await;
     await_key(&cluster, killed, "while-away").await;
     write(&cluster, killed, "after").await;
+    assert_eq!(cluster.leader().await, leader);
+    for i in 0..3 {
+        assert_eq!(term(&cluster, i).await, before, "server {i}'s term");
+    }
 }

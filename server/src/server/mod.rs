@@ -178,6 +178,10 @@ impl Server {
                 // replication only on its next loop, which for a lone write is the leader's own
                 // flush notification: the two syncs in series again.
                 broadcast_submitted_on_append: Some(true),
+                // A server that cannot win (back from a pause, restarted, or removed meanwhile)
+                // does not raise its term, which would make the leader step down when it
+                // comes back (see `RaftPeer::pre_vote`).
+                enable_pre_vote: Some(true),
                 ..Default::default()
             }
             .validate()?,
