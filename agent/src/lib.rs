@@ -7,6 +7,7 @@ pub mod acl;
 pub mod backend;
 pub mod cli;
 pub mod cmd;
+pub mod fds;
 pub mod gossip;
 pub mod http;
 pub mod local;
@@ -175,6 +176,14 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             .with_context(|| "loading the TLS files (--ca-file, --cert-file, --key-file)")?,
     };
     vigil_server::telemetry::Sink::install();
+    let fds = fds::raise_limit();
+    let http_connections = http::serve::Connections::new(fds.http_connections());
+    tracing::info!(
+        open_file_limit = fds.soft,
+        raised_from = ?fds.raised_from,
+        http_connections_max = fds.http_connections(),
+        "file descriptors"
+    );
     let http_listener = match config.http_addr {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -356,6 +365,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             router.clone(),
             config.http_limits,
             None,
+            Arc::clone(&http_connections),
             shutdown.clone(),
         ));
     }
@@ -365,6 +375,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             router,
             config.http_limits,
             Some(acceptor),
+            http_connections,
             shutdown.clone(),
         ));
     }

@@ -44,9 +44,16 @@ pub struct Spec {
     args: Vec<String>,
     server_args: Vec<String>,
     profile: Option<String>,
+    server_nofile: Option<(u64, u64)>,
 }
 
 impl Spec {
+    /// The servers' open file limit (soft, hard), as `ulimit -Sn`/`-Hn` would set it.
+    pub fn server_open_file_limit(mut self, soft: u64, hard: u64) -> Spec {
+        self.server_nofile = Some((soft, hard));
+        self
+    }
+
     /// An extra flag for the servers only (e.g. `--encrypt KEY`; clients then get theirs
     /// through [`Cluster::add_client_with`]).
     pub fn server_arg(mut self, arg: &str) -> Spec {
@@ -105,6 +112,7 @@ impl Spec {
                 rpc_addr: Some(*rpc_addr),
                 serf_addr: Some(*serf_addr),
                 args,
+                nofile: self.server_nofile,
                 agent: None,
             });
         }
@@ -112,7 +120,7 @@ impl Spec {
             cluster
                 .servers
                 .iter()
-                .map(|m| Agent::spawn(&m.args, Some(&m.log))),
+                .map(|m| Agent::spawn_with_limit(m.nofile, &m.args, Some(&m.log))),
         )
         .await;
         for (member, agent) in cluster.servers.iter_mut().zip(started) {
@@ -136,6 +144,8 @@ pub struct Member {
     pub serf_addr: Option<SocketAddr>,
     pub log: PathBuf,
     args: Vec<OsString>,
+    /// The open file limit it runs with, if not the harness's own.
+    nofile: Option<(u64, u64)>,
     agent: Option<Agent>,
 }
 
@@ -183,7 +193,8 @@ fn take(members: &mut [Member], role: &str, i: usize) -> Agent {
 async fn relaunch(members: &mut [Member], role: &str, i: usize) {
     let member = &mut members[i];
     assert!(member.agent.is_none(), "{role} {i} is still running");
-    member.agent = Some(Agent::spawn(&member.args, Some(&member.log)).await);
+    member.agent =
+        Some(Agent::spawn_with_limit(member.nofile, &member.args, Some(&member.log)).await);
 }
 
 fn strings(args: &[&str]) -> Vec<OsString> {
@@ -204,6 +215,7 @@ impl Cluster {
             args: Vec::new(),
             server_args: Vec::new(),
             profile: None,
+            server_nofile: None,
         }
     }
 
@@ -214,6 +226,13 @@ impl Cluster {
     /// The cluster CA's certificate and private key files, to sign certificates of one's own.
     pub fn ca_files(&self) -> (&Path, &Path) {
         (&self.ca_cert, &self.ca_key)
+    }
+
+    /// TLS material with a fresh certificate for `role` and `node` from the cluster's CA, to
+    /// dial the servers by hand.
+    pub fn tls_material(&self, role: Role, node: &str) -> TlsMaterial {
+        let (cert, key) = self.cert(role, node);
+        TlsMaterial::load(&self.ca_cert, &cert, &key).expect("load the certificate")
     }
 
     /// A fresh certificate for `role` signed by the cluster's CA.
@@ -333,6 +352,7 @@ impl Cluster {
             serf_addr: None,
             log,
             args,
+            nofile: None,
             agent: Some(agent),
         });
         self.clients.len() - 1
@@ -528,6 +548,7 @@ impl Cluster {
             rpc_addr: Some(rpc_addr),
             serf_addr: Some(serf_addr),
             args,
+            nofile: None,
             agent: Some(agent),
         });
         i
@@ -563,6 +584,17 @@ pub fn raft_ids(configuration: &Value) -> BTreeSet<String> {
         .expect("Servers array")
         .iter()
         .map(|s| s["ID"].as_str().expect("server ID").to_owned())
+        .collect()
+}
+
+/// The node names of the voters in a `/v1/operator/raft/configuration` answer.
+pub fn raft_voters(configuration: &Value) -> BTreeSet<String> {
+    configuration["Servers"]
+        .as_array()
+        .expect("Servers array")
+        .iter()
+        .filter(|s| s["Voter"] == true)
+        .map(|s| s["Node"].as_str().expect("server Node").to_owned())
         .collect()
 }
 

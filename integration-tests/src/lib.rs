@@ -393,6 +393,20 @@ impl Agent {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Agent::spawn_with_limit(None, args, log).await
+    }
+
+    /// [`Agent::spawn`] with the open file limit (`RLIMIT_NOFILE`, soft and hard) set to
+    /// `nofile` for the agent (by `prlimit`, from util-linux), if given.
+    pub async fn spawn_with_limit<I, S>(
+        nofile: Option<(u64, u64)>,
+        args: I,
+        log: Option<&Path>,
+    ) -> Agent
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let stderr = match log {
             Some(path) => std::fs::OpenOptions::new()
                 .create(true)
@@ -403,7 +417,15 @@ impl Agent {
             None => Stdio::inherit(),
         };
         // No NO_COLOR: the agent must write plain text to a log file by itself.
-        let mut child = Command::new(binary())
+        let mut command = match nofile {
+            None => Command::new(binary()),
+            Some((soft, hard)) => {
+                let mut command = Command::new("prlimit");
+                command.arg(format!("--nofile={soft}:{hard}")).arg(binary());
+                command
+            }
+        };
+        let mut child = command
             .env_remove("NO_COLOR")
             .args(args)
             .stdout(Stdio::piped())

@@ -270,6 +270,7 @@ fn peer_requests() -> Vec<PeerRequest> {
             done: true,
         }),
         PeerRequest::Campaign,
+        PeerRequest::PreVote(VoteRequest::new(Vote::new(5, 2), Some(log_id(3, 61)))),
     ]
 }
 
@@ -318,6 +319,11 @@ fn peer_responses() -> Vec<PeerResponse> {
         PeerResponse::Undecodable("unexpected end of input".to_owned()),
         PeerResponse::Campaign(Ok(())),
         PeerResponse::Campaign(Err("raft stopped".to_owned())),
+        PeerResponse::PreVote(Ok(VoteResponse {
+            vote: Vote::new(5, 2),
+            vote_granted: false,
+            last_log_id: Some(log_id(3, 61)),
+        })),
     ]
 }
 
@@ -663,8 +669,9 @@ fn messages_keep_their_variant_indexes() {
             PeerRequest::Vote(_) => 1,
             PeerRequest::InstallSnapshot(_) => 2,
             PeerRequest::Campaign => 3,
+            PeerRequest::PreVote(_) => 4,
         },
-        4,
+        5,
     );
     keeps_variant_indexes(
         &peer_responses(),
@@ -675,7 +682,8 @@ fn messages_keep_their_variant_indexes() {
             PeerResponse::InstallSnapshot(_) => 2,
             PeerResponse::Undecodable(_) => 3,
             PeerResponse::Campaign(_) => 4,
+            PeerResponse::PreVote(_) => 5,
         },
-        5,
+        6,
     );
 }

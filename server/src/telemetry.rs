@@ -80,6 +80,18 @@ pub const GOSSIP_MEMBERS: &str = "vigil.gossip.members";
 pub const GOSSIP_DECRYPT_FAILURES: &str = "vigil.gossip.decrypt_failures";
 /// Gossip packets from another datacenter, dropped, since start (gauge).
 pub const GOSSIP_FOREIGN_DROPS: &str = "vigil.gossip.foreign_datacenter_drops";
+/// Open HTTP API connections of this agent, both listeners (gauge).
+pub const HTTP_CONNECTIONS: &str = "vigil.http.connections";
+/// HTTP API connections closed to protect the agent, label `reason`: `client_cap` (429, the
+/// client IP's cap), `agent_cap` (503, every connection busy), `evicted_idle` (the connection
+/// idle the longest, closed to make room) (counter).
+pub const HTTP_CONNECTIONS_SHED: &str = "vigil.http.connections_shed";
+/// Snapshot writes that failed on a passing storage error (out of descriptors, space or
+/// memory) and are tried again, label `error` (counter).
+pub const STORAGE_RETRY: &str = "vigil.storage.retry";
+/// Times this server, out of the raft configuration or without a leader for an election
+/// timeout, asked to be added again (counter).
+pub const RAFT_REJOIN: &str = "vigil.raft.rejoin";
 
 /// How a KV acquire ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +205,26 @@ pub fn session_invalidated(cause: InvalidationCause) {
 /// This server became the leader.
 pub fn became_leader() {
     counter!(RAFT_STATE_LEADER).increment(1);
+}
+
+/// The agent has `open` HTTP connections.
+pub fn http_connections(open: usize) {
+    gauge!(HTTP_CONNECTIONS).set(open as f64);
+}
+
+/// An HTTP connection was refused or closed for `reason` (see [`HTTP_CONNECTIONS_SHED`]).
+pub fn http_connection_shed(reason: &'static str) {
+    counter!(HTTP_CONNECTIONS_SHED, "reason" => reason).increment(1);
+}
+
+/// A snapshot write failed with `error` (an errno name) and will be tried again.
+pub fn storage_retry(error: &'static str) {
+    counter!(STORAGE_RETRY, "error" => error).increment(1);
+}
+
+/// This server asked to be added to the cluster again.
+pub fn rejoin_attempt() {
+    counter!(RAFT_REJOIN).increment(1);
 }
 
 /// The RPC endpoint answered a request.

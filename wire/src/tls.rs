@@ -55,6 +55,9 @@ pub const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 /// Bidirectional streams a peer may have open at once (one per in-flight RPC, including
 /// blocking queries that wait for minutes).
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+/// Bytes a peer may send on one connection, over all its streams, before they are read: what
+/// a connection can make its receiver buffer, whatever its streams' windows add up to.
+pub const CONNECTION_RECEIVE_WINDOW: u32 = 4 * 1024 * 1024;
 
 /// Lifetime of a CA created by [`create_ca`] (Consul: 5 years).
 const CA_LIFETIME: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
@@ -144,6 +147,7 @@ fn transport_config() -> TransportConfig {
     transport.keep_alive_interval(Some(KEEP_ALIVE_INTERVAL));
     transport.max_concurrent_bidi_streams(VarInt::from_u32(MAX_CONCURRENT_STREAMS));
     transport.max_concurrent_uni_streams(VarInt::from_u32(0));
+    transport.receive_window(VarInt::from_u32(CONNECTION_RECEIVE_WINDOW));
     transport
 }
 

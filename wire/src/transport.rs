@@ -10,10 +10,22 @@
 //! is sent twice only when the first attempt is known not to have reached a live handler (see
 //! [`RpcClient::call`]); every server task is tracked and stops on shutdown. The message types
 //! live elsewhere; this module never decodes payloads.
+//!
+//! What a peer can make the accepting side hold is bounded ([`RequestLimits`], per protocol): a
+//! request frame's buffer grows as its bytes arrive, never from the length it announces; the
+//! frames one peer (a certificate from one IP address) has being read count against its budget
+//! by their announced length, and a frame above the protocol's per-peer size takes the
+//! protocol's one slot for large frames (snapshot restores); a frame that finds no room is
+//! refused at once, unread ([`TransportError::Refused`]: refused streams free what QUIC holds
+//! of them, where a waiting one would keep its share of the connection receive window and
+//! could starve the frame being read); a frame must arrive whole by its deadline
+//! ([`FRAME_DEADLINE`] plus a second per MiB), else its stream is reset and its room freed;
+//! and a peer has at most [`MAX_CONNECTIONS_PER_PEER`] connections per protocol.
 
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,8 +34,11 @@ use futures::future::BoxFuture;
 use futures::stream::{BoxStream, StreamExt as _};
 use parking_lot::Mutex;
 use quinn::{ClientConfig, Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
+use rustls_pki_types::CertificateDer;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
@@ -33,6 +48,19 @@ use crate::tls::{PeerIdentity, Role, TlsError, TlsMaterial, peer_identity};
 pub const FRAME_VERSION: u8 = 1;
 /// Largest payload in one frame; snapshots are the big ones.
 pub const MAX_FRAME_LEN: usize = 64 * 1024 * 1024;
+/// Largest request frame a peer may send on the client protocol at any time: near the
+/// servers' command limit (2 MiB), which only a snapshot restore's archive exceeds.
+pub const MAX_REQUEST_FRAME: usize = 3 * 1024 * 1024;
+/// A request frame must be whole within this long of being admitted (its header read and its
+/// bytes within the peer's budget), plus a second per [`FRAME_MIN_RATE`] bytes it announces; a
+/// stream's first header must come within this long of the stream's opening.
+pub const FRAME_DEADLINE: Duration = Duration::from_secs(10);
+/// The slowest a request frame may arrive at, in bytes per second, beyond [`FRAME_DEADLINE`].
+pub const FRAME_MIN_RATE: usize = 1024 * 1024;
+/// Connections one peer (a certificate from one IP address) may have open per protocol: a
+/// client opens one control and up to `MAX_WATCH_CONNECTIONS` watch connections, and a
+/// restarted one may overlap with its old ones for a while.
+pub const MAX_CONNECTIONS_PER_PEER: usize = 40;
 /// Version byte plus big-endian length.
 const HEADER_LEN: usize = 5;
 
@@ -44,6 +72,11 @@ const STREAM_RESPONSE_TOO_LARGE: VarInt = VarInt::from_u32(2);
 const STREAM_SHUTTING_DOWN: VarInt = VarInt::from_u32(3);
 /// Stream reset code: a stream call to a protocol that has none.
 const STREAM_NOT_STREAMED: VarInt = VarInt::from_u32(4);
+/// Stream reset code: the request frame did not arrive whole by its deadline.
+const STREAM_TOO_SLOW: VarInt = VarInt::from_u32(5);
+/// Stream reset code: the request was refused unread, the peer having as much being read as
+/// it may (or the large-frame slot being taken).
+const STREAM_BUSY: VarInt = VarInt::from_u32(6);
 /// Connection close code: this node is shutting down.
 const CLOSE_SHUTDOWN: VarInt = VarInt::from_u32(0);
 /// Connection close code: the peer's certificate names no role.
@@ -54,6 +87,8 @@ const CLOSE_DISCONNECT: VarInt = VarInt::from_u32(2);
 const CLOSE_UNKNOWN_PROTOCOL: VarInt = VarInt::from_u32(3);
 /// Connection close code: the protocol is for servers and the certificate is not a server's.
 const CLOSE_SERVERS_ONLY: VarInt = VarInt::from_u32(4);
+/// Connection close code: the peer has [`MAX_CONNECTIONS_PER_PEER`] connections open already.
+const CLOSE_TOO_MANY_CONNECTIONS: VarInt = VarInt::from_u32(5);
 /// How long shutdown waits for close frames to reach the peers.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// Blocking calls one watch connection carries at most: under the peer's stream limit
@@ -84,6 +119,10 @@ pub enum TransportError {
     /// was not sent.
     #[error("too many blocking calls in flight to {addr}")]
     Busy { addr: SocketAddr },
+    /// The peer refused the request unread: it is reading as much from this node as it may, or
+    /// another large request. It was not handled; retry later.
+    #[error("{addr} refused the request unread: it is reading as much as it may; retry later")]
+    Refused { addr: SocketAddr },
 }
 
 /// Why a QUIC endpoint could not be created.
@@ -173,7 +212,133 @@ pub struct Protocol {
     pub alpn: &'static [u8],
     /// Whether only a peer whose certificate proves a server may speak it.
     pub servers_only: bool,
+    /// What one peer may send on it at once.
+    pub limits: RequestLimits,
     pub handler: Arc<dyn RpcHandler>,
+}
+
+/// How much one peer may make a protocol hold in request frames being read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLimits {
+    /// Largest request frame a peer may send at any time. A larger one (up to
+    /// [`MAX_FRAME_LEN`]) is read only while no other such frame of this protocol is, from any
+    /// peer: one at a time.
+    pub frame: usize,
+    /// Bytes of frames (counted by their announced length) one peer may have being read at
+    /// once; at least `frame`.
+    pub in_flight: usize,
+}
+
+impl RequestLimits {
+    /// The client protocol's ([`crate::tls::ALPN_RPC`]): requests near the command limit, and
+    /// one larger one at a time (a snapshot restore's archive).
+    pub const RPC: RequestLimits = RequestLimits {
+        frame: MAX_REQUEST_FRAME,
+        in_flight: 4 * MAX_REQUEST_FRAME,
+    };
+    /// Raft's ([`crate::tls::ALPN_RAFT`], servers only): snapshots travel in frames of up to
+    /// [`MAX_FRAME_LEN`], beside the replication stream.
+    pub const RAFT: RequestLimits = RequestLimits {
+        frame: MAX_FRAME_LEN,
+        in_flight: 2 * MAX_FRAME_LEN,
+    };
+}
+
+/// A protocol as [`serve`] runs it.
+struct Served {
+    protocol: Protocol,
+    /// One permit: the frame above `limits.frame` being read.
+    large: Arc<Semaphore>,
+}
+
+/// The peers connected per protocol, for [`MAX_CONNECTIONS_PER_PEER`] and their budgets.
+#[derive(Default)]
+struct Peers {
+    /// Keys certificates without keeping them (a random seed: no peer can make two collide).
+    hasher: std::hash::RandomState,
+    open: Mutex<HashMap<PeerKey, PeerEntry>>,
+}
+
+/// One peer of one protocol: which protocol, a hash of its certificate, and its IP address.
+type PeerKey = (&'static [u8], u64, IpAddr);
+
+struct PeerEntry {
+    connections: usize,
+    /// Permits are bytes of request frames being read ([`RequestLimits::in_flight`]).
+    budget: Arc<Semaphore>,
+}
+
+/// A connection counted against its peer's cap until dropped, with the peer's budget.
+struct PeerSlot {
+    peers: Arc<Peers>,
+    key: PeerKey,
+    budget: Arc<Semaphore>,
+}
+
+impl Peers {
+    /// Counts a connection of the peer holding `certificate` at `ip` on `protocol`; `None` when
+    /// it has [`MAX_CONNECTIONS_PER_PEER`] already.
+    fn admit(
+        self: &Arc<Peers>,
+        protocol: &Protocol,
+        certificate: &[u8],
+        ip: IpAddr,
+    ) -> Option<PeerSlot> {
+        let key = (protocol.alpn, self.hasher.hash_one(certificate), ip);
+        let mut open = self.open.lock();
+        let entry = open.entry(key).or_insert_with(|| PeerEntry {
+            connections: 0,
+            budget: Arc::new(Semaphore::new(protocol.limits.in_flight)),
+        });
+        if entry.connections >= MAX_CONNECTIONS_PER_PEER {
+            return None;
+        }
+        entry.connections += 1;
+        Some(PeerSlot {
+            peers: Arc::clone(self),
+            key,
+            budget: Arc::clone(&entry.budget),
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.open.lock();
+        if let Some(entry) = open.get_mut(&self.key) {
+            entry.connections -= 1;
+            if entry.connections == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// What bounds the request frames of one connection: its protocol's limits and large-frame
+/// slot, and its peer's budget.
+#[derive(Clone)]
+struct RequestBounds {
+    limits: RequestLimits,
+    large: Arc<Semaphore>,
+    budget: Arc<Semaphore>,
+}
+
+impl RequestBounds {
+    /// Room to read a frame of `len` bytes, held until it is whole: the large-frame slot, or
+    /// `len` bytes of the peer's budget. `None` when there is none now.
+    fn admit(&self, len: usize) -> Option<OwnedSemaphorePermit> {
+        if len > self.limits.frame {
+            Arc::clone(&self.large).try_acquire_owned().ok()
+        } else {
+            let bytes = u32::try_from(len).ok()?;
+            Arc::clone(&self.budget).try_acquire_many_owned(bytes).ok()
+        }
+    }
+}
+
+/// By when a frame of `len` bytes admitted at `since` must be whole.
+fn frame_deadline(since: Instant, len: usize) -> Instant {
+    since + FRAME_DEADLINE + Duration::from_secs((len / FRAME_MIN_RATE) as u64)
 }
 
 /// Accepts connections on `endpoint` until `shutdown`, serving every bidirectional stream as
@@ -189,7 +354,14 @@ pub fn serve(
     tasks: TaskTracker,
 ) {
     let server_name: Arc<str> = Arc::from(server_name);
-    let protocols: Arc<[Protocol]> = protocols.into();
+    let protocols: Arc<[Served]> = protocols
+        .into_iter()
+        .map(|protocol| Served {
+            protocol,
+            large: Arc::new(Semaphore::new(1)),
+        })
+        .collect();
+    let peers = Arc::new(Peers::default());
     let tracker = tasks.clone();
     tasks.spawn(async move {
         loop {
@@ -205,6 +377,7 @@ pub fn serve(
                 incoming,
                 Arc::clone(&server_name),
                 Arc::clone(&protocols),
+                Arc::clone(&peers),
                 shutdown.clone(),
                 tracker.clone(),
             ));
@@ -217,7 +390,8 @@ pub fn serve(
 async fn serve_connection(
     incoming: quinn::Incoming,
     server_name: Arc<str>,
-    protocols: Arc<[Protocol]>,
+    protocols: Arc<[Served]>,
+    peers: Arc<Peers>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 ) {
@@ -233,17 +407,24 @@ async fn serve_connection(
             }
         },
     };
-    let Some(peer) = peer_identity(&connection, &server_name) else {
+    let (Some(peer), Some(certificate)) = (
+        peer_identity(&connection, &server_name),
+        peer_certificate(&connection),
+    ) else {
         tracing::warn!(%remote, "RPC peer certificate names no role; closing");
         connection.close(CLOSE_UNKNOWN_PEER, b"certificate names no role");
         return;
     };
     let alpn = negotiated_protocol(&connection);
-    let Some(protocol) = protocols.iter().find(|p| Some(p.alpn) == alpn.as_deref()) else {
+    let Some(served) = protocols
+        .iter()
+        .find(|p| Some(p.protocol.alpn) == alpn.as_deref())
+    else {
         tracing::warn!(%remote, alpn = ?alpn, "RPC peer speaks no protocol served here; closing");
         connection.close(CLOSE_UNKNOWN_PROTOCOL, b"protocol not served");
         return;
     };
+    let protocol = &served.protocol;
     if protocol.servers_only && peer.role != Role::Server {
         tracing::warn!(%remote, role = %peer.role, "a server-only protocol from a non-server; closing");
         connection.close(
@@ -252,6 +433,19 @@ async fn serve_connection(
         );
         return;
     }
+    let Some(slot) = peers.admit(protocol, &certificate, remote.ip()) else {
+        tracing::warn!(%remote, role = %peer.role, node = ?peer.node, "too many connections from this peer; closing");
+        connection.close(
+            CLOSE_TOO_MANY_CONNECTIONS,
+            b"too many connections from this peer",
+        );
+        return;
+    };
+    let bounds = RequestBounds {
+        limits: protocol.limits,
+        large: Arc::clone(&served.large),
+        budget: Arc::clone(&slot.budget),
+    };
     let handler = Arc::clone(&protocol.handler);
     let peer = Arc::new(peer);
     tracing::debug!(%remote, role = %peer.role, node = ?peer.node, "RPC peer connected");
@@ -267,11 +461,19 @@ async fn serve_connection(
                 }
             },
         };
+        let opened = Instant::now();
         let handler = Arc::clone(&handler);
         let peer = Arc::clone(&peer);
+        let bounds = bounds.clone();
         let shutdown = shutdown.clone();
         tasks.spawn(async move {
             let mut send = send;
+            let stream = Accepted {
+                recv,
+                opened,
+                bounds,
+                remote,
+            };
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => {
@@ -279,9 +481,59 @@ async fn serve_connection(
                     // would read as a truncated response.
                     let _ = send.reset(STREAM_SHUTTING_DOWN);
                 }
-                () = serve_stream(&mut send, recv, &peer, handler.as_ref(), remote) => {}
+                () = serve_stream(&mut send, stream, &peer, handler.as_ref()) => {}
             }
         });
+    }
+}
+
+/// The leaf certificate the peer presented (verified by the handshake).
+fn peer_certificate(connection: &Connection) -> Option<CertificateDer<'static>> {
+    let identity = connection.peer_identity()?;
+    let chain = identity.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    chain.into_iter().next()
+}
+
+/// An accepted stream's receiving side, and what bounds the requests read from it.
+struct Accepted {
+    recv: RecvStream,
+    /// When the stream was accepted: its first frame's deadline counts from then.
+    opened: Instant,
+    bounds: RequestBounds,
+    remote: SocketAddr,
+}
+
+impl Accepted {
+    /// The next request frame, or `None` when the peer finished the stream between frames.
+    /// The first frame's header must come within [`FRAME_DEADLINE`] of the stream's opening;
+    /// a later one's (a stream call's) may come any time. The frame is then read if the bounds
+    /// have room for it ([`Failure::Busy`] if not), and must be whole by its
+    /// [`frame_deadline`] from then, else [`Failure::Late`].
+    async fn next_request(&mut self, first: bool) -> Result<Option<Vec<u8>>, Failure> {
+        let header = if first {
+            tokio::time::timeout_at(self.opened + FRAME_DEADLINE, read_header(&mut self.recv))
+                .await
+                .map_err(|_| Failure::Late)??
+        } else {
+            read_header(&mut self.recv).await?
+        };
+        let Some(len) = header else {
+            return Ok(None);
+        };
+        let Some(_room) = self.bounds.admit(len) else {
+            return Err(Failure::Busy);
+        };
+        let deadline = frame_deadline(Instant::now(), len);
+        match tokio::time::timeout_at(deadline, read_payload(&mut self.recv, len)).await {
+            Ok(payload) => payload.map(Some),
+            Err(_) => Err(Failure::Late),
+        }
+    }
+
+    /// Refuses the stream's request: stops the peer's sending and resets ours with `code`.
+    fn refuse(&mut self, send: &mut SendStream, code: VarInt) {
+        let _ = self.recv.stop(code);
+        let _ = send.reset(code);
     }
 }
 
@@ -297,23 +549,33 @@ fn negotiated_protocol(connection: &Connection) -> Option<Vec<u8>> {
 /// One request/response exchange on the accepting side, or a stream call.
 async fn serve_stream(
     send: &mut SendStream,
-    mut recv: RecvStream,
+    mut stream: Accepted,
     peer: &PeerIdentity,
     handler: &dyn RpcHandler,
-    remote: SocketAddr,
 ) {
-    let request = match read_frame(&mut recv).await {
-        Ok(request) => request,
+    let remote = stream.remote;
+    let request = match stream.next_request(true).await {
+        Ok(Some(request)) => request,
+        Ok(None) => {
+            tracing::warn!(%remote, "rejecting RPC request: stream ended before a frame");
+            return stream.refuse(send, STREAM_BAD_REQUEST);
+        }
         Err(Failure::Protocol(reason)) => {
             tracing::warn!(%remote, %reason, "rejecting RPC request");
-            let _ = recv.stop(STREAM_BAD_REQUEST);
-            let _ = send.reset(STREAM_BAD_REQUEST);
-            return;
+            return stream.refuse(send, STREAM_BAD_REQUEST);
+        }
+        Err(Failure::Late) => {
+            tracing::warn!(%remote, "rejecting RPC request: its frame did not arrive in time");
+            return stream.refuse(send, STREAM_TOO_SLOW);
+        }
+        Err(Failure::Busy) => {
+            tracing::debug!(%remote, "refusing RPC request: the peer has as much being read as it may");
+            return stream.refuse(send, STREAM_BUSY);
         }
         Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown) => return,
     };
     if request.is_empty() {
-        return serve_frames(send, recv, peer, handler, remote).await;
+        return serve_frames(send, stream, peer, handler).await;
     }
     let response = handler.handle(peer, request).await;
     if respond(send, response, remote).await {
@@ -341,14 +603,14 @@ async fn respond(send: &mut SendStream, response: Vec<u8>, remote: SocketAddr) -
 /// the stream is finished when they end.
 async fn serve_frames(
     send: &mut SendStream,
-    recv: RecvStream,
+    stream: Accepted,
     peer: &PeerIdentity,
     handler: &dyn RpcHandler,
-    remote: SocketAddr,
 ) {
-    let requests = futures::stream::unfold(recv, move |mut recv| async move {
-        match read_next_frame(&mut recv).await {
-            Ok(Some(frame)) => Some((frame, recv)),
+    let remote = stream.remote;
+    let requests = futures::stream::unfold(stream, move |mut stream| async move {
+        match stream.next_request(false).await {
+            Ok(Some(frame)) => Some((frame, stream)),
             Ok(None) => None,
             Err(failure) => {
                 tracing::debug!(%remote, error = %failure.into_error(remote), "stream call broken");
@@ -657,7 +919,10 @@ impl RpcClient {
             Ok(response) => return Ok(response),
             Err(failure) => failure,
         };
-        if matches!(failure, Failure::Protocol(_) | Failure::PeerShutdown) {
+        if matches!(
+            failure,
+            Failure::Protocol(_) | Failure::PeerShutdown | Failure::Busy
+        ) {
             return Err(failure.into_error(addr));
         }
         self.forget(addr, lane, &connection).await;
@@ -743,6 +1008,10 @@ enum Failure {
     PeerShutdown,
     /// The peer or the bytes broke the protocol.
     Protocol(String),
+    /// A request frame did not arrive whole by its deadline (the accepting side).
+    Late,
+    /// A request refused unread for want of room (by the accepting side, or the peer).
+    Busy,
 }
 
 impl Failure {
@@ -751,7 +1020,7 @@ impl Failure {
         match self {
             Failure::Open(_) => true,
             Failure::Lost(error) => matches!(error, ConnectionError::Reset),
-            Failure::PeerShutdown | Failure::Protocol(_) => false,
+            Failure::PeerShutdown | Failure::Protocol(_) | Failure::Late | Failure::Busy => false,
         }
     }
 
@@ -766,7 +1035,8 @@ impl Failure {
             Failure::Open(ConnectionError::ApplicationClosed(close))
             | Failure::Lost(ConnectionError::ApplicationClosed(close))
                 if close.error_code == CLOSE_UNKNOWN_PROTOCOL
-                    || close.error_code == CLOSE_SERVERS_ONLY =>
+                    || close.error_code == CLOSE_SERVERS_ONLY
+                    || close.error_code == CLOSE_TOO_MANY_CONNECTIONS =>
             {
                 TransportError::Unreachable {
                     addr,
@@ -785,6 +1055,10 @@ impl Failure {
                 reason: "the peer shut down while handling the request".to_owned(),
             },
             Failure::Protocol(reason) => TransportError::Protocol(reason),
+            Failure::Late => {
+                TransportError::Protocol("a request frame did not arrive in time".to_owned())
+            }
+            Failure::Busy => TransportError::Refused { addr },
         }
     }
 }
@@ -928,29 +1202,55 @@ async fn write_frame(send: &mut SendStream, payload: Bytes) -> Result<(), Failur
         .map_err(write_failure)
 }
 
+/// A response frame (the dialing side).
 async fn read_frame(recv: &mut RecvStream) -> Result<Vec<u8>, Failure> {
-    read_next_frame(recv)
+    let len = read_header(recv)
         .await?
-        .ok_or_else(|| Failure::Protocol("stream ended before a frame".to_owned()))
+        .ok_or_else(|| Failure::Protocol("stream ended before a frame".to_owned()))?;
+    read_payload(recv, len).await
 }
 
-/// The next frame, or `None` when the peer finished the stream between frames.
-async fn read_next_frame(recv: &mut RecvStream) -> Result<Option<Vec<u8>>, Failure> {
+/// The next frame's announced length, or `None` when the peer finished the stream between
+/// frames.
+async fn read_header(recv: &mut RecvStream) -> Result<Option<usize>, Failure> {
     let mut header = [0; HEADER_LEN];
     match recv.read_exact(&mut header).await {
         Ok(()) => {}
         Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
         Err(error) => return Err(read_failure(error)),
     }
-    let len = decode_header(header).map_err(Failure::Protocol)?;
-    let mut payload = vec![0; len];
-    recv.read_exact(&mut payload).await.map_err(read_failure)?;
-    Ok(Some(payload))
+    decode_header(header).map(Some).map_err(Failure::Protocol)
+}
+
+/// A payload of `len` bytes, in a buffer that grows as they arrive (at most doubling, never
+/// past `len`): a peer that announces much and sends little costs what it sent.
+async fn read_payload(recv: &mut RecvStream, len: usize) -> Result<Vec<u8>, Failure> {
+    let mut payload = Vec::new();
+    while payload.len() < len {
+        let missing = len - payload.len();
+        let chunk = match recv.read_chunk(missing, true).await {
+            Ok(Some(chunk)) => chunk.bytes,
+            Ok(None) => {
+                return Err(Failure::Protocol(format!(
+                    "stream ended after {} bytes, before the frame was complete",
+                    HEADER_LEN + payload.len()
+                )));
+            }
+            Err(error) => return Err(read_error(error)),
+        };
+        if payload.capacity() - payload.len() < chunk.len() {
+            let grow = payload.capacity().max(chunk.len()).min(missing);
+            payload.reserve_exact(grow);
+        }
+        payload.extend_from_slice(&chunk);
+    }
+    Ok(payload)
 }
 
 fn write_failure(error: quinn::WriteError) -> Failure {
     match error {
         quinn::WriteError::ConnectionLost(error) => Failure::Lost(error),
+        quinn::WriteError::Stopped(code) if code == STREAM_BUSY => Failure::Busy,
         quinn::WriteError::Stopped(code) => Failure::Protocol(stream_code_reason(code)),
         other => Failure::Protocol(format!("writing the frame: {other}")),
     }
@@ -961,20 +1261,17 @@ fn read_failure(error: quinn::ReadExactError) -> Failure {
         quinn::ReadExactError::FinishedEarly(read) => Failure::Protocol(format!(
             "stream ended after {read} bytes, before the frame was complete"
         )),
-        quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(error)) => {
-            Failure::Lost(error)
-        }
-        quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code))
-            if code == STREAM_SHUTTING_DOWN =>
-        {
-            Failure::PeerShutdown
-        }
-        quinn::ReadExactError::ReadError(quinn::ReadError::Reset(code)) => {
-            Failure::Protocol(stream_code_reason(code))
-        }
-        quinn::ReadExactError::ReadError(other) => {
-            Failure::Protocol(format!("reading the frame: {other}"))
-        }
+        quinn::ReadExactError::ReadError(error) => read_error(error),
+    }
+}
+
+fn read_error(error: quinn::ReadError) -> Failure {
+    match error {
+        quinn::ReadError::ConnectionLost(error) => Failure::Lost(error),
+        quinn::ReadError::Reset(code) if code == STREAM_SHUTTING_DOWN => Failure::PeerShutdown,
+        quinn::ReadError::Reset(code) if code == STREAM_BUSY => Failure::Busy,
+        quinn::ReadError::Reset(code) => Failure::Protocol(stream_code_reason(code)),
+        other => Failure::Protocol(format!("reading the frame: {other}")),
     }
 }
 
@@ -982,6 +1279,8 @@ fn read_failure(error: quinn::ReadExactError) -> Failure {
 fn stream_code_reason(code: VarInt) -> String {
     if code == STREAM_BAD_REQUEST {
         "the peer rejected the request frame".to_owned()
+    } else if code == STREAM_TOO_SLOW {
+        "the request frame did not reach the peer by its deadline".to_owned()
     } else if code == STREAM_RESPONSE_TOO_LARGE {
         "the peer's response exceeds the frame limit".to_owned()
     } else {
@@ -1068,11 +1367,13 @@ mod tests {
             Protocol {
                 alpn: ALPN_RPC,
                 servers_only: false,
+                limits: RequestLimits::RPC,
                 handler: Arc::clone(&handler),
             },
             Protocol {
                 alpn: ALPN_RAFT,
                 servers_only: true,
+                limits: RequestLimits::RAFT,
                 handler,
             },
         ]
@@ -1101,6 +1402,16 @@ mod tests {
         let ca = CertificateAuthority::generate("vigil").unwrap();
         (
             ca.issue(Role::Server, "dc1", "vigil", None).unwrap(),
+            ca.issue(Role::Client, "dc1", "vigil", None).unwrap(),
+        )
+    }
+
+    /// [`cluster`] with a second client certificate: another peer.
+    fn cluster_with_two_clients() -> (TlsMaterial, TlsMaterial, TlsMaterial) {
+        let ca = CertificateAuthority::generate("vigil").unwrap();
+        (
+            ca.issue(Role::Server, "dc1", "vigil", None).unwrap(),
+            ca.issue(Role::Client, "dc1", "vigil", None).unwrap(),
             ca.issue(Role::Client, "dc1", "vigil", None).unwrap(),
         )
     }
@@ -1505,6 +1816,141 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(error, TransportError::Protocol(_)), "{error:?}");
+    }
+
+    /// A raw connection presenting `tls`, for writing frames by hand.
+    async fn raw_connection(tls: &TlsMaterial, addr: SocketAddr) -> Connection {
+        client_endpoint(tls)
+            .unwrap()
+            .connect(addr, tls.server_name())
+            .unwrap()
+            .await
+            .unwrap()
+    }
+
+    /// Opens a stream and sends the header of a `len`-byte request and `sent` bytes of it. Past
+    /// the stream's flow control window, that returns only once the server reads the frame.
+    async fn half_sent(
+        connection: &Connection,
+        len: usize,
+        sent: usize,
+    ) -> (SendStream, RecvStream) {
+        let (mut send, recv) = connection.open_bi().await.unwrap();
+        send.write_all(&encode_header(len).unwrap()).await.unwrap();
+        send.write_all(&vec![7; sent]).await.unwrap();
+        (send, recv)
+    }
+
+    #[tokio::test]
+    async fn a_frame_not_whole_by_its_deadline_is_refused_and_frees_its_budget() {
+        let (server_tls, client_tls, other_tls) = cluster_with_two_clients();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let connection = raw_connection(&client_tls, server.addr).await;
+
+        // Phase 1: four frames of the largest size any peer may send, each two thirds sent
+        // (more than a stream's flow control window, so the server is reading each when the
+        // sending returns), take the peer's whole budget; a fifth request from the same peer
+        // is refused unread, while another peer is served.
+        let mut stalled = Vec::new();
+        for _ in 0..RequestLimits::RPC.in_flight / MAX_REQUEST_FRAME {
+            let sent = MAX_REQUEST_FRAME * 2 / 3;
+            stalled.push(half_sent(&connection, MAX_REQUEST_FRAME, sent).await);
+        }
+        let same_peer = client(&client_tls);
+        let refused = same_peer.call(server.addr, b"more".to_vec(), TIMEOUT).await;
+        assert_eq!(refused, Err(TransportError::Refused { addr: server.addr }));
+        let answer = client(&other_tls)
+            .call(server.addr, b"other".to_vec(), TIMEOUT)
+            .await;
+        assert_eq!(answer.unwrap(), b"client:other");
+        assert_eq!(server.calls(), 1);
+
+        // Phase 2: by their deadline the stalled frames are refused as too slow, which frees
+        // the peer's budget.
+        for (_, mut recv) in stalled {
+            let failure = read_frame(&mut recv).await.unwrap_err();
+            assert_eq!(
+                failure.into_error(server.addr),
+                TransportError::Protocol(
+                    "the request frame did not reach the peer by its deadline".to_owned()
+                )
+            );
+        }
+        let answer = same_peer
+            .call(server.addr, vec![1; MAX_REQUEST_FRAME], TIMEOUT)
+            .await;
+        assert_eq!(answer.unwrap().len(), b"client:".len() + MAX_REQUEST_FRAME);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn large_frames_go_one_at_a_time() {
+        let (server_tls, client_tls, other_tls) = cluster_with_two_clients();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let connection = raw_connection(&client_tls, server.addr).await;
+
+        // Phase 1: a frame above the per-peer size, half sent (more than a stream's flow control
+        // window, so the server is reading it), holds the large-frame slot; a whole one from
+        // another peer is refused unread meanwhile.
+        let large = 2 * MAX_REQUEST_FRAME;
+        let (mut first, mut first_answer) = half_sent(&connection, large, large / 2).await;
+        let other = client(&other_tls);
+        let refused = other.call(server.addr, vec![2; large], TIMEOUT).await;
+        assert_eq!(refused, Err(TransportError::Refused { addr: server.addr }));
+        assert_eq!(server.calls(), 0);
+
+        // Phase 2: once the first is whole it is answered in full, and the slot is free again.
+        first.write_all(&vec![7; large - large / 2]).await.unwrap();
+        first.finish().unwrap();
+        let answer = read_frame(&mut first_answer).await.unwrap();
+        assert_eq!(answer.len(), b"client:".len() + large);
+        let answer = other.call(server.addr, vec![2; large], TIMEOUT).await;
+        assert_eq!(answer.unwrap().len(), b"client:".len() + large);
+        server.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_peer_has_a_bounded_number_of_connections() {
+        let (server_tls, client_tls, other_tls) = cluster_with_two_clients();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+
+        // Each RpcClient has its own connection; the same certificate from the same address is
+        // one peer, which gets its cap and no more.
+        let mut clients = Vec::new();
+        for _ in 0..MAX_CONNECTIONS_PER_PEER {
+            let agent = client(&client_tls);
+            agent
+                .call(server.addr, b"x".to_vec(), TIMEOUT)
+                .await
+                .unwrap();
+            clients.push(agent);
+        }
+        let error = client(&client_tls)
+            .call(server.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&error, TransportError::Unreachable { reason, .. } if reason.contains("too many connections")),
+            "{error:?}"
+        );
+
+        // Another certificate is another peer; a connection closed gives its place back.
+        client(&other_tls)
+            .call(server.addr, b"x".to_vec(), TIMEOUT)
+            .await
+            .unwrap();
+        clients.pop().unwrap().disconnect(server.addr).await;
+        eventually_ok(|| client(&client_tls), server.addr).await;
+        server.stop().await;
+    }
+
+    /// Calls `addr` with a fresh client from `make` until one succeeds, within [`TIMEOUT`].
+    async fn eventually_ok(make: impl Fn() -> RpcClient, addr: SocketAddr) {
+        let deadline = Instant::now() + TIMEOUT;
+        while make().call(addr, b"x".to_vec(), TIMEOUT).await.is_err() {
+            assert!(Instant::now() < deadline, "no connection was given back");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     #[tokio::test]

@@ -199,7 +199,10 @@ impl RemoteServers {
                 }
                 Err(e) => {
                     tracing::debug!(%server, error = %e, "server RPC failed");
-                    let delivered = !matches!(e, TransportError::Unreachable { .. });
+                    let delivered = !matches!(
+                        e,
+                        TransportError::Unreachable { .. } | TransportError::Refused { .. }
+                    );
                     last = Some(e);
                     if delivered && !idempotent(request) {
                         break;
@@ -213,6 +216,9 @@ impl RemoteServers {
         match last {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
             Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
+            Some(e @ TransportError::Refused { .. }) => {
+                Err(ServerError::Unavailable(format!("server RPC: {e}")))
+            }
             Some(e) => Err(if idempotent(request) {
                 ServerError::Unavailable(format!("server RPC: {e}"))
             } else {

@@ -1,6 +1,6 @@
 //! Serving the HTTP API on its listeners: HTTP/1.1 (Consul's API speaks nothing else), in plain
 //! text (`--http-addr`) or over TLS (`--https-addr`, the same router), with Consul's per-client
-//! connection cap and a header timeout, and a graceful drain on shutdown.
+//! connection cap, a cap on all connections, a header timeout, and a graceful drain on shutdown.
 //!
 //! - **TLS**: the handshake runs in the connection's own task, bounded by the header timeout,
 //!   so a slow or silent client never holds up the accept loop. With `verify_incoming_https`
@@ -10,14 +10,22 @@
 //!   a connection over the cap gets Consul's `429 Too Many Requests` (written only if it fits
 //!   the socket buffer at once) and is closed at once, so one client cannot use up the agent's
 //!   file descriptors. 0 means no cap.
+//! - **Connections in all** ([`Connections`], shared by both listeners, sized from the file
+//!   descriptor limit by `crate::fds`): at the cap, a new connection closes the connection that
+//!   has been idle (between requests, or never sent one) the longest, and is served; so idle
+//!   connections from many addresses cannot lock clients out, nor leave raft and the snapshot
+//!   files without descriptors. Only when every connection is in a request is the new one
+//!   refused (`503`, written as the 429 is).
 //! - **Header timeout**: a connection must deliver a complete request head within this long of
 //!   being opened or of its previous response, else hyper closes it. It is therefore also the
 //!   idle timeout of a keep-alive connection (Go's `http.Server` likewise falls back to its
 //!   header timeout for idle connections). A request being handled (a blocking query) is not
 //!   timed by it.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +46,12 @@ Content-Type: text/plain\r\n\
 Content-Length: 81\r\n\
 Connection: close\r\n\r\n\
 Your IP is issuing too many concurrent connections, please rate limit your calls\n";
+/// The answer to a connection over the agent's cap while every connection is in a request.
+const AGENT_FULL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
+Content-Type: text/plain\r\n\
+Content-Length: 57\r\n\
+Connection: close\r\n\r\n\
+The agent has too many open connections; try again later\n";
 /// Pause after a failed accept (out of file descriptors, say) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -50,56 +64,165 @@ pub struct ConnLimits {
     pub header_timeout: Duration,
 }
 
-/// Open connections per client IP. A [`Slot`] is one of them, given back when dropped.
+/// The agent's open HTTP connections, counted per client IP and in all (both listeners share
+/// one). A [`Slot`] is one of them, given back when dropped.
+#[derive(Debug)]
+pub struct Connections {
+    /// Open connections in all at most (see the module documentation).
+    max: usize,
+    table: Mutex<Table>,
+}
+
 #[derive(Debug, Default)]
-struct ConnCounts {
-    open: Mutex<HashMap<IpAddr, usize>>,
+struct Table {
+    per_ip: HashMap<IpAddr, usize>,
+    total: usize,
+    /// The idle connections by when they became idle (a counter), each with what closes it.
+    idle: BTreeMap<u64, CancellationToken>,
+    ticks: u64,
 }
 
+/// One open connection: counted until dropped, and listed as idle while it is between
+/// requests.
 struct Slot {
-    counts: Arc<ConnCounts>,
+    connections: Arc<Connections>,
     ip: IpAddr,
+    /// Its entry in the idle list while it has one.
+    idle_since: Mutex<Option<u64>>,
+    /// Cancelled when a newer connection needs its place.
+    evict: CancellationToken,
 }
 
-impl ConnCounts {
-    /// Takes a slot for `ip`, or `None` when it already has `max` (0: no cap).
-    fn take(self: &Arc<ConnCounts>, ip: IpAddr, max: usize) -> Option<Slot> {
-        let mut open = self.open.lock();
-        let n = open.entry(ip).or_default();
-        if max > 0 && *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(Slot {
-            counts: Arc::clone(self),
-            ip,
+/// Why a connection was not taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// Its client IP has `max_conns_per_client` open already.
+    PerClient,
+    /// The agent has its cap open and none of them is idle.
+    Full,
+}
+
+impl Connections {
+    /// Connections for an agent that holds `max` at most, whatever the client.
+    pub fn new(max: usize) -> Arc<Connections> {
+        Arc::new(Connections {
+            max,
+            table: Mutex::new(Table::default()),
         })
+    }
+
+    /// Takes a slot for a connection from `ip`, which has `per_client` at most (0: no cap).
+    /// At the agent's cap, the connection idle the longest is told to close instead.
+    fn take(self: &Arc<Connections>, ip: IpAddr, per_client: usize) -> Result<Arc<Slot>, Refusal> {
+        let mut table = self.table.lock();
+        let open = table.per_ip.get(&ip).copied().unwrap_or(0);
+        if per_client > 0 && open >= per_client {
+            return Err(Refusal::PerClient);
+        }
+        if table.total >= self.max {
+            let Some((_, oldest)) = table.idle.pop_first() else {
+                return Err(Refusal::Full);
+            };
+            oldest.cancel();
+            vigil_server::telemetry::http_connection_shed("evicted_idle");
+        }
+        *table.per_ip.entry(ip).or_default() += 1;
+        table.total += 1;
+        vigil_server::telemetry::http_connections(table.total);
+        let slot = Arc::new(Slot {
+            connections: Arc::clone(self),
+            ip,
+            idle_since: Mutex::new(None),
+            evict: CancellationToken::new(),
+        });
+        slot.idle_in(&mut table);
+        Ok(slot)
+    }
+}
+
+impl Slot {
+    /// Lists the connection as idle (it is waiting for a request).
+    fn idle(&self) {
+        let mut table = self.connections.table.lock();
+        self.idle_in(&mut table);
+    }
+
+    fn idle_in(&self, table: &mut Table) {
+        let mut since = self.idle_since.lock();
+        if since.is_none() && !self.evict.is_cancelled() {
+            table.ticks += 1;
+            table.idle.insert(table.ticks, self.evict.clone());
+            *since = Some(table.ticks);
+        }
+    }
+
+    /// Takes the connection off the idle list (a request is being handled).
+    fn busy(&self) {
+        let mut table = self.connections.table.lock();
+        if let Some(tick) = self.idle_since.lock().take() {
+            table.idle.remove(&tick);
+        }
     }
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut open = self.counts.open.lock();
-        if let Some(n) = open.get_mut(&self.ip) {
+        let mut table = self.connections.table.lock();
+        if let Some(tick) = self.idle_since.lock().take() {
+            table.idle.remove(&tick);
+        }
+        table.total -= 1;
+        if let Some(n) = table.per_ip.get_mut(&self.ip) {
             *n -= 1;
             if *n == 0 {
-                open.remove(&self.ip);
+                table.per_ip.remove(&self.ip);
             }
         }
+        vigil_server::telemetry::http_connections(table.total);
+    }
+}
+
+/// The router as hyper calls it, telling the connection's [`Slot`] when it is in a request
+/// (until the response head is ready; a body still streaming out counts as idle, and closing
+/// such a connection gracefully lets the body finish first).
+struct Tracked {
+    inner: TowerToHyperService<Router>,
+    slot: Arc<Slot>,
+}
+
+type Request = hyper::Request<hyper::body::Incoming>;
+type Answer = <TowerToHyperService<Router> as hyper::service::Service<Request>>::Response;
+type Failure = <TowerToHyperService<Router> as hyper::service::Service<Request>>::Error;
+
+impl hyper::service::Service<Request> for Tracked {
+    type Response = Answer;
+    type Error = Failure;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, Failure>> + Send>>;
+
+    fn call(&self, request: Request) -> Self::Future {
+        self.slot.busy();
+        let answer = self.inner.call(request);
+        let slot = Arc::clone(&self.slot);
+        Box::pin(async move {
+            let answer = answer.await;
+            slot.idle();
+            answer
+        })
     }
 }
 
 /// Serves `router` on `listener` until `shutdown`, then lets open requests finish. With `tls`
-/// every connection is a TLS one (HTTPS).
+/// every connection is a TLS one (HTTPS). `connections` counts them with the other
+/// listener's.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     limits: ConnLimits,
     tls: Option<TlsAcceptor>,
+    connections: Arc<Connections>,
     shutdown: CancellationToken,
 ) {
-    let counts = Arc::new(ConnCounts::default());
-    let connections = TaskTracker::new();
+    let tasks = TaskTracker::new();
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -113,57 +236,81 @@ pub async fn serve(
                 }
             },
         };
-        let Some(slot) = counts.take(peer.ip(), limits.max_conns_per_client) else {
-            refuse(stream, peer);
-            continue;
+        let slot = match connections.take(peer.ip(), limits.max_conns_per_client) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                refuse(stream, peer, refusal);
+                continue;
+            }
         };
         let router = router.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
-        connections.spawn(async move {
+        tasks.spawn(async move {
+            let evicted = slot.evict.clone();
             match tls {
-                None => serve_connection(stream, router, limits, shutdown).await,
+                None => serve_connection(stream, router, limits, slot, shutdown).await,
                 Some(acceptor) => {
                     let handshake =
                         tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
-                    match handshake.await {
-                        Ok(Ok(stream)) => serve_connection(stream, router, limits, shutdown).await,
+                    let handshake = tokio::select! {
+                        handshake = handshake => handshake,
+                        () = evicted.cancelled() => return,
+                    };
+                    match handshake {
+                        Ok(Ok(stream)) => {
+                            serve_connection(stream, router, limits, slot, shutdown).await;
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
                     }
                 }
             }
-            drop(slot);
         });
     }
-    connections.close();
-    connections.wait().await;
+    tasks.close();
+    tasks.wait().await;
 }
 
-/// Consul's 429 for a client over its cap, written only if the socket takes it at once; then
-/// the connection is closed (dropped).
-fn refuse(stream: TcpStream, peer: SocketAddr) {
-    tracing::debug!(%peer, "too many connections from this client; closing");
-    let _ = stream.try_write(TOO_MANY_CONNS);
+/// The answer for a connection that was not taken, written only if the socket takes it at
+/// once; then the connection is closed (dropped).
+fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal) {
+    let (answer, reason) = match refusal {
+        Refusal::PerClient => (TOO_MANY_CONNS, "client_cap"),
+        Refusal::Full => (AGENT_FULL, "agent_cap"),
+    };
+    tracing::debug!(%peer, reason, "too many HTTP connections; closing");
+    vigil_server::telemetry::http_connection_shed(reason);
+    let _ = stream.try_write(answer);
 }
 
 async fn serve_connection<S>(
     stream: S,
     router: Router,
     limits: ConnLimits,
+    slot: Arc<Slot>,
     shutdown: CancellationToken,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let evicted = slot.evict.clone();
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(router));
+    let service = Tracked {
+        inner: TowerToHyperService::new(router),
+        slot,
+    };
+    let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
         () = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+        () = evicted.cancelled() => {
             conn.as_mut().graceful_shutdown();
             conn.await
         }
@@ -179,27 +326,59 @@ mod tests {
 
     #[test]
     fn slots_are_counted_per_ip_and_given_back() {
-        let counts = Arc::new(ConnCounts::default());
+        let counts = Connections::new(10_000);
         let a: IpAddr = "127.0.0.2".parse().unwrap();
         let b: IpAddr = "127.0.0.1".parse().unwrap();
         let first = counts.take(a, 2).expect("first");
         let second = counts.take(a, 2).expect("second");
-        assert!(counts.take(a, 2).is_none(), "a third from the same IP");
+        assert_eq!(counts.take(a, 2).err(), Some(Refusal::PerClient));
         let other = counts.take(b, 2).expect("another IP has its own cap");
         drop(first);
         let again = counts.take(a, 2).expect("a slot given back is free");
         drop((second, other, again));
-        assert!(counts.open.lock().is_empty());
+        assert!(counts.table.lock().per_ip.is_empty());
+        assert!(counts.table.lock().idle.is_empty());
         // 0: no cap.
-        let many: Vec<Slot> = (0..1000).filter_map(|_| counts.take(a, 0)).collect();
+        let many: Vec<Arc<Slot>> = (0..1000).filter_map(|_| counts.take(a, 0).ok()).collect();
         assert_eq!(many.len(), 1000);
     }
 
     #[test]
-    fn the_refusal_is_consuls_429() {
-        let text = std::str::from_utf8(TOO_MANY_CONNS).unwrap();
-        let (head, body) = text.split_once("\r\n\r\n").unwrap();
-        assert!(head.starts_with("HTTP/1.1 429 Too Many Requests\r\n"));
-        assert!(head.contains(&format!("Content-Length: {}", body.len())));
+    fn at_the_cap_the_longest_idle_connection_makes_room() {
+        let counts = Connections::new(3);
+        let ip = |n: u8| IpAddr::from([127, 0, 0, n]);
+        let slots: Vec<Arc<Slot>> = (1..=3).map(|n| counts.take(ip(n), 0).unwrap()).collect();
+        // The oldest is in a request, so the second (idle the longest) is told to close.
+        slots[0].busy();
+        let fourth = counts.take(ip(4), 0).expect("room made");
+        assert!(!slots[0].evict.is_cancelled());
+        assert!(slots[1].evict.is_cancelled());
+        assert!(!slots[2].evict.is_cancelled());
+        // Idle again after its request, the first is now behind the third.
+        slots[0].idle();
+        let fifth = counts.take(ip(5), 0).expect("room made");
+        assert!(slots[2].evict.is_cancelled());
+        assert!(!slots[0].evict.is_cancelled());
+        // Every connection in a request: the next is refused.
+        for slot in [&slots[0], &fourth, &fifth] {
+            slot.busy();
+        }
+        assert_eq!(counts.take(ip(6), 0).err(), Some(Refusal::Full));
+        drop((slots, fourth, fifth));
+        let table = counts.table.lock();
+        assert_eq!((table.total, table.idle.len()), (0, 0));
+    }
+
+    #[test]
+    fn the_refusals_are_well_formed() {
+        for (answer, status) in [
+            (TOO_MANY_CONNS, "429 Too Many Requests"),
+            (AGENT_FULL, "503 Service Unavailable"),
+        ] {
+            let text = std::str::from_utf8(answer).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.starts_with(&format!("HTTP/1.1 {status}\r\n")));
+            assert!(head.contains(&format!("Content-Length: {}", body.len())));
+        }
     }
 }

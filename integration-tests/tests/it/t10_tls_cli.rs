@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use vigil_wire::tls::{ALPN_RPC, PeerIdentity, Role, TlsMaterial};
 use vigil_wire::transport::{
-    Protocol, RpcClient, RpcHandler, client_endpoint, serve, server_endpoint,
+    Protocol, RequestLimits, RpcClient, RpcHandler, client_endpoint, serve, server_endpoint,
 };
 
 fn vigil(dir: &Path, args: &[&str]) -> Output {
@@ -176,6 +176,7 @@ async fn written_certificates_carry_mutual_tls() {
         vec![Protocol {
             alpn: ALPN_RPC,
             servers_only: false,
+            limits: RequestLimits::RPC,
             handler: Arc::new(WhoAmI),
         }],
         shutdown.clone(),

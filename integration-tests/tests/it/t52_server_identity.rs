@@ -1,8 +1,9 @@
 //! Who may be a server: only a certificate carrying exactly `server.<dc>.<domain>` takes part in
 //! raft (a client certificate whose node name starts with `server.` used to pass), a server
 //! certificate issued for one node joins only as that node, leader-internal writes come only
-//! from servers, and a joining server becomes a voter only once it has received the log, so a
-//! join naming an unreachable address never costs the cluster its quorum.
+//! from servers, a cluster with its `--bootstrap-expect` voters takes no more, and a joining
+//! server becomes a voter only once it has received the log, so a join naming an unreachable
+//! address never costs the cluster its quorum.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::unix::fs::PermissionsExt as _;
@@ -162,9 +163,8 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
     // Phase 1: a three-server cluster and a genuine server certificate for node `ghost`.
-    let cluster = Cluster::servers(3).start().await;
+    let mut cluster = Cluster::servers(3).start().await;
     let leader = cluster.leader().await;
-    let before = raft_ids(&cluster.raft_configuration(leader).await);
     let rpc = cluster.rpc_client(Role::Server, "ghost");
     // Bound but never answering: nothing is served at this address.
     let silent = UdpSocket::bind("127.0.0.1:0").unwrap();
@@ -182,7 +182,46 @@ async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
         other => panic!("a join under another node's name was not refused: {other:?}"),
     }
 
-    // Phase 3: joining as itself at an unreachable address. While the join runs, the
+    // Phase 3: the cluster has its three voters (--bootstrap-expect 3): a fourth is refused at
+    // once, without ever being a learner.
+    let full = raft_ids(&cluster.raft_configuration(leader).await);
+    match call(
+        &rpc,
+        cluster.server_rpc(leader),
+        &join(7, "ghost", ghost_addr),
+    )
+    .await
+    {
+        RpcResponse::Join(Err(e)) => assert!(e.to_string().contains("already has 3 voters"), "{e}"),
+        other => panic!("a fourth voter was not refused: {other:?}"),
+    }
+    assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), full);
+
+    // Phase 4: a follower is lost and removed, which makes room.
+    let lost = (0..3).find(|i| *i != leader).expect("a follower");
+    let configuration = cluster.raft_configuration(leader).await;
+    let lost_id = configuration["Servers"]
+        .as_array()
+        .expect("Servers array")
+        .iter()
+        .find(|s| s["Node"] == format!("s{lost}").as_str())
+        .and_then(|s| s["ID"].as_str())
+        .expect("the follower's raft ID")
+        .to_owned();
+    cluster.kill9(lost).await;
+    let removed = cluster
+        .server(leader)
+        .delete(&format!("/v1/operator/raft/peer?id={lost_id}"))
+        .await;
+    assert_eq!(
+        removed.status,
+        reqwest::StatusCode::OK,
+        "{}",
+        removed.text()
+    );
+    let before = raft_ids(&cluster.raft_configuration(leader).await);
+
+    // Phase 5: joining as itself at an unreachable address. While the join runs, the
     // configuration never lists the ghost as a voter; the join then fails.
     let request = join(7, "ghost", ghost_addr);
     let joining = {
@@ -206,7 +245,7 @@ async fn a_join_for_an_unreachable_address_never_becomes_a_voter() {
     }
     assert!(saw_learner, "the ghost was never even a learner");
 
-    // Phase 4: the learner is gone again and the three real servers still commit writes.
+    // Phase 6: the learner is gone again and the two servers left still commit writes.
     assert_eq!(raft_ids(&cluster.raft_configuration(leader).await), before);
     cluster.server(leader).put_key("after-ghost", "yes").await;
 }

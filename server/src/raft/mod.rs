@@ -57,7 +57,6 @@ pub type Entry = openraft::type_config::alias::EntryOf<TypeConfig>;
 pub type LogId = openraft::type_config::alias::LogIdOf<TypeConfig>;
 pub type Vote = openraft::type_config::alias::VoteOf<TypeConfig>;
 pub type StoredMembership = openraft::type_config::alias::StoredMembershipOf<TypeConfig>;
-#[cfg(test)]
 pub type Membership = openraft::Membership<NodeId, Node>;
 pub type SnapshotMeta = openraft::type_config::alias::SnapshotMetaOf<TypeConfig>;
 /// A snapshot's bytes, as built, sent in chunks and installed.

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
+use openraft::error::decompose::DecomposeResult as _;
 use openraft::error::{
     NetworkError, RPCError, RaftError, RemoteError, ReplicationClosed, StreamingError, Unreachable,
 };
@@ -49,6 +50,8 @@ pub enum PeerRequest {
     /// 3: the leader hands leadership over to this server: campaign now (see
     /// [`crate::operator`]).
     Campaign,
+    /// 4: would this server grant that vote? Nothing changes on it (Pre-Vote).
+    PreVote(VoteRequest<TypeConfig>),
 }
 
 /// What answers a [`PeerRequest`]: the variant of the same name, or
@@ -67,6 +70,8 @@ pub enum PeerResponse {
     Undecodable(String),
     /// 4: whether the campaign started; `Err` says why not.
     Campaign(Result<(), String>),
+    /// 5
+    PreVote(Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>),
 }
 
 /// A follower's answer to one AppendEntries of a stream call: openraft's, or why raft could
@@ -125,6 +130,23 @@ impl QuicPeer {
         self.addr
             .clone()
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&PeerError(e))))
+    }
+
+    /// [`RaftPeer`]'s Pre-Vote; a peer that does not know the request grants it.
+    async fn pre_vote(
+        &self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RpcErr<RaftError<TypeConfig>>> {
+        let vote = rpc.vote;
+        match self
+            .call(PeerRequest::PreVote(rpc), option.hard_ttl())
+            .await?
+        {
+            PeerResponse::PreVote(result) => result.map_err(|e| remote(self.target, e)),
+            PeerResponse::Undecodable(_) => Ok(VoteResponse::new(vote, None, true)),
+            other => Err(self.wrong_answer(other)),
+        }
     }
 
     /// Sends a raft message.
@@ -350,6 +372,22 @@ impl RaftNetworkV2<TypeConfig> for RaftPeer {
         option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
         self.0.vote(rpc, option).await
+    }
+
+    /// Pre-Vote: a server that could not win an election (one back from a pause or a
+    /// restart, or removed meanwhile) finds out before it raises its term, so its return never
+    /// makes the leader step down. A peer of an older build, which does not know the request,
+    /// counts as granting, as openraft's default does: elections there go on as before.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        self.0
+            .inner()
+            .pre_vote(rpc, option)
+            .await
+            .decompose_infallible()
     }
 
     async fn full_snapshot(

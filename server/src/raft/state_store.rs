@@ -10,12 +10,17 @@
 //! (`last_applied`, membership) always change together under the state lock. Snapshot data
 //! (as stored and as sent to followers) ends in a CRC-32 of the encoded state, and the file in
 //! one of everything before it: a changed byte is refused on load and on InstallSnapshot
-//! instead of being served. The file is readable by its owner only (0600).
+//! instead of being served. The file is readable by its owner only (0600). A snapshot write that
+//! fails on a storage error that passes by itself (out of file descriptors, space, quota or
+//! memory) is tried again, with a warning and `vigil.storage.retry`, until it succeeds or the
+//! server stops, instead of stopping raft: the log is intact, and only snapshots (and the log's
+//! purge behind them) wait.
 
 use std::fs::{self, File};
 use std::io::{self, Cursor, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -24,6 +29,7 @@ use openraft_legacy::network_v1::SnapshotReceiverFactory;
 use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 use vigil_shared::rpc::Response;
 
 use super::{LogId, Snapshot, SnapshotData, SnapshotMeta as Meta, StoredMembership, TypeConfig};
@@ -116,6 +122,10 @@ const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
 pub(crate) const SNAPSHOT_FORMAT: u8 = 4;
 /// Bytes of a CRC-32 trailer (little endian).
 const CRC_LEN: usize = 4;
+/// The first pause before writing a snapshot again after a passing storage error; it doubles
+/// up to [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// Why the snapshot directory could not be used at startup.
 #[derive(Debug, thiserror::Error)]
@@ -253,10 +263,14 @@ impl SnapshotDir {
         }
         let bytes = file.encode().map_err(io::Error::other)?;
         let tmp = self.dir.join(SNAPSHOT_TMP_NAME);
-        {
-            let mut f = private_file(&tmp)?;
+        let written = private_file(&tmp).and_then(|mut f| {
             f.write_all(&bytes)?;
-            f.sync_all()?;
+            f.sync_all()
+        });
+        if let Err(e) = written {
+            // What was written of it would only take the space a retry needs.
+            let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
         fs::rename(&tmp, self.dir.join(SNAPSHOT_FILE_NAME))?;
         // The rename is durable only once the directory entry is.
@@ -298,6 +312,8 @@ pub struct StateStore {
     meta: Arc<Mutex<RaftMeta>>,
     /// `None` for `--dev`: snapshots then live only in memory.
     disk: Option<Arc<SnapshotDir>>,
+    /// Cancelled when the server stops: a write waiting out a storage error gives up.
+    stop: CancellationToken,
 }
 
 impl StateStore {
@@ -307,6 +323,7 @@ impl StateStore {
             shared,
             meta: Arc::new(Mutex::new(RaftMeta::default())),
             disk: None,
+            stop: CancellationToken::new(),
         }
     }
 
@@ -356,7 +373,14 @@ impl StateStore {
                 dir: dir.to_owned(),
                 on_disk: Mutex::new(on_disk),
             })),
+            stop: CancellationToken::new(),
         })
+    }
+
+    /// The store, its snapshot writes giving up on `stop` (the server's shutdown) when they are
+    /// waiting out a storage error.
+    pub fn stopping_with(self, stop: CancellationToken) -> StateStore {
+        StateStore { stop, ..self }
     }
 
     fn meta(&self) -> parking_lot::MutexGuard<'_, RaftMeta> {
@@ -364,19 +388,70 @@ impl StateStore {
     }
 
     /// Writes the snapshot to disk (if this store has a directory) on the blocking pool, and
-    /// hands it back.
+    /// hands it back; a passing storage error is waited out ([`write_until_passed`]).
     async fn persist(&self, file: SnapshotFile) -> io::Result<SnapshotFile> {
         let Some(disk) = self.disk.clone() else {
             return Ok(file);
         };
-        let (file, written) = tokio::task::spawn_blocking(move || {
-            let written = disk.persist(&file);
-            (file, written)
+        write_until_passed(&self.stop, file, |file| {
+            let disk = Arc::clone(&disk);
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let written = disk.persist(&file);
+                    (file, written)
+                })
+                .await
+                .map_err(io::Error::other)
+            }
         })
         .await
-        .map_err(io::Error::other)?;
-        written?;
-        Ok(file)
+    }
+}
+
+/// The errno name of a storage error that passes by itself (descriptors closed, space or
+/// memory freed), for which a snapshot write waits rather than stopping raft.
+fn passing(error: &io::Error) -> Option<&'static str> {
+    use nix::errno::Errno;
+    match Errno::from_raw(error.raw_os_error()?) {
+        Errno::EMFILE => Some("EMFILE"),
+        Errno::ENFILE => Some("ENFILE"),
+        Errno::ENOSPC => Some("ENOSPC"),
+        Errno::EDQUOT => Some("EDQUOT"),
+        Errno::ENOMEM => Some("ENOMEM"),
+        _ => None,
+    }
+}
+
+/// Runs `attempt` on `value` (which each attempt hands back) until it succeeds, fails with an
+/// error that does not pass, or `stop` is cancelled while it waits; the pause between
+/// attempts doubles from [`RETRY_MIN`] to [`RETRY_MAX`]. Each retry is logged and counted.
+async fn write_until_passed<T, F, Fut>(
+    stop: &CancellationToken,
+    mut value: T,
+    mut attempt: F,
+) -> io::Result<T>
+where
+    F: FnMut(T) -> Fut,
+    Fut: Future<Output = io::Result<(T, io::Result<()>)>>,
+{
+    let mut pause = RETRY_MIN;
+    loop {
+        let (back, written) = attempt(value).await?;
+        value = back;
+        let error = match written {
+            Ok(()) => return Ok(value),
+            Err(error) => error,
+        };
+        let Some(errno) = passing(&error) else {
+            return Err(error);
+        };
+        tracing::warn!(%error, retry_in = ?pause, "writing the snapshot failed; trying again");
+        crate::telemetry::storage_retry(errno);
+        tokio::select! {
+            () = stop.cancelled() => return Err(error),
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(RETRY_MAX);
     }
 }
 
@@ -806,6 +881,46 @@ mod tests {
             StateStore::open(fresh_shared(), dir.path()),
             Err(SnapshotStoreError::Corrupt { .. })
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_snapshot_write_waits_out_errors_that_pass_and_no_others() {
+        use nix::errno::Errno;
+        let os = |errno: Errno| io::Error::from_raw_os_error(errno as i32);
+        // Each attempt takes the next outcome; the value travels through every attempt.
+        let script = |outcomes: Vec<Option<Errno>>| {
+            let mut outcomes = outcomes.into_iter();
+            move |tries: u32| {
+                let outcome = outcomes.next().expect("no more attempts expected");
+                async move { Ok((tries + 1, outcome.map_or(Ok(()), |e| Err(os(e))))) }
+            }
+        };
+        let stop = CancellationToken::new();
+
+        // Out of descriptors, then of space: waited out (1 s, then 2 s), then written.
+        let started = tokio::time::Instant::now();
+        let outcomes = vec![Some(Errno::EMFILE), Some(Errno::ENOSPC), None];
+        let tries = write_until_passed(&stop, 0, script(outcomes))
+            .await
+            .unwrap();
+        assert_eq!(tries, 3);
+        assert_eq!(started.elapsed(), RETRY_MIN * 3);
+
+        // Anything else (a permission, a damaged disk) fails at once.
+        for errno in [Errno::EACCES, Errno::EIO] {
+            let error = write_until_passed(&stop, 0, script(vec![Some(errno)]))
+                .await
+                .unwrap_err();
+            assert_eq!(error.raw_os_error(), Some(errno as i32));
+        }
+
+        // A server stopping gives up waiting.
+        stop.cancel();
+        let outcomes = vec![Some(Errno::EMFILE)];
+        let error = write_until_passed(&stop, 0, script(outcomes))
+            .await
+            .unwrap_err();
+        assert_eq!(error.raw_os_error(), Some(Errno::EMFILE as i32));
     }
 
     #[tokio::test]

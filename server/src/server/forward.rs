@@ -50,6 +50,10 @@ impl Server {
                 // Never delivered: the caller may safely retry.
                 TransportError::Unreachable { .. } => ServerError::NoLeader,
                 TransportError::Busy { .. } => ServerError::TooManyBlockingQueries,
+                // Refused unread: not applied.
+                e @ TransportError::Refused { .. } => {
+                    ServerError::Unavailable(format!("forwarding to the leader {leader}: {e}"))
+                }
                 other if is_write => ServerError::Indeterminate(format!(
                     "forwarding to the leader {leader}: {other}; the change may or may not have been applied"
                 )),

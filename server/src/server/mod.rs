@@ -140,8 +140,11 @@ pub struct Server {
     rpc: RpcClient,
     /// Dials the other servers with raft's protocol (the raft network's own client).
     peers: RpcClient,
-    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`.
+    /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`
+    /// and to tell when it is stranded outside the cluster.
     last_leader_contact: Mutex<Option<Instant>>,
+    /// When this server started: before any leader contact, how long it has gone without.
+    started: Instant,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
     blocking: tokio::sync::Semaphore,
     shutdown: CancellationToken,
@@ -171,6 +174,10 @@ impl Server {
                 // replication only on its next loop, which for a lone write is the leader's own
                 // flush notification: the two syncs in series again.
                 broadcast_submitted_on_append: Some(true),
+                // A server that cannot win (back from a pause, restarted, or removed meanwhile)
+                // does not raise its term, which would make the leader step down when it
+                // comes back (see `RaftPeer::pre_vote`).
+                enable_pre_vote: Some(true),
                 ..Default::default()
             }
             .validate()?,
@@ -201,8 +208,9 @@ impl Server {
             ServerMode::Cluster { data_dir, .. } => {
                 let node_id = load_or_create_node_id(data_dir)?;
                 let log = LogStore::open(data_dir).map_err(data_dir_error)?;
-                let state =
-                    StateStore::open(Arc::clone(&shared), data_dir).map_err(data_dir_error)?;
+                let state = StateStore::open(Arc::clone(&shared), data_dir)
+                    .map_err(data_dir_error)?
+                    .stopping_with(shutdown.clone());
                 let raft = Raft::new(node_id, raft_config, network, log, state).await;
                 (node_id, raft)
             }
@@ -240,6 +248,7 @@ impl Server {
             rpc,
             peers,
             last_leader_contact: Mutex::new(None),
+            started: Instant::now(),
             blocking,
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
@@ -251,11 +260,13 @@ impl Server {
                 transport::Protocol {
                     alpn: ALPN_RPC,
                     servers_only: false,
+                    limits: transport::RequestLimits::RPC,
                     handler: Arc::new(RpcService(Arc::clone(&server))),
                 },
                 transport::Protocol {
                     alpn: ALPN_RAFT,
                     servers_only: true,
+                    limits: transport::RequestLimits::RAFT,
                     handler: Arc::new(PeerService(Arc::clone(&server))),
                 },
             ],
@@ -282,7 +293,7 @@ impl Server {
                 let s = Arc::clone(&server);
                 server
                     .tasks
-                    .spawn(async move { s.form_cluster(bootstrap_expect).await });
+                    .spawn(async move { s.stay_in_cluster(bootstrap_expect).await });
                 let s = Arc::clone(&server);
                 server.tasks.spawn(crate::operator::cleanup_dead_servers(s));
             }

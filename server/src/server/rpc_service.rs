@@ -53,6 +53,9 @@ impl Server {
                 PeerResponse::AppendEntries(self.raft.append_entries(request).await)
             }
             PeerRequest::Vote(request) => PeerResponse::Vote(self.raft.vote(request).await),
+            PeerRequest::PreVote(request) => {
+                PeerResponse::PreVote(self.raft.pre_vote(request).await)
+            }
             PeerRequest::InstallSnapshot(request) => {
                 PeerResponse::InstallSnapshot(self.raft.install_snapshot(request).await)
             }
