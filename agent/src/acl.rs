@@ -62,6 +62,35 @@ pub struct Acls {
     cache: Mutex<HashMap<String, Cached>>,
     /// What every request may do with ACLs disabled (one, shared).
     open: Arc<Authorizer>,
+    /// The tokens set through `PUT /v1/agent/token/<kind>` (Consul's `acl.tokens`), by kind;
+    /// `default` is what a request without a token uses instead of the anonymous token.
+    tokens: Mutex<HashMap<TokenKind, String>>,
+}
+
+/// The agent's own tokens (`/v1/agent/token/<kind>`), under Consul's names and its legacy ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenKind {
+    Default,
+    Agent,
+    AgentRecovery,
+    Replication,
+    /// The token the agent registers its config file's services with.
+    ConfigFileRegistration,
+}
+
+impl TokenKind {
+    pub fn parse(name: &str) -> Option<TokenKind> {
+        Some(match name {
+            "default" | "acl_token" => TokenKind::Default,
+            "agent" | "acl_agent_token" => TokenKind::Agent,
+            "agent_recovery" | "agent_master" | "acl_agent_master_token" => {
+                TokenKind::AgentRecovery
+            }
+            "replication" | "acl_replication_token" => TokenKind::Replication,
+            "config_file_service_registration" => TokenKind::ConfigFileRegistration,
+            _ => return None,
+        })
+    }
 }
 
 impl Acls {
@@ -84,6 +113,23 @@ impl Acls {
             index,
             cache: Mutex::new(HashMap::new()),
             open: Arc::new(Authorizer::allow_all()),
+            tokens: Mutex::new(
+                config
+                    .agent_token
+                    .iter()
+                    .map(|t| (TokenKind::Agent, t.clone()))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// Sets one of the agent's tokens (an empty one clears it).
+    pub fn set_token(&self, kind: TokenKind, token: String) {
+        let mut tokens = self.tokens.lock();
+        if token.is_empty() {
+            tokens.remove(&kind);
+        } else {
+            tokens.insert(kind, token);
         }
     }
 
@@ -96,8 +142,10 @@ impl Acls {
         let Some(default) = self.default_policy else {
             return Ok(Arc::clone(&self.open));
         };
+        let default_token = self.tokens.lock().get(&TokenKind::Default).cloned();
         let secret = secret
             .filter(|s| !s.is_empty())
+            .or(default_token.as_deref())
             .unwrap_or(ANONYMOUS_TOKEN_SECRET);
         let now = vigil_server::proposer::wall_ms();
         let current = *self.index.borrow();

@@ -94,7 +94,7 @@ pub struct AgentArgs {
     /// Gossip (Serf) address, UDP (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:8301")]
     pub serf_addr: SocketAddr,
-    /// Gossip encryption key from `vigil keygen` (base64, 32 bytes). Every local user can read
+    /// Gossip encryption key from `vigil keygen` (base64, 32 bytes; Consul's 16 and 24 too). Every local user can read
     /// a command line: prefer `encrypt` in the --config file.
     #[arg(long)]
     pub encrypt: Option<String>,
@@ -115,6 +115,10 @@ pub struct AgentArgs {
     /// Node name (default: the hostname).
     #[arg(long)]
     pub node: Option<String>,
+    /// This node's UUID in the catalog (Consul's `-node-id`) [default: kept in --data-dir,
+    /// else a new one at every start].
+    #[arg(long, value_parser = crate::node_id::parse)]
+    pub node_id: Option<String>,
     /// Plain-HTTP API address, or `off` to serve the API over HTTPS only (Consul's
     /// `ports.http = -1`) [default: the config file's `http_addr`, else 127.0.0.1:8500].
     #[arg(long, value_parser = parse_listen_addr)]
@@ -193,12 +197,20 @@ fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
 const DEFAULT_HTTP_ADDR: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8500);
 
-/// A listener's address, or off (`None`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ListenAddr(pub Option<SocketAddr>);
+/// The plain-HTTP API's listener: a TCP address or off (`None`), or a Unix socket
+/// (`unix:///path`, as Consul's `addresses.http`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(Option<SocketAddr>),
+    Unix(PathBuf),
+}
 
 fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
-    crate::local::config::parse_listen_addr(s).map(ListenAddr)
+    match s.trim().strip_prefix("unix://") {
+        Some("") => Err(format!("{s:?} names no socket path")),
+        Some(path) => Ok(ListenAddr::Unix(PathBuf::from(path))),
+        None => crate::local::config::parse_listen_addr(s).map(ListenAddr::Tcp),
+    }
 }
 
 /// Consul's `-node-meta key:value` (no `:`: an empty value).
@@ -280,9 +292,10 @@ impl AgentArgs {
             ),
         };
         // A flag wins over the config file.
-        let http_addr = match self.http_addr {
-            Some(ListenAddr(addr)) => addr,
-            None => file.http_addr.unwrap_or(Some(DEFAULT_HTTP_ADDR)),
+        let (http_addr, http_unix) = match &self.http_addr {
+            Some(ListenAddr::Tcp(addr)) => (*addr, None),
+            Some(ListenAddr::Unix(path)) => (None, Some(path.clone())),
+            None => (file.http_addr.unwrap_or(Some(DEFAULT_HTTP_ADDR)), None),
         };
         let verify_incoming_https = self.verify_incoming_https || file.verify_incoming_https;
         let https = match self.https_addr.or(file.https_addr) {
@@ -299,7 +312,7 @@ impl AgentArgs {
             }
         };
         anyhow::ensure!(
-            http_addr.is_some() || https.is_some(),
+            http_addr.is_some() || http_unix.is_some() || https.is_some(),
             "--http-addr off needs --https-addr: the agent must serve its API somewhere"
         );
         anyhow::ensure!(
@@ -312,7 +325,10 @@ impl AgentArgs {
         );
         Ok(AgentConfig {
             node_name: self.node.clone().unwrap_or_else(hostname),
+            node_id: self.node_id.clone(),
+            data_dir: self.data_dir.clone(),
             http_addr,
+            http_unix,
             https,
             rpc_addr: self.rpc_addr,
             serf_addr: self.serf_addr,
@@ -375,6 +391,20 @@ mod tests {
         std::fs::write(&path, text).unwrap();
         let path = path.to_str().unwrap().to_owned();
         (dir, path)
+    }
+
+    #[test]
+    fn the_http_api_may_listen_on_a_unix_socket() {
+        let config = agent(&["--http-addr", "unix:///tmp/vigil.sock"])
+            .config()
+            .expect("valid");
+        assert_eq!(config.http_addr, None);
+        assert_eq!(
+            config.http_unix.as_deref(),
+            Some(std::path::Path::new("/tmp/vigil.sock"))
+        );
+        let refused = Cli::try_parse_from(["vigil", "agent", "--dev", "--http-addr", "unix://"]);
+        assert!(refused.is_err());
     }
 
     #[test]

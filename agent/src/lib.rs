@@ -12,6 +12,7 @@ pub mod gossip;
 pub mod http;
 pub mod local;
 pub mod monitor;
+pub mod node_id;
 pub mod run;
 #[cfg(test)]
 mod testing;
@@ -72,9 +73,16 @@ pub enum TlsSource {
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     pub node_name: String,
+    /// This node's UUID in the catalog (`--node-id`); `None` takes the one kept in
+    /// `data_dir`, or a new one.
+    pub node_id: Option<String>,
+    /// `--data-dir`: where a server keeps its state and any agent its node ID and keyring.
+    pub data_dir: Option<PathBuf>,
     /// The plain-HTTP API's address; `None` turns plain HTTP off (`--http-addr off`, Consul's
     /// `ports.http = -1`), leaving HTTPS.
     pub http_addr: Option<SocketAddr>,
+    /// The plain-HTTP API on a Unix socket instead (`--http-addr unix:///path`).
+    pub http_unix: Option<PathBuf>,
     /// The HTTPS API (`--https-addr`), served with this agent's certificate.
     pub https: Option<HttpsConfig>,
     pub rpc_addr: SocketAddr,
@@ -124,6 +132,8 @@ pub struct HttpsConfig {
 pub struct Handle {
     /// The bound plain-HTTP address (`None`: plain HTTP is off).
     pub http_addr: Option<SocketAddr>,
+    /// The Unix socket plain HTTP is served on instead, if any.
+    pub http_unix: Option<PathBuf>,
     /// The bound HTTPS address (`None`: no HTTPS).
     pub https_addr: Option<SocketAddr>,
     pub rpc_addr: SocketAddr,
@@ -196,6 +206,13 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         .as_ref()
         .map(TcpListener::local_addr)
         .transpose()?;
+    let unix_listener = match &config.http_unix {
+        Some(path) => Some(
+            http::serve::bind_unix(path)
+                .with_context(|| format!("binding the HTTP socket {}", path.display()))?,
+        ),
+        None => None,
+    };
     let https_listener = match config.https {
         Some(https) => {
             if matches!(config.tls, TlsSource::Throwaway) {
@@ -318,18 +335,28 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     };
     let backend = Arc::new(backend);
     if matches!(config.mode, AgentMode::Dev) {
-        // A dev agent is ready once sessions can be created on it.
+        // A dev agent is ready once sessions can be created on it and it carries the `consul`
+        // service.
         wait_registered(&backend, &config.node_name).await?;
     }
 
+    let node_id = node_id::resolve(config.node_id.as_deref(), config.data_dir.as_deref())?;
+    // Every Consul agent's node carries its network segment (the default one, ""), and clients
+    // compare node meta with it in.
+    let mut definitions = config.local.clone();
+    definitions
+        .node_meta
+        .entry("consul-network-segment".to_owned())
+        .or_default();
     let local = local::LocalState::start(
         local::LocalOptions {
             node: config.node_name.clone(),
+            node_id: node_id.clone(),
             address: gossip.gossip_addr().ip().to_string(),
             enable_script_checks: config.enable_script_checks,
             enable_local_script_checks: config.enable_local_script_checks,
             ae_interval: config.ae_interval,
-            definitions: config.local.clone(),
+            definitions,
         },
         Arc::clone(&backend),
         &tasks,
@@ -346,6 +373,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         local: Arc::clone(&local),
         gossip: gossip.clone(),
         node_name: config.node_name.clone(),
+        node_id,
         http_addr,
         https_addr,
         rpc_addr,
@@ -369,6 +397,15 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             shutdown.clone(),
         ));
     }
+    if let Some(listener) = unix_listener {
+        tasks.spawn(http::serve::serve_unix(
+            listener,
+            router.clone(),
+            config.http_limits,
+            Arc::clone(&http_connections),
+            shutdown.clone(),
+        ));
+    }
     if let Some((listener, acceptor)) = https_listener {
         tasks.spawn(http::serve::serve(
             listener,
@@ -381,6 +418,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     }
     Ok(Handle {
         http_addr,
+        http_unix: config.http_unix.clone(),
         https_addr,
         rpc_addr,
         serf_addr: gossip.gossip_addr(),
@@ -425,10 +463,20 @@ async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
             node: node.to_owned(),
         };
         let (checks, _) = backend.read(opts, query).await?;
-        if checks
+        let passing = checks
             .iter()
-            .any(|c| c.check_id == SERF_HEALTH && c.status == HealthStatus::Passing)
-        {
+            .any(|c| c.check_id == SERF_HEALTH && c.status == HealthStatus::Passing);
+        // And the `consul` service the leader gives a server's node, which clients look for.
+        let node = reads::CatalogNode {
+            node: node.to_owned(),
+        };
+        let (found, _) = backend.read(opts, node).await?;
+        let consul = found.is_some_and(|(_, services)| {
+            services
+                .iter()
+                .any(|s| s.id == vigil_shared::catalog::CONSUL_SERVICE)
+        });
+        if passing && consul {
             return Ok(());
         }
         anyhow::ensure!(

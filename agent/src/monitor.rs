@@ -1,6 +1,6 @@
 //! The agent's log as a stream for `/v1/agent/monitor`: a `tracing` layer that formats each
-//! event the agent logs (what its `--log-level` lets through) as one line and hands it to the
-//! monitors listening, if any. Nothing is formatted while nobody listens; a monitor that falls
+//! event the agent logs (what its `--log-level` lets through) as one line, in text and as JSON
+//! (Consul's `?logjson`), and hands it to the monitors listening, if any. Nothing is formatted while nobody listens; a monitor that falls
 //! behind loses lines rather than slowing the agent (a bounded broadcast channel).
 
 use std::fmt::Write as _;
@@ -19,6 +19,9 @@ const BACKLOG: usize = 1024;
 pub struct LogLine {
     pub level: Level,
     pub text: Arc<str>,
+    /// The same line as hclog's JSON (`@timestamp`, `@level`, `@module`, `@message`, then the
+    /// fields).
+    pub json: Arc<str>,
 }
 
 fn channel() -> &'static broadcast::Sender<LogLine> {
@@ -43,18 +46,30 @@ impl<S: Subscriber> Layer<S> for MonitorLayer {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
+        let time = vigil_server::telemetry::rfc3339_millis(std::time::SystemTime::now());
         let text = format!(
-            "{} [{}] {}: {}{}",
-            vigil_server::telemetry::rfc3339_millis(std::time::SystemTime::now()),
+            "{time} [{}] {}: {}{}",
             meta.level(),
             meta.target(),
             fields.message,
             fields.rest
         );
+        let mut json = serde_json::Map::new();
+        json.insert("@timestamp".into(), time.into());
+        json.insert(
+            "@level".into(),
+            meta.level().as_str().to_ascii_lowercase().into(),
+        );
+        json.insert("@module".into(), meta.target().into());
+        json.insert("@message".into(), fields.message.into());
+        for (name, value) in fields.pairs {
+            json.insert(name, value.into());
+        }
         // No monitor listening any more is not an error.
         let _ = tx.send(LogLine {
             level: *meta.level(),
             text: text.into(),
+            json: serde_json::Value::Object(json).to_string().into(),
         });
     }
 }
@@ -63,6 +78,15 @@ impl<S: Subscriber> Layer<S> for MonitorLayer {
 struct Fields {
     message: String,
     rest: String,
+    /// The fields other than the message, as (name, text).
+    pairs: Vec<(String, String)>,
+}
+
+impl Fields {
+    fn field(&mut self, name: &str, value: String) {
+        let _ = write!(self.rest, " {name}={value}");
+        self.pairs.push((name.to_owned(), value));
+    }
 }
 
 impl Visit for Fields {
@@ -70,7 +94,7 @@ impl Visit for Fields {
         if field.name() == "message" {
             let _ = write!(self.message, "{value:?}");
         } else {
-            let _ = write!(self.rest, " {}={value:?}", field.name());
+            self.field(field.name(), format!("{value:?}"));
         }
     }
 
@@ -78,7 +102,7 @@ impl Visit for Fields {
         if field.name() == "message" {
             self.message.push_str(value);
         } else {
-            let _ = write!(self.rest, " {}={value}", field.name());
+            self.field(field.name(), value.to_owned());
         }
     }
 }
@@ -115,6 +139,12 @@ mod tests {
             line.text
         );
         assert!(line.text.contains(" [WARN] "), "{}", line.text);
+        // The same line as hclog's JSON, which `?logjson` monitors get.
+        let json: serde_json::Value = serde_json::from_str(&line.json).expect("JSON");
+        assert_eq!(json["@level"], "warn");
+        assert_eq!(json["@message"], "raft peer removed");
+        assert_eq!(json["peer"], "s1");
+        assert!(json["@timestamp"].is_string() && json["@module"].is_string());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 
 use crate::cli::{AgentArgs, Cli, Command};
 use crate::cmd::{
@@ -23,7 +23,11 @@ fn init_logging(level: &str, json: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(ansi)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr is a pipe its reader closed) is dropped.
+        // Reporting it would print to that same stderr, which panics: the task that logged,
+        // such as the one that stops the agent on SIGTERM, would die with it.
+        .log_internal_errors(false);
     // Every line also goes to `/v1/agent/monitor` while someone follows it.
     if json {
         builder.json().finish().with(MonitorLayer).init();
@@ -38,17 +42,25 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let handle = crate::start(config.clone(), shutdown.clone()).await?;
     // One stable line on stdout that scripts and tests read for the bound addresses: `http=off`
-    // when plain HTTP is off, and `https=ADDR` appended when HTTPS is on.
-    let http = handle
-        .http_addr
-        .map_or_else(|| "off".to_owned(), |a| a.to_string());
+    // when plain HTTP is off, `http=unix:///path` on a socket, and `https=ADDR` appended when
+    // HTTPS is on.
+    let http = match (&handle.http_addr, &handle.http_unix) {
+        (Some(addr), _) => addr.to_string(),
+        (None, Some(path)) => format!("unix://{}", path.display()),
+        (None, None) => "off".to_owned(),
+    };
     let https = handle
         .https_addr
         .map(|a| format!(" https={a}"))
         .unwrap_or_default();
-    println!(
+    // Not `println!`, which panics when stdout is a closed pipe: a lost ready line must not
+    // stop the agent.
+    let _ = writeln!(
+        std::io::stdout(),
         "vigil agent running: node={} http={http} rpc={} serf={}{https}",
-        config.node_name, handle.rpc_addr, handle.serf_addr
+        config.node_name,
+        handle.rpc_addr,
+        handle.serf_addr
     );
     tracing::info!(
         http = %http,

@@ -29,7 +29,7 @@ use proptest::sample::Index;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use vigil_shared::autopilot::AutopilotConfig;
-use vigil_shared::catalog::{Check, HealthStatus, Service};
+use vigil_shared::catalog::{Check, HealthStatus, Node, Service};
 use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::operator::{OperatorReply, OperatorRequest, PeerRef};
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
@@ -41,6 +41,7 @@ use vigil_shared::rpc::{
     Response, ServerError,
 };
 use vigil_shared::session::{Behavior, ServiceCheck, Session};
+use vigil_shared::txn::{CatalogVerb, TxnOp};
 
 use crate::raft::network::{PeerRequest, PeerResponse, StreamAppendReply};
 use crate::raft::{Entry, LogId, Membership, StoredMembership, TypeConfig, Vote};
@@ -225,6 +226,33 @@ fn ops() -> Vec<Op> {
         Op::CheckpointTtls {
             deadlines: vec![(session().id, 1_700_000_030_000), ("b".to_owned(), 1)],
         },
+        Op::Txn(vec![
+            TxnOp::Kv(KvOp::Get {
+                key: "a".to_owned(),
+            }),
+            TxnOp::Node {
+                verb: CatalogVerb::Cas,
+                node: Node {
+                    name: "node1".to_owned(),
+                    address: "10.0.0.1".to_owned(),
+                    modify_index: 7,
+                    ..Node::default()
+                },
+            },
+            TxnOp::Service {
+                verb: CatalogVerb::Set,
+                service: Service {
+                    node: "node1".to_owned(),
+                    id: "web1".to_owned(),
+                    name: "web".to_owned(),
+                    ..Service::default()
+                },
+            },
+            TxnOp::Check {
+                verb: CatalogVerb::DeleteCas,
+                check: check(),
+            },
+        ]),
     ]
 }
 

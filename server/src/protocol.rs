@@ -8,7 +8,7 @@ use vigil_shared::PROTOCOL;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome};
 use vigil_shared::rpc::calls::ServerNode;
-use vigil_shared::rpc::{Op, Response};
+use vigil_shared::rpc::{Op, Response, ServerError};
 
 /// How to read back the answer of an op proposed in an older form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,18 +21,26 @@ pub enum Reply {
     Leave,
 }
 
-/// `op` as a cluster applying protocol `level` takes it, and how to read its answer.
-pub fn downgrade(op: Op, level: u32) -> (Op, Reply) {
+/// `op` as a cluster applying protocol `level` takes it, and how to read its answer; `Err`
+/// for an op the older release has no form of (it is not applied: ask again once every server
+/// runs this release).
+pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
     if level >= PROTOCOL {
-        return (op, Reply::AsIs);
+        return Ok((op, Reply::AsIs));
     }
-    match op {
+    Ok(match op {
         Op::Lock(lock @ LockOp::Enqueue { mode, .. }) => {
             (Op::Lock(lock.downgraded()), Reply::Enqueue(mode))
         }
         Op::Lock(lock @ LockOp::Leave { .. }) => (Op::Lock(lock.downgraded()), Reply::Leave),
+        Op::Txn(_) => {
+            return Err(ServerError::Unavailable(
+                "catalog operations in a transaction need every server to run this release"
+                    .to_owned(),
+            ));
+        }
         op => (op, Reply::AsIs),
-    }
+    })
 }
 
 impl Reply {
@@ -97,7 +105,7 @@ mod tests {
 
     #[test]
     fn new_lock_ops_go_out_as_the_first_release_knows_them_below_the_level() {
-        let (op, reply) = downgrade(enqueue(7), 0);
+        let (op, reply) = downgrade(enqueue(7), 0).unwrap();
         assert!(matches!(op, Op::Lock(LockOp::Acquire { .. })));
         assert_eq!(
             reply.restore(Response::Lock(LockOutcome::Held { token: 3 })),
@@ -111,7 +119,7 @@ mod tests {
             session: "s".into(),
             request: 7,
         });
-        let (op, reply) = downgrade(leave, 1);
+        let (op, reply) = downgrade(leave, 1).unwrap();
         assert!(matches!(op, Op::Lock(LockOp::Release { .. })));
         assert_eq!(
             reply.restore(Response::Lock(LockOutcome::Released {
@@ -120,7 +128,11 @@ mod tests {
             })),
             Response::Lock(LockOutcome::Stayed(LockHold::Absent))
         );
-        assert_eq!(downgrade(enqueue(7), PROTOCOL), (enqueue(7), Reply::AsIs));
+        assert_eq!(
+            downgrade(enqueue(7), PROTOCOL),
+            Ok((enqueue(7), Reply::AsIs))
+        );
+        assert!(downgrade(Op::Txn(Vec::new()), 1).is_err());
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! Member reconciliation: turns the gossip member list into catalog commands (Consul's
 //! `leader_registrator_v1`). Alive → node registered with `serfHealth` passing; failed →
 //! `serfHealth` critical (which invalidates the sessions bound to it); left → node deregistered
-//! (which invalidates all of its sessions). Pure: member list and catalog in, commands out.
+//! (which invalidates all of its sessions). A server's node also carries the `consul` service
+//! at its RPC port, as Consul's servers register it, which is how tools find the servers.
+//! Pure: member list and catalog in, commands out.
 //!
 //! Members are keyed by name *and* address: one decision per node name, taken from a live
 //! record of that name if there is one; a failed or left record only speaks for the catalog
@@ -10,8 +12,10 @@
 
 use std::collections::BTreeMap;
 
-use vigil_shared::catalog::{HealthStatus, MemberState, MemberStatus, SERF_HEALTH};
-use vigil_shared::rpc::{CheckRegistration, Op};
+use vigil_shared::catalog::{
+    CONSUL_SERVICE, HealthStatus, MemberRole, MemberState, MemberStatus, SERF_HEALTH, Service,
+};
+use vigil_shared::rpc::{CheckRegistration, Op, Registration};
 
 use crate::state::catalog::Catalog;
 
@@ -27,6 +31,17 @@ fn serf_check(node: &str, status: HealthStatus, output: &str) -> Op {
         output: output.to_owned(),
         ..CheckRegistration::default()
     })
+}
+
+/// The `consul` service of a server member, as Consul's leader registers it.
+fn consul_service(member: &MemberStatus) -> Service {
+    Service {
+        node: member.name.clone(),
+        id: CONSUL_SERVICE.to_owned(),
+        name: CONSUL_SERVICE.to_owned(),
+        port: member.rpc_addr.port(),
+        ..Service::default()
+    }
 }
 
 fn is_live(state: MemberState) -> bool {
@@ -94,11 +109,32 @@ pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op
         if register {
             ops.push(Op::RegisterNode {
                 name: name.to_owned(),
-                address,
+                address: address.clone(),
             });
         }
         if check.is_none_or(|c| c.status != status) {
             ops.push(serf_check(name, status, output));
+        }
+        if member.role == MemberRole::Server && is_live(state) {
+            let service = consul_service(member);
+            let current =
+                node.and_then(|_| catalog.node_services(name).find(|s| s.id == CONSUL_SERVICE));
+            let same = current.is_some_and(|c| {
+                Service {
+                    create_index: 0,
+                    modify_index: 0,
+                    ..c.clone()
+                } == service
+            });
+            if !same {
+                ops.push(Op::CatalogRegister(Registration {
+                    node: name.to_owned(),
+                    address,
+                    skip_node_update: true,
+                    service: Some(service),
+                    ..Registration::default()
+                }));
+            }
         }
     }
     ops
@@ -107,7 +143,6 @@ pub fn plan(members: &[MemberStatus], catalog: &Catalog, leader: &str) -> Vec<Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use vigil_shared::catalog::MemberRole;
     use vigil_shared::rpc::Command;
 
     use crate::state::StateMachine;
@@ -168,6 +203,30 @@ mod tests {
         let check = leader.catalog().check("c1", SERF_HEALTH).unwrap();
         assert_eq!(check.status, HealthStatus::Passing);
         assert_eq!(leader.catalog().node("c1").unwrap().address, "127.0.0.7");
+    }
+
+    #[test]
+    fn a_live_server_carries_the_consul_service_and_a_client_does_not() {
+        // TestLeader_RegisterMember for a server: its node gets service `consul` at its RPC port.
+        let mut leader = Leader::default();
+        let server = MemberStatus {
+            role: MemberRole::Server,
+            ..member("s1", MemberState::Alive)
+        };
+        leader.converge(&[server.clone(), member("c1", MemberState::Alive)]);
+        let consul: Vec<_> = leader
+            .catalog()
+            .services()
+            .filter(|s| s.name == CONSUL_SERVICE)
+            .collect();
+        assert_eq!(consul.len(), 1);
+        assert_eq!((consul[0].node.as_str(), consul[0].port), ("s1", 8300));
+        // A failed server keeps it (its serfHealth is what goes critical).
+        leader.converge(&[MemberStatus {
+            state: MemberState::Failed,
+            ..server
+        }]);
+        assert_eq!(leader.catalog().node_services("s1").count(), 1);
     }
 
     #[test]

@@ -108,25 +108,42 @@ impl SessionJson {
 }
 
 /// Decodes `bytes` into `T` whose serde names are all lowercase, matching the object keys of the
-/// input case-insensitively. Objects under a key listed in `opaque` (free-form maps such as
-/// `Meta`) keep their keys as sent.
+/// input case-insensitively. A member whose value is `null` is dropped, so it decodes as absent
+/// (the field's default): Go's `encoding/json` writes a nil slice, map or pointer as `null` and
+/// reads `null` as that type's zero value, which is what absent means unless a handler fills
+/// in a default first (see [`decode_case_insensitive_nullable`]). Objects under a key listed
+/// in `opaque` (free-form maps such as `Meta`) keep their keys and members as sent.
 pub fn decode_case_insensitive<T: DeserializeOwned>(
     bytes: &[u8],
     opaque: &[&str],
 ) -> Result<T, serde_json::Error> {
+    decode_case_insensitive_nullable(bytes, opaque, &[])
+}
+
+/// [`decode_case_insensitive`], but a `null` member named (lowercase) in `nullable` is kept, for
+/// a field whose handler starts from a default that Go's `null` replaces with nothing (a
+/// session's `Checks`).
+pub fn decode_case_insensitive_nullable<T: DeserializeOwned>(
+    bytes: &[u8],
+    opaque: &[&str],
+    nullable: &[&str],
+) -> Result<T, serde_json::Error> {
     let mut value: Value = serde_json::from_slice(bytes)?;
-    lowercase_keys(&mut value, opaque);
+    lowercase_keys(&mut value, opaque, nullable);
     serde_json::from_value(value)
 }
 
-fn lowercase_keys(value: &mut Value, opaque: &[&str]) {
+fn lowercase_keys(value: &mut Value, opaque: &[&str], nullable: &[&str]) {
     match value {
         Value::Object(map) => {
             let old = std::mem::take(map);
             for (k, mut v) in old {
                 let lower = k.to_ascii_lowercase();
+                if v.is_null() && !nullable.contains(&lower.as_str()) {
+                    continue;
+                }
                 if !opaque.contains(&lower.as_str()) {
-                    lowercase_keys(&mut v, opaque);
+                    lowercase_keys(&mut v, opaque, nullable);
                 }
                 // An exact lowercase spelling wins over another casing of the same name.
                 if k == lower || !map.contains_key(&lower) {
@@ -134,7 +151,9 @@ fn lowercase_keys(value: &mut Value, opaque: &[&str]) {
                 }
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| lowercase_keys(v, opaque)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| lowercase_keys(v, opaque, nullable)),
         _ => {}
     }
 }
@@ -174,6 +193,29 @@ mod tests {
             decode_case_insensitive(br#"{"NAME":"x","Meta":{"Key":"V"}}"#, &["meta"]).unwrap();
         assert_eq!(p.name, "x");
         assert_eq!(p.meta.get("Key").map(String::as_str), Some("V"));
+    }
+
+    #[test]
+    fn null_members_decode_as_absent_at_any_depth() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Outer {
+            #[serde(default)]
+            list: Vec<String>,
+            inner: Option<Probe>,
+        }
+        let o: Outer = decode_case_insensitive(
+            br#"{"List":null,"Inner":{"Name":"x","Meta":null}}"#,
+            &["meta"],
+        )
+        .unwrap();
+        assert!(o.list.is_empty());
+        let inner = o.inner.expect("inner decoded");
+        assert_eq!(inner.name, "x");
+        assert!(inner.meta.is_empty());
+        // Inside a free-form map a null stays what it is.
+        let kept: Result<Probe, _> =
+            decode_case_insensitive(br#"{"Name":"x","Meta":{"k":null}}"#, &["meta"]);
+        assert!(kept.is_err());
     }
 
     #[test]

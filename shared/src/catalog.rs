@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 /// The check every node carries: the gossip failure detector's verdict on it.
 pub const SERF_HEALTH: &str = "serfHealth";
 
+/// The service every server's node carries (ID and name), at the server's RPC port.
+pub const CONSUL_SERVICE: &str = "consul";
+
 /// A check's status. A new check starts critical unless told otherwise, as in Consul.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub enum HealthStatus {

@@ -15,6 +15,7 @@ pub mod operator;
 pub mod query;
 pub mod rpc;
 pub mod session;
+pub mod txn;
 #[cfg(test)]
 mod wire_tests;
 

@@ -82,6 +82,9 @@ pub enum Op {
     /// ([`crate::PROTOCOL`]); the leader writes it once every server says it can
     /// (leader-internal). It never goes back.
     SetProtocol { level: u32 },
+    /// 20: a transaction with catalog ops (`/v1/txn` with `Node`, `Service` or `Check`), all
+    /// or nothing, answered with a [`Response::CatalogTxn`]. Protocol level 2.
+    Txn(Vec<crate::txn::TxnOp>),
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -221,6 +224,8 @@ pub enum Response {
     Batch(Vec<Response>),
     /// 6: whether a check-and-set write was applied.
     Applied(bool),
+    /// 7: the outcome of an [`Op::Txn`].
+    CatalogTxn(crate::txn::CatalogTxnOutcome),
 }
 
 /// A state change that names its answer: a caller gets `W::Output` from `Backend::write::<W>`

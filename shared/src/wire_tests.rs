@@ -9,14 +9,15 @@ use serde::Serialize;
 
 use crate::acl::{Policy, Role, Token};
 use crate::autopilot::AutopilotConfig;
-use crate::catalog::{Check, HealthStatus};
-use crate::kv::{KvOp, TxnOutcome};
+use crate::catalog::{Check, HealthStatus, Node, Service};
+use crate::kv::{KvEntry, KvOp, TxnOutcome};
 use crate::lock::{LockHold, LockMode, LockOp, LockOutcome, LockStanding};
 use crate::query::PreparedQuery;
 use crate::rpc::{
     AclOp, ApplyError, Op, Query as _, ReadQuery, Registration, Response, ServerError, reads,
 };
 use crate::session::{Behavior, Session};
+use crate::txn::{CatalogTxnOutcome, CatalogVerb, TxnOp, TxnResult};
 
 fn first_byte(value: &impl Serialize) -> u8 {
     postcard::to_allocvec(value).expect("encodes")[0]
@@ -54,6 +55,7 @@ fn expected_op(op: &Op) -> u8 {
         Op::RestoreChunk { .. } => 17,
         Op::Acl(_) => 18,
         Op::SetProtocol { .. } => 19,
+        Op::Txn(_) => 20,
     }
 }
 
@@ -114,8 +116,80 @@ fn op_variants_keep_their_indexes() {
         },
         Op::Acl(AclOp::DeleteRole { id: s("r") }),
         Op::SetProtocol { level: 2 },
+        Op::Txn(Vec::new()),
     ];
     check(&samples, expected_op);
+}
+
+fn expected_txn_op(op: &TxnOp) -> u8 {
+    match op {
+        TxnOp::Kv(_) => 0,
+        TxnOp::Node { .. } => 1,
+        TxnOp::Service { .. } => 2,
+        TxnOp::Check { .. } => 3,
+    }
+}
+
+#[test]
+fn txn_op_and_result_variants_keep_their_indexes() {
+    let verbs = [
+        CatalogVerb::Get,
+        CatalogVerb::Set,
+        CatalogVerb::Cas,
+        CatalogVerb::Delete,
+        CatalogVerb::DeleteCas,
+    ];
+    check(&verbs, |v| match v {
+        CatalogVerb::Get => 0,
+        CatalogVerb::Set => 1,
+        CatalogVerb::Cas => 2,
+        CatalogVerb::Delete => 3,
+        CatalogVerb::DeleteCas => 4,
+    });
+    let ops = [
+        TxnOp::Kv(KvOp::Get { key: s("k") }),
+        TxnOp::Node {
+            verb: CatalogVerb::Get,
+            node: Node::default(),
+        },
+        TxnOp::Service {
+            verb: CatalogVerb::Get,
+            service: Service::default(),
+        },
+        TxnOp::Check {
+            verb: CatalogVerb::Get,
+            check: Check::default(),
+        },
+    ];
+    check(&ops, expected_txn_op);
+    let results = [
+        TxnResult::Kv(KvEntry {
+            key: s("k"),
+            value: Vec::new(),
+            flags: 0,
+            session: None,
+            lock_index: 0,
+            create_index: 1,
+            modify_index: 1,
+        }),
+        TxnResult::Node(Node::default()),
+        TxnResult::Service(Service::default()),
+        TxnResult::Check(Check::default()),
+    ];
+    check(&results, |r| match r {
+        TxnResult::Kv(_) => 0,
+        TxnResult::Node(_) => 1,
+        TxnResult::Service(_) => 2,
+        TxnResult::Check(_) => 3,
+    });
+    let outcomes = [
+        CatalogTxnOutcome::Committed(Vec::new()),
+        CatalogTxnOutcome::RolledBack(Vec::new()),
+    ];
+    check(&outcomes, |o| match o {
+        CatalogTxnOutcome::Committed(_) => 0,
+        CatalogTxnOutcome::RolledBack(_) => 1,
+    });
 }
 
 fn expected_acl_op(op: &AclOp) -> u8 {
@@ -352,6 +426,7 @@ fn expected_response(r: &Response) -> u8 {
         Response::Lock(_) => 4,
         Response::Batch(_) => 5,
         Response::Applied(_) => 6,
+        Response::CatalogTxn(_) => 7,
     }
 }
 
@@ -365,6 +440,7 @@ fn response_variants_keep_their_indexes() {
         Response::Lock(LockOutcome::Woken),
         Response::Batch(Vec::new()),
         Response::Applied(true),
+        Response::CatalogTxn(CatalogTxnOutcome::Committed(Vec::new())),
     ];
     check(&samples, expected_response);
     let outcomes = [

@@ -5,6 +5,10 @@
 //! opens with any key of its ring (so a cluster can rotate keys without a gap: install a new key
 //! everywhere, make it primary everywhere, remove the old one); it accepts only sealed packets,
 //! and a node without one only clear packets. Anything else is dropped and counted.
+//!
+//! Keys are 16, 24 or 32 bytes, as Consul's (`consul keygen` made 16-byte keys before 1.10). A
+//! 32-byte key is the cipher's key as it is; a shorter one is stretched to 32 bytes with
+//! HKDF-SHA256, so every length seals with the same cipher and keeps its full strength.
 
 use std::fmt;
 
@@ -13,8 +17,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use chacha20poly1305::aead::{Aead, AeadCore, KeyInit, OsRng, Payload, rand_core::RngCore};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce};
 
-/// Length of a gossip key in bytes.
+/// Length of a gossip key `vigil keygen` makes, and of the cipher's key.
 pub const KEY_LEN: usize = 32;
+/// The lengths a gossip key may have (Consul's: AES-128, -192 and -256 keys).
+pub const KEY_LENS: [usize; 3] = [16, 24, 32];
+/// HKDF salt that stretches a 16- or 24-byte key to the cipher's 32.
+const STRETCH_SALT: &[u8] = b"vigil gossip key";
 const NONCE_LEN: usize = 12;
 const TAG_LEN: usize = 16;
 
@@ -33,7 +41,7 @@ pub enum KeyError {
     #[error("the gossip key is not valid base64 ({0}); generate one with `vigil keygen`")]
     NotBase64(#[from] base64::DecodeError),
     #[error(
-        "the gossip key must decode to exactly {KEY_LEN} bytes, got {len}; generate one with `vigil keygen`"
+        "the gossip key must decode to 16, 24 or 32 bytes, got {len}; generate one with `vigil keygen`"
     )]
     WrongLength { len: usize },
 }
@@ -41,8 +49,7 @@ pub enum KeyError {
 /// A keyring operation a member refuses; the texts are memberlist's, which Consul relays.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RingError {
-    /// Our keys are ChaCha20-Poly1305 keys: 32 bytes only (memberlist also takes 16 and 24).
-    #[error("key size must be {KEY_LEN} bytes")]
+    #[error("key size must be 16, 24 or 32 bytes")]
     KeySize,
     #[error("Requested key is not in the keyring")]
     NotInRing,
@@ -70,7 +77,8 @@ pub enum OpenError {
 /// One gossip key, ready to seal and open packets.
 #[derive(Clone)]
 pub struct Key {
-    bytes: [u8; KEY_LEN],
+    /// As given: 16, 24 or 32 bytes.
+    bytes: Vec<u8>,
     cipher: ChaCha20Poly1305,
 }
 
@@ -96,24 +104,37 @@ pub fn generate_key() -> String {
 }
 
 impl Key {
-    /// Parses a base64 key (surrounding whitespace ignored); it must decode to exactly 32 bytes.
+    /// Parses a base64 key (surrounding whitespace ignored); it must decode to 16, 24 or 32
+    /// bytes.
     pub fn from_base64(encoded: &str) -> Result<Key, KeyError> {
         let bytes = BASE64.decode(encoded.trim())?;
         Key::from_slice(&bytes).ok_or(KeyError::WrongLength { len: bytes.len() })
     }
 
-    /// A key from raw bytes; `None` unless exactly [`KEY_LEN`] long.
+    /// A key from raw bytes; `None` unless one of [`KEY_LENS`] long.
     pub fn from_slice(bytes: &[u8]) -> Option<Key> {
-        let bytes: [u8; KEY_LEN] = bytes.try_into().ok()?;
+        if !KEY_LENS.contains(&bytes.len()) {
+            return None;
+        }
+        let mut cipher_key = [0u8; KEY_LEN];
+        if bytes.len() == KEY_LEN {
+            cipher_key.copy_from_slice(bytes);
+        } else {
+            ring::hkdf::Salt::new(ring::hkdf::HKDF_SHA256, STRETCH_SALT)
+                .extract(bytes)
+                .expand(&[], ring::hkdf::HKDF_SHA256)
+                .and_then(|okm| okm.fill(&mut cipher_key))
+                .expect("HKDF-SHA256 gives 32 bytes");
+        }
         Some(Key {
-            bytes,
-            cipher: ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&bytes)),
+            bytes: bytes.to_vec(),
+            cipher: ChaCha20Poly1305::new(chacha20poly1305::Key::from_slice(&cipher_key)),
         })
     }
 
-    /// The key as `vigil keygen` prints it (and the keyring API lists it).
+    /// The key as given (what `vigil keygen` prints, and the keyring API lists).
     pub fn to_base64(&self) -> String {
-        BASE64.encode(self.bytes)
+        BASE64.encode(&self.bytes)
     }
 
     /// `VERSION_SEALED | nonce | ciphertext+tag`, with a fresh random nonce.
@@ -369,6 +390,27 @@ mod tests {
         assert_eq!(env.failures(), 3);
     }
 
+    /// memberlist's `TestKeyring_*` with 16- and 24-byte keys: each seals and opens, prints as
+    /// given, and is its own key (a key and its stretched form never open each other's
+    /// packets).
+    #[test]
+    fn keys_of_16_and_24_bytes_seal_and_open() {
+        let mut keys = Vec::new();
+        for len in KEY_LENS {
+            let raw: Vec<u8> = (0..len).map(|i| i as u8).collect();
+            let key = Key::from_slice(&raw).expect("a valid length");
+            assert_eq!(key.to_base64(), BASE64.encode(&raw));
+            assert_eq!(key.open(&key.seal(b"ping")).unwrap(), b"ping");
+            keys.push(key);
+        }
+        let packet = keys[0].seal(b"ping");
+        assert_eq!(keys[1].open(&packet), Err(OpenError::Authentication));
+        assert_eq!(keys[2].open(&packet), Err(OpenError::Authentication));
+        // Two members given the same 16-byte key talk.
+        let again = Key::from_base64(&keys[0].to_base64()).unwrap();
+        assert_eq!(again.open(&packet).unwrap(), b"ping");
+    }
+
     #[test]
     fn clear_and_sealed_do_not_mix() {
         let mut clear = Envelope::new(None);
@@ -385,10 +427,10 @@ mod tests {
 
     #[test]
     fn bad_keys_are_rejected_with_a_clear_error() {
-        let short = BASE64.encode([0u8; 16]);
+        let short = BASE64.encode([0u8; 20]);
         let err = Key::from_base64(&short).unwrap_err();
-        assert!(matches!(err, KeyError::WrongLength { len: 16 }), "{err}");
-        assert!(err.to_string().contains("exactly 32 bytes"), "{err}");
+        assert!(matches!(err, KeyError::WrongLength { len: 20 }), "{err}");
+        assert!(err.to_string().contains("16, 24 or 32 bytes"), "{err}");
 
         let long = BASE64.encode([0u8; 33]);
         assert!(matches!(

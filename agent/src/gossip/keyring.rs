@@ -106,7 +106,7 @@ pub enum KeyringFileError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the keyring file {path} is not a JSON list of base64 keys of {len} bytes", len = super::crypto::KEY_LEN)]
+    #[error("the keyring file {path} is not a JSON list of base64 keys of 16, 24 or 32 bytes")]
     Malformed { path: PathBuf },
     #[error("writing the keyring file {path}: {source}")]
     Write {
@@ -412,8 +412,8 @@ mod tests {
         let error = |a: NodeAnswer| a.error.unwrap_or_default();
 
         assert_eq!(
-            error(run(KeyOp::Install(vec![1; 16]))),
-            "key size must be 32 bytes"
+            error(run(KeyOp::Install(vec![1; 20]))),
+            "key size must be 16, 24 or 32 bytes"
         );
         assert_eq!(
             error(run(KeyOp::Use(bytes(&new)))),

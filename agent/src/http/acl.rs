@@ -8,12 +8,13 @@ use std::sync::Arc;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json as json_value};
 use vigil_shared::acl::authz::{Access, Authorizer, PermissionDenied, Resource};
 use vigil_shared::acl::{
-    GLOBAL_MANAGEMENT_POLICY_ID, Link, NodeIdentity, Policy, Role, ServiceIdentity, Token, rules,
+    ANONYMOUS_TOKEN_ACCESSOR_ID, GLOBAL_MANAGEMENT_POLICY_ID, Link, NodeIdentity, Policy, Role,
+    ServiceIdentity, Token, rules,
 };
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::duration::parse_go_duration;
@@ -180,6 +181,18 @@ async fn read_one<T, Q: Query<Output = Vec<T>>>(
     let (items, meta) = read(state, params, query).await?;
     let item = items.into_iter().next().ok_or_else(acl_not_found)?;
     Ok((item, meta))
+}
+
+/// What reading a policy or role that is not there answers: a well-formed ID (or a name) that
+/// names nothing is Consul's 404, which clients read as "none"; anything else stays the 403
+/// `ACL not found`.
+fn missing_on_read(e: ApiError, id: &str, by_name: bool) -> ApiError {
+    let well_formed = by_name || uuid::Uuid::parse_str(id).is_ok();
+    if well_formed && e.status == StatusCode::FORBIDDEN && e.message == "ACL not found" {
+        ApiError::new(StatusCode::NOT_FOUND, "ACL not found")
+    } else {
+        e
+    }
 }
 
 /// Commits a deletion and answers Consul's `true`.
@@ -540,6 +553,7 @@ pub async fn token_self(cx: Ctx) -> Result<Response, ApiError> {
 /// `GET /v1/acl/token/<accessor>`.
 pub async fn get_token(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
     inspect(&cx)?;
+    // A token that is not there stays `ACL not found` (403), as Consul answers it.
     let (token, meta) =
         read_one(&cx.state, &cx.params, reads::AclToken { accessor_id: id }).await?;
     let shown = redacted(&cx.authz, token_json(&token));
@@ -798,7 +812,9 @@ async fn store<T: Named>(cx: &Ctx, id: Option<String>, body: &[u8]) -> Result<Re
 /// A policy or role by ID or, with `by_name`, by name.
 async fn show<T: Named>(cx: &Ctx, id: String, by_name: bool) -> Result<Response, ApiError> {
     inspect(cx)?;
-    let (item, meta) = read_one(&cx.state, &cx.params, T::read(id, by_name)).await?;
+    let (item, meta) = read_one(&cx.state, &cx.params, T::read(id.clone(), by_name))
+        .await
+        .map_err(|e| missing_on_read(e, &id, by_name))?;
     Ok(with_meta(meta, cx.json(&item.json())))
 }
 
@@ -859,4 +875,69 @@ pub async fn list_roles(cx: Ctx) -> Result<Response, ApiError> {
         .map(role_json)
         .collect();
     Ok(with_meta(meta, cx.json(&out)))
+}
+
+/// `GET /v1/acl/replication`: one datacenter, so nothing replicates; Consul's answer for a
+/// primary datacenter.
+pub async fn replication(cx: Ctx) -> Result<Response, ApiError> {
+    acl_disabled(&cx.state)?;
+    let never = "0001-01-01T00:00:00Z";
+    Ok(cx.json(&json_value!({
+        "Enabled": false,
+        "Running": false,
+        "SourceDatacenter": "",
+        "ReplicationType": "",
+        "ReplicatedIndex": 0,
+        "ReplicatedRoleIndex": 0,
+        "ReplicatedTokenIndex": 0,
+        "LastSuccess": never,
+        "LastError": never,
+        "LastErrorMessage": "",
+    })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct AgentTokenBody {
+    token: String,
+}
+
+/// `PUT /v1/agent/token/<kind>` (`default`, `agent`, `agent_recovery`, `replication`,
+/// `config_file_service_registration`, and
+/// Consul's older names): sets one of this agent's tokens, which needs `agent:write` on it. The
+/// default token is what requests without a token then use.
+pub async fn set_agent_token(
+    cx: Ctx,
+    Path(kind): Path<String>,
+    RequestBody(body): RequestBody,
+) -> Result<Response, ApiError> {
+    acl_disabled(&cx.state)?;
+    cx.check(Resource::Agent, Access::Write, &cx.state.node_name)?;
+    let Some(kind) = crate::acl::TokenKind::parse(&kind) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("Token {kind:?} is unknown"),
+        ));
+    };
+    let body: AgentTokenBody = decode(&body)?;
+    cx.state.acls.set_token(kind, body.token);
+    Ok(StatusCode::OK.into_response())
+}
+
+/// `POST /v1/acl/login`: Vigil has no auth methods, so every method named is unknown: Consul's
+/// 403 `ACL not found`.
+pub async fn login(cx: Ctx) -> Result<Response, ApiError> {
+    acl_disabled(&cx.state)?;
+    Err(acl_not_found())
+}
+
+/// `POST /v1/acl/logout`: only a token made by a login may log out, and no token is (Consul's
+/// 403 `Permission denied`); the anonymous token is `ACL not found`, and an unknown token was
+/// already refused as one.
+pub async fn logout(cx: Ctx) -> Result<Response, ApiError> {
+    acl_disabled(&cx.state)?;
+    if cx.authz.0.accessor_id() == ANONYMOUS_TOKEN_ACCESSOR_ID {
+        return Err(acl_not_found());
+    }
+    Err(ApiError::new(StatusCode::FORBIDDEN, "Permission denied"))
 }

@@ -54,12 +54,14 @@ pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
             "Datacenter": crate::DATACENTER,
             "PrimaryDatacenter": crate::DATACENTER,
             "NodeName": state.node_name,
-            "NodeID": "",
+            "NodeID": state.node_id,
             "Server": is_server,
             "Revision": "",
             "Version": env!("CARGO_PKG_VERSION"),
             "BuildDate": "",
-            "SessionTTLMin": ttl_min,
+            // Nanoseconds, as older Consul printed it here, and as Patroni reads it to adapt
+            // its TTL (`DebugConfig` has the Go duration string).
+            "SessionTTLMin": u64::try_from(state.session_ttl_min.as_nanos()).unwrap_or(u64::MAX),
         },
         // A few of Consul's sanitized runtime settings, under its names.
         "DebugConfig": {
@@ -71,13 +73,15 @@ pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
             "HTTPPort": port(state.http_addr),
             "HTTPSPort": port(state.https_addr),
             "SerfBindAddrLAN": serf.to_string(),
+            // Consul prints the address it advertises as a URL.
+            "SerfAdvertiseAddrLAN": format!("tcp://{serf}"),
             "ServerPort": rpc.port(),
             "NodeMeta": state.local.node_meta(),
             "EnableRemoteScriptChecks": state.local.remote_scripts(),
             "EnableLocalScriptChecks": state.local.local_scripts(),
         },
         // Vigil keeps no network coordinates: the origin, as a new Consul node reports.
-        "Coord": {"Vec": [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], "Error": 1.5, "Adjustment": 0.0, "Height": 1.0e-5},
+        "Coord": super::coordinate::origin(),
         "Member": member,
         "xDS": {"SupportedProxies": {"envoy": []}, "Port": -1, "Ports": {"Plaintext": -1, "TLS": -1}},
         "Stats": {

@@ -22,7 +22,7 @@ use super::shapes::{
 use super::{Ctx, json, with_meta};
 
 /// Free-form maps whose keys are kept as sent.
-const OPAQUE: &[&str] = &[
+pub(super) const OPAQUE: &[&str] = &[
     "taggedaddresses",
     "nodemeta",
     "meta",
@@ -39,8 +39,8 @@ struct WeightsBody {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ServiceBody {
-    id: String,
+pub(super) struct ServiceBody {
+    pub(super) id: String,
     service: String,
     tags: Option<Vec<String>>,
     address: String,
@@ -48,13 +48,15 @@ struct ServiceBody {
     meta: Option<BTreeMap<String, String>>,
     weights: Option<WeightsBody>,
     enabletagoverride: bool,
+    /// What a transaction's `cas` and `delete-cas` compare against.
+    pub(super) modifyindex: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct CheckBody {
-    node: String,
-    checkid: String,
+pub(super) struct CheckBody {
+    pub(super) node: String,
+    pub(super) checkid: String,
     name: String,
     status: String,
     notes: String,
@@ -63,11 +65,18 @@ struct CheckBody {
     #[serde(rename = "type")]
     kind: String,
     definition: Option<Map<String, Value>>,
+    /// The service's name, which a transaction's ACL check of a service check asks about.
+    pub(super) servicename: String,
+    /// What a transaction's `cas` and `delete-cas` compare against.
+    pub(super) modifyindex: u64,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct RegisterBody {
+    /// Another datacenter than this one gets Consul's answer for a datacenter it has no route
+    /// to (as `?dc=` does).
+    datacenter: String,
     node: String,
     id: String,
     address: String,
@@ -94,7 +103,7 @@ impl WeightsBody {
     }
 }
 
-fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
+pub(super) fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
     if body.service.is_empty() {
         return Err(ApiError::server(
             "Must provide service name (Service.Service) when service ID is provided",
@@ -126,7 +135,7 @@ fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiError> {
     })
 }
 
-fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
+pub(super) fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
     if !body.node.is_empty() && body.node != node {
         return Err(ApiError::server(
             "Checks must belong to the node being registered",
@@ -148,6 +157,15 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
     }
     limits::name("Check.CheckID", &check_id)?;
     limits::name("Check.Name", &body.name)?;
+    let kind = if body.kind.is_empty() {
+        body.definition
+            .as_ref()
+            .map(definition_type)
+            .unwrap_or_default()
+            .to_owned()
+    } else {
+        body.kind
+    };
     Ok(Check {
         node: node.to_owned(),
         check_id,
@@ -156,13 +174,28 @@ fn to_check(node: &str, body: CheckBody) -> Result<Check, ApiError> {
         notes: body.notes,
         output: body.output,
         service_id: body.serviceid,
-        kind: body.kind,
+        kind,
         definition: body
             .definition
             .map(|d| Value::Object(d).to_string())
             .unwrap_or_default(),
         ..Check::default()
     })
+}
+
+/// A check's `Type` when the registration names none: what its `Definition` runs, as Consul
+/// reports it (`tcp` for a `TCP` address, ...), or empty.
+fn definition_type(definition: &Map<String, Value>) -> &'static str {
+    let set = |name: &str| {
+        definition
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case(name) && v.as_str().is_some_and(|s| !s.is_empty()))
+    };
+    ["HTTP", "TCP", "UDP", "GRPC", "H2PING"]
+        .into_iter()
+        .zip(["http", "tcp", "udp", "grpc", "h2ping"])
+        .find_map(|(field, kind)| set(field).then_some(kind))
+        .unwrap_or_default()
 }
 
 /// `PUT /v1/catalog/register`: a node, optionally a service and checks; answers `true`.
@@ -182,9 +215,19 @@ pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Respons
     Ok(json(&Params::default(), &true))
 }
 
+/// A body's `Datacenter`: empty or this one, else Consul's 500 for a datacenter it cannot reach.
+fn same_datacenter(datacenter: &str) -> Result<(), ApiError> {
+    if datacenter.is_empty() || datacenter == crate::DATACENTER {
+        Ok(())
+    } else {
+        Err(ApiError::server("No path to datacenter"))
+    }
+}
+
 /// Decodes and validates a `/v1/catalog/register` body.
 pub(super) fn registration(body: &[u8]) -> Result<Registration, ApiError> {
     let body: RegisterBody = decode(body)?;
+    same_datacenter(&body.datacenter)?;
     if body.node.is_empty() {
         return Err(ApiError::server("Must provide node"));
     }
@@ -219,6 +262,7 @@ pub(super) fn registration(body: &[u8]) -> Result<Registration, ApiError> {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct DeregisterBody {
+    datacenter: String,
     node: String,
     serviceid: String,
     checkid: String,
@@ -227,6 +271,7 @@ struct DeregisterBody {
 /// `PUT /v1/catalog/deregister`: a check, a service with its checks, or a whole node.
 pub async fn deregister(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response, ApiError> {
     let body: DeregisterBody = decode(&body)?;
+    same_datacenter(&body.datacenter)?;
     if body.node.is_empty() {
         return Err(ApiError::server("Must provide node"));
     }
@@ -313,6 +358,15 @@ pub async fn service(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiE
         .map(|(n, s)| ServiceNodeJson::new(n, s))
         .collect();
     Ok(with_meta(meta, cx.json(&filtered(&cx.params, out)?)))
+}
+
+/// `GET /v1/catalog/connect/<name>`: the Connect-capable instances of a service, which are none
+/// (Vigil builds no Connect): an empty list with the service's index, Consul's answer for a
+/// service with no Connect proxy or native instance.
+pub async fn connect(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiError> {
+    cx.check(Resource::Service, Access::Read, &name)?;
+    let (_, meta) = cx.read(reads::CatalogService { name }).await?;
+    Ok(with_meta(meta, cx.json(&Vec::<Value>::new())))
 }
 
 /// `GET /v1/catalog/node/<name>`: `{"Node":…,"Services":{id:…}}`, or `null` for an unknown node.

@@ -17,6 +17,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::strategy::Union;
 use serde_json::{Map, Number, Value, json};
+use vigil_shared::txn::TxnOp;
 use vigil_shared::{KV_MAX_VALUE_SIZE, SESSION_TTL_MAX_NS, TXN_MAX_OPS};
 
 use super::error::ApiError;
@@ -595,10 +596,10 @@ proptest! {
                     prop_assert!(ops.len() <= TXN_MAX_OPS);
                     for op in &ops {
                         let value_len = match op {
-                            vigil_shared::kv::KvOp::Set { value, .. }
-                            | vigil_shared::kv::KvOp::Cas { value, .. }
-                            | vigil_shared::kv::KvOp::Lock { value, .. }
-                            | vigil_shared::kv::KvOp::Unlock { value, .. } => value.len(),
+                            TxnOp::Kv(vigil_shared::kv::KvOp::Set { value, .. })
+                            | TxnOp::Kv(vigil_shared::kv::KvOp::Cas { value, .. })
+                            | TxnOp::Kv(vigil_shared::kv::KvOp::Lock { value, .. })
+                            | TxnOp::Kv(vigil_shared::kv::KvOp::Unlock { value, .. }) => value.len(),
                             _ => 0,
                         };
                         prop_assert!(value_len <= KV_MAX_VALUE_SIZE);

@@ -101,8 +101,14 @@ fn gossip_error(e: GossipError) -> ApiError {
     }
 }
 
-/// Members the token may read (`node:read` on their name).
+/// Members the token may read (`node:read` on their name). With `?wan`, Consul's WAN pool:
+/// one datacenter's servers, named `<node>.<dc>`, as a server sees them (a client agent is in
+/// no WAN pool and lists none).
 pub async fn members(cx: Ctx) -> Response {
+    let wan = cx.params.has("wan");
+    if wan && cx.state.backend.server().is_none() {
+        return cx.json(&Vec::<MemberJson>::new());
+    }
     // Pruned members are Left for the leader but no longer listed (Consul's `?prune`).
     let out: Vec<MemberJson> = cx
         .state
@@ -110,7 +116,14 @@ pub async fn members(cx: Ctx) -> Response {
         .members()
         .iter()
         .filter(|m| !m.pruned && cx.authz.allows(Resource::Node, Access::Read, &m.name))
-        .map(MemberJson::from_member)
+        .filter(|m| !wan || m.role == MemberRole::Server)
+        .map(|m| {
+            let mut json = MemberJson::from_member(m);
+            if wan {
+                json.name = format!("{}.{}", m.name, m.datacenter);
+            }
+            json
+        })
         .collect();
     cx.json(&out)
 }
@@ -120,6 +133,10 @@ pub async fn join(cx: Ctx, Path(addr): Path<String>) -> Result<Response, ApiErro
     let addr: SocketAddr = addr
         .parse()
         .map_err(|e| ApiError::server(format!("Failed to join {addr}: {e}")))?;
+    // Joining oneself is a join to a member already known, as Serf counts it.
+    if addr == cx.state.gossip.gossip_addr() {
+        return Ok(StatusCode::OK.into_response());
+    }
     cx.state.gossip.join(addr).await.map_err(gossip_error)?;
     Ok(StatusCode::OK.into_response())
 }

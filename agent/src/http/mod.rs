@@ -8,11 +8,13 @@ mod agent_health;
 mod agent_service;
 mod body;
 mod catalog;
+mod coordinate;
 pub mod error;
 mod event;
 #[cfg(test)]
 mod fuzz;
 mod health;
+mod host;
 mod keyring;
 mod kv;
 pub mod limits;
@@ -61,6 +63,8 @@ pub struct AppState {
     pub local: Arc<crate::local::LocalState>,
     pub gossip: Gossip,
     pub node_name: String,
+    /// This node's UUID in the catalog.
+    pub node_id: String,
     /// The bound plain-HTTP address (`None`: turned off).
     pub http_addr: Option<std::net::SocketAddr>,
     /// The bound HTTPS address (`None`: no HTTPS).
@@ -184,6 +188,15 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/acl/role/name/{name}", get(acl::get_by_name::<Role>))
         .route("/v1/acl/roles", get(acl::list_roles))
+        .route("/v1/acl/replication", get(acl::replication))
+        .route("/v1/acl/login", axum::routing::post(acl::login))
+        .route("/v1/acl/logout", axum::routing::post(acl::logout))
+        .route("/v1/agent/token/{kind}", put(acl::set_agent_token))
+        .route("/v1/agent/host", get(host::host_info))
+        .route("/v1/coordinate/datacenters", get(coordinate::datacenters))
+        .route("/v1/coordinate/nodes", get(coordinate::nodes))
+        .route("/v1/coordinate/node/{node}", get(coordinate::node))
+        .route("/v1/catalog/connect/{service}", get(catalog::connect))
         .route("/v1/snapshot", get(snapshot::save).put(snapshot::restore))
         .route("/v1/session/create", put(session::create))
         .route("/v1/session/destroy/", put(session::missing_id))
@@ -217,6 +230,7 @@ pub fn router(state: AppState) -> Router {
             "/v1/operator/autopilot/health",
             get(operator::autopilot_health),
         )
+        .route("/v1/operator/usage", get(operator::usage))
         .route(
             "/v1/operator/keyring",
             get(keyring::keyring)

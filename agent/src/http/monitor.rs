@@ -25,20 +25,23 @@ pub async fn reload(State(state): State<AppState>) -> Result<Response, ApiError>
     Ok(StatusCode::OK.into_response())
 }
 
-/// `GET /v1/agent/monitor`: the agent's log lines at `loglevel` (default `info`) and above, as
-/// they are written, until the client goes away or the agent stops. Only what the agent's own
+/// `GET /v1/agent/monitor`: the agent's log lines at `loglevel` (default `info`) and above (as
+/// JSON with `?logjson`), as they are written, until the client goes away or the agent stops. Only what the agent's own
 /// `--log-level` lets through can be shown.
 pub async fn monitor(cx: Ctx) -> Result<Response, ApiError> {
     cx.check(Resource::Agent, Access::Read, &cx.state.node_name)?;
     let name = cx.params.get("loglevel").unwrap_or("info");
     let level = parse_level(name)
         .ok_or_else(|| ApiError::bad_request(format!("Unknown log level: {name}")))?;
+    // `?logjson`: each line as hclog's JSON object, as Consul's monitor sends it then.
+    let as_json = cx.params.has("logjson");
     let shutdown = cx.state.shutdown.clone();
     let lines = futures::stream::unfold(subscribe(), move |mut rx| async move {
         loop {
             match rx.recv().await {
                 Ok(line) if line.level <= level => {
-                    let text = Bytes::from(format!("{}\n", line.text));
+                    let line = if as_json { &line.json } else { &line.text };
+                    let text = Bytes::from(format!("{line}\n"));
                     return Some((Ok::<Bytes, Infallible>(text), rx));
                 }
                 // Below the level asked for, or missed by a monitor that fell behind.

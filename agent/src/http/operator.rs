@@ -106,13 +106,15 @@ struct AutopilotBody {
     upgradeversiontag: String,
 }
 
-/// A Go duration setting: empty, or one that parses.
+/// A Go duration setting that parses; a missing one (absent, `null` or empty) is zero, which
+/// Consul prints `0s`, as Go's clients parse it back.
 fn duration_setting(name: &str, value: String) -> Result<String, ApiError> {
-    if !value.is_empty() {
-        parse_go_duration(&value).map_err(|e| {
-            ApiError::bad_request(format!("Error parsing autopilot config: {name}: {e}"))
-        })?;
+    if value.is_empty() {
+        return Ok("0s".to_owned());
     }
+    parse_go_duration(&value).map_err(|e| {
+        ApiError::bad_request(format!("Error parsing autopilot config: {name}: {e}"))
+    })?;
     Ok(value)
 }
 
@@ -219,4 +221,46 @@ pub async fn autopilot_health(cx: Ctx) -> Result<Response, ApiError> {
     let mut response = cx.json(&HealthJson::from(health));
     *response.status_mut() = status;
     Ok(response)
+}
+
+/// `GET /v1/operator/usage` (`operator:read`): the catalog's counts for this datacenter, in
+/// Consul's shape with the query's meta in the body; the `consul` service is not billable and
+/// nothing is Connect.
+pub async fn usage(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Operator, Access::Read, "")?;
+    let (services, meta) = cx
+        .read(vigil_shared::rpc::reads::CatalogServices {})
+        .await?;
+    let (nodes, _) = cx
+        .read_now(vigil_shared::rpc::reads::CatalogNodes {})
+        .await?;
+    let names: std::collections::BTreeSet<&str> =
+        services.iter().map(|s| s.name.as_str()).collect();
+    let billable = services
+        .iter()
+        .filter(|s| s.name != vigil_shared::catalog::CONSUL_SERVICE)
+        .count();
+    let connect = serde_json::json!({
+        "api-gateway": 0, "connect-native": 0, "connect-proxy": 0, "ingress-gateway": 0,
+        "mesh-gateway": 0, "terminating-gateway": 0,
+    });
+    let body = serde_json::json!({
+        "Usage": {
+            crate::DATACENTER: {
+                "Services": names.len(),
+                "ServiceInstances": services.len(),
+                "ConnectServiceInstances": connect,
+                "BillableServiceInstances": billable,
+                "Nodes": nodes.len(),
+            },
+        },
+        "Index": meta.index,
+        "LastContact": meta.last_contact_ms,
+        "KnownLeader": meta.known_leader,
+        "ConsistencyLevel": "leader",
+        "NotModified": false,
+        "Backend": 0,
+        "ResultsFilteredByACLs": false,
+    });
+    Ok(super::with_meta(meta, cx.json(&body)))
 }

@@ -115,6 +115,15 @@ struct QueryJson<'a> {
     modify_index: u64,
 }
 
+/// `null` for an empty list or map, else the value.
+fn nil_if_empty<T: Serialize>(value: &T) -> Value {
+    match serde_json::to_value(value).unwrap_or(Value::Null) {
+        Value::Array(items) if items.is_empty() => Value::Null,
+        Value::Object(map) if map.is_empty() => Value::Null,
+        other => other,
+    }
+}
+
 impl<'a> QueryJson<'a> {
     fn new(q: &'a PreparedQuery) -> QueryJson<'a> {
         let s = &q.service;
@@ -124,15 +133,18 @@ impl<'a> QueryJson<'a> {
             session: &q.session,
             token: &q.token,
             template: json_value!({"Type": "", "Regexp": "", "RemoveEmptyTags": false}),
+            // An empty list or map is Go's nil, `null`, as the client sent it (Consul keeps
+            // nil; the Go client compares definitions with reflect.DeepEqual).
             service: json_value!({
                 "Service": s.service,
-                "Failover": {"NearestN": s.failover_nearest_n, "Datacenters": s.failover_datacenters},
+                "Failover": {"NearestN": s.failover_nearest_n,
+                             "Datacenters": nil_if_empty(&s.failover_datacenters)},
                 "OnlyPassing": s.only_passing,
-                "IgnoreCheckIDs": [],
+                "IgnoreCheckIDs": Value::Null,
                 "Near": s.near,
-                "Tags": s.tags,
-                "NodeMeta": s.node_meta,
-                "ServiceMeta": s.service_meta,
+                "Tags": nil_if_empty(&s.tags),
+                "NodeMeta": nil_if_empty(&s.node_meta),
+                "ServiceMeta": nil_if_empty(&s.service_meta),
                 "Connect": false,
             }),
             dns: json_value!({"TTL": q.dns_ttl}),

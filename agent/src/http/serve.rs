@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -282,6 +282,58 @@ fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal) {
     tracing::debug!(%peer, reason, "too many HTTP connections; closing");
     vigil_server::telemetry::http_connection_shed(reason);
     let _ = stream.try_write(answer);
+}
+
+/// A Unix socket listener at `path`; a socket left there by an earlier run is replaced, as
+/// Consul replaces it (any other file is not touched, and binding fails).
+pub fn bind_unix(path: &std::path::Path) -> std::io::Result<UnixListener> {
+    use std::os::unix::fs::FileTypeExt as _;
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+}
+
+/// Serves `router` on a Unix socket until `shutdown`, as [`serve`] does on TCP; its clients are
+/// local processes with no address, so no per-client cap applies, but they count towards the
+/// agent's (the header timeout applies too).
+pub async fn serve_unix(
+    listener: UnixListener,
+    router: Router,
+    limits: ConnLimits,
+    connections: Arc<Connections>,
+    shutdown: CancellationToken,
+) {
+    let tasks = TaskTracker::new();
+    let local = IpAddr::from([127, 0, 0, 1]);
+    loop {
+        let stream = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!(error = %e, "HTTP accept failed on the Unix socket");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        let Ok(slot) = connections.take(local, 0) else {
+            tracing::debug!("too many HTTP connections; closing one on the Unix socket");
+            vigil_server::telemetry::http_connection_shed("agent_cap");
+            continue;
+        };
+        tasks.spawn(serve_connection(
+            stream,
+            router.clone(),
+            limits,
+            slot,
+            shutdown.clone(),
+        ));
+    }
+    tasks.close();
+    tasks.wait().await;
 }
 
 async fn serve_connection<S>(

@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer};
 use serde_json::{Value, json as json_value};
 use vigil_shared::DEFAULT_LOCK_DELAY_NS;
 use vigil_shared::acl::authz::{Access, Resource};
-use vigil_shared::api::{SessionJson, decode_case_insensitive};
+use vigil_shared::api::{SessionJson, decode_case_insensitive_nullable};
 use vigil_shared::catalog::SERF_HEALTH;
 use vigil_shared::go::duration::{duration_ns_from_json, parse_go_duration};
 use vigil_shared::rpc::{Query, reads, writes};
@@ -74,7 +74,8 @@ pub(super) fn build_session(node_name: &str, body: &[u8]) -> Result<Session, Api
     let req: CreateBody = if body.is_empty() {
         CreateBody::default()
     } else {
-        decode_case_insensitive(body, &[])
+        // `null` empties a default check list, as in Go.
+        decode_case_insensitive_nullable(body, &[], &["checks", "nodechecks", "servicechecks"])
             .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?
     };
     let node = req.node.unwrap_or_else(|| node_name.to_owned());

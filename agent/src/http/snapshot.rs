@@ -3,20 +3,21 @@
 //! foreign archive is refused and changes nothing.
 
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use vigil_server::api::operations::{RestoreSnapshot, SaveSnapshot, Saved};
 
 use vigil_shared::acl::authz::{Access, Resource};
 
+use super::Ctx;
 use super::body::{Limit, read};
 use super::error::ApiError;
-use super::{AppState, Ctx};
 
-/// `GET /v1/snapshot`.
-pub async fn save(State(state): State<AppState>) -> Result<Response, ApiError> {
-    let Saved { index, archive } = state.backend.operate(SaveSnapshot).await?;
+/// `GET /v1/snapshot`: the whole state, secrets included, so only for `acl:write` (Consul's
+/// management requirement).
+pub async fn save(cx: Ctx) -> Result<Response, ApiError> {
+    cx.check(Resource::Acl, Access::Write, "")?;
+    let Saved { index, archive } = cx.state.backend.operate(SaveSnapshot).await?;
     let mut response = (
         [(header::CONTENT_TYPE, "application/x-gzip")],
         Body::from(archive),

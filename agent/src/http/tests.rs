@@ -24,6 +24,8 @@ use crate::testing::settle;
 
 const NODE: &str = "node1";
 const GOSSIP: &str = "127.0.0.1:8301";
+/// This node's UUID in the catalog.
+const NODE_ID: &str = "9a1b0c2d-0000-4000-8000-00000000000f";
 
 /// An agent's router over the in-memory servers, with what it started.
 struct Agent {
@@ -46,6 +48,7 @@ impl Agent {
         let local = LocalState::start(
             LocalOptions {
                 node: NODE.to_owned(),
+                node_id: NODE_ID.to_owned(),
                 address: addr.ip().to_string(),
                 enable_script_checks: false,
                 enable_local_script_checks: false,
@@ -62,6 +65,7 @@ impl Agent {
             local,
             gossip: Gossip::detached(addr, members),
             node_name: NODE.to_owned(),
+            node_id: NODE_ID.to_owned(),
             http_addr: Some("127.0.0.1:8500".parse().expect("address")),
             https_addr: None,
             rpc_addr: "127.0.0.1:8300".parse().expect("address"),

@@ -368,7 +368,7 @@ mod tests {
         );
         let err = parse("encrypt = \"c2hvcnQ=\"").unwrap_err();
         assert!(
-            err.starts_with("encrypt: the gossip key must decode to exactly 32 bytes"),
+            err.starts_with("encrypt: the gossip key must decode to 16, 24 or 32 bytes"),
             "{err}"
         );
     }

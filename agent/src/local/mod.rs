@@ -83,6 +83,8 @@ pub enum Source {
 #[derive(Debug, Clone)]
 pub struct LocalOptions {
     pub node: String,
+    /// This node's UUID in the catalog (Consul's `node_id`).
+    pub node_id: String,
     /// This node's address in the catalog: the IP of its gossip address, which the leader's
     /// member reconciliation also writes, so the two never undo each other.
     pub address: String,
@@ -188,6 +190,7 @@ impl Inner {
 /// the catalog.
 pub struct LocalState {
     node: String,
+    node_id: String,
     address: String,
     /// This node's metadata in the catalog (`node_meta`, `--node-meta`).
     node_meta: BTreeMap<String, String>,
@@ -219,6 +222,7 @@ impl LocalState {
             remote_scripts || options.enable_local_script_checks || defs.enable_local_script_checks;
         let local = Arc::new(LocalState {
             node: options.node,
+            node_id: options.node_id,
             address: options.address,
             node_meta: options.definitions.node_meta.clone(),
             remote_scripts,

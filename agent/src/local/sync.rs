@@ -13,7 +13,7 @@ use std::time::Duration;
 use rand::Rng as _;
 use tokio::sync::Notify;
 use tokio::time::Instant;
-use vigil_shared::catalog::{Check, SERF_HEALTH, Service};
+use vigil_shared::catalog::{CONSUL_SERVICE, Check, SERF_HEALTH, Service};
 use vigil_shared::rpc::writes::{CatalogRegister, DeregisterCheck, DeregisterService};
 use vigil_shared::rpc::{ApplyError, Consistency, QueryOptions, Registration, ServerError, reads};
 
@@ -138,9 +138,12 @@ pub async fn full_sync(local: &LocalState) -> Result<(), SyncError> {
         .read(opts, reads::CatalogNode { node: node.clone() })
         .await?;
     let (checks, _) = local.backend.read(opts, reads::NodeChecks { node }).await?;
-    let node_current = found
-        .as_ref()
-        .is_some_and(|(node, _)| node.address == local.address && node.meta == local.node_meta);
+    let node_current = found.as_ref().is_some_and(|(node, _)| {
+        node.id == local.node_id
+            && node.address == local.address
+            && node.meta == local.node_meta
+            && node.tagged_addresses == tagged_addresses(&local.address)
+    });
     let services = found.map(|(_, services)| services).unwrap_or_default();
     reconcile(&mut local.lock(), &local.node, &services, &checks);
     push(local, !node_current).await
@@ -156,7 +159,7 @@ fn same_service(ours: &Service, theirs: &Service) -> bool {
 
 /// Marks what differs between local state and the catalog's view of this node: local entries
 /// missing or different there become unsynced, catalog entries unknown here are queued for
-/// deregistration (never `serfHealth`).
+/// deregistration (never `serfHealth`, nor the `consul` service the leader gives a server).
 fn reconcile(inner: &mut Inner, node: &str, services: &[Service], checks: &[Check]) {
     let catalog_services: BTreeMap<&str, &Service> =
         services.iter().map(|s| (s.id.as_str(), s)).collect();
@@ -169,7 +172,7 @@ fn reconcile(inner: &mut Inner, node: &str, services: &[Service], checks: &[Chec
         }
     }
     for id in catalog_services.keys() {
-        if !inner.services.contains_key(*id) {
+        if *id != CONSUL_SERVICE && !inner.services.contains_key(*id) {
             inner.removed_services.insert((*id).to_owned());
         }
     }
@@ -237,10 +240,29 @@ impl Write {
     }
 }
 
+/// The node's tagged addresses as Consul's agent registers them: `lan` and `wan`, and
+/// `lan_ipv4`/`wan_ipv4` (or the v6 pair) for an IP address.
+fn tagged_addresses(address: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let family = match address.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(_)) => Some("ipv4"),
+        Ok(std::net::IpAddr::V6(_)) => Some("ipv6"),
+        Err(_) => None,
+    };
+    for tag in ["lan", "wan"] {
+        out.insert(tag.to_owned(), address.to_owned());
+        if let Some(family) = family {
+            out.insert(format!("{tag}_{family}"), address.to_owned());
+        }
+    }
+    out
+}
+
 /// This node as the agent registers it.
 #[derive(Clone, Copy)]
 struct NodeInfo<'a> {
     name: &'a str,
+    id: &'a str,
     address: &'a str,
     meta: &'a BTreeMap<String, String>,
 }
@@ -251,13 +273,16 @@ struct NodeInfo<'a> {
 fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
     let NodeInfo {
         name: node,
+        id,
         address,
         meta,
     } = *node;
     let registration = |service: Option<Service>, checks: Vec<Check>| Registration {
         node: node.to_owned(),
+        node_id: id.to_owned(),
         address: address.to_owned(),
         node_meta: meta.clone(),
+        tagged_addresses: tagged_addresses(address),
         skip_node_update: false,
         service,
         checks,
@@ -323,6 +348,7 @@ fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
 async fn push(local: &LocalState, register_node: bool) -> Result<(), SyncError> {
     let node = NodeInfo {
         name: &local.node,
+        id: &local.node_id,
         address: &local.address,
         meta: &local.node_meta,
     };
@@ -353,6 +379,8 @@ async fn push(local: &LocalState, register_node: bool) -> Result<(), SyncError> 
         for (id, generation) in write.services {
             if let Some(s) = inner.services.get_mut(&id) {
                 s.synced = generation;
+                // Consul's line for the same event, which `/v1/agent/monitor` followers see.
+                tracing::info!(service = %id, "Synced service");
             }
         }
         for (id, generation) in write.checks {
@@ -477,12 +505,22 @@ mod tests {
         web_check.create_index = 7;
         web_check.service_name = "web".into();
         // The catalog: the service and its check as ours, `disk` deleted, a stray check and
-        // another service unknown here, and the leader's serfHealth.
+        // another service unknown here, and the leader's serfHealth and `consul` service.
         let other = Service {
             id: "other".into(),
             ..web.clone()
         };
-        reconcile(&mut inner, "n1", &[web, other], &[serf, stray, web_check]);
+        let consul = Service {
+            id: CONSUL_SERVICE.into(),
+            name: CONSUL_SERVICE.into(),
+            ..web.clone()
+        };
+        reconcile(
+            &mut inner,
+            "n1",
+            &[web, other, consul],
+            &[serf, stray, web_check],
+        );
         assert_eq!(
             inner.services["web"].synced, 1,
             "same as the catalog: still synced"
@@ -519,6 +557,7 @@ mod tests {
     fn n1<'a>(address: &'a str, meta: &'a BTreeMap<String, String>) -> NodeInfo<'a> {
         NodeInfo {
             name: "n1",
+            id: "",
             address,
             meta,
         }

@@ -37,6 +37,7 @@ mod t59_consul_cli;
 mod t60_lock_cli;
 mod t60_recipes;
 mod t61_lock_queue;
+mod t63_go_client;
 mod t70_gossip;
 mod t71_gossip_hardening;
 mod t80_safety_docker;

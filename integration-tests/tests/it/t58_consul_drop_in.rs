@@ -267,7 +267,7 @@ async fn agent_self_members_and_node_meta_in_consuls_shapes() {
         "env:prod",
     ])
     .await;
-    let meta = json!({"env": "prod", "rack": "r1", "zone": "z1"});
+    let meta = json!({"consul-network-segment": "", "env": "prod", "rack": "r1", "zone": "z1"});
 
     // Phase 2: /v1/agent/self has every top-level section Consul returns.
     let me = agent.get("/v1/agent/self").await.json();
@@ -282,7 +282,16 @@ async fn agent_self_members_and_node_meta_in_consuls_shapes() {
     ] {
         assert!(me.get(section).is_some(), "no {section} in {me}");
     }
-    assert_eq!(me["Config"]["SessionTTLMin"], json!("1s"));
+    // Nanoseconds under Config (Patroni divides it by 1e9), a duration under DebugConfig.
+    assert_eq!(me["Config"]["SessionTTLMin"], json!(1_000_000_000u64));
+    assert_eq!(me["DebugConfig"]["SessionTTLMin"], json!("1s"));
+    assert_eq!(
+        me["DebugConfig"]["SerfAdvertiseAddrLAN"],
+        json!(format!(
+            "tcp://{}",
+            me["DebugConfig"]["SerfBindAddrLAN"].as_str().unwrap()
+        ))
+    );
     assert_eq!(me["Config"]["NodeName"], json!(agent.node));
     assert_eq!(me["Meta"], meta);
 

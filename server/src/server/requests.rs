@@ -20,7 +20,7 @@ impl Server {
                     .map_err(ServerError::InvalidSessionTtl)?;
             }
             let level = self.shared.read().protocol();
-            let (op, reply) = crate::protocol::downgrade(op, level);
+            let (op, reply) = crate::protocol::downgrade(op, level)?;
             return self.proposer.propose(op).await.map(|r| reply.restore(r));
         }
         let forwarded = calls::Write {

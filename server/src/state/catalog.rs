@@ -209,9 +209,6 @@ impl Catalog {
 
     /// Checks a registration without changing anything.
     pub fn validate(&self, reg: &Registration) -> Result<(), ApplyError> {
-        if reg.skip_node_update && !self.nodes.contains_key(&reg.node) {
-            return Err(ApplyError::MissingNode);
-        }
         for check in &reg.checks {
             let ours = reg
                 .service
@@ -232,9 +229,11 @@ impl Catalog {
         Ok(())
     }
 
-    /// Applies a validated registration.
+    /// Applies a validated registration. `skip_node_update` leaves an existing node alone; a
+    /// node not yet in the catalog is created from the registration all the same, as Consul's
+    /// `ChangesNode` does.
     pub fn register(&mut self, reg: &Registration, index: u64, t: &mut Touched) {
-        if !reg.skip_node_update {
+        if !reg.skip_node_update || !self.nodes.contains_key(&reg.node) {
             let node = Node {
                 name: reg.node.clone(),
                 id: reg.node_id.clone(),

@@ -9,6 +9,7 @@ pub mod locks;
 pub mod query;
 pub mod restore;
 pub mod session;
+mod txn;
 
 #[cfg(test)]
 mod lock_tests;
@@ -422,6 +423,7 @@ impl StateMachine {
             Op::SetAutopilotConfig { config, cas } => {
                 Response::Applied(self.autopilot.set(config, index, cas))
             }
+            Op::Txn(ops) => self.apply_txn(index, now_ms, ops, fx),
             Op::Acl(op) => match self.acl.apply(op, index, now_ms) {
                 Ok(()) => {
                     fx.acl_changed = true;

@@ -7,6 +7,7 @@ use crate::kv::{KvOp, TxnOutcome};
 use crate::lock::{LockHold, LockMode, LockOp, LockOutcome};
 use crate::query::PreparedQuery;
 use crate::session::Session;
+use crate::txn::{CatalogTxnOutcome, TxnOp};
 
 use super::{AclOp, ApplyError, Op, Registration, Response, Write};
 
@@ -109,6 +110,19 @@ writes! {
     DeleteQuery { id: String } answers refusable;
     /// A change to the ACL tables.
     Acl(AclOp) answers refusable;
+    /// A transaction with catalog ops, all or nothing; the outcome says which.
+    Txn(Vec<TxnOp>) answers custom;
+}
+
+impl Write for Txn {
+    type Output = CatalogTxnOutcome;
+
+    fn output(response: Response) -> Result<CatalogTxnOutcome, Response> {
+        match response {
+            Response::CatalogTxn(outcome) => Ok(outcome),
+            other => Err(other),
+        }
+    }
 }
 
 impl Write for Kv {

@@ -88,16 +88,28 @@ fn catalog_register_refusals_change_nothing() {
             check_id: "http".into()
         })
     );
-    let skip = Op::CatalogRegister(Registration {
-        node: N1.into(),
-        skip_node_update: true,
-        ..Registration::default()
-    });
-    assert_eq!(
-        apply(&mut sm, 6, skip).0,
-        Response::Rejected(ApplyError::MissingNode)
-    );
     assert!(sm.catalog().node(N1).is_none());
+}
+
+/// Consul's `TestStateStore_EnsureRegistration` with `SkipNodeUpdate`: a node not yet in the
+/// catalog is created from the registration; an existing one keeps its fields.
+#[test]
+fn skip_node_update_creates_a_missing_node_and_leaves_an_existing_one() {
+    let mut sm = StateMachine::default();
+    let skip = |address: &str| {
+        Op::CatalogRegister(Registration {
+            node: N1.into(),
+            address: address.into(),
+            skip_node_update: true,
+            service: Some(web(N1, "web1", &[])),
+            ..Registration::default()
+        })
+    };
+    assert_eq!(apply(&mut sm, 6, skip("10.0.0.1")).0, Response::Done);
+    let node = sm.catalog().node(N1).expect("created").clone();
+    assert_eq!((node.address.as_str(), node.create_index), ("10.0.0.1", 6));
+    assert_eq!(apply(&mut sm, 7, skip("10.0.0.2")).0, Response::Done);
+    assert_eq!(sm.catalog().node(N1), Some(&node));
 }
 
 #[test]
