@@ -522,11 +522,25 @@ impl Agent {
 }
 
 /// The last `n` lines of a log file (empty when it cannot be read).
+///
+/// A panic's or a fatal error's message comes first when the log has one: a backtrace after it
+/// would push it out of the last `n` lines.
 pub fn log_tail(path: &Path, n: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
+    let failure = lines
+        .iter()
+        .position(|line| line.contains("panicked at") || line.starts_with("Error: "))
+        .map(|at| {
+            format!(
+                "--- the failure in {} ---\n{}\n",
+                path.display(),
+                lines[at..(at + 4).min(lines.len())].join("\n")
+            )
+        })
+        .unwrap_or_default();
     let tail = lines[lines.len().saturating_sub(n)..].join("\n");
-    format!("--- last lines of {} ---\n{tail}", path.display())
+    format!("{failure}--- last lines of {} ---\n{tail}", path.display())
 }
 
 /// The workspace's root directory.

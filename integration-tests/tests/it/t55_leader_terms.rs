@@ -1,7 +1,8 @@
 //! Leadership terms under leader kills: a TTL session that is no longer renewed dies at most
 //! one election timeout after its deadline however many elections happen (TTL checkpoints),
 //! and a default-consistency read never returns a value older than one already acknowledged
-//! (a new leader answers only once it has applied its own term's first entry).
+//! (a new leader answers only once it has applied its own term's first entry), nor does a
+//! leader cut off from its quorum acknowledge a session renewal.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -288,4 +289,54 @@ async fn a_resumed_old_leader_never_answers_a_default_read_from_its_old_term() {
         );
         cluster.leader().await;
     }
+}
+
+/// A leader that has lost its quorum must not acknowledge a renewal: the others elect a leader
+/// that never hears of it and expires the session on its checkpointed deadline, while the
+/// client believes it renewed. Found by the Jepsen-style run: sessions gone half a second after
+/// an acknowledged renewal, each right after a partition of the leader healed. Before, the
+/// isolated leader answered 200 to every renewal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_without_its_quorum_acknowledges_no_renewal() {
+    let _heavy = exclusive().await;
+    let cluster = Cluster::servers(3).start().await;
+    let leader = cluster.leader().await;
+    let http = cluster.server(leader).http();
+    let session = create_session(&http, r#"{"TTL":"30s","LockDelay":"0s"}"#).await;
+    let renew = format!("/v1/session/renew/{session}");
+    assert_eq!(http.put(&renew, "").await.status, StatusCode::OK);
+
+    let followers: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &followers {
+        cluster.pause(i);
+    }
+    // Past the lease (one election timeout), the leader can no longer vouch for its term.
+    tokio::time::sleep(ELECTION * 2).await;
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        http.try_request(Method::PUT, &renew, Some(Vec::new())),
+    )
+    .await;
+    for &i in &followers {
+        cluster.resume(i);
+    }
+    if let Ok(Ok(reply)) = answer {
+        assert_ne!(
+            reply.status,
+            StatusCode::OK,
+            "a leader without a quorum acknowledged a renewal: {}",
+            reply.text()
+        );
+    }
+    // Once the quorum is back, renewals are acknowledged again.
+    integration_tests::eventually(LEADER_TIMEOUT, "a renewal after the pause", || async {
+        let reply = cluster
+            .server(cluster.leader().await)
+            .http()
+            .try_request(Method::PUT, &renew, Some(Vec::new()))
+            .await
+            .ok()?;
+        (reply.status == StatusCode::OK).then_some(())
+    })
+    .await;
 }

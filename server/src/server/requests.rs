@@ -144,7 +144,10 @@ impl Server {
         (result, self.meta(index))
     }
 
-    /// Renews a session: resets its TTL timer on the leader. No raft write.
+    /// Renews a session: resets its TTL timer on the leader. No raft write, but the leader
+    /// confirms its lease first, as for a default read: a leader cut off from the quorum (or
+    /// paused past its lease) must not acknowledge renewals while the others elect a leader
+    /// that has never heard of them and expires the session on its checkpointed deadline.
     pub async fn renew_session(&self, id: &str) -> Result<Session, ServerError> {
         self.renew_inner(id.to_owned(), false).await
     }
@@ -164,6 +167,7 @@ impl Server {
             };
             return self.forward(request, Duration::ZERO).await?;
         }
+        self.confirmed_leader().await?;
         let session = self
             .shared
             .read()
