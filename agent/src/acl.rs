@@ -3,7 +3,8 @@
 //! [`Authorizer`], cached by secret until the ACL tables change: one blocking query per agent
 //! follows the tables' index, so a deleted or changed token stops working as soon as the
 //! agent hears of it. Expiry is checked on every use. The agent's own work (anti-entropy,
-//! reconciliation) does not pass through here.
+//! reconciliation) does not pass through here: it carries the agent token to the servers,
+//! which check it ([`crate::token`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, ANONYMOUS_TOKEN_SECRET, Res
 use vigil_shared::rpc::{Consistency, QueryOptions, ServerError, reads};
 
 use crate::backend::Backend;
+use crate::token::AgentToken;
 
 /// How long the ACL index watcher blocks per query.
 const WATCH_WAIT: Duration = Duration::from_secs(300);
@@ -65,6 +67,8 @@ pub struct Acls {
     /// The tokens set through `PUT /v1/agent/token/<kind>` (Consul's `acl.tokens`), by kind;
     /// `default` is what a request without a token uses instead of the anonymous token.
     tokens: Mutex<HashMap<TokenKind, String>>,
+    /// The agent token as the server requests of the agent's own work carry it.
+    agent_token: AgentToken,
 }
 
 /// The agent's own tokens (`/v1/agent/token/<kind>`), under Consul's names and its legacy ones.
@@ -101,7 +105,9 @@ impl Acls {
         datacenter: &str,
         backend: Arc<Backend>,
         shutdown: CancellationToken,
+        agent_token: AgentToken,
     ) -> Acls {
+        agent_token.set(config.agent_token.clone().unwrap_or_default());
         let (tx, index) = watch::channel(0);
         if config.default_policy.is_some() {
             tokio::spawn(watch_index(Arc::clone(&backend), tx, shutdown));
@@ -120,17 +126,31 @@ impl Acls {
                     .map(|t| (TokenKind::Agent, t.clone()))
                     .collect(),
             ),
+            agent_token,
         }
     }
 
     /// Sets one of the agent's tokens (an empty one clears it).
     pub fn set_token(&self, kind: TokenKind, token: String) {
+        if kind == TokenKind::Agent {
+            self.agent_token.set(token.clone());
+        }
         let mut tokens = self.tokens.lock();
         if token.is_empty() {
             tokens.remove(&kind);
         } else {
             tokens.insert(kind, token);
         }
+    }
+
+    /// The token a request that presents none is made with: the agent's default token, else
+    /// the anonymous token (empty).
+    pub fn default_token(&self) -> String {
+        self.tokens
+            .lock()
+            .get(&TokenKind::Default)
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn enabled(&self) -> bool {

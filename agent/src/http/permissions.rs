@@ -444,8 +444,9 @@ pub fn lookup(path: &str, method: &Method) -> Option<&'static Rule> {
 #[derive(Clone)]
 pub struct Resolved(pub Arc<Authorizer>);
 
-/// In front of every route: refuses a route with no entry in [`ROUTES`], and checks a
-/// [`Needs::Fixed`] permission before the handler runs.
+/// In front of every route: refuses a route with no entry in [`ROUTES`], checks a
+/// [`Needs::Fixed`] permission before the handler runs, and runs the handler on behalf of the
+/// request's token, so the servers check it again ([`crate::token`]).
 pub async fn guard(
     State(state): State<AppState>,
     matched: Option<MatchedPath>,
@@ -463,25 +464,30 @@ pub async fn guard(
         )
         .into_response();
     };
-    let Needs::Fixed(resource, access) = rule.needs else {
-        return next.run(req).await;
-    };
-    let (mut parts, body) = req.into_parts();
+    let (parts, body) = req.into_parts();
     let params = Params::parse(parts.uri.query());
-    let authz = match super::acl::Authz::resolve(&parts, &params, &state).await {
-        Ok(authz) => authz,
-        Err(e) => return e.into_response(),
-    };
-    let name = if resource == Agent {
-        state.node_name.as_str()
-    } else {
-        ""
-    };
-    if let Err(e) = authz.check(resource, access, name) {
-        return e.into_response();
-    }
-    parts.extensions.insert(Resolved(authz.0));
-    next.run(Request::from_parts(parts, body)).await
+    let token =
+        super::acl::request_token(&parts, &params).unwrap_or_else(|| state.acls.default_token());
+    crate::token::scope(token, async move {
+        let mut parts = parts;
+        if let Needs::Fixed(resource, access) = rule.needs {
+            let authz = match super::acl::Authz::resolve(&parts, &params, &state).await {
+                Ok(authz) => authz,
+                Err(e) => return e.into_response(),
+            };
+            let name = if resource == Agent {
+                state.node_name.as_str()
+            } else {
+                ""
+            };
+            if let Err(e) = authz.check(resource, access, name) {
+                return e.into_response();
+            }
+            parts.extensions.insert(Resolved(authz.0));
+        }
+        next.run(Request::from_parts(parts, body)).await
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -127,6 +127,7 @@ impl Agent {
                 crate::DATACENTER,
                 Arc::clone(&backend),
                 shutdown.clone(),
+                crate::token::AgentToken::default(),
             )),
         };
         Agent {
