@@ -52,7 +52,9 @@ struct Cached {
     /// The ACL tables' index it was resolved at.
     index: u64,
     expires_ms: Option<u64>,
-    authz: Arc<Authorizer>,
+    /// `None`: no such token at that index (a negative entry, so a stream of made-up tokens
+    /// costs one server read per token and ACL change, not one per request).
+    authz: Option<Arc<Authorizer>>,
 }
 
 /// Resolves tokens for the HTTP API.
@@ -173,9 +175,10 @@ impl Acls {
             && c.index == current
             && current != 0
         {
-            return match c.expires_ms {
-                Some(at) if at <= now => Err(ResolveError::NotFound),
-                _ => Ok(Arc::clone(&c.authz)),
+            return match (&c.authz, c.expires_ms) {
+                (None, _) => Err(ResolveError::NotFound),
+                (Some(_), Some(at)) if at <= now => Err(ResolveError::NotFound),
+                (Some(authz), _) => Ok(Arc::clone(authz)),
             };
         }
         let (resolved, meta) = self
@@ -195,25 +198,38 @@ impl Acls {
                 roles: Vec::new(),
                 policies: Vec::new(),
             },
-            _ => return Err(ResolveError::NotFound),
+            _ => {
+                self.remember(secret, meta.index, None, None);
+                return Err(ResolveError::NotFound);
+            }
         };
         let authz = Arc::new(
             Authorizer::new(&resolved, &self.datacenter, default)
                 .map_err(|e| ResolveError::Rules(e.to_string()))?,
         );
+        let expires_ms = resolved.token.expiration_time_ms;
+        self.remember(secret, meta.index, expires_ms, Some(Arc::clone(&authz)));
+        Ok(authz)
+    }
+
+    /// Caches what `secret` resolved to at the ACL tables' `index` (`None`: nothing).
+    fn remember(
+        &self,
+        secret: &str,
+        index: u64,
+        expires_ms: Option<u64>,
+        authz: Option<Arc<Authorizer>>,
+    ) {
         let mut cache = self.cache.lock();
         if cache.len() > 4096 {
             cache.clear();
         }
-        cache.insert(
-            secret.to_owned(),
-            Cached {
-                index: meta.index,
-                expires_ms: resolved.token.expiration_time_ms,
-                authz: Arc::clone(&authz),
-            },
-        );
-        Ok(authz)
+        let entry = Cached {
+            index,
+            expires_ms,
+            authz,
+        };
+        cache.insert(secret.to_owned(), entry);
     }
 }
 

@@ -652,3 +652,34 @@ async fn default_allow_grants_no_acl_management_and_no_snapshot() {
     assert_eq!(reload.status, StatusCode::OK, "{}", reload.body);
     agent.stop().await;
 }
+
+/// An unknown token is remembered as unknown only until the ACL tables change: once a token
+/// with that secret is created, the next request with it works.
+#[tokio::test(start_paused = true)]
+async fn an_unknown_token_is_known_as_soon_as_it_is_created() {
+    let agent = Agent::with_acls(DefaultPolicy::Deny);
+    agent.init_acls().await;
+    let secret = "5e0c7c1e-0000-4000-8000-0000000000aa";
+    for _ in 0..2 {
+        let unknown = agent
+            .call_as(Some(secret), Method::GET, "/v1/agent/self", "")
+            .await;
+        assert_eq!(unknown.status, StatusCode::FORBIDDEN, "{}", unknown.body);
+        assert_eq!(unknown.body, "ACL not found");
+    }
+    let token = serde_json::json!({
+        "SecretID": secret,
+        "Policies": [{"ID": GLOBAL_MANAGEMENT_POLICY_ID}],
+    });
+    let made = agent
+        .call_as(Some(ROOT), Method::PUT, "/v1/acl/token", &token.to_string())
+        .await;
+    assert_eq!(made.status, StatusCode::OK, "{}", made.body);
+    tokio::time::advance(Duration::from_millis(10)).await;
+    settle().await;
+    let known = agent
+        .call_as(Some(secret), Method::GET, "/v1/agent/self", "")
+        .await;
+    assert_eq!(known.status, StatusCode::OK, "{}", known.body);
+    agent.stop().await;
+}

@@ -596,7 +596,10 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
 
     // No secret: not by listing tokens, not by resolving the management token's secret,
     // with the anonymous token or with none (the requests older agents send).
-    refused(&ask(query(ReadQuery::AclTokenList {}, "")).await, "acl:read");
+    refused(
+        &ask(query(ReadQuery::AclTokenList {}, "")).await,
+        "acl:read",
+    );
     let old_list = RpcRequest::Query {
         opts: QueryOptions::default(),
         query: ReadQuery::AclTokenList {},
@@ -650,14 +653,24 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
         request,
         token: String::new(),
     };
-    refused(&ask(operate(OperatorRequest::RemovePeer(PeerRef::Id(1)))).await, "operator:write");
-    refused(&ask(operate(OperatorRequest::SnapshotSave)).await, "acl:write");
+    refused(
+        &ask(operate(OperatorRequest::RemovePeer(PeerRef::Id(1)))).await,
+        "operator:write",
+    );
+    refused(
+        &ask(operate(OperatorRequest::SnapshotSave)).await,
+        "acl:write",
+    );
     refused(
         &ask(operate(OperatorRequest::SnapshotRestore(vec![0x1f, 0x8b]))).await,
         "acl:write",
     );
     let peers = ok(&root.get("/v1/operator/raft/configuration").await);
-    assert_eq!(peers["Servers"].as_array().map(Vec::len), Some(3), "{peers}");
+    assert_eq!(
+        peers["Servers"].as_array().map(Vec::len),
+        Some(3),
+        "{peers}"
+    );
 
     // A CLI certificate may send nothing at all.
     let cli = cluster.rpc_client(Role::Cli, "laptop");
@@ -679,7 +692,10 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
     })
     .await;
     assert!(
-        matches!(saved, RpcResponse::Operator(Ok(OperatorReply::Snapshot { .. }))),
+        matches!(
+            saved,
+            RpcResponse::Operator(Ok(OperatorReply::Snapshot { .. }))
+        ),
         "{saved:?}"
     );
 }

@@ -450,3 +450,146 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vigil_shared::acl::authz::DefaultPolicy;
+    use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Policy};
+
+    fn peer(role: Role) -> PeerIdentity {
+        PeerIdentity { role, node: None }
+    }
+
+    #[test]
+    fn each_certificate_sends_only_what_its_role_may() {
+        let write = |op: Op| RpcRequest::WriteAs {
+            op,
+            token: String::new(),
+        };
+        let agents = [
+            RpcRequest::Status {},
+            write(Op::DestroySession { id: "s".into() }),
+            RpcRequest::OperatorAs {
+                request: OperatorRequest::SnapshotSave,
+                token: String::new(),
+            },
+        ];
+        let servers = [
+            RpcRequest::Join {
+                node_id: 2,
+                node: Default::default(),
+                forwarded: false,
+            },
+            RpcRequest::Renew {
+                id: "s".into(),
+                forwarded: true,
+            },
+            write(Op::Acl(AclOp::Init {
+                initial_management: None,
+            })),
+            write(Op::ReapTombstones { before_ms: 1 }),
+            write(Op::RestoreChunk {
+                id: "r".into(),
+                offset: 0,
+                bytes: Vec::new(),
+                last: true,
+            }),
+        ];
+        for request in agents.iter().chain(&servers) {
+            assert!(
+                check_sender(&peer(Role::Server), request).is_ok(),
+                "{request:?}"
+            );
+            let cli = check_sender(&peer(Role::Cli), request).unwrap_err();
+            assert!(cli.contains("CLI"), "{cli}");
+        }
+        for request in &agents {
+            assert!(
+                check_sender(&peer(Role::Client), request).is_ok(),
+                "{request:?}"
+            );
+        }
+        for request in &servers {
+            let why = check_sender(&peer(Role::Client), request).unwrap_err();
+            assert!(why.contains("server certificate"), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_token_reads_only_what_it_may_and_secrets_only_with_acl_write() {
+        let resolved = |rules: &str| Resolved {
+            token: Token::new("accessor", "secret"),
+            roles: Vec::new(),
+            policies: vec![Policy {
+                id: "p".into(),
+                name: "p".into(),
+                description: String::new(),
+                rules: rules.into(),
+                datacenters: Vec::new(),
+                create_index: 1,
+                modify_index: 1,
+            }],
+        };
+        let authz = |rules: &str| {
+            Authorizer::new(&resolved(rules), DATACENTER, DefaultPolicy::Deny).expect("rules")
+        };
+        let reader = authz(r#"acl = "read""#);
+        let nobody = authz("");
+        let tokens = || {
+            QueryResult::AclTokens(vec![
+                Token::new(GLOBAL_MANAGEMENT_POLICY_ID, "root-secret"),
+                Token::new("accessor", "secret"),
+            ])
+        };
+
+        // acl:read lists tokens with others' secrets hidden (its own shown); nothing less may.
+        let QueryResult::AclTokens(seen) = filter(&reader, tokens()) else {
+            panic!("not tokens");
+        };
+        assert_eq!(seen[0].secret_id, "<hidden>");
+        assert_eq!(seen[1].secret_id, "secret");
+        let list = ReadQuery::AclTokenList {};
+        assert!(read_permission(&reader, "secret", &list).is_ok());
+        assert!(read_permission(&nobody, "secret", &list).is_err());
+
+        // A token resolves itself, never another's secret without acl:write.
+        let own = ReadQuery::AclResolve {
+            secret_id: "secret".into(),
+        };
+        let other = ReadQuery::AclResolve {
+            secret_id: "root-secret".into(),
+        };
+        assert!(read_permission(&nobody, "secret", &own).is_ok());
+        assert!(read_permission(&reader, "secret", &other).is_err());
+        assert!(read_permission(&authz(r#"acl = "write""#), "secret", &other).is_ok());
+
+        // Keys are cut down to the token's rules.
+        let kv = authz(r#"key_prefix "app/" { policy = "read" }"#);
+        let entry = |key: &str| vigil_shared::kv::KvEntry {
+            key: key.into(),
+            value: Vec::new(),
+            flags: 0,
+            session: None,
+            lock_index: 0,
+            create_index: 1,
+            modify_index: 1,
+        };
+        let QueryResult::Entries(entries) = filter(
+            &kv,
+            QueryResult::Entries(vec![entry("app/a"), entry("other/b")]),
+        ) else {
+            panic!("not entries");
+        };
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].key, "app/a");
+
+        // Operator requests: snapshots are management's, the peer set the operator's.
+        assert!(operator_permission(&kv, &OperatorRequest::SnapshotSave).is_err());
+        let operator = authz(r#"operator = "write""#);
+        assert!(
+            operator_permission(&operator, &OperatorRequest::TransferLeader { to: None }).is_ok()
+        );
+        assert!(operator_permission(&operator, &OperatorRequest::SnapshotSave).is_err());
+    }
+}
