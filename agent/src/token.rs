@@ -19,6 +19,18 @@ pub async fn scope<F: Future>(token: String, work: F) -> F::Output {
     REQUEST_TOKEN.scope(token, work).await
 }
 
+/// `work` made on behalf of the token the current task works for, to run on another task
+/// (`tokio::spawn` does not carry it over by itself).
+pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
+    let token = REQUEST_TOKEN.try_with(Clone::clone).ok();
+    async move {
+        match token {
+            Some(token) => REQUEST_TOKEN.scope(token, work).await,
+            None => work.await,
+        }
+    }
+}
+
 /// The agent's own token, shared by whoever sets it (`--acl-agent-token`,
 /// `PUT /v1/agent/token/agent`) and whoever sends requests.
 #[derive(Debug, Clone, Default)]

@@ -683,3 +683,46 @@ async fn an_unknown_token_is_known_as_soon_as_it_is_created() {
     assert_eq!(known.status, StatusCode::OK, "{}", known.body);
     agent.stop().await;
 }
+
+/// `node:write` cannot mark a node's `serfHealth` critical through the catalog (which would
+/// invalidate every session on the node, whoever owns it): only a management token writes the
+/// gossip layer's check.
+#[tokio::test(start_paused = true)]
+async fn node_write_cannot_write_serf_health_through_the_catalog() {
+    let agent = Agent::with_acls(DefaultPolicy::Deny);
+    agent.init_acls().await;
+    let writer = all_but(&agent, Resource::Acl).await;
+    let critical = r#"{"Node":"node1","Address":"10.0.0.1",
+        "Check":{"CheckID":"serfHealth","Name":"Serf Health Status","Status":"critical"}}"#;
+    let refused = agent
+        .call_as(Some(&writer), Method::PUT, "/v1/catalog/register", critical)
+        .await;
+    assert!(denied_on(&refused, Resource::Acl), "{}", refused.body);
+    let txn = r#"[{"Check":{"Verb":"set","Check":{"Node":"node1","CheckID":"serfHealth",
+        "Name":"Serf Health Status","Status":"critical"}}}]"#;
+    let refused = agent
+        .call_as(Some(&writer), Method::PUT, "/v1/txn", txn)
+        .await;
+    assert!(denied_on(&refused, Resource::Acl), "{}", refused.body);
+    let removed = agent
+        .call_as(
+            Some(&writer),
+            Method::PUT,
+            "/v1/catalog/deregister",
+            r#"{"Node":"node1","CheckID":"serfHealth"}"#,
+        )
+        .await;
+    assert!(denied_on(&removed, Resource::Acl), "{}", removed.body);
+    // Its other checks it writes as before; management writes serfHealth too.
+    let other = r#"{"Node":"node1","Address":"10.0.0.1",
+        "Check":{"CheckID":"disk","Name":"disk","Status":"passing"}}"#;
+    let done = agent
+        .call_as(Some(&writer), Method::PUT, "/v1/catalog/register", other)
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    let done = agent
+        .call_as(Some(ROOT), Method::PUT, "/v1/catalog/register", critical)
+        .await;
+    assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    agent.stop().await;
+}

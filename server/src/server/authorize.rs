@@ -176,6 +176,17 @@ fn query_write(authz: &Authorizer, name: &str) -> Result<(), PermissionDenied> {
     authz.check(Resource::Query, Access::Write, name)
 }
 
+/// A node's `serfHealth` is the leader's to write (from gossip): through the catalog it needs
+/// `acl:write`, so `node:write` cannot mark a node critical and invalidate sessions other
+/// tokens own.
+fn serf_health_write(authz: &Authorizer, check_id: &str) -> Result<(), PermissionDenied> {
+    if check_id == vigil_shared::catalog::SERF_HEALTH {
+        acl_write(authz)
+    } else {
+        Ok(())
+    }
+}
+
 /// Changing the ACL tables needs `acl:write` (which no default policy grants).
 fn acl_write(authz: &Authorizer) -> Result<(), PermissionDenied> {
     authz.check(Resource::Acl, Access::Write, "")
@@ -195,15 +206,22 @@ fn write_permission(
         Op::RegisterNode { name, .. } | Op::DeregisterNode { name } => node_write(authz, name),
         Op::RegisterCheck(check) => {
             node_write(authz, &check.node)?;
+            serf_health_write(authz, &check.check_id)?;
             if check.service_name.is_empty() {
                 Ok(())
             } else {
                 service_write(authz, &check.service_name)
             }
         }
-        Op::DeregisterCheck { node, .. } => node_write(authz, node),
+        Op::DeregisterCheck { node, check_id } => {
+            node_write(authz, node)?;
+            serf_health_write(authz, check_id)
+        }
         Op::CatalogRegister(registration) => {
             node_write(authz, &registration.node)?;
+            for check in &registration.checks {
+                serf_health_write(authz, &check.check_id)?;
+            }
             match &registration.service {
                 Some(service) => service_write(authz, &service.name),
                 None => Ok(()),
@@ -243,9 +261,16 @@ fn write_permission(
         },
         Op::Txn(ops) => ops.iter().try_for_each(|op| match op {
             TxnOp::Kv(op) => kv_permission(authz, state, op),
-            TxnOp::Node { node, .. } => node_write(authz, &node.name),
-            TxnOp::Service { service, .. } => service_write(authz, &service.name),
-            TxnOp::Check { check, .. } => node_write(authz, &check.node),
+            TxnOp::Node { verb, node } if verb.is_write() => node_write(authz, &node.name),
+            TxnOp::Service { verb, service } if verb.is_write() => {
+                service_write(authz, &service.name)
+            }
+            TxnOp::Check { verb, check } if verb.is_write() => {
+                node_write(authz, &check.node)?;
+                serf_health_write(authz, &check.check_id)
+            }
+            // Reads in a catalog transaction answer what the agent filters.
+            TxnOp::Node { .. } | TxnOp::Service { .. } | TxnOp::Check { .. } => Ok(()),
         }),
         // Servers only (the sender check refused them already): never a token's to make.
         Op::ReapTombstones { .. }
