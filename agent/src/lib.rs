@@ -280,7 +280,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         gossip.subscribe(),
         shutdown.clone(),
     ));
-    let agent_token = token::AgentToken::default();
+    let agent_token = token::AgentToken::new(config.acl.default_policy.is_some());
     let backend = match (rpc_socket, &config.mode) {
         (None, _) => {
             let endpoint = client_endpoint(&tls, rpc_addr)?;

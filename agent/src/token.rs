@@ -33,19 +33,32 @@ pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
 
 /// The agent's own token, shared by whoever sets it (`--acl-agent-token`,
 /// `PUT /v1/agent/token/agent`) and whoever sends requests.
+/// `None` with ACLs disabled: requests then carry no token at all and go out as the requests
+/// servers of every version understand (a cluster mid-upgrade keeps working); with ACLs on,
+/// the servers must be upgraded first, as Consul's upgrade order has it.
 #[derive(Debug, Clone, Default)]
-pub struct AgentToken(Arc<RwLock<String>>);
+pub struct AgentToken(Option<Arc<RwLock<String>>>);
 
 impl AgentToken {
+    /// An agent token for an agent with ACLs `enabled` or not.
+    pub fn new(enabled: bool) -> AgentToken {
+        AgentToken(enabled.then(Arc::default))
+    }
+
     pub fn set(&self, token: String) {
-        *self.0.write() = token;
+        if let Some(agent) = &self.0 {
+            *agent.write() = token;
+        }
     }
 
     /// The token a request to the servers made now carries: the HTTP request's, inside one,
-    /// else the agent's own.
-    pub fn current(&self) -> String {
-        REQUEST_TOKEN
-            .try_with(Clone::clone)
-            .unwrap_or_else(|_| self.0.read().clone())
+    /// else the agent's own; `None` with ACLs disabled.
+    pub fn current(&self) -> Option<String> {
+        let agent = self.0.as_ref()?;
+        Some(
+            REQUEST_TOKEN
+                .try_with(Clone::clone)
+                .unwrap_or_else(|_| agent.read().clone()),
+        )
     }
 }

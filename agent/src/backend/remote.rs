@@ -251,6 +251,39 @@ fn knows_no_leader(response: &RpcResponse) -> bool {
     )
 }
 
+/// A read, with the caller's token when there is one (see [`crate::token::AgentToken`]).
+fn query_request(opts: QueryOptions, query: ReadQuery, token: Option<String>) -> AnyQuery {
+    match token {
+        Some(token) => AnyQuery(RpcRequest::QueryAs { opts, query, token }),
+        None => AnyQuery(RpcRequest::Query {
+            opts,
+            query,
+            forwarded: false,
+        }),
+    }
+}
+
+/// A read as either request: both are answered with [`calls::Query`]'s reply.
+struct AnyQuery(RpcRequest);
+
+impl From<AnyQuery> for RpcRequest {
+    fn from(query: AnyQuery) -> RpcRequest {
+        query.0
+    }
+}
+
+impl Call for AnyQuery {
+    type Reply = <calls::Query as Call>::Reply;
+
+    fn answer(reply: Self::Reply) -> RpcResponse {
+        calls::Query::answer(reply)
+    }
+
+    fn reply(response: RpcResponse) -> Result<Self::Reply, RpcResponse> {
+        calls::Query::reply(response)
+    }
+}
+
 fn idempotent(request: &RpcRequest) -> bool {
     match request {
         RpcRequest::Write { .. } | RpcRequest::WriteAs { .. } => false,
@@ -267,15 +300,24 @@ impl ServerApi for RemoteServers {
     fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
         let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::WriteAs { op, token });
-            self.call(&request, CALL_SLACK).await?
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::WriteAs { op, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Write { op, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 
     fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::QueryAs { opts, query, token });
+            let request = Prepared::new(query_request(opts, query, token));
             let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
             // A blocking query must not hold up the agent's shutdown.
             tokio::select! {
@@ -294,7 +336,7 @@ impl ServerApi for RemoteServers {
                 min_index: 0,
                 wait_ms: 0,
             };
-            let request = Prepared::new(calls::QueryAs { opts, query, token });
+            let request = Prepared::new(query_request(opts, query, token));
             let mut asked: FuturesUnordered<_> = self
                 .servers()
                 .into_iter()
@@ -302,7 +344,7 @@ impl ServerApi for RemoteServers {
                 .collect();
             let mut last = ServerError::NoServers;
             while let Some(response) = asked.next().await {
-                match response.map(reply::<calls::QueryAs>) {
+                match response.map(reply::<AnyQuery>) {
                     Ok(Ok(Ok(answer))) => return Ok(answer),
                     Ok(Ok(Err(e)) | Err(e)) => last = e,
                     Err(e) => last = ServerError::Unavailable(format!("server RPC: {e}")),
@@ -315,11 +357,18 @@ impl ServerApi for RemoteServers {
     fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
         let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::RenewAs {
-                id: id.to_owned(),
-                token,
-            });
-            self.call(&request, CALL_SLACK).await?
+            let id = id.to_owned();
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::RenewAs { id, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Renew { id, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 
@@ -329,8 +378,17 @@ impl ServerApi for RemoteServers {
     ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
         let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::OperatorAs { request, token });
-            self.call(&request, CALL_SLACK).await?
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::OperatorAs { request, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Operator { request, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 

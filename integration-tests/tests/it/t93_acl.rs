@@ -554,6 +554,7 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
     use crate::common::PROMPT;
 
     let cluster = Cluster::servers(3)
+        .clients(1)
         .arg("--acl-default-policy")
         .arg("deny")
         .arg("--acl-initial-management-token")
@@ -562,6 +563,19 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
         .await;
     let leader = cluster.leader().await;
     let root = management(cluster.server(leader)).await;
+
+    // Through a client agent, the token a request presents is what the servers check too:
+    // an application's prefix token writes and reads its prefix, and management reads it back.
+    let client = cluster.client(0);
+    let app = client.with_token(&app_token(&root, "app", "app/").await);
+    eventually(Duration::from_secs(30), "a write through the client agent", || {
+        let app = app.clone();
+        async move { (app.put("/v1/kv/app/x", "v").await.status == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    let read = client.with_token(ROOT).get("/v1/kv/app/x?raw").await;
+    assert_eq!((read.status, read.text()), (StatusCode::OK, "v".to_owned()));
+    denied(&app.put("/v1/kv/other/x", "v").await);
     let follower = (0..3).find(|i| *i != leader).expect("a follower");
     let target = cluster.server_rpc(follower);
     let attacker = cluster.rpc_client(Role::Client, "attacker");
