@@ -487,10 +487,10 @@ async fn every_route_refuses_a_token_without_its_permission() {
     let seeded = seed(&agent).await;
     let mut lacking = std::collections::HashMap::new();
     for r in super::permissions::ROUTES {
-        if let Needs::Fixed(res, _) | Needs::Named(res, ..) | Needs::Filtered(res) = r.needs {
-            if !lacking.contains_key(&res) {
-                lacking.insert(res, all_but(&agent, res).await);
-            }
+        if let Needs::Fixed(res, _) | Needs::Named(res, ..) | Needs::Filtered(res) = r.needs
+            && let std::collections::hash_map::Entry::Vacant(entry) = lacking.entry(res)
+        {
+            entry.insert(all_but(&agent, res).await);
         }
     }
     // Reads first, then writes, then what destroys the seeded state (a session's destruction
