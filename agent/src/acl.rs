@@ -3,7 +3,8 @@
 //! [`Authorizer`], cached by secret until the ACL tables change: one blocking query per agent
 //! follows the tables' index, so a deleted or changed token stops working as soon as the
 //! agent hears of it. Expiry is checked on every use. The agent's own work (anti-entropy,
-//! reconciliation) does not pass through here.
+//! reconciliation) does not pass through here: it carries the agent token to the servers,
+//! which check it ([`crate::token`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, ANONYMOUS_TOKEN_SECRET, Res
 use vigil_shared::rpc::{Consistency, QueryOptions, ServerError, reads};
 
 use crate::backend::Backend;
+use crate::token::AgentToken;
 
 /// How long the ACL index watcher blocks per query.
 const WATCH_WAIT: Duration = Duration::from_secs(300);
@@ -50,7 +52,9 @@ struct Cached {
     /// The ACL tables' index it was resolved at.
     index: u64,
     expires_ms: Option<u64>,
-    authz: Arc<Authorizer>,
+    /// `None`: no such token at that index (a negative entry, so a stream of made-up tokens
+    /// costs one server read per token and ACL change, not one per request).
+    authz: Option<Arc<Authorizer>>,
 }
 
 /// Resolves tokens for the HTTP API.
@@ -65,6 +69,8 @@ pub struct Acls {
     /// The tokens set through `PUT /v1/agent/token/<kind>` (Consul's `acl.tokens`), by kind;
     /// `default` is what a request without a token uses instead of the anonymous token.
     tokens: Mutex<HashMap<TokenKind, String>>,
+    /// The agent token as the server requests of the agent's own work carry it.
+    agent_token: AgentToken,
 }
 
 /// The agent's own tokens (`/v1/agent/token/<kind>`), under Consul's names and its legacy ones.
@@ -101,7 +107,9 @@ impl Acls {
         datacenter: &str,
         backend: Arc<Backend>,
         shutdown: CancellationToken,
+        agent_token: AgentToken,
     ) -> Acls {
+        agent_token.set(config.agent_token.clone().unwrap_or_default());
         let (tx, index) = watch::channel(0);
         if config.default_policy.is_some() {
             tokio::spawn(watch_index(Arc::clone(&backend), tx, shutdown));
@@ -120,17 +128,31 @@ impl Acls {
                     .map(|t| (TokenKind::Agent, t.clone()))
                     .collect(),
             ),
+            agent_token,
         }
     }
 
     /// Sets one of the agent's tokens (an empty one clears it).
     pub fn set_token(&self, kind: TokenKind, token: String) {
+        if kind == TokenKind::Agent {
+            self.agent_token.set(token.clone());
+        }
         let mut tokens = self.tokens.lock();
         if token.is_empty() {
             tokens.remove(&kind);
         } else {
             tokens.insert(kind, token);
         }
+    }
+
+    /// The token a request that presents none is made with: the agent's default token, else
+    /// the anonymous token (empty).
+    pub fn default_token(&self) -> String {
+        self.tokens
+            .lock()
+            .get(&TokenKind::Default)
+            .cloned()
+            .unwrap_or_default()
     }
 
     pub fn enabled(&self) -> bool {
@@ -153,9 +175,10 @@ impl Acls {
             && c.index == current
             && current != 0
         {
-            return match c.expires_ms {
-                Some(at) if at <= now => Err(ResolveError::NotFound),
-                _ => Ok(Arc::clone(&c.authz)),
+            return match (&c.authz, c.expires_ms) {
+                (None, _) => Err(ResolveError::NotFound),
+                (Some(_), Some(at)) if at <= now => Err(ResolveError::NotFound),
+                (Some(authz), _) => Ok(Arc::clone(authz)),
             };
         }
         let (resolved, meta) = self
@@ -175,25 +198,38 @@ impl Acls {
                 roles: Vec::new(),
                 policies: Vec::new(),
             },
-            _ => return Err(ResolveError::NotFound),
+            _ => {
+                self.remember(secret, meta.index, None, None);
+                return Err(ResolveError::NotFound);
+            }
         };
         let authz = Arc::new(
             Authorizer::new(&resolved, &self.datacenter, default)
                 .map_err(|e| ResolveError::Rules(e.to_string()))?,
         );
+        let expires_ms = resolved.token.expiration_time_ms;
+        self.remember(secret, meta.index, expires_ms, Some(Arc::clone(&authz)));
+        Ok(authz)
+    }
+
+    /// Caches what `secret` resolved to at the ACL tables' `index` (`None`: nothing).
+    fn remember(
+        &self,
+        secret: &str,
+        index: u64,
+        expires_ms: Option<u64>,
+        authz: Option<Arc<Authorizer>>,
+    ) {
         let mut cache = self.cache.lock();
         if cache.len() > 4096 {
             cache.clear();
         }
-        cache.insert(
-            secret.to_owned(),
-            Cached {
-                index: meta.index,
-                expires_ms: resolved.token.expiration_time_ms,
-                authz: Arc::clone(&authz),
-            },
-        );
-        Ok(authz)
+        let entry = Cached {
+            index,
+            expires_ms,
+            authz,
+        };
+        cache.insert(secret.to_owned(), entry);
     }
 }
 

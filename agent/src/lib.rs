@@ -17,6 +17,7 @@ pub mod run;
 #[cfg(test)]
 mod testing;
 pub mod tls_cmd;
+pub mod token;
 
 use std::net::{SocketAddr, UdpSocket};
 use std::path::PathBuf;
@@ -279,6 +280,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         gossip.subscribe(),
         shutdown.clone(),
     ));
+    let agent_token = token::AgentToken::new(config.acl.default_policy.is_some());
     let backend = match (rpc_socket, &config.mode) {
         (None, _) => {
             let endpoint = client_endpoint(&tls, rpc_addr)?;
@@ -287,6 +289,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                 rpc,
                 gossip.subscribe(),
                 shutdown.clone(),
+                agent_token.clone(),
             )))
         }
         (Some(socket), mode) => {
@@ -324,6 +327,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                         .acl
                         .default_policy
                         .map(|_| config.acl.initial_management.clone()),
+                    acl_default_policy: config.acl.default_policy,
                 },
                 &tls,
                 socket,
@@ -385,6 +389,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             DATACENTER,
             Arc::clone(&backend),
             shutdown.clone(),
+            agent_token,
         )),
     });
     if let Some(listener) = http_listener {

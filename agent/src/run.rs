@@ -37,6 +37,9 @@ fn init_logging(level: &str, json: bool) {
 }
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    // Everything an agent writes (the raft log's segments, snapshots, the keyring) holds data or
+    // secrets: readable by the agent's user only, whatever the library creating it asks for.
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     init_logging(&args.log_level, args.log_json);
     let config = args.config()?;
     let shutdown = CancellationToken::new();

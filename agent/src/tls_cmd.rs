@@ -1,4 +1,4 @@
-//! `vigil tls ...`: creates the cluster CA and the server and client certificates it signs,
+//! `vigil tls ...`: creates the cluster CA and the server, client and CLI certificates it signs,
 //! as files in a directory (Consul's `consul tls ca create` / `consul tls cert create`). The
 //! work is done by `vigil_wire::tls`; this module only parses flags and prints what it wrote.
 
@@ -49,7 +49,7 @@ pub enum CertCommand {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("role").required(true).args(["server", "client"])))]
+#[command(group(ArgGroup::new("role").required(true).args(["server", "client", "cli"])))]
 pub struct CertCreateArgs {
     /// A server certificate (`server.<dc>.<domain>`, localhost, 127.0.0.1).
     #[arg(long)]
@@ -57,6 +57,10 @@ pub struct CertCreateArgs {
     /// A client agent certificate (`client.<dc>.<domain>`, localhost, 127.0.0.1).
     #[arg(long)]
     pub client: bool,
+    /// A certificate for the HTTPS API and the CLI (`cli.<dc>.<domain>`): for users, not
+    /// agents; the RPC endpoint refuses it.
+    #[arg(long)]
+    pub cli: bool,
     /// Datacenter the certificate is for.
     #[arg(long, default_value = DEFAULT_DATACENTER)]
     pub dc: String,
@@ -88,8 +92,10 @@ pub fn run(cmd: TlsCommand) -> anyhow::Result<()> {
         TlsSubcommand::Cert(CertCommand::Create(args)) => {
             let role = if args.server {
                 Role::Server
-            } else {
+            } else if args.client {
                 Role::Client
+            } else {
+                Role::Cli
             };
             let ca = args.ca.unwrap_or_else(|| args.dir.join(CA_CERT_FILE));
             let ca_key = args.key.unwrap_or_else(|| args.dir.join(CA_KEY_FILE));

@@ -407,6 +407,26 @@ fn requests() -> Vec<RpcRequest> {
         request: OperatorRequest::TransferLeader { to: Some(2) },
         forwarded: false,
     });
+    let token = || "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001".to_owned();
+    requests.extend([
+        RpcRequest::WriteAs {
+            op: Op::DestroySession { id: session().id },
+            token: token(),
+        },
+        RpcRequest::QueryAs {
+            opts: QueryOptions::default(),
+            query: ReadQuery::AclTokenList {},
+            token: token(),
+        },
+        RpcRequest::RenewAs {
+            id: session().id,
+            token: token(),
+        },
+        RpcRequest::OperatorAs {
+            request: OperatorRequest::SnapshotSave,
+            token: String::new(),
+        },
+    ]);
     requests
 }
 
@@ -645,8 +665,12 @@ fn messages_keep_their_variant_indexes() {
             RpcRequest::Join { .. } => 4,
             RpcRequest::Status {} => 5,
             RpcRequest::Operator { .. } => 6,
+            RpcRequest::WriteAs { .. } => 7,
+            RpcRequest::QueryAs { .. } => 8,
+            RpcRequest::RenewAs { .. } => 9,
+            RpcRequest::OperatorAs { .. } => 10,
         },
-        7,
+        11,
     );
     keeps_variant_indexes(
         &responses(),

@@ -74,8 +74,12 @@ const RESET_KEY_LABEL: &[u8] = b"vigil quic stateless reset key v1";
 pub enum Role {
     /// A server: may take part in raft and serve every RPC.
     Server,
-    /// A client agent: may only call the client-facing RPCs.
+    /// A client agent: may only call the client-facing RPCs, each on behalf of a token.
     Client,
+    /// A user's certificate for the HTTPS API and the CLI (`cli.<dc>.<domain>`, Consul's
+    /// `-cli`): the RPC endpoint refuses it outright. So is any certificate of our CA that names
+    /// neither a server nor a client agent.
+    Cli,
 }
 
 impl Role {
@@ -84,6 +88,7 @@ impl Role {
         match self {
             Role::Server => "server",
             Role::Client => "client",
+            Role::Cli => "cli",
         }
     }
 }
@@ -321,7 +326,12 @@ impl CertificateAuthority {
 
 /// Refuses node names that would make a certificate name read as another one.
 fn check_node_name(node: &str) -> Result<(), TlsError> {
-    if node.is_empty() || node.contains('.') || node == "server" || node == "client" {
+    if node.is_empty()
+        || node.contains('.')
+        || node == "server"
+        || node == "client"
+        || node == "cli"
+    {
         return Err(TlsError::InvalidNodeName {
             name: node.to_owned(),
         });
@@ -517,6 +527,7 @@ impl TlsMaterial {
             .filter_map(|name| {
                 name.strip_prefix("server.")
                     .or_else(|| name.strip_prefix("client."))
+                    .or_else(|| name.strip_prefix("cli."))
             })
             .min_by_key(|suffix| suffix.len())
             .map_or_else(
@@ -745,12 +756,17 @@ pub struct PeerIdentity {
     pub node: Option<String>,
 }
 
-/// A server carries exactly `server_name` (`server.<dc>.<domain>`); anything else, including
-/// names that merely start with `server.`, is a client.
+/// A server carries exactly `server_name` (`server.<dc>.<domain>`), a client agent exactly
+/// `client.<dc>.<domain>`; anything else, including names that merely start with `server.` and
+/// a CLI certificate's `cli.<dc>.<domain>`, may call no RPC.
 fn identity_from_names(names: &[String], server_name: &str) -> PeerIdentity {
     if !names.iter().any(|name| name == server_name) {
+        let client_name = server_name
+            .strip_prefix("server.")
+            .map(|suffix| format!("client.{suffix}"));
+        let client = client_name.is_some_and(|client| names.contains(&client));
         return PeerIdentity {
-            role: Role::Client,
+            role: if client { Role::Client } else { Role::Cli },
             node: None,
         };
     }
@@ -831,8 +847,15 @@ mod tests {
             .issue(Role::Server, "dc1", "vigil", Some("node-a"))
             .unwrap();
         let client = ca.issue(Role::Client, "dc1", "vigil", None).unwrap();
+        let cli = ca.issue(Role::Cli, "dc1", "vigil", None).unwrap();
         assert_eq!(server.role(), Role::Server);
         assert_eq!(client.role(), Role::Client);
+        assert_eq!(cli.role(), Role::Cli);
+        assert_eq!(
+            dns_names(leaf(&cli)).unwrap(),
+            ["cli.dc1.vigil", "localhost"]
+        );
+        assert_eq!(cli.server_name(), "server.dc1.vigil");
         let identity = |m: &TlsMaterial| certificate_identity(leaf(m), "server.dc1.vigil");
         assert_eq!(
             identity(&server),
@@ -873,17 +896,25 @@ mod tests {
     fn only_the_exact_server_name_makes_a_server() {
         // Names that merely start with `server.` (a client certificate for a node called
         // `server`, or a server name of another datacenter) prove nothing.
+        // Only the exact client name makes a client agent; anything else may call no RPC.
         let names = |list: &[&str]| list.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
-        let client = Role::Client;
-        for list in [
-            names(&["client.dc1.vigil", "server.client.dc1.vigil", "localhost"]),
-            names(&["server.dc2.vigil", "localhost"]),
-            names(&["server.dc1.vigil.evil", "xserver.dc1.vigil"]),
-            names(&[]),
+        for (list, role) in [
+            (
+                names(&["client.dc1.vigil", "server.client.dc1.vigil", "localhost"]),
+                Role::Client,
+            ),
+            (names(&["cli.dc1.vigil", "localhost"]), Role::Cli),
+            (names(&["client.dc2.vigil", "localhost"]), Role::Cli),
+            (names(&["server.dc2.vigil", "localhost"]), Role::Cli),
+            (
+                names(&["server.dc1.vigil.evil", "xserver.dc1.vigil"]),
+                Role::Cli,
+            ),
+            (names(&[]), Role::Cli),
         ] {
             assert_eq!(
                 identity_from_names(&list, "server.dc1.vigil").role,
-                client,
+                role,
                 "{list:?}"
             );
         }
@@ -905,7 +936,7 @@ mod tests {
     #[test]
     fn node_names_that_would_forge_a_certificate_name_are_refused() {
         let ca = CertificateAuthority::generate("vigil").unwrap();
-        for node in ["server", "client", "a.server", "", "x.y"] {
+        for node in ["server", "client", "cli", "a.server", "", "x.y"] {
             assert!(
                 matches!(
                     ca.issue(Role::Client, "dc1", "vigil", Some(node)),

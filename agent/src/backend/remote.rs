@@ -22,6 +22,8 @@ use vigil_server::dial::Prepared;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_shared::rpc::calls::{self, Call, RpcRequest, RpcResponse, StatusInfo, reply};
+
+use crate::token::AgentToken;
 use vigil_shared::rpc::{Consistency, Op, QueryOptions, ReadQuery, Response, ServerError};
 use vigil_shared::session::Session;
 use vigil_wire::transport::{CallKind, RpcClient, TransportError};
@@ -46,6 +48,8 @@ pub struct RemoteServers {
     /// Per server, the last ping's time and outcome, behind the lock a ping is sent under.
     probes: Mutex<HashMap<SocketAddr, Probe>>,
     shutdown: CancellationToken,
+    /// Whose token each request carries (see [`crate::token`]).
+    token: AgentToken,
 }
 
 impl RemoteServers {
@@ -53,6 +57,7 @@ impl RemoteServers {
         rpc: RpcClient,
         members: watch::Receiver<Vec<MemberStatus>>,
         shutdown: CancellationToken,
+        token: AgentToken,
     ) -> RemoteServers {
         RemoteServers {
             rpc,
@@ -61,6 +66,7 @@ impl RemoteServers {
             last_answer: Mutex::new(HashMap::new()),
             probes: Mutex::new(HashMap::new()),
             shutdown,
+            token,
         }
     }
 
@@ -127,7 +133,11 @@ impl RemoteServers {
                 })?;
         }
         let kind = match request {
-            RpcRequest::Query { opts, .. } if opts.min_index > 0 => CallKind::Blocking,
+            RpcRequest::Query { opts, .. } | RpcRequest::QueryAs { opts, .. }
+                if opts.min_index > 0 =>
+            {
+                CallKind::Blocking
+            }
             _ => CallKind::Prompt,
         };
         let call = self
@@ -241,10 +251,43 @@ fn knows_no_leader(response: &RpcResponse) -> bool {
     )
 }
 
+/// A read, with the caller's token when there is one (see [`crate::token::AgentToken`]).
+fn query_request(opts: QueryOptions, query: ReadQuery, token: Option<String>) -> AnyQuery {
+    match token {
+        Some(token) => AnyQuery(RpcRequest::QueryAs { opts, query, token }),
+        None => AnyQuery(RpcRequest::Query {
+            opts,
+            query,
+            forwarded: false,
+        }),
+    }
+}
+
+/// A read as either request: both are answered with [`calls::Query`]'s reply.
+struct AnyQuery(RpcRequest);
+
+impl From<AnyQuery> for RpcRequest {
+    fn from(query: AnyQuery) -> RpcRequest {
+        query.0
+    }
+}
+
+impl Call for AnyQuery {
+    type Reply = <calls::Query as Call>::Reply;
+
+    fn answer(reply: Self::Reply) -> RpcResponse {
+        calls::Query::answer(reply)
+    }
+
+    fn reply(response: RpcResponse) -> Result<Self::Reply, RpcResponse> {
+        calls::Query::reply(response)
+    }
+}
+
 fn idempotent(request: &RpcRequest) -> bool {
     match request {
-        RpcRequest::Write { .. } => false,
-        RpcRequest::Operator { request, .. } => matches!(
+        RpcRequest::Write { .. } | RpcRequest::WriteAs { .. } => false,
+        RpcRequest::Operator { request, .. } | RpcRequest::OperatorAs { request, .. } => matches!(
             request,
             OperatorRequest::AutopilotHealth | OperatorRequest::SnapshotSave
         ),
@@ -255,22 +298,26 @@ fn idempotent(request: &RpcRequest) -> bool {
 impl ServerApi for RemoteServers {
     // Over RPC the request is only serialized: built once per attempt, the op moved into it.
     fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
+        let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::Write {
-                op,
-                forwarded: false,
-            });
-            self.call(&request, CALL_SLACK).await?
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::WriteAs { op, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Write { op, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 
     fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
+        let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::Query {
-                opts,
-                query,
-                forwarded: false,
-            });
+            let request = Prepared::new(query_request(opts, query, token));
             let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
             // A blocking query must not hold up the agent's shutdown.
             tokio::select! {
@@ -282,17 +329,14 @@ impl ServerApi for RemoteServers {
 
     /// Whichever live server answers first, each given [`PROBE_TIMEOUT`].
     fn stale_read(&self, query: ReadQuery) -> QueryFuture<'_> {
+        let token = self.token.current();
         Box::pin(async move {
             let opts = QueryOptions {
                 consistency: Consistency::Stale,
                 min_index: 0,
                 wait_ms: 0,
             };
-            let request = Prepared::new(calls::Query {
-                opts,
-                query,
-                forwarded: false,
-            });
+            let request = Prepared::new(query_request(opts, query, token));
             let mut asked: FuturesUnordered<_> = self
                 .servers()
                 .into_iter()
@@ -300,7 +344,7 @@ impl ServerApi for RemoteServers {
                 .collect();
             let mut last = ServerError::NoServers;
             while let Some(response) = asked.next().await {
-                match response.map(reply::<calls::Query>) {
+                match response.map(reply::<AnyQuery>) {
                     Ok(Ok(Ok(answer))) => return Ok(answer),
                     Ok(Ok(Err(e)) | Err(e)) => last = e,
                     Err(e) => last = ServerError::Unavailable(format!("server RPC: {e}")),
@@ -311,12 +355,20 @@ impl ServerApi for RemoteServers {
     }
 
     fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
+        let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::Renew {
-                id: id.to_owned(),
-                forwarded: false,
-            });
-            self.call(&request, CALL_SLACK).await?
+            let id = id.to_owned();
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::RenewAs { id, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Renew { id, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 
@@ -324,12 +376,19 @@ impl ServerApi for RemoteServers {
         &self,
         request: OperatorRequest,
     ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
+        let token = self.token.current();
         Box::pin(async move {
-            let request = Prepared::new(calls::Operator {
-                request,
-                forwarded: false,
-            });
-            self.call(&request, CALL_SLACK).await?
+            match token {
+                Some(token) => {
+                    let request = Prepared::new(calls::OperatorAs { request, token });
+                    self.call(&request, CALL_SLACK).await?
+                }
+                None => {
+                    let forwarded = false;
+                    let request = Prepared::new(calls::Operator { request, forwarded });
+                    self.call(&request, CALL_SLACK).await?
+                }
+            }
         })
     }
 

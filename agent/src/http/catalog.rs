@@ -9,9 +9,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::decode_case_insensitive;
-use vigil_shared::catalog::{Check, HealthStatus, Node, Service, Weights};
+use vigil_shared::catalog::{Check, HealthStatus, Node, SERF_HEALTH, Service, Weights};
 use vigil_shared::rpc::{Registration, reads, writes};
 
+use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
 use super::limits;
@@ -207,12 +208,25 @@ pub async fn register(cx: Ctx, RequestBody(body): RequestBody) -> Result<Respons
     if let Some(service) = &registration.service {
         cx.check(Resource::Service, Access::Write, &service.name)?;
     }
+    for check in &registration.checks {
+        check_serf_health_write(&cx.authz, &check.check_id)?;
+    }
     cx.state
         .backend
         .write(writes::CatalogRegister(registration))
         .await?
         .map_err(|e| ApiError::server(e.to_string()))?;
     Ok(json(&Params::default(), &true))
+}
+
+/// A node's `serfHealth` is the gossip layer's, written by the leader: through the catalog it
+/// needs a management token (`acl:write`), so that `node:write` alone cannot mark the node
+/// critical and with it invalidate sessions other tokens own.
+pub(super) fn check_serf_health_write(authz: &Authz, check_id: &str) -> Result<(), ApiError> {
+    if check_id == SERF_HEALTH {
+        authz.check(Resource::Acl, Access::Write, "")?;
+    }
+    Ok(())
 }
 
 /// A body's `Datacenter`: empty or this one, else Consul's 500 for a datacenter it cannot reach.
@@ -276,6 +290,7 @@ pub async fn deregister(cx: Ctx, RequestBody(body): RequestBody) -> Result<Respo
         return Err(ApiError::server("Must provide node"));
     }
     cx.check(Resource::Node, Access::Write, &body.node)?;
+    check_serf_health_write(&cx.authz, &body.checkid)?;
     let backend = &cx.state.backend;
     if !body.checkid.is_empty() {
         let check = writes::DeregisterCheck {

@@ -129,7 +129,7 @@ pub async fn change(cx: Ctx, method: Method) -> Result<Response, ApiError> {
     // after the enqueue (never before it, which would leave the contender queued for good).
     let enqueued = tokio::spawn({
         let backend = cx.state.backend.clone();
-        async move { backend.write(enqueue).await }
+        crate::token::inherit(async move { backend.write(enqueue).await })
     });
     let mut leave = LeaveOnDrop {
         backend: cx.state.backend.clone(),
@@ -342,7 +342,7 @@ impl Drop for LeaveOnDrop {
             self.request,
         );
         let enqueue = self.enqueue.take();
-        tokio::spawn(async move {
+        tokio::spawn(crate::token::inherit(async move {
             if let Some(enqueue) = enqueue {
                 // Whatever it answered, the contender may be queued now.
                 let _ = enqueue.await;
@@ -350,7 +350,7 @@ impl Drop for LeaveOnDrop {
             if let Err(e) = leave_queue(&backend, &name, &session, request).await {
                 tracing::warn!(lock = %name, session = %session, error = %e.message, "leaving a lock queue after the client went away failed");
             }
-        });
+        }));
     }
 }
 

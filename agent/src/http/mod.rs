@@ -24,6 +24,7 @@ mod metrics;
 mod monitor;
 mod operator;
 pub mod params;
+pub mod permissions;
 mod query;
 pub mod serve;
 mod session;
@@ -101,7 +102,11 @@ impl FromRequestParts<AppState> for Ctx {
             .await
             .unwrap_or_else(|never| match never {});
         let params = Params::parse(uri.query());
-        let authz = acl::Authz::resolve(parts, &params, state).await?;
+        // Resolved already by the route's guard when the route needs a fixed permission.
+        let authz = match parts.extensions.get::<permissions::Resolved>() {
+            Some(permissions::Resolved(authz)) => acl::Authz(Arc::clone(authz)),
+            None => acl::Authz::resolve(parts, &params, state).await?,
+        };
         Ok(Ctx {
             state: state.clone(),
             authz,
@@ -320,6 +325,10 @@ pub fn router(state: AppState) -> Router {
         .route("/ui", get(ui::root))
         .route("/ui/", get(ui::index))
         .route("/ui/{*file}", get(ui::asset))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            permissions::guard,
+        ))
         .route_layer(middleware::from_fn(metrics::tag_route))
         .fallback(not_found)
         // Handlers read bodies through `body`, which applies the limits; this bounds any

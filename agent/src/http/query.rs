@@ -125,13 +125,24 @@ fn nil_if_empty<T: Serialize>(value: &T) -> Value {
 }
 
 impl<'a> QueryJson<'a> {
-    fn new(q: &'a PreparedQuery) -> QueryJson<'a> {
+    /// The query as `authz` may see it: its stored token is `<hidden>` unless the caller may
+    /// write the query (Consul's redaction; an unnamed query's needs `acl:write`).
+    fn new(authz: &Authz, q: &'a PreparedQuery) -> QueryJson<'a> {
+        let may_write = if q.name.is_empty() {
+            authz.allows(Resource::Acl, Access::Write, "")
+        } else {
+            authz.allows(Resource::Query, Access::Write, &q.name)
+        };
         let s = &q.service;
         QueryJson {
             id: &q.id,
             name: &q.name,
             session: &q.session,
-            token: &q.token,
+            token: if may_write || q.token.is_empty() {
+                &q.token
+            } else {
+                "<hidden>"
+            },
             template: json_value!({"Type": "", "Regexp": "", "RemoveEmptyTags": false}),
             // An empty list or map is Go's nil, `null`, as the client sent it (Consul keeps
             // nil; the Go client compares definitions with reflect.DeepEqual).
@@ -234,7 +245,7 @@ pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
     let out: Vec<QueryJson<'_>> = queries
         .iter()
         .filter(|q| may_read(&cx.authz, q))
-        .map(QueryJson::new)
+        .map(|q| QueryJson::new(&cx.authz, q))
         .collect();
     Ok(with_meta(meta, cx.json(&out)))
 }
@@ -248,7 +259,10 @@ pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> 
     for q in &queries {
         cx.check(Resource::Query, Access::Read, &q.name)?;
     }
-    let out: Vec<QueryJson<'_>> = queries.iter().map(QueryJson::new).collect();
+    let out: Vec<QueryJson<'_>> = queries
+        .iter()
+        .map(|q| QueryJson::new(&cx.authz, q))
+        .collect();
     Ok(with_meta(meta, cx.json(&out)))
 }
 
@@ -309,7 +323,7 @@ pub async fn explain(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response
     let (queries, meta) = cx.read_now(reads::QueryGet { id_or_name }).await?;
     let query = queries.first().ok_or_else(query_not_found)?;
     cx.check(Resource::Query, Access::Read, &query.name)?;
-    let out = json_value!({ "Query": QueryJson::new(query) });
+    let out = json_value!({ "Query": QueryJson::new(&cx.authz, query) });
     Ok(with_meta(meta, cx.json(&out)))
 }
 

@@ -346,6 +346,7 @@ fn vet_catalog(authz: &Authz, op: &TxnOp) -> Result<(), ApiError> {
             authz.check(Resource::Service, Access::Write, &service.name)
         }
         TxnOp::Check { verb, check } if verb.is_write() => {
+            super::catalog::check_serf_health_write(authz, &check.check_id)?;
             if check.service_id.is_empty() {
                 authz.check(Resource::Node, Access::Write, &check.node)
             } else {

@@ -286,7 +286,6 @@ fn plan(inner: &Inner, node: &NodeInfo<'_>, register_node: bool) -> Vec<Write> {
         skip_node_update: false,
         service,
         checks,
-        ..Registration::default()
     };
     let mut writes = Vec::new();
     for id in &inner.removed_services {

@@ -467,6 +467,21 @@ async fn key_files_are_private_and_the_gossip_key_stays_out_of_the_log() {
     assert_eq!(mode(&keyring), 0o600, "serf/local.keyring");
     assert_eq!(mode(&dir.join("node-id")), 0o600, "node-id");
     assert_eq!(mode(&dir), 0o700, "data dir");
+    // Every file under it, the raft log's segments included, is the agent user's alone.
+    let mut pending = vec![dir.clone()];
+    let mut files = 0;
+    while let Some(at) = pending.pop() {
+        for entry in std::fs::read_dir(&at).expect("read dir") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files += 1;
+                assert_eq!(mode(&path) & 0o077, 0, "{}", path.display());
+            }
+        }
+    }
+    assert!(files > 3, "only {files} files under the data dir");
     let logged = std::fs::read_to_string(&log).expect("log");
     assert!(!logged.is_empty(), "the agent logged nothing at debug");
     assert!(!logged.contains(&key), "the gossip key is in the log");

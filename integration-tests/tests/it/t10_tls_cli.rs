@@ -74,8 +74,17 @@ fn ca_and_certificates_are_written_consul_style() {
         ["dc2-client-vigil-0.pem", "dc2-client-vigil-0-key.pem"]
     );
 
+    // A certificate for users of the HTTPS API and the CLI, which the RPC endpoint refuses.
+    let cli = saved(&vigil(dir, &["tls", "cert", "create", "--cli"]));
+    assert_eq!(cli, ["dc1-cli-vigil-0.pem", "dc1-cli-vigil-0-key.pem"]);
+
     // A role is required, and only one.
     assert!(!vigil(dir, &["tls", "cert", "create"]).status.success());
+    assert!(
+        !vigil(dir, &["tls", "cert", "create", "--cli", "--client"])
+            .status
+            .success()
+    );
     assert!(
         !vigil(dir, &["tls", "cert", "create", "--server", "--client"])
             .status
@@ -132,6 +141,9 @@ fn ca_and_certificates_are_written_consul_style() {
     let client = load(&client[0], &client[1]);
     assert_eq!(client.role(), Role::Client);
     assert_eq!(client.server_name(), "server.dc2.vigil");
+    let cli = load(&cli[0], &cli[1]);
+    assert_eq!(cli.role(), Role::Cli);
+    assert_eq!(cli.server_name(), "server.dc1.vigil");
 }
 
 /// Answers with the caller's role.

@@ -536,3 +536,180 @@ async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
     let refused = vigil(&agent, Some(app), &["acl", "token", "list"]).await;
     assert!(!refused.status.success());
 }
+
+/// The attack of issue #31 replayed: a client agent's certificate (every client host holds
+/// one) dialing a follower's RPC endpoint by hand gets what the token it sends grants and no
+/// more: without a token it reads no secret, mints no token, removes no peer and neither saves
+/// nor restores a snapshot; the old tokenless requests are the anonymous token's, the
+/// leader-internal ones a server's; a CLI certificate is refused outright. With the
+/// management token the same requests work, so it is the token that decides.
+#[tokio::test]
+async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants() {
+    use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
+    use vigil_shared::operator::{OperatorReply, OperatorRequest, PeerRef};
+    use vigil_shared::rpc::calls::{RpcRequest, RpcResponse};
+    use vigil_shared::rpc::{AclOp, Op, QueryOptions, QueryResult, ReadQuery};
+    use vigil_wire::tls::Role;
+
+    use crate::common::PROMPT;
+
+    let cluster = Cluster::servers(3)
+        .clients(1)
+        .arg("--acl-default-policy")
+        .arg("deny")
+        .arg("--acl-initial-management-token")
+        .arg(ROOT)
+        .start()
+        .await;
+    let leader = cluster.leader().await;
+    let root = management(cluster.server(leader)).await;
+
+    // Through a client agent, the token a request presents is what the servers check too:
+    // an application's prefix token writes and reads its prefix, and management reads it back.
+    let client = cluster.client(0);
+    let app = client.with_token(&app_token(&root, "app", "app/").await);
+    eventually(Duration::from_secs(30), "a write through the client agent", || {
+        let app = app.clone();
+        async move { (app.put("/v1/kv/app/x", "v").await.status == StatusCode::OK).then_some(()) }
+    })
+    .await;
+    let read = client.with_token(ROOT).get("/v1/kv/app/x?raw").await;
+    assert_eq!((read.status, read.text()), (StatusCode::OK, "v".to_owned()));
+    denied(&app.put("/v1/kv/other/x", "v").await);
+    let follower = (0..3).find(|i| *i != leader).expect("a follower");
+    let target = cluster.server_rpc(follower);
+    let attacker = cluster.rpc_client(Role::Client, "attacker");
+    let ask = |request: RpcRequest| {
+        let attacker = attacker.clone();
+        async move {
+            attacker
+                .call_typed::<RpcRequest, RpcResponse>(target, &request, PROMPT)
+                .await
+                .expect("an RPC answer")
+        }
+    };
+    let refused = |response: &RpcResponse, why: &str| match response {
+        RpcResponse::Refused(text) => assert!(text.contains(why), "{text}"),
+        other => panic!("answered: {other:?}"),
+    };
+    let minted = Token {
+        policies: vec![Link {
+            id: GLOBAL_MANAGEMENT_POLICY_ID.to_owned(),
+            name: String::new(),
+        }],
+        ..Token::new(
+            "7b0c7c1e-0000-4000-8000-00000000a771",
+            "7b0c7c1e-0000-4000-8000-00000000b00b",
+        )
+    };
+    let query = |query: ReadQuery, token: &str| RpcRequest::QueryAs {
+        opts: QueryOptions::default(),
+        query,
+        token: token.to_owned(),
+    };
+
+    // No secret: not by listing tokens, not by resolving the management token's secret,
+    // with the anonymous token or with none (the requests older agents send).
+    refused(
+        &ask(query(ReadQuery::AclTokenList {}, "")).await,
+        "acl:read",
+    );
+    let old_list = RpcRequest::Query {
+        opts: QueryOptions::default(),
+        query: ReadQuery::AclTokenList {},
+        forwarded: false,
+    };
+    refused(&ask(old_list).await, "acl:read");
+    let resolve = ReadQuery::AclResolve {
+        secret_id: ROOT.to_owned(),
+    };
+    refused(&ask(query(resolve, "")).await, "acl:write");
+    let forwarded = RpcRequest::Query {
+        opts: QueryOptions::default(),
+        query: ReadQuery::AclTokenList {},
+        forwarded: true,
+    };
+    refused(&ask(forwarded).await, "server certificate");
+
+    // No working token: not by the ACL write agents make, not by the leader's own.
+    let mint = Op::Acl(AclOp::SetToken {
+        token: minted.clone(),
+        create: true,
+    });
+    refused(
+        &ask(RpcRequest::WriteAs {
+            op: mint,
+            token: String::new(),
+        })
+        .await,
+        "acl:write",
+    );
+    let init = Op::Acl(AclOp::Init {
+        initial_management: Some(minted.clone()),
+    });
+    refused(
+        &ask(RpcRequest::Write {
+            op: init,
+            forwarded: false,
+        })
+        .await,
+        "server certificate",
+    );
+    let reply = cluster
+        .server(follower)
+        .with_token(&minted.secret_id)
+        .get("/v1/acl/tokens")
+        .await;
+    assert_error(&reply, StatusCode::FORBIDDEN, "ACL not found");
+
+    // No peer removed, no snapshot saved or restored.
+    let operate = |request: OperatorRequest| RpcRequest::OperatorAs {
+        request,
+        token: String::new(),
+    };
+    refused(
+        &ask(operate(OperatorRequest::RemovePeer(PeerRef::Id(1)))).await,
+        "operator:write",
+    );
+    refused(
+        &ask(operate(OperatorRequest::SnapshotSave)).await,
+        "acl:write",
+    );
+    refused(
+        &ask(operate(OperatorRequest::SnapshotRestore(vec![0x1f, 0x8b]))).await,
+        "acl:write",
+    );
+    let peers = ok(&root.get("/v1/operator/raft/configuration").await);
+    assert_eq!(
+        peers["Servers"].as_array().map(Vec::len),
+        Some(3),
+        "{peers}"
+    );
+
+    // A CLI certificate may send nothing at all.
+    let cli = cluster.rpc_client(Role::Cli, "laptop");
+    let status = cli
+        .call_typed::<RpcRequest, RpcResponse>(target, &RpcRequest::Status {}, PROMPT)
+        .await
+        .expect("an RPC answer");
+    refused(&status, "CLI");
+
+    // The management token's requests are answered: the token decides, not the certificate.
+    let listed = ask(query(ReadQuery::AclTokenList {}, ROOT)).await;
+    let RpcResponse::Query(Ok((QueryResult::AclTokens(tokens), _))) = listed else {
+        panic!("{listed:?}");
+    };
+    assert!(tokens.iter().any(|t| t.secret_id == ROOT), "{tokens:?}");
+    let saved = ask(RpcRequest::OperatorAs {
+        request: OperatorRequest::SnapshotSave,
+        token: ROOT.to_owned(),
+    })
+    .await;
+    assert!(
+        matches!(
+            saved,
+            RpcResponse::Operator(Ok(OperatorReply::Snapshot { .. }))
+        ),
+        "{saved:?}"
+    );
+}

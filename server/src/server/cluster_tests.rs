@@ -137,6 +137,7 @@ impl TestCluster {
                 session_ttl_min: Duration::from_secs(10),
                 max_blocking_queries: 16,
                 acls: None,
+                acl_default_policy: None,
             };
             let tls = ca
                 .issue(Role::Server, "dc1", "vigil", Some(&member.name))

@@ -3,6 +3,7 @@
 //! reads), and forwards them to the leader otherwise. The agent's HTTP API calls it directly
 //! when the agent runs the server role; other agents reach it over RPC.
 
+mod authorize;
 #[cfg(test)]
 mod cluster_tests;
 mod data_dir;
@@ -109,6 +110,9 @@ pub struct ServerConfig {
     /// `Some` with ACLs enabled, holding the initial management token's secret if one is
     /// configured (Consul's `acl.tokens.initial_management`): the leader creates it.
     pub acls: Option<Option<String>>,
+    /// With ACLs enabled, what a token may do where no rule says (Consul's
+    /// `acl.default_policy`): the client agents' requests are authorized with it.
+    pub acl_default_policy: Option<vigil_shared::acl::authz::DefaultPolicy>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,20 +1,32 @@
-//! The RPC endpoint's two protocols: client requests (who may ask what, [`refusal`], and the
-//! answer to each) and raft's messages between servers.
+//! The RPC endpoint's two protocols: client requests (who may ask what, in [`authorize`], and
+//! the answer to each) and raft's messages between servers.
 
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use openraft::raft::AppendEntriesRequest;
 use openraft_legacy::network_v1::ChunkedSnapshotReceiver as _;
 
+use vigil_shared::acl::authz::Authorizer;
+use vigil_shared::operator::OperatorRequest;
+
+use super::authorize;
 use super::*;
 use crate::raft::TypeConfig;
 use crate::raft::network::{PeerRequest, PeerResponse, StreamAppendReply};
 
 impl Server {
     pub(super) async fn handle(&self, peer: &PeerIdentity, request: RpcRequest) -> RpcResponse {
-        if let Some(why) = refusal(peer, &request) {
+        if let Err(why) = authorize::check_sender(peer, &request) {
             return RpcResponse::Refused(why);
         }
+        if let Some(why) = join_refusal(peer, &request) {
+            return RpcResponse::Refused(why);
+        }
+        let authz = match self.caller(peer, &request) {
+            Ok(authz) => authz,
+            Err(why) => return RpcResponse::Refused(why),
+        };
+        let token = request.token().unwrap_or_default().to_owned();
         match request {
             RpcRequest::Hello {} => calls::Hello::answer(HelloInfo {
                 node_id: self.node_id,
@@ -22,17 +34,21 @@ impl Server {
                 initialized: self.is_initialized(),
                 leader: self.leader_addr(),
             }),
-            RpcRequest::Write { op, forwarded } => {
-                calls::Write::answer(self.write_inner(op, forwarded).await)
-            }
+            RpcRequest::Write { op, forwarded } => self.answer_write(authz, op, forwarded).await,
+            RpcRequest::WriteAs { op, .. } => self.answer_write(authz, op, false).await,
             RpcRequest::Query {
                 opts,
                 query,
                 forwarded,
-            } => calls::Query::answer(self.query_inner(opts, query, forwarded).await),
-            RpcRequest::Renew { id, forwarded } => {
-                calls::Renew::answer(self.renew_inner(id, forwarded).await)
+            } => {
+                self.answer_query(authz, &token, opts, query, forwarded)
+                    .await
             }
+            RpcRequest::QueryAs { opts, query, .. } => {
+                self.answer_query(authz, &token, opts, query, false).await
+            }
+            RpcRequest::Renew { id, forwarded } => self.answer_renew(authz, id, forwarded).await,
+            RpcRequest::RenewAs { id, .. } => self.answer_renew(authz, id, false).await,
             RpcRequest::Join {
                 node_id,
                 node,
@@ -40,9 +56,76 @@ impl Server {
             } => calls::Join::answer(self.join(node_id, node, forwarded).await),
             RpcRequest::Status {} => calls::Status::answer(self.status()),
             RpcRequest::Operator { request, forwarded } => {
-                calls::Operator::answer(crate::operator::handle(self, request, forwarded).await)
+                self.answer_operator(authz, request, forwarded).await
+            }
+            RpcRequest::OperatorAs { request, .. } => {
+                self.answer_operator(authz, request, false).await
             }
         }
+    }
+
+    /// A write, if the caller's token (`None`: not asked) may make it.
+    async fn answer_write(
+        &self,
+        authz: Option<Authorizer>,
+        op: Op,
+        forwarded: bool,
+    ) -> RpcResponse {
+        if let Some(authz) = &authz
+            && let Err(why) = self.authorize_write(authz, &op)
+        {
+            return RpcResponse::Refused(why);
+        }
+        calls::Write::answer(self.write_inner(op, forwarded).await)
+    }
+
+    /// A read, if the caller's token may make it, cut down to what the token may read.
+    async fn answer_query(
+        &self,
+        authz: Option<Authorizer>,
+        token: &str,
+        opts: QueryOptions,
+        query: ReadQuery,
+        forwarded: bool,
+    ) -> RpcResponse {
+        if let Some(authz) = &authz
+            && let Err(why) = authorize::read_permission(authz, token, &query)
+        {
+            return RpcResponse::Refused(why);
+        }
+        let answer = self.query_inner(opts, query, forwarded).await;
+        calls::Query::answer(answer.map(|(result, meta)| match &authz {
+            Some(authz) => (authorize::filter(authz, result), meta),
+            None => (result, meta),
+        }))
+    }
+
+    async fn answer_renew(
+        &self,
+        authz: Option<Authorizer>,
+        id: String,
+        forwarded: bool,
+    ) -> RpcResponse {
+        if let Some(authz) = &authz
+            && let Err(why) = self.authorize_renew(authz, &id)
+        {
+            return RpcResponse::Refused(why);
+        }
+        calls::Renew::answer(self.renew_inner(id, forwarded).await)
+    }
+
+    async fn answer_operator(
+        &self,
+        authz: Option<Authorizer>,
+        request: OperatorRequest,
+        forwarded: bool,
+    ) -> RpcResponse {
+        if let Some(authz) = &authz
+            && let Err(why) = authorize::operator_permission(authz, &request)
+        {
+            return RpcResponse::Refused(why);
+        }
+        calls::Operator::answer(crate::operator::handle(self, request, forwarded).await)
     }
 
     /// Hands a raft message to raft; the transport lets only servers send them.
@@ -144,54 +227,21 @@ fn encode_response(response: &impl serde::Serialize) -> Vec<u8> {
     })
 }
 
-/// Why `peer` may not make `request`, if it may not. Joins, forwarding and leader-internal
-/// writes are for servers only (raft's messages never get here: their protocol is closed to
-/// anything but a server at the handshake); a server certificate issued for a node may join
-/// only as that node.
-fn refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
-    if peer.role == Role::Server {
-        return match (request, &peer.node) {
-            (
-                RpcRequest::Join {
-                    node,
-                    forwarded: false,
-                    ..
-                },
-                Some(certified),
-            ) if *certified != node.name => Some(format!(
-                "the certificate is for server {certified:?}; it cannot join as {:?}",
-                node.name
-            )),
-            _ => None,
-        };
-    }
-    match request {
-        RpcRequest::Join { .. } => Some("a join needs a server certificate".to_owned()),
-        RpcRequest::Write {
-            forwarded: true, ..
-        }
-        | RpcRequest::Query {
-            forwarded: true, ..
-        }
-        | RpcRequest::Renew {
-            forwarded: true, ..
-        }
-        | RpcRequest::Operator {
-            forwarded: true, ..
-        } => Some("only servers forward requests".to_owned()),
-        RpcRequest::Write {
-            op:
-                Op::ReapTombstones { .. }
-                | Op::CheckpointTtls { .. }
-                | Op::Lock(LockOp::Wake { .. })
-                | Op::Batch(_),
-            ..
-        } => Some("leader-internal operations need a server certificate".to_owned()),
-        // A restore's archive is checked on the operator path (`/v1/snapshot`), never skipped.
-        RpcRequest::Write {
-            op: Op::RestoreSnapshot { .. } | Op::RestoreChunk { .. },
-            ..
-        } => Some("a restore goes through the snapshot endpoint".to_owned()),
+/// A server certificate issued for a node may join only as that node (who may send a join at
+/// all is [`authorize::check_sender`]'s).
+fn join_refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
+    match (request, &peer.node) {
+        (
+            RpcRequest::Join {
+                node,
+                forwarded: false,
+                ..
+            },
+            Some(certified),
+        ) if *certified != node.name => Some(format!(
+            "the certificate is for server {certified:?}; it cannot join as {:?}",
+            node.name
+        )),
         _ => None,
     }
 }

@@ -26,6 +26,7 @@ async fn dev_server() -> Arc<Server> {
         session_ttl_min: Duration::from_secs(10),
         max_blocking_queries: 16,
         acls: None,
+        acl_default_policy: None,
     };
     let tls = TlsMaterial::dev().expect("TLS");
     Server::start(config, &tls, socket, CancellationToken::new())

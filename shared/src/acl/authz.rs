@@ -6,7 +6,9 @@
 //! - the governing rule for a name is its exact rule, else its longest prefix rule;
 //! - `write` grants read, list and write; `list` grants list and read; `read` grants read;
 //!   `deny` grants nothing and is final;
-//! - no governing rule: the default policy decides (allow grants everything, deny nothing).
+//! - no governing rule: the default policy decides (allow grants everything but ACL management,
+//!   deny nothing). As Consul's allow-all authorizer, the default never grants `acl:read` or
+//!   `acl:write` (and so never a snapshot, which needs `acl:write`): only a rule does.
 
 use std::fmt;
 
@@ -194,7 +196,7 @@ impl Authorizer {
         };
         match governing {
             Some(level) => grants(level, access),
-            None => self.default == DefaultPolicy::Allow,
+            None => self.default == DefaultPolicy::Allow && resource != Resource::Acl,
         }
     }
 

@@ -569,10 +569,19 @@ fn no_rule_falls_to_the_default_but_deny_does_not() {
         assert!(allow.allows(Resource::Key, access, "free"));
         assert!(!deny.allows(Resource::Key, access, "free"));
     }
-    for resource in [Resource::Operator, Resource::Acl, Resource::Keyring] {
+    for resource in [Resource::Operator, Resource::Keyring] {
         assert!(allow.allows(resource, Access::Write, ""));
         assert!(!deny.allows(resource, Access::Read, ""));
     }
+    // ACL management (and so snapshots) is never the default's: Consul's allow-all authorizer
+    // denies `acl:read` and `acl:write`; only a rule grants them.
+    for access in [Access::Read, Access::Write] {
+        assert!(!allow.allows(Resource::Acl, access, ""));
+        assert!(!deny.allows(Resource::Acl, access, ""));
+    }
+    let acl_read = authz(DefaultPolicy::Allow, &[r#"acl = "read""#]);
+    assert!(acl_read.allows(Resource::Acl, Access::Read, ""));
+    assert!(!acl_read.allows(Resource::Acl, Access::Write, ""));
     assert!(allow.allows(Resource::Session, Access::Write, "n1"));
     assert!(!deny.allows(Resource::Session, Access::Read, "n1"));
 

@@ -6,7 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError};
+use super::{AclOp, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError};
+use crate::lock::LockOp;
 use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
 use crate::session::Session;
 
@@ -91,6 +92,136 @@ calls! {
         request: OperatorRequest,
         forwarded: bool,
     } => Operator(Result<OperatorReply, OperatorError>);
+    /// 7: [`Write`] on behalf of the holder of `token` (an ACL secret; empty: the anonymous
+    /// token), which the server authorizes against its own ACL tables. What agents send.
+    WriteAs { op: Op, token: String } => Write(Result<Response, ServerError>);
+    /// 8: [`Query`] on behalf of the holder of `token`; the answer is cut down to what the
+    /// token may read.
+    QueryAs {
+        opts: QueryOptions,
+        query: ReadQuery,
+        token: String,
+    } => Query(Result<(QueryResult, QueryMeta), ServerError>);
+    /// 9: [`Renew`] on behalf of the holder of `token`.
+    RenewAs { id: String, token: String } => Renew(Result<Session, ServerError>);
+    /// 10: [`Operator`] on behalf of the holder of `token`.
+    OperatorAs {
+        request: OperatorRequest,
+        token: String,
+    } => Operator(Result<OperatorReply, OperatorError>);
+}
+
+/// Which certificates may send a request at all (what the token it carries may do is the
+/// server's second question).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Senders {
+    /// Servers only: raft membership, forwarding between servers, leader-internal writes.
+    Servers,
+    /// Servers and client agents.
+    Agents,
+}
+
+impl RpcRequest {
+    /// Who may send this request: decided here for every request and every op, with no
+    /// wildcard arm, so a new request or op does not compile until someone decides. A
+    /// certificate for the HTTPS API and the CLI may send none (the server refuses it before
+    /// asking).
+    pub fn senders(&self) -> Senders {
+        match self {
+            RpcRequest::Hello {} | RpcRequest::Status {} => Senders::Agents,
+            RpcRequest::Join { .. }
+            | RpcRequest::Write {
+                forwarded: true, ..
+            }
+            | RpcRequest::Query {
+                forwarded: true, ..
+            }
+            | RpcRequest::Renew {
+                forwarded: true, ..
+            }
+            | RpcRequest::Operator {
+                forwarded: true, ..
+            } => Senders::Servers,
+            RpcRequest::Write {
+                op,
+                forwarded: false,
+            }
+            | RpcRequest::WriteAs { op, .. } => op_senders(op),
+            RpcRequest::Query {
+                forwarded: false, ..
+            }
+            | RpcRequest::QueryAs { .. }
+            | RpcRequest::Renew {
+                forwarded: false, ..
+            }
+            | RpcRequest::RenewAs { .. }
+            | RpcRequest::Operator {
+                forwarded: false, ..
+            }
+            | RpcRequest::OperatorAs { .. } => Senders::Agents,
+        }
+    }
+
+    /// The token the request is made with: its own for the `*As` requests, none (the
+    /// anonymous token, for a client agent) for the others.
+    pub fn token(&self) -> Option<&str> {
+        match self {
+            RpcRequest::WriteAs { token, .. }
+            | RpcRequest::QueryAs { token, .. }
+            | RpcRequest::RenewAs { token, .. }
+            | RpcRequest::OperatorAs { token, .. } => Some(token),
+            RpcRequest::Hello {}
+            | RpcRequest::Write { .. }
+            | RpcRequest::Query { .. }
+            | RpcRequest::Renew { .. }
+            | RpcRequest::Join { .. }
+            | RpcRequest::Status {}
+            | RpcRequest::Operator { .. } => None,
+        }
+    }
+}
+
+/// Who may propose `op`: the leader's own bookkeeping and whole-state replacements (a restore
+/// goes through the operator path, which checks the archive) are for servers only.
+fn op_senders(op: &Op) -> Senders {
+    match op {
+        Op::Kv(_)
+        | Op::CreateSession(_)
+        | Op::DestroySession { .. }
+        | Op::RegisterNode { .. }
+        | Op::RegisterCheck(_)
+        | Op::DeregisterCheck { .. }
+        | Op::DeregisterNode { .. }
+        | Op::CatalogRegister(_)
+        | Op::DeregisterService { .. }
+        | Op::SetQuery { .. }
+        | Op::DeleteQuery { .. }
+        | Op::Lock(
+            LockOp::Acquire { .. }
+            | LockOp::Release { .. }
+            | LockOp::Enqueue { .. }
+            | LockOp::Leave { .. },
+        )
+        | Op::Acl(
+            AclOp::Bootstrap(_)
+            | AclOp::SetToken { .. }
+            | AclOp::DeleteToken { .. }
+            | AclOp::SetPolicy { .. }
+            | AclOp::DeletePolicy { .. }
+            | AclOp::SetRole { .. }
+            | AclOp::DeleteRole { .. },
+        )
+        | Op::Txn(_) => Senders::Agents,
+        Op::ReapTombstones { .. }
+        | Op::CheckpointTtls { .. }
+        | Op::Lock(LockOp::Wake { .. })
+        | Op::Batch(_)
+        | Op::RestoreSnapshot { .. }
+        | Op::RestoreChunk { .. }
+        | Op::SetAutopilotConfig { .. }
+        | Op::Acl(AclOp::Init { .. })
+        | Op::SetProtocol { .. } => Senders::Servers,
+    }
 }
 
 /// What answers an [`RpcRequest`]. [`RpcResponse::Refused`] may answer any of them.
