@@ -502,6 +502,10 @@ pub enum ServerError {
     /// A bug: an answer of the wrong kind, a value that does not encode. Never retried.
     #[error("internal error: {0}")]
     Internal(String),
+    /// The caller's token may not make this request: the server's own check refused it
+    /// (Consul's 403 `Permission denied: …`).
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl ServerError {
@@ -521,7 +525,8 @@ impl ServerError {
             | ServerError::TooManyBlockingQueries
             | ServerError::InvalidSessionTtl(_)
             | ServerError::Membership(_)
-            | ServerError::Internal(_) => false,
+            | ServerError::Internal(_)
+            | ServerError::PermissionDenied(_) => false,
         }
     }
 }

@@ -684,6 +684,7 @@ fn expected_server_error(e: &ServerError) -> u8 {
         ServerError::Unavailable(_) => 9,
         ServerError::Membership(_) => 10,
         ServerError::Internal(_) => 11,
+        ServerError::PermissionDenied(_) => 12,
     }
 }
 
@@ -702,6 +703,7 @@ fn server_error_variants_keep_their_indexes() {
         ServerError::Unavailable(s("x")),
         ServerError::Membership(s("x")),
         ServerError::Internal(s("x")),
+        ServerError::PermissionDenied(s("x")),
     ];
     check(&samples, expected_server_error);
 }
@@ -715,4 +717,22 @@ fn only_what_cannot_apply_twice_is_retried() {
     assert!(maybe_applied.safe_to_retry(true));
     assert!(!ServerError::Internal(s("x")).safe_to_retry(true));
     assert!(ServerError::NoLeader.safe_to_retry(false));
+}
+
+#[test]
+fn a_servers_permission_refusal_is_a_403_not_a_bug() {
+    use crate::rpc::calls::{self, RpcResponse};
+    let denied = RpcResponse::Refused(s(
+        "Permission denied: token with AccessorID 'a' lacks permission 'acl:write'",
+    ));
+    assert!(matches!(
+        calls::reply::<calls::Renew>(denied),
+        Err(ServerError::PermissionDenied(why)) if why.starts_with("Permission denied: token")
+    ));
+    let refused = RpcResponse::Refused(s("a join needs a server certificate"));
+    assert!(matches!(
+        calls::reply::<calls::Renew>(refused),
+        Err(ServerError::Internal(_))
+    ));
+    assert!(!ServerError::PermissionDenied(s("x")).safe_to_retry(true));
 }

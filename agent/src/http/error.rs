@@ -52,6 +52,7 @@ impl From<ServerError> for ApiError {
             ServerError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ServerError::InvalidSessionTtl(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ServerError::TooManyBlockingQueries => StatusCode::TOO_MANY_REQUESTS,
+            ServerError::PermissionDenied(_) => StatusCode::FORBIDDEN,
             ServerError::NoLeader
             | ServerError::NotLeader { .. }
             | ServerError::NoServers

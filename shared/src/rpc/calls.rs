@@ -287,9 +287,13 @@ pub struct StatusInfo {
 }
 
 /// The reply to a `C` out of its response. A refusal is the server's word on why (a request
-/// this peer may not make); an answer of another kind is a protocol bug. Neither is retried.
+/// this peer may not make; one its token may not make is [`ServerError::PermissionDenied`]);
+/// an answer of another kind is a protocol bug. Neither is retried.
 pub fn reply<C: Call>(response: RpcResponse) -> Result<C::Reply, ServerError> {
     C::reply(response).map_err(|other| match other {
+        RpcResponse::Refused(why) if why.starts_with("Permission denied") => {
+            ServerError::PermissionDenied(why)
+        }
         RpcResponse::Refused(why) => ServerError::Internal(format!("refused: {why}")),
         other => ServerError::Internal(format!("an answer of the wrong kind: {other:?}")),
     })
