@@ -894,6 +894,64 @@ mod tests {
         ));
     }
 
+    /// Format 3 (the first release's) is written below protocol level 2, format 4 from it on;
+    /// both load, and snapshot data in either installs.
+    #[tokio::test]
+    async fn the_file_format_follows_the_protocol_level_and_both_load() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(SNAPSHOT_FILE_NAME);
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("open");
+        store.apply(stream(sample_log(3))).await.expect("apply");
+        let first = store.build_snapshot().await.expect("build");
+        let first_data = first.snapshot.into_inner();
+        assert_eq!(fs::read(&path).expect("read")[0], 3);
+        let state_at_3 = shared.read().clone();
+        let reopened = fresh_shared();
+        StateStore::open(Arc::clone(&reopened), dir.path()).expect("reopen");
+        assert_eq!(*reopened.read(), state_at_3);
+
+        let raise = Entry {
+            log_id: log_id(4),
+            payload: EntryPayload::Normal(Command {
+                now_ms: 2,
+                op: Op::SetProtocol {
+                    level: vigil_shared::PROTOCOL,
+                },
+            }),
+        };
+        store
+            .apply(stream([raise, set(5, "k5", "v5")]))
+            .await
+            .expect("apply");
+        let second = store.build_snapshot().await.expect("build");
+        assert_eq!(fs::read(&path).expect("read")[0], 4);
+        let reopened = fresh_shared();
+        StateStore::open(Arc::clone(&reopened), dir.path()).expect("reopen");
+        assert_eq!(*reopened.read(), *shared.read());
+        assert_eq!(reopened.read().protocol(), vigil_shared::PROTOCOL);
+
+        // A follower installs either (a first-release leader sends format 3).
+        let follower_dir = tempfile::tempdir().expect("tempdir");
+        let follower_shared = fresh_shared();
+        let mut follower =
+            StateStore::open(Arc::clone(&follower_shared), follower_dir.path()).expect("open");
+        follower
+            .install_snapshot(&first.meta, Cursor::new(first_data))
+            .await
+            .expect("install format 3");
+        assert_eq!(*follower_shared.read(), state_at_3);
+        assert_eq!(
+            fs::read(follower_dir.path().join(SNAPSHOT_FILE_NAME)).expect("read")[0],
+            3
+        );
+        follower
+            .install_snapshot(&second.meta, second.snapshot)
+            .await
+            .expect("install format 4");
+        assert_eq!(*follower_shared.read(), *shared.read());
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_snapshot_write_waits_out_errors_that_pass_and_no_others() {
         use nix::errno::Errno;
