@@ -6,7 +6,9 @@
 //! Checked: no acknowledged write is lost, no live holder loses a lock, no lock is granted to
 //! two sessions at once (and fencing tokens only grow), every server is back in the raft
 //! configuration as a voter after its replacement, the protocol level stays at the first
-//! release's while an old server remains, and the leader raises it to 2 once none does.
+//! release's while an old server remains, and the leader raises it to 2 once none does. The
+//! log is filled past the snapshot threshold first, so every server is replaced while its data
+//! directory holds a snapshot file of the previous release's format (3).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +46,72 @@ fn previous_release() -> PathBuf {
         .expect("run scripts/build-release.sh");
     assert!(out.status.success(), "scripts/build-release.sh {PREVIOUS}");
     PathBuf::from(String::from_utf8(out.stdout).expect("a path").trim())
+}
+
+/// Raft entries written before the upgrade: past the servers' snapshot threshold (10,000),
+/// so each replaced server starts on a snapshot file of the previous release.
+const FILL_ENTRIES: u64 = 10_500;
+
+/// The first byte (the format) of server `i`'s `snapshot.bin`, once it has one.
+fn snapshot_format(cluster: &Cluster, i: usize) -> Option<u8> {
+    fn find(dir: &Path) -> Option<PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if path.file_name().is_some_and(|n| n == "snapshot.bin") {
+                return Some(path);
+            }
+            if path.is_dir()
+                && let Some(found) = find(&path)
+            {
+                return Some(found);
+            }
+        }
+        None
+    }
+    let file = find(&cluster.dir().join(format!("s{i}-data")))?;
+    std::fs::read(file).ok()?.first().copied()
+}
+
+/// Server `i`'s last raft log index, from `/v1/agent/self`.
+async fn last_log_index(cluster: &Cluster, i: usize) -> Option<u64> {
+    let reply = cluster.server(i).try_get("/v1/agent/self").await?;
+    reply.json()["Stats"]["raft"]["last_log_index"]
+        .as_str()?
+        .parse()
+        .ok()
+}
+
+/// Writes `w/fill/<task>/<n>` through the leader from 8 tasks until its log has
+/// [`FILL_ENTRIES`] entries, recording every acknowledged write.
+async fn fill(cluster: &Cluster, record: &Arc<Record>) {
+    let leader = cluster.leader().await;
+    let http = cluster.server(leader).http();
+    let done = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<JoinHandle<()>> = (0..8)
+        .map(|t| {
+            let (http, record, done) = (http.clone(), Arc::clone(record), Arc::clone(&done));
+            tokio::spawn(async move {
+                let mut n = 0u64;
+                while !done.load(Ordering::Relaxed) {
+                    n += 1;
+                    let key = format!("w/fill/{t}/{n:06}");
+                    let value = format!("f{n}");
+                    let reply = http.put(&format!("/v1/kv/{key}"), value.clone()).await;
+                    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+                    record.acked.lock().insert(key, value);
+                }
+            })
+        })
+        .collect();
+    eventually(Duration::from_secs(300), "the log filled", || async {
+        let index = last_log_index(cluster, leader).await?;
+        (index >= FILL_ENTRIES).then_some(())
+    })
+    .await;
+    done.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("fill task");
+    }
 }
 
 /// The client agents' HTTP APIs, which move when a client restarts.
@@ -316,11 +384,22 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
         cluster.client(1).http(),
     ]));
 
+    let started = std::time::Instant::now();
+    let record = Arc::new(Record::default());
+    fill(&cluster, &record).await;
+    for i in 0..3 {
+        eventually(
+            Duration::from_secs(60),
+            &format!("s{i}'s snapshot"),
+            || async { (snapshot_format(&cluster, i) == Some(3)).then_some(()) },
+        )
+        .await;
+    }
+    eprintln!("t94: filled the log in {:?}", started.elapsed());
     let holders = [
         Holder::take(&clients.read()[0].clone(), "c0").await,
         Holder::take(&clients.read()[1].clone(), "c1").await,
     ];
-    let record = Arc::new(Record::default());
     let stop = Arc::new(AtomicBool::new(false));
     let holder = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -350,8 +429,10 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
     for (step, &i) in order.iter().enumerate() {
         cluster.terminate(i).await;
         cluster.set_server_binary(i, &current);
+        // It starts on the previous release's snapshot file.
         cluster.restart(i).await;
         await_rejoined(&cluster, i, &format!("marker/s{i}")).await;
+        eprintln!("t94: s{i} replaced at {:?}", started.elapsed());
         tokio::time::sleep(SOAK).await;
         let when = format!("after replacing s{i}");
         let at = cluster.leader().await;
@@ -378,6 +459,7 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
         )
         .await;
     }
+    eprintln!("t94: level 2 at {:?}", started.elapsed());
     tokio::time::sleep(SOAK).await;
 
     // Then the clients, one at a time. A client leaving gracefully takes its node's sessions
@@ -418,12 +500,14 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
         .assert_holds(&cluster.server(at).http(), "at the end")
         .await;
 
+    eprintln!("t94: clients replaced at {:?}", started.elapsed());
+
     // Nothing acknowledged is lost, on any server; every server is a voter.
     let acked = record.acked.lock().clone();
+    let during = acked.keys().filter(|k| !k.starts_with("w/fill/")).count();
     assert!(
-        acked.len() > 100,
-        "only {} writes acknowledged",
-        acked.len()
+        during > 100,
+        "only {during} writes acknowledged during the upgrade"
     );
     for i in 0..3 {
         let voters = raft_voters(&cluster.raft_configuration(i).await);
@@ -445,4 +529,9 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
     assert!(violations.is_empty(), "{violations:#?}");
     let grants = record.grants.lock().len();
     assert!(grants > 20, "only {grants} grants of the contended mutex");
+    eprintln!(
+        "t94: {} writes acknowledged ({during} during the upgrade), {grants} grants, {:?} in all",
+        acked.len(),
+        started.elapsed()
+    );
 }
