@@ -469,6 +469,7 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
     for task in tasks.drain(..) {
         task.await.expect("workload task");
     }
+    eprintln!("t94: workload stopped at {:?}", started.elapsed());
     stop.store(false, Ordering::Relaxed);
     for c in 0..2 {
         tasks.push(writer(
@@ -480,8 +481,10 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
     }
     for c in 0..2 {
         cluster.terminate_client(c).await;
+        eprintln!("t94: c{c} stopped at {:?}", started.elapsed());
         cluster.set_client_binary(c, &current);
         cluster.restart_client(c).await;
+        eprintln!("t94: c{c} restarted at {:?}", started.elapsed());
         clients.write()[c] = cluster.client(c).http();
         tokio::time::sleep(SOAK).await;
         let at = cluster.leader().await;
