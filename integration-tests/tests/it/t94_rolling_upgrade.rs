@@ -396,10 +396,8 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
         .await;
     }
     eprintln!("t94: filled the log in {:?}", started.elapsed());
-    let holders = [
-        Holder::take(&clients.read()[0].clone(), "c0").await,
-        Holder::take(&clients.read()[1].clone(), "c1").await,
-    ];
+    let (c0, c1) = (clients.read()[0].clone(), clients.read()[1].clone());
+    let holders = [Holder::take(&c0, "c0").await, Holder::take(&c1, "c1").await];
     let stop = Arc::new(AtomicBool::new(false));
     let holder = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -493,7 +491,8 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
             .await;
     }
     // The upgraded clients take locks with this build's queue.
-    let upgraded = Holder::take(&clients.read()[0].clone(), "c0-upgraded").await;
+    let c0 = clients.read()[0].clone();
+    let upgraded = Holder::take(&c0, "c0-upgraded").await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("workload task");
