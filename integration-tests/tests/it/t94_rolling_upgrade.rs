@@ -477,22 +477,25 @@ async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
             Arc::clone(&stop),
         ));
     }
-    for c in 0..2 {
-        cluster.terminate_client(c).await;
-        eprintln!("t94: c{c} stopped at {:?}", started.elapsed());
-        cluster.set_client_binary(c, &current);
-        cluster.restart_client(c).await;
-        eprintln!("t94: c{c} restarted at {:?}", started.elapsed());
-        clients.write()[c] = cluster.client(c).http();
-        tokio::time::sleep(SOAK).await;
-        let at = cluster.leader().await;
-        holders[1 - c]
-            .assert_holds(&cluster.server(at).http(), &format!("after replacing c{c}"))
-            .await;
-    }
-    // The upgraded clients take locks with this build's queue.
+    // c0 first, while c1's holder keeps its locks; then a holder through the upgraded c0 (this
+    // build's lock queue) keeps its locks while c1 is replaced.
+    cluster.terminate_client(0).await;
+    cluster.set_client_binary(0, &current);
+    cluster.restart_client(0).await;
+    clients.write()[0] = cluster.client(0).http();
+    tokio::time::sleep(SOAK).await;
+    let at = cluster.leader().await;
+    holders[1]
+        .assert_holds(&cluster.server(at).http(), "after replacing c0")
+        .await;
+    eprintln!("t94: c0 replaced at {:?}", started.elapsed());
     let c0 = clients.read()[0].clone();
     let upgraded = Holder::take(&c0, "c0-upgraded").await;
+    cluster.terminate_client(1).await;
+    cluster.set_client_binary(1, &current);
+    cluster.restart_client(1).await;
+    clients.write()[1] = cluster.client(1).http();
+    tokio::time::sleep(SOAK).await;
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.expect("workload task");
