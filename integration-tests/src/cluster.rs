@@ -45,9 +45,18 @@ pub struct Spec {
     server_args: Vec<String>,
     profile: Option<String>,
     server_nofile: Option<(u64, u64)>,
+    binary: Option<PathBuf>,
 }
 
 impl Spec {
+    /// The `vigil` binary every agent starts from (a previous release's, for an upgrade test;
+    /// the one built for these tests unless set). [`Cluster::set_server_binary`] and
+    /// [`Cluster::set_client_binary`] change it for one member's next start.
+    pub fn binary(mut self, binary: &Path) -> Spec {
+        self.binary = Some(binary.to_owned());
+        self
+    }
+
     /// The servers' open file limit (soft, hard), as `ulimit -Sn`/`-Hn` would set it.
     pub fn server_open_file_limit(mut self, soft: u64, hard: u64) -> Spec {
         self.server_nofile = Some((soft, hard));
@@ -92,6 +101,7 @@ impl Spec {
             ca_key,
             args: self.args,
             profile: self.profile.unwrap_or_else(|| "local".to_owned()),
+            binary: self.binary.unwrap_or_else(crate::binary),
             servers: Vec::new(),
             clients: Vec::new(),
         };
@@ -113,6 +123,7 @@ impl Spec {
                 serf_addr: Some(*serf_addr),
                 args,
                 nofile: self.server_nofile,
+                binary: cluster.binary.clone(),
                 agent: None,
             });
         }
@@ -120,7 +131,7 @@ impl Spec {
             cluster
                 .servers
                 .iter()
-                .map(|m| Agent::spawn_with_limit(m.nofile, &m.args, Some(&m.log))),
+                .map(|m| Agent::spawn_binary(&m.binary, m.nofile, &m.args, Some(&m.log))),
         )
         .await;
         for (member, agent) in cluster.servers.iter_mut().zip(started) {
@@ -146,6 +157,8 @@ pub struct Member {
     args: Vec<OsString>,
     /// The open file limit it runs with, if not the harness's own.
     nofile: Option<(u64, u64)>,
+    /// The `vigil` binary it (next) starts from.
+    binary: PathBuf,
     agent: Option<Agent>,
 }
 
@@ -162,6 +175,8 @@ pub struct Cluster {
     ca_key: PathBuf,
     args: Vec<String>,
     profile: String,
+    /// The binary members added later start from.
+    binary: PathBuf,
     pub servers: Vec<Member>,
     pub clients: Vec<Member>,
 }
@@ -193,8 +208,15 @@ fn take(members: &mut [Member], role: &str, i: usize) -> Agent {
 async fn relaunch(members: &mut [Member], role: &str, i: usize) {
     let member = &mut members[i];
     assert!(member.agent.is_none(), "{role} {i} is still running");
-    member.agent =
-        Some(Agent::spawn_with_limit(member.nofile, &member.args, Some(&member.log)).await);
+    member.agent = Some(
+        Agent::spawn_binary(
+            &member.binary,
+            member.nofile,
+            &member.args,
+            Some(&member.log),
+        )
+        .await,
+    );
 }
 
 fn strings(args: &[&str]) -> Vec<OsString> {
@@ -216,6 +238,7 @@ impl Cluster {
             server_args: Vec::new(),
             profile: None,
             server_nofile: None,
+            binary: None,
         }
     }
 
@@ -345,7 +368,7 @@ impl Cluster {
         let mut args = self.client_args(&name, join, &self.ca_cert, &cert, &key);
         args.extend(strings(extra));
         let log = self.dir.path().join(format!("{name}.log"));
-        let agent = Agent::spawn(&args, Some(&log)).await;
+        let agent = Agent::spawn_binary(&self.binary, None, &args, Some(&log)).await;
         self.clients.push(Member {
             name,
             rpc_addr: None,
@@ -353,6 +376,7 @@ impl Cluster {
             log,
             args,
             nofile: None,
+            binary: self.binary.clone(),
             agent: Some(agent),
         });
         self.clients.len() - 1
@@ -509,6 +533,17 @@ impl Cluster {
         assert_eq!(agent.terminate().await, Some(0), "client {i} exit code");
     }
 
+    /// Server `i` starts from `binary` from its next start on ([`Cluster::restart`]), as an
+    /// operator upgrading it in place does.
+    pub fn set_server_binary(&mut self, i: usize, binary: &Path) {
+        self.servers[i].binary = binary.to_owned();
+    }
+
+    /// Client agent `i` starts from `binary` from its next start on.
+    pub fn set_client_binary(&mut self, i: usize, binary: &Path) {
+        self.clients[i].binary = binary.to_owned();
+    }
+
     /// Starts server `i` again with its data directory and RPC port; returns once its HTTP API
     /// is up (it may not have caught up with the cluster yet).
     pub async fn restart(&mut self, i: usize) {
@@ -541,7 +576,7 @@ impl Cluster {
         let join: Vec<SocketAddr> = (0..i).map(|j| self.server_serf(j)).collect();
         let args = self.server_args(&name, expect, rpc_addr, serf_addr, &join);
         let log = self.dir.path().join(format!("{name}.log"));
-        let agent = Agent::spawn(&args, Some(&log)).await;
+        let agent = Agent::spawn_binary(&self.binary, None, &args, Some(&log)).await;
         self.servers.push(Member {
             log,
             name,
@@ -549,6 +584,7 @@ impl Cluster {
             serf_addr: Some(serf_addr),
             args,
             nofile: None,
+            binary: self.binary.clone(),
             agent: Some(agent),
         });
         i

@@ -407,6 +407,20 @@ impl Agent {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
+        Agent::spawn_binary(&binary(), nofile, args, log).await
+    }
+
+    /// [`Agent::spawn_with_limit`] of another `vigil` binary (a previous release's, say).
+    pub async fn spawn_binary<I, S>(
+        binary: &Path,
+        nofile: Option<(u64, u64)>,
+        args: I,
+        log: Option<&Path>,
+    ) -> Agent
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
         let stderr = match log {
             Some(path) => std::fs::OpenOptions::new()
                 .create(true)
@@ -418,10 +432,10 @@ impl Agent {
         };
         // No NO_COLOR: the agent must write plain text to a log file by itself.
         let mut command = match nofile {
-            None => Command::new(binary()),
+            None => Command::new(binary),
             Some((soft, hard)) => {
                 let mut command = Command::new("prlimit");
-                command.arg(format!("--nofile={soft}:{hard}")).arg(binary());
+                command.arg(format!("--nofile={soft}:{hard}")).arg(binary);
                 command
             }
         };

@@ -305,9 +305,12 @@ fn save(server: &Server) -> Result<OperatorReply, OperatorError> {
 /// Checks an archive and, if it is sound, replaces the state with it on every server: the state
 /// travels in parts of [`RESTORE_CHUNK`] bytes, one raft entry each, and the last part's entry
 /// replaces it at once (fencing tokens carried over by `state::restore`). A restore cut short
-/// (leadership lost) leaves its parts staged until the next restore replaces them.
+/// (leadership lost) leaves its parts staged until the next restore replaces them. The state
+/// travels in the format every server of the cluster reads (the first release's below
+/// protocol level 2).
 async fn restore(server: &Server, bytes: &[u8]) -> Result<OperatorReply, OperatorError> {
-    let archive = Archive::decode(bytes)?;
+    let level = server.shared().read().protocol();
+    let archive = Archive::decode(bytes)?.at_level(level)?;
     for part in restore_parts(&archive) {
         part_restored(server.proposer().propose(part).await?)?;
     }

@@ -6,7 +6,9 @@
 //!
 //! Layout inside the gzip stream: `VIGILSNP`, archive version (1 byte), state encoding version
 //! (1 byte, the snapshot file's), raft index (u64 LE), state length (u64 LE), the state
-//! (postcard), CRC-32 of everything before it (u32 LE).
+//! (postcard), CRC-32 of everything before it (u32 LE). Archives of the first release (state
+//! version 3) are read; a cluster below protocol level 2 writes them, and restores any archive
+//! as the first release's servers read it (`crate::state::format`).
 
 use std::io::{Read as _, Write as _};
 
@@ -18,6 +20,7 @@ use vigil_shared::operator::ArchiveError;
 use crate::proposer::MAX_COMMAND_BYTES;
 use crate::raft::state_store::SNAPSHOT_FORMAT;
 use crate::state::StateMachine;
+use crate::state::format::FIRST_RELEASE_FORMAT;
 use vigil_wire::transport::MAX_FRAME_LEN;
 
 const MAGIC: &[u8; 8] = b"VIGILSNP";
@@ -37,16 +40,37 @@ pub const RESTORE_CHUNK: usize = MAX_COMMAND_BYTES / 2;
 pub struct Archive {
     /// The raft index the state was taken at.
     pub index: u64,
-    /// The state machine, postcard-encoded (what `Op::RestoreSnapshot` carries).
+    /// The state machine, encoded (what `Op::RestoreSnapshot` carries).
     pub state: Vec<u8>,
+    /// The format of `state` ([`StateMachine::format`]).
+    pub format: u8,
 }
 
 impl Archive {
     /// Takes `state` at raft `index`.
     pub fn of(state: &StateMachine, index: u64) -> Result<Archive, ArchiveError> {
-        let state =
-            postcard::to_allocvec(state).map_err(|e| ArchiveError::Decode(e.to_string()))?;
-        Ok(Archive { index, state })
+        let format = state.format();
+        let state = state
+            .encode()
+            .map_err(|e| ArchiveError::Decode(e.to_string()))?;
+        Ok(Archive {
+            index,
+            state,
+            format,
+        })
+    }
+
+    /// The archive as a cluster applying protocol `level` restores it: its state in the format
+    /// every server of that cluster reads.
+    pub fn at_level(self, level: u32) -> Result<Archive, ArchiveError> {
+        let state = StateMachine::encoded_at_level(&self.state, level)
+            .map_err(|e| ArchiveError::Decode(e.to_string()))?;
+        let format = Archive::open(&state)?.format();
+        Ok(Archive {
+            state,
+            format,
+            ..self
+        })
     }
 
     /// The gzip-compressed archive.
@@ -54,7 +78,7 @@ impl Archive {
         let mut raw = Vec::with_capacity(HEADER_LEN + self.state.len() + CRC_LEN);
         raw.extend_from_slice(MAGIC);
         raw.push(ARCHIVE_VERSION);
-        raw.push(SNAPSHOT_FORMAT);
+        raw.push(self.format);
         raw.extend_from_slice(&self.index.to_le_bytes());
         raw.extend_from_slice(&(self.state.len() as u64).to_le_bytes());
         raw.extend_from_slice(&self.state);
@@ -80,7 +104,8 @@ impl Archive {
             return Err(ArchiveError::NotAnArchive);
         }
         let (archive, state) = (raw[8], raw[9]);
-        if archive != ARCHIVE_VERSION || state != SNAPSHOT_FORMAT {
+        if archive != ARCHIVE_VERSION || !(FIRST_RELEASE_FORMAT..=SNAPSHOT_FORMAT).contains(&state)
+        {
             return Err(ArchiveError::Version {
                 archive,
                 state,
@@ -115,14 +140,19 @@ impl Archive {
         if crc32fast::hash(body) != u32::from_le_bytes([crc[0], crc[1], crc[2], crc[3]]) {
             return Err(ArchiveError::Checksum);
         }
+        let format = raw[9];
         let state = body[HEADER_LEN..].to_vec();
         Archive::open(&state)?;
-        Ok(Archive { index, state })
+        Ok(Archive {
+            index,
+            state,
+            format,
+        })
     }
 
     /// The state machine the archive holds.
     pub fn open(state: &[u8]) -> Result<StateMachine, ArchiveError> {
-        postcard::from_bytes(state).map_err(|e| ArchiveError::Decode(e.to_string()))
+        StateMachine::decode(state).map_err(|e| ArchiveError::Decode(e.to_string()))
     }
 }
 

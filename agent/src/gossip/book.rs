@@ -94,7 +94,12 @@ impl MemberBook {
             .filter(|n| n.generation == id.generation)
     }
 
-    fn set(&mut self, id: Member, state: MemberState, now: Duration) {
+    fn set(&mut self, mut id: Member, state: MemberState, now: Duration) {
+        // A copy relayed by a member of the first release lacks the protocol level: the same
+        // identity keeps the highest level heard of it.
+        if let Some(old) = self.rows.get(&id.addr).filter(|o| o.id == id) {
+            id.protocol = id.protocol.max(old.id.protocol);
+        }
         let mut row = Row {
             id,
             state,
@@ -102,7 +107,10 @@ impl MemberBook {
             held: false,
         };
         match self.rows.get(&row.id.addr) {
-            Some(old) if old.id == row.id && old.state == row.state => {}
+            Some(old)
+                if old.id == row.id
+                    && old.id.protocol == row.id.protocol
+                    && old.state == row.state => {}
             old => {
                 // A renewed identity at the same address is the same process.
                 row.held = old.is_some_and(|o| o.held && o.id.name == row.id.name);

@@ -18,7 +18,11 @@ use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 ///
 /// foca keys members by [`foca::Identity::addr`] (the gossip address). Two identities with the
 /// same address are the same node at different times; the higher `generation` is the newer one.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// `protocol` is not part of the identity (`==` and the hash leave it out): a member of the
+/// first release relays a newer member's identity without it, and that copy must still be the
+/// same identity, or foca would drop the probes addressed to it and the first release's members
+/// would declare the newer one down.
+#[derive(Debug, Clone)]
 pub struct Member {
     // Field order matters for speed only: the derived `==` (which foca uses a lot) compares the
     // cheap and most telling fields first.
@@ -44,6 +48,30 @@ pub struct Member {
 
 /// The protocol level of a member whose identity carries none (the first release).
 pub const FIRST_PROTOCOL: u8 = 1;
+
+impl PartialEq for Member {
+    fn eq(&self, other: &Member) -> bool {
+        self.addr == other.addr
+            && self.generation == other.generation
+            && self.name == other.name
+            && self.rpc_addr == other.rpc_addr
+            && self.role == other.role
+            && self.datacenter == other.datacenter
+    }
+}
+
+impl Eq for Member {}
+
+impl std::hash::Hash for Member {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.addr.hash(state);
+        self.generation.hash(state);
+        self.name.hash(state);
+        self.rpc_addr.hash(state);
+        self.role.hash(state);
+        self.datacenter.hash(state);
+    }
+}
 
 /// Version byte of the identity encoding. Version 1 decoders ignore trailing bytes, so later
 /// versions may append fields.
@@ -501,12 +529,14 @@ mod tests {
         assert_eq!(Member::from_wire(&longer), Ok(member(1)));
         // The first release's identity has no protocol level.
         let first = &good[..good.len() - 1];
-        assert_eq!(
-            Member::from_wire(first),
-            Ok(Member {
-                protocol: FIRST_PROTOCOL,
-                ..member(1)
-            })
-        );
+        let decoded = Member::from_wire(first).expect("decodes");
+        assert_eq!(decoded.protocol, FIRST_PROTOCOL);
+        assert_eq!(member(1).protocol, 2);
+        // It is the same identity as the one it was relayed from: foca takes a probe addressed
+        // to either as addressed to the member.
+        assert_eq!(decoded, member(1));
+        use std::hash::BuildHasher as _;
+        let state = std::collections::hash_map::RandomState::new();
+        assert_eq!(state.hash_one(&decoded), state.hash_one(member(1)));
     }
 }

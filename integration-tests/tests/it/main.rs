@@ -47,3 +47,4 @@ mod t81_jepsen;
 mod t90_ui_browser;
 mod t92_operate;
 mod t93_acl;
+mod t94_rolling_upgrade;

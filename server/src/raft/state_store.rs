@@ -112,14 +112,17 @@ impl SharedState {
 pub const SNAPSHOT_FILE_NAME: &str = "snapshot.bin";
 /// Written, fsynced, then renamed over [`SNAPSHOT_FILE_NAME`]; a leftover one is ignored.
 const SNAPSHOT_TMP_NAME: &str = "snapshot.bin.tmp";
-/// First byte of the snapshot file: the layout of what follows. Bump when [`SnapshotFile`] or the
-/// postcard encoding of [`StateMachine`] changes incompatibly. Version 2 added the checksums
-/// and the KV table's LockIndex floor, version 3 the native lock table and autopilot's
-/// settings, version 4 (after the first release's fields, so a version 3 encoding is a prefix
-/// of it) the op index, the protocol level, the latest restore's index and the lock queue's
-/// request identities; an older file is refused (the server is then rebuilt from its peers:
-/// remove its data directory and let it rejoin).
-pub(crate) const SNAPSHOT_FORMAT: u8 = 4;
+/// First byte of the snapshot file: the layout of what follows, the format of its state
+/// ([`StateMachine::format`]). Bump when [`SnapshotFile`] or the encoding of [`StateMachine`]
+/// changes incompatibly. Version 2 added the checksums and the KV table's LockIndex floor,
+/// version 3 (the first release's) the native lock table and autopilot's settings, version 4
+/// the op index, the protocol level, the latest restore's index and the lock queue's request
+/// identities. Versions 3 and 4 are read; a state below protocol level 2 is written in version
+/// 3, so a server rolled back to the first release reads its file. An older file is refused
+/// (the server is then rebuilt from its peers: remove its data directory and let it rejoin).
+pub(crate) const SNAPSHOT_FORMAT: u8 = crate::state::format::FORMAT;
+/// The oldest snapshot file version read: the first release's.
+const OLDEST_SNAPSHOT_FORMAT: u8 = crate::state::format::FIRST_RELEASE_FORMAT;
 /// Bytes of a CRC-32 trailer (little endian).
 const CRC_LEN: usize = 4;
 /// The first pause before writing a snapshot again after a passing storage error; it doubles
@@ -145,7 +148,7 @@ pub enum SnapshotStoreError {
         source: postcard::Error,
     },
     #[error(
-        "snapshot {path} has format version {found}; this build reads version {SNAPSHOT_FORMAT}"
+        "snapshot {path} has format version {found}; this build reads versions {OLDEST_SNAPSHOT_FORMAT} to {SNAPSHOT_FORMAT}"
     )]
     UnsupportedFormat { path: PathBuf, found: u8 },
     #[error(
@@ -181,7 +184,7 @@ fn checked(bytes: &[u8]) -> Option<&[u8]> {
 /// the staged restore's (a snapshot taken between a restore's parts must carry them, or a
 /// server that loads it would refuse the parts still to come), and a CRC-32 trailer.
 fn seal(state: &StateMachine) -> Result<Vec<u8>, postcard::Error> {
-    let mut bytes = postcard::to_allocvec(state)?;
+    let mut bytes = state.encode()?;
     if let Some(staged) = state.staged_restore() {
         bytes = postcard::to_extend(staged, bytes)?;
     }
@@ -191,16 +194,20 @@ fn seal(state: &StateMachine) -> Result<Vec<u8>, postcard::Error> {
 /// The state machine in snapshot data made by [`seal`], checksum verified.
 fn unseal(data: &[u8]) -> Result<StateMachine, SnapshotDataError> {
     let body = checked(data).ok_or(SnapshotDataError::Checksum)?;
-    let (mut state, rest) = postcard::take_from_bytes::<StateMachine>(body)?;
+    let (mut state, rest) = StateMachine::decode_prefix(body)?;
     if !rest.is_empty() {
         state.set_staged_restore(Some(postcard::from_bytes(rest)?));
     }
     Ok(state)
 }
 
-/// What `snapshot.bin` holds after its format byte (postcard).
+/// What `snapshot.bin` holds after its format byte (postcard); the same layout in versions 3
+/// and 4, whose `data` differ.
 #[derive(Serialize, Deserialize)]
 struct SnapshotFile {
+    /// The format byte: the format of the state in `data`. Not encoded.
+    #[serde(skip)]
+    format: u8,
     /// Unused since openraft 0.10 dropped snapshot ids (it numbered them); written as 0 so the
     /// file keeps its layout and older files still read.
     seq: u64,
@@ -212,7 +219,7 @@ struct SnapshotFile {
 impl SnapshotFile {
     /// The format byte, the postcard of `self`, and a CRC-32 of both.
     fn encode(&self) -> Result<Vec<u8>, postcard::Error> {
-        let mut bytes = vec![SNAPSHOT_FORMAT];
+        let mut bytes = vec![self.format];
         postcard::to_io(self, &mut bytes)?;
         Ok(with_crc(bytes))
     }
@@ -222,13 +229,13 @@ impl SnapshotFile {
             path: path.to_owned(),
             source,
         };
-        let body = match bytes.first() {
+        let (format, body) = match bytes.first() {
             None => return Err(corrupt(postcard::Error::DeserializeUnexpectedEnd)),
-            Some(&SNAPSHOT_FORMAT) => {
+            Some(&format @ OLDEST_SNAPSHOT_FORMAT..=SNAPSHOT_FORMAT) => {
                 let checked = checked(bytes).ok_or_else(|| SnapshotStoreError::Checksum {
                     path: path.to_owned(),
                 })?;
-                &checked[1..]
+                (format, &checked[1..])
             }
             Some(&found) => {
                 return Err(SnapshotStoreError::UnsupportedFormat {
@@ -238,7 +245,7 @@ impl SnapshotFile {
             }
         };
         let file = match postcard::take_from_bytes::<SnapshotFile>(body).map_err(corrupt)? {
-            (file, []) => file,
+            (file, []) => SnapshotFile { format, ..file },
             (_, _trailing) => return Err(corrupt(postcard::Error::DeserializeBadEncoding)),
         };
         Ok(file)
@@ -466,6 +473,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateStore {
             let data = seal(&state).map_err(io::Error::other)?;
             let meta = self.meta();
             SnapshotFile {
+                format: state.format(),
                 seq: 0,
                 meta: Meta {
                     last_log_id: meta.last_applied,
@@ -558,6 +566,7 @@ impl RaftStateMachine<TypeConfig> for StateStore {
         // Durable first: once this returns, openraft may purge the log the snapshot covers.
         let file = self
             .persist(SnapshotFile {
+                format: restored.format(),
                 seq: 0,
                 meta: meta.clone(),
                 data,
@@ -643,9 +652,10 @@ mod tests {
         );
         assert!(state.staged_restore().is_some());
         assert_eq!(unseal(&seal(&state).expect("seal")).expect("unseal"), state);
-        // Data without a staged restore is what builds before staging wrote.
+        // Data without a staged restore is the state's encoding alone, as builds before
+        // staging wrote.
         let plain = StateMachine::default();
-        let old = with_crc(postcard::to_allocvec(&plain).expect("encode"));
+        let old = with_crc(plain.encode().expect("encode"));
         assert_eq!(seal(&plain).expect("seal"), old);
         assert_eq!(unseal(&old).expect("unseal"), plain);
     }
@@ -768,6 +778,7 @@ mod tests {
         // A build that started before the install and finishes after it must not replace the
         // installed (newer) snapshot on disk.
         let stale = SnapshotFile {
+            format: StateMachine::default().format(),
             seq: 1,
             meta: Meta {
                 last_log_id: Some(log_id(3)),
@@ -881,6 +892,64 @@ mod tests {
             StateStore::open(fresh_shared(), dir.path()),
             Err(SnapshotStoreError::Corrupt { .. })
         ));
+    }
+
+    /// Format 3 (the first release's) is written below protocol level 2, format 4 from it on;
+    /// both load, and snapshot data in either installs.
+    #[tokio::test]
+    async fn the_file_format_follows_the_protocol_level_and_both_load() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(SNAPSHOT_FILE_NAME);
+        let shared = fresh_shared();
+        let mut store = StateStore::open(Arc::clone(&shared), dir.path()).expect("open");
+        store.apply(stream(sample_log(3))).await.expect("apply");
+        let first = store.build_snapshot().await.expect("build");
+        let first_data = first.snapshot.into_inner();
+        assert_eq!(fs::read(&path).expect("read")[0], 3);
+        let state_at_3 = shared.read().clone();
+        let reopened = fresh_shared();
+        StateStore::open(Arc::clone(&reopened), dir.path()).expect("reopen");
+        assert_eq!(*reopened.read(), state_at_3);
+
+        let raise = Entry {
+            log_id: log_id(4),
+            payload: EntryPayload::Normal(Command {
+                now_ms: 2,
+                op: Op::SetProtocol {
+                    level: vigil_shared::PROTOCOL,
+                },
+            }),
+        };
+        store
+            .apply(stream([raise, set(5, "k5", "v5")]))
+            .await
+            .expect("apply");
+        let second = store.build_snapshot().await.expect("build");
+        assert_eq!(fs::read(&path).expect("read")[0], 4);
+        let reopened = fresh_shared();
+        StateStore::open(Arc::clone(&reopened), dir.path()).expect("reopen");
+        assert_eq!(*reopened.read(), *shared.read());
+        assert_eq!(reopened.read().protocol(), vigil_shared::PROTOCOL);
+
+        // A follower installs either (a first-release leader sends format 3).
+        let follower_dir = tempfile::tempdir().expect("tempdir");
+        let follower_shared = fresh_shared();
+        let mut follower =
+            StateStore::open(Arc::clone(&follower_shared), follower_dir.path()).expect("open");
+        follower
+            .install_snapshot(&first.meta, Cursor::new(first_data))
+            .await
+            .expect("install format 3");
+        assert_eq!(*follower_shared.read(), state_at_3);
+        assert_eq!(
+            fs::read(follower_dir.path().join(SNAPSHOT_FILE_NAME)).expect("read")[0],
+            3
+        );
+        follower
+            .install_snapshot(&second.meta, second.snapshot)
+            .await
+            .expect("install format 4");
+        assert_eq!(*follower_shared.read(), *shared.read());
     }
 
     #[tokio::test(start_paused = true)]

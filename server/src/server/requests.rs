@@ -14,20 +14,25 @@ impl Server {
         op: Op,
         forwarded: bool,
     ) -> Result<Response, ServerError> {
+        let level = self.shared.read().protocol();
         if self.is_leader() || forwarded {
             if let Op::CreateSession(session) = &op {
                 check_ttl(&session.ttl, self.config.session_ttl_min)
                     .map_err(ServerError::InvalidSessionTtl)?;
             }
-            let level = self.shared.read().protocol();
             let (op, reply) = crate::protocol::downgrade(op, level)?;
             return self.proposer.propose(op).await.map(|r| reply.restore(r));
         }
+        // The leader may run the previous release, which cannot decode a newer op: forward it
+        // in the form the cluster's level applies.
+        let (op, reply) = crate::protocol::downgrade(op, level)?;
         let forwarded = calls::Write {
             op,
             forwarded: true,
         };
-        self.forward(forwarded, Duration::ZERO).await?
+        self.forward(forwarded, Duration::ZERO)
+            .await?
+            .map(|r| reply.restore(r))
     }
 
     pub(super) fn meta(&self, index: u64) -> QueryMeta {

@@ -370,8 +370,8 @@ fn locks_and_tokens_survive_a_snapshot() {
     let mut sm = four_sessions();
     acquire(&mut sm, 10, S1);
     acquire(&mut sm, 11, S2);
-    let bytes = postcard::to_allocvec(&sm).unwrap();
-    let mut restored: StateMachine = postcard::from_bytes(&bytes).unwrap();
+    let bytes = sm.encode().unwrap();
+    let mut restored = StateMachine::decode(&bytes).unwrap();
     assert_eq!(restored.locks(), sm.locks());
     release(&mut restored, 12, S1);
     assert_eq!(holders(&restored), vec![(S2.to_owned(), 12)]);

@@ -391,7 +391,9 @@ impl LockTable {
             if delay_left > 0 {
                 fx.delays.push((name.to_owned(), lock.delay_until_ms));
             }
-            requests.insert((name.to_owned(), c.session.clone()), c.request);
+            if !legacy {
+                requests.insert((name.to_owned(), c.session.clone()), c.request);
+            }
             LockOutcome::Waiting {
                 position: lock.waiters.len() as u64,
                 index,

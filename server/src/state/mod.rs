@@ -4,6 +4,7 @@
 
 pub mod acl;
 pub mod catalog;
+pub mod format;
 pub mod kv;
 pub mod locks;
 pub mod query;
@@ -266,13 +267,14 @@ impl StateMachine {
     /// (from protocol level 2 on) one above the previous op's when an earlier entry's ops
     /// took indexes up to or beyond it. Never below the raft index, so a blocking query's
     /// index and the raft log's stay comparable.
+    /// Below level 2 the op index is not kept (it is the raft index), so the state encodes
+    /// in the first release's format whole ([`StateMachine::format`]).
     fn next_index(&mut self, raft_index: u64) -> u64 {
-        let index = if self.protocol >= 2 {
-            raft_index.max(self.index + 1)
-        } else {
-            raft_index
-        };
-        self.index = self.index.max(index);
+        if self.protocol < 2 {
+            return raft_index;
+        }
+        let index = raft_index.max(self.index + 1);
+        self.index = index;
         index
     }
 

@@ -66,7 +66,7 @@ pub fn carry_floors(before: &StateMachine, restored: &mut StateMachine) {
 /// Applies `Op::RestoreSnapshot` at `index`: `state` is a postcard-encoded [`StateMachine`].
 /// Every read afterwards reports at least `index`.
 pub fn restore(current: &mut StateMachine, state: &[u8], index: u64, fx: &mut Effects) -> Response {
-    let Ok(mut restored) = postcard::from_bytes::<StateMachine>(state) else {
+    let Ok(mut restored) = StateMachine::decode(state) else {
         return Response::Rejected(ApplyError::InvalidSnapshot);
     };
     carry_floors(current, &mut restored);
@@ -117,8 +117,11 @@ pub fn restore(current: &mut StateMachine, state: &[u8], index: u64, fx: &mut Ef
             .map(|s| (s.id.clone(), s.ttl.clone())),
     );
     *current = restored;
-    current.index = current.index.max(index);
-    current.restored_at = index;
+    // Below level 2 neither is kept, as in the first release (see `next_index`).
+    if current.protocol >= 2 {
+        current.index = current.index.max(index);
+        current.restored_at = index;
+    }
     Response::Done
 }
 
@@ -190,7 +193,7 @@ mod tests {
         let mut sm = with_session(s);
         // The archive is taken when `a` has been granted once.
         acquire(&mut sm, 3, "a", s);
-        let archive = postcard::to_allocvec(&sm).expect("encode");
+        let archive = sm.encode().expect("encode");
         // After it, `a` is granted many more times and `b` once.
         let mut highest = 0;
         for i in 0..5 {
@@ -230,7 +233,7 @@ mod tests {
             session: s.to_owned(),
         };
         queue(&mut sm, 3, take("q"));
-        let archive = postcard::to_allocvec(&sm).expect("encode");
+        let archive = sm.encode().expect("encode");
         for i in 0..5 {
             queue(&mut sm, 10 + 2 * i, give("q"));
             queue(&mut sm, 11 + 2 * i, take("q"));
@@ -301,7 +304,7 @@ mod staging_tests {
         }
         let mut current = StateMachine::at_protocol(vigil_shared::PROTOCOL);
         apply(&mut current, 1, set(other));
-        (postcard::to_allocvec(&archived).expect("encode"), current)
+        (archived.encode().expect("encode"), current)
     }
 
     #[test]

@@ -88,7 +88,7 @@ fn below_level_2_a_batch_shares_the_entrys_index() {
 fn a_restore_never_takes_an_index_back() {
     let mut sm = world();
     write(&mut sm, 3, op::set("a", "old"));
-    let archive = postcard::to_allocvec(&sm).expect("encode");
+    let archive = sm.encode().expect("encode");
     for i in 0..5 {
         write(&mut sm, 10 + i, op::set("a", "newer"));
     }

@@ -190,8 +190,8 @@ fn reaping_sets_the_lock_index_floor() {
     assert_eq!(sm.kv().tombstone_count(), 0);
     assert_eq!(sm.kv().lock_index_floor(), 3);
 
-    let bytes = postcard::to_allocvec(&sm).expect("encode");
-    let mut restored: StateMachine = postcard::from_bytes(&bytes).expect("decode");
+    let bytes = sm.encode().expect("encode");
+    let mut restored = StateMachine::decode(&bytes).expect("decode");
     assert_eq!(restored, sm);
     // A plain write creates a fresh key at 0, as in Consul; its first acquire is above the floor.
     write(&mut restored, 32, op::set("x", "v"));

@@ -74,8 +74,8 @@ fn snapshot_round_trip() {
     destroy_at(&mut sm, 15, T0, S4);
 
     // Round trip through postcard: equal in every field.
-    let bytes = postcard::to_allocvec(&sm).expect("encode");
-    let mut restored: StateMachine = postcard::from_bytes(&bytes).expect("decode");
+    let bytes = sm.encode().expect("encode");
+    let mut restored = StateMachine::decode(&bytes).expect("decode");
     assert_eq!(restored, sm);
     assert_eq!(restored.now_ms(), T0);
     assert_eq!(restored.sessions().on_check(N1, "web"), strings(&[S1]));
