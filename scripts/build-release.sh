@@ -4,9 +4,9 @@
 # its first cluster from it. A second run with the binary present returns at once.
 #
 # The tag's tree is exported with `git archive` (no work tree or branch is touched) into
-# target/release-builds/<tag>/src and built there with its own Cargo.lock, in release mode with
-# its own target directory, so the build never invalidates the workspace's. It is a debug build,
-# as the test harness uses for the current binary: the fastest to compile.
+# target/release-builds/<tag>/src and built there with its own Cargo.lock and its own target
+# directory, so the build never invalidates the workspace's. It is a debug build, as the test
+# harness uses for the current binary: the fastest to compile.
 set -euo pipefail
 tag="${1:-v0.1.0}"
 root="$(git -C "$(dirname "$0")" rev-parse --show-toplevel)"

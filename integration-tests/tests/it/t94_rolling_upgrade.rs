@@ -360,7 +360,10 @@ async fn written(cluster: &Cluster, i: usize) -> Option<BTreeMap<String, String>
     )
 }
 
+/// Ignored in the default run: with the previous release's first build it takes about 13
+/// minutes on 2 cores. Run it with `scripts/upgrade-test.sh`.
 #[tokio::test]
+#[ignore = "builds the previous release (about 10 minutes once); scripts/upgrade-test.sh runs it"]
 async fn a_rolling_upgrade_from_the_previous_release_loses_nothing() {
     let previous = tokio::task::spawn_blocking(previous_release)
         .await
