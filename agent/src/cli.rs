@@ -144,6 +144,11 @@ pub struct AgentArgs {
     /// Smallest session TTL accepted (Consul's session_ttl_min); lower it only for tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub session_ttl_min: Duration,
+    /// Smallest lock-delay a new session gets (servers only): a session asking for less (a
+    /// client that waives it, Patroni's 1 ms) is raised to this. 0s, the default, keeps
+    /// Consul's behaviour. At most 60s, the longest lock-delay.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub lock_delay_min: Duration,
     /// Allow script checks (`Args`) registered over HTTP or in the config file.
     #[arg(long)]
     pub enable_script_checks: bool,
@@ -316,6 +321,10 @@ impl AgentArgs {
             "--http-addr off needs --https-addr: the agent must serve its API somewhere"
         );
         anyhow::ensure!(
+            self.lock_delay_min <= Duration::from_millis(vigil_shared::MAX_LOCK_DELAY_MS),
+            "--lock-delay-min must be at most 60s (the longest lock-delay)"
+        );
+        anyhow::ensure!(
             !self.ae_interval.is_zero(),
             "--ae-interval must be greater than 0"
         );
@@ -339,6 +348,7 @@ impl AgentArgs {
             mode,
             tls,
             session_ttl_min: self.session_ttl_min,
+            lock_delay_min: self.lock_delay_min,
             enable_script_checks: self.enable_script_checks,
             enable_local_script_checks: self.enable_local_script_checks,
             ae_interval: self.ae_interval,

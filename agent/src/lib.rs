@@ -102,6 +102,8 @@ pub struct AgentConfig {
     pub tls: TlsSource,
     /// Smallest session TTL accepted; lowered only by tests.
     pub session_ttl_min: Duration,
+    /// Smallest lock-delay a session created through this server gets (`--lock-delay-min`).
+    pub lock_delay_min: Duration,
     /// Whether script checks may run, from the config file and over HTTP
     /// (`--enable-script-checks`).
     pub enable_script_checks: bool,
@@ -323,6 +325,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     members: Some(gossip.subscribe()),
                     max_blocking_queries: config.max_blocking_queries,
                     session_ttl_min: config.session_ttl_min,
+                    lock_delay_min: config.lock_delay_min,
                     acls: config
                         .acl
                         .default_policy

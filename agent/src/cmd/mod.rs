@@ -83,6 +83,11 @@ pub struct HoldArgs {
     /// Session lock-delay [default: the agent's, 15s].
     #[arg(long, value_parser = parse_duration)]
     pub lock_delay: Option<Duration>,
+    /// Do not bind the session to this process (by default the local agent follows it with a
+    /// process check, so the session dies the moment this process does; a stopped or slow
+    /// process keeps it).
+    #[arg(long)]
+    pub no_process_check: bool,
     /// After SIGTERM when the lock or leadership is lost, how long before SIGKILL.
     #[arg(long, default_value = "5s", value_parser = parse_duration)]
     pub grace: Duration,
@@ -99,6 +104,7 @@ impl HoldArgs {
             ttl: self.ttl,
             lock_delay: self.lock_delay,
             reuse: None,
+            bind_process: !self.no_process_check,
         }
     }
 }

@@ -77,6 +77,7 @@ pub async fn run(cmd: SessionCommand) -> anyhow::Result<i32> {
                 lock_delay,
                 behavior,
                 node_checks: no_checks.then(Vec::new),
+                service_checks: None,
             };
             println!("{}", client.session_create(&request).await?);
         }

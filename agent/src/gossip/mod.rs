@@ -5,7 +5,8 @@
 //! on a watch channel).
 //!
 //! Layout: [`identity`] (who a member is), [`crypto`] (packet envelope, keys and keyring),
-//! [`keyring`] (key rotation across the cluster and the keyring file), [`profile`]
+//! [`keyring`] (key rotation across the cluster and the keyring file), `errqueue` (the
+//! kernel's refusals of our datagrams: evidence that a member's process is gone), [`profile`]
 //! (all timing numbers), `node` (foca plus our decisions without I/O: datacenter filter,
 //! push-pull state sync, suspicion nudges, two foca 2.0 workarounds), `book` (the member list),
 //! `leave` (the custom broadcasts: leave notices that tell Left from Failed, and user events),
@@ -17,6 +18,7 @@
 
 mod book;
 pub mod crypto;
+mod errqueue;
 pub mod event;
 pub mod identity;
 pub mod keyring;
@@ -195,6 +197,7 @@ pub async fn start(
         addr: config.bind_addr,
         source,
     })?;
+    let evidence = errqueue::enable(&socket);
     let mut gossip_addr = config.advertise_addr.unwrap_or(local_addr);
     if gossip_addr.port() == 0 {
         gossip_addr.set_port(local_addr.port());
@@ -239,6 +242,7 @@ pub async fn start(
         timers: DelayQueue::new(),
         epoch: Instant::now(),
         profile: config.profile,
+        evidence,
     };
     tasks.spawn(driver.run(shutdown));
 
@@ -403,6 +407,8 @@ struct Driver {
     /// Origin of the node's clock.
     epoch: Instant,
     profile: TimingProfile,
+    /// The kernel reports refused datagrams on the socket ([`errqueue`]): evidence of death.
+    evidence: bool,
 }
 
 /// A graceful leave in progress.
@@ -430,6 +436,14 @@ impl Driver {
                     Ok((len, from)) => self.received(&buf[..len], from),
                     Err(e) => {
                         tracing::debug!(error = %e, "gossip socket receive failed");
+                        Output::default()
+                    }
+                },
+                refusal = errqueue::next(&self.socket), if self.evidence => match refusal {
+                    Ok(Some(to)) => self.node.refused(to, self.epoch.elapsed()),
+                    Ok(None) => Output::default(),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "gossip error queue read failed");
                         Output::default()
                     }
                 },

@@ -119,6 +119,9 @@ pub struct GossipNode {
     next_reap: Duration,
     /// Members we suspect, by address: nudged until refuted or declared down.
     suspecting: BTreeMap<SocketAddr, Suspicion>,
+    /// Addresses whose first refusal (see [`GossipNode::refused`]) awaits confirmation, with
+    /// when it came: a second refusal before `when + probe_period` is the confirmation.
+    refused: BTreeMap<SocketAddr, Duration>,
     /// Picks sync partners and jitters the sync period (derived from the rng given to foca, so a
     /// seeded node is deterministic).
     rng: StdRng,
@@ -171,6 +174,7 @@ impl GossipNode {
             next_sync: first_sync,
             next_reap: Duration::ZERO,
             suspecting: BTreeMap::new(),
+            refused: BTreeMap::new(),
             rng: own_rng,
             envelope: Envelope::new(None),
             keyring_store: None,
@@ -398,6 +402,8 @@ impl GossipNode {
         if now >= self.next_reap {
             self.next_reap = now + REAP_EVERY;
             self.book.reap(now, self.profile.reap_after());
+            let window = self.profile.probe_period();
+            self.refused.retain(|_, first| now <= *first + window);
         }
         let known: Vec<SocketAddr> = self.book.known_addrs().collect();
         let book = &self.book;
@@ -458,6 +464,55 @@ impl GossipNode {
             let to = suspect.id().addr;
             out.sends
                 .extend(self.sync_chunks(to, false, std::iter::once(suspect)));
+        }
+    }
+
+    /// Evidence of death: the kernel reported that a packet we sent to `addr` was refused (an
+    /// ICMP port unreachable: the host is up and nothing listens on the port, so the member's
+    /// process is gone). A stopped or slow process still owns its socket and is never refused,
+    /// so this path cannot accuse it.
+    ///
+    /// One refusal proves little (a stray or late ICMP), so the first only sends a
+    /// confirmation probe, a packet a live member ignores. A second refusal within a probe
+    /// period declares the member at `addr` down at once, skipping suspicion: the Down is
+    /// gossiped like any other, and a new process at that address joins with a new identity (an
+    /// old identity cannot refute a Down). Refusals for an address that is no live member (a
+    /// seed not yet joined, a member already down) are ignored.
+    pub fn refused(&mut self, addr: SocketAddr, now: Duration) -> Output {
+        if self.left {
+            return Output::default();
+        }
+        let member = self
+            .foca
+            .iter_membership_state()
+            .find(|m| m.id().addr == addr && m.state() != State::Down)
+            .map(|m| (m.id().clone(), m.incarnation()));
+        let Some((id, incarnation)) = member else {
+            self.refused.remove(&addr);
+            return Output::default();
+        };
+        let window = self.profile.probe_period();
+        match self.refused.get(&addr) {
+            Some(&first) if now <= first + window => {
+                self.refused.remove(&addr);
+                tracing::info!(member = %id.name, %addr, "gossip: member refused probes twice (port closed), declaring it down");
+                let result = self.foca.apply_many(
+                    std::iter::once(foca::Member::new(id, incarnation, State::Down)),
+                    true,
+                    &mut self.runtime,
+                );
+                self.log_error("apply_many", result);
+                self.suspecting.remove(&addr);
+                self.settle(now)
+            }
+            _ => {
+                self.refused.insert(addr, now);
+                tracing::debug!(member = %id.name, %addr, "gossip: member refused a probe, confirming");
+                Output {
+                    sends: self.sync_chunks(addr, false, std::iter::empty()),
+                    ..Output::default()
+                }
+            }
         }
     }
 

@@ -56,6 +56,8 @@ enum Kind {
     Timer(Timer<Member>),
     Packet(Vec<u8>),
     Tick,
+    /// The kernel refused a packet this node sent to that address (port unreachable).
+    Refused(SocketAddr),
 }
 
 struct Event {
@@ -93,6 +95,9 @@ struct SimNode {
     life: u32,
     /// SIGSTOPped until then: its events wait, in order, and fire together on resume.
     paused_until: Option<Duration>,
+    /// Killed on a live host (see [`Sim::kill`]): its port is closed, so packets to it are
+    /// refused instead of lost.
+    port_closed: bool,
     /// A graceful leave stops the node at this time at the latest.
     leave_deadline: Option<Duration>,
 }
@@ -171,6 +176,7 @@ impl Sim {
             up: true,
             life: 0,
             paused_until: None,
+            port_closed: false,
             leave_deadline: None,
         });
         self.push(first_tick, i, Kind::Tick);
@@ -288,6 +294,11 @@ impl Sim {
             }
             // LAN-ish one-way latency: 0.5 ms plus up to 1.5 ms of jitter.
             let latency = ms(0) + Duration::from_micros(500) + self.jitter(ms(1) + ms(1) / 2);
+            if self.nodes[dst].port_closed {
+                // The ICMP port unreachable comes back over the same link.
+                self.push(self.now + latency * 2, from, Kind::Refused(to));
+                continue;
+            }
             let sealed = self.nodes[from].node.seal(&data);
             self.push(self.now + latency, dst, Kind::Packet(sealed));
         }
@@ -322,6 +333,7 @@ impl Sim {
                     .handle_packet(&data, now)
                     .unwrap_or_default()
             }
+            Kind::Refused(to) => self.nodes[i].node.refused(to, now),
             Kind::Tick => {
                 let next = now + self.profile.tick_interval();
                 self.push(next, i, Kind::Tick);
@@ -430,10 +442,26 @@ impl Sim {
         self.up().all(|i| i == j || self.view(i, j) == Some(state))
     }
 
+    /// Node `i` goes silent (its host died, or it is cut off): packets to it are lost, so only
+    /// the failure detector's timeouts find it.
     pub fn crash(&mut self, i: usize) {
         let slot = &mut self.nodes[i];
         slot.up = false;
         slot.life += 1;
+    }
+
+    /// `kill -9` of node `i` on a live host: like a crash, and its port is closed, so packets
+    /// to it are refused (evidence of death) until it restarts.
+    pub fn kill(&mut self, i: usize) {
+        self.crash(i);
+        self.nodes[i].port_closed = true;
+    }
+
+    /// Node `by` hears that a packet to node `of` was refused, whatever the truth (a stray
+    /// ICMP, or a late one for an address a new process now owns).
+    pub fn inject_refusal(&mut self, by: usize, of: usize) {
+        let out = self.nodes[by].node.refused(addr(of), self.now);
+        self.apply(by, out);
     }
 
     /// Restarts a crashed node on the same address with a newer generation.
@@ -445,6 +473,7 @@ impl Sim {
         slot.up = true;
         slot.life += 1;
         slot.paused_until = None;
+        slot.port_closed = false;
         self.push(self.now, i, Kind::Tick);
     }
 
@@ -742,6 +771,78 @@ mod tests {
         let (c, _) = run(SEED + 1, ms(500));
         let prefix: Vec<_> = a.iter().filter(|l| l.at <= ms(500)).cloned().collect();
         assert!(prefix != c, "different seeds gave identical traces");
+    }
+
+    #[test]
+    fn a_killed_member_is_down_by_evidence_before_suspicion_could_end() {
+        let wall = Instant::now();
+        let suspicion = TimingProfile::Lan.suspect_to_down_after(10);
+        let mut detections = Vec::new();
+        for seed in 0..10 {
+            let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, seed);
+
+            // Its port closed, the member is refused twice by whoever probes it next and
+            // declared down at once; everyone hears it before a suspicion could even expire.
+            sim.kill(5);
+            let all = sim
+                .wait_for(secs(30), ms(10), |s| s.all_see(5, MemberState::Failed))
+                .expect("every survivor sees the killed member Failed");
+            assert!(
+                all < suspicion,
+                "seed {seed}: seen Failed by all after {all:?}, not before the {suspicion:?} \
+                 suspicion timeout"
+            );
+            for i in (0..10).filter(|&i| i != 5) {
+                assert!(
+                    !sim.ever_down(&sim.name(i)),
+                    "seed {seed}: {i} falsely down"
+                );
+            }
+
+            // The same address comes back with a newer generation and rejoins everywhere.
+            sim.restart(5);
+            sim.wait_for(secs(30), CHECK, Sim::converged)
+                .expect("the restarted member rejoins");
+            detections.push(all);
+        }
+        detections.sort();
+        eprintln!(
+            "sim: Lan, 10 members, 10 seeds: a kill -9 (port closed) was seen Failed by all after \
+             {:?} (median), {:?} (max), suspicion timeout {suspicion:?} ({:?} wall)",
+            detections[detections.len() / 2],
+            detections[detections.len() - 1],
+            wall.elapsed()
+        );
+    }
+
+    #[test]
+    fn one_stray_refusal_never_kills_a_live_member() {
+        let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, SEED);
+        let window = TimingProfile::Lan.probe_period();
+
+        // A lone refusal: the confirmation probe reaches the live member, nothing else happens.
+        sim.inject_refusal(0, 5);
+        sim.run_for(secs(10));
+        // Two, further apart than the confirmation window: each is a lone refusal.
+        sim.inject_refusal(0, 6);
+        sim.run_for(window + ms(1));
+        sim.inject_refusal(0, 6);
+        sim.run_for(secs(10));
+        let noise: Vec<_> = sim
+            .trace()
+            .iter()
+            .filter(|l| l.what.starts_with("down") || l.what.starts_with("Rejoin"))
+            .collect();
+        assert!(
+            noise.is_empty(),
+            "a stray refusal disturbed the cluster: {noise:#?}"
+        );
+        assert!(sim.converged());
+
+        // The rule itself: a second refusal inside the window is the confirmation.
+        sim.inject_refusal(0, 7);
+        sim.inject_refusal(0, 7);
+        assert_eq!(sim.view(0, 7), Some(MemberState::Failed));
     }
 
     #[test]

@@ -189,6 +189,52 @@ async fn three_members_join_detect_a_crash_and_see_a_leave() {
     cluster.stop_all().await;
 }
 
+/// A member whose process is gone (its port closed) is refused by the kernel: with the error
+/// queue read, the survivors declare it down before a suspicion could even expire.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_port_is_down_before_the_suspicion_timeout() {
+    let cluster = Cluster::new();
+    let names = ["a", "b", "c", "d"];
+    let a = cluster.spawn(config("a", vec![], None, DC)).await;
+    let seed = vec![a.gossip.local_addr()];
+    let mut others = Vec::new();
+    for name in &names[1..] {
+        others.push(cluster.spawn(config(name, seed.clone(), None, DC)).await);
+    }
+    for i in std::iter::once(&a).chain(&others) {
+        wait_alive(&i.gossip, Duration::from_secs(10), "join", &names).await;
+    }
+
+    // d's task stops and its socket closes; nothing told anyone.
+    let d = others.pop().expect("d");
+    d.shutdown.cancel();
+    let killed = Instant::now();
+    let suspicion = TimingProfile::Local.suspect_to_down_after(names.len());
+    for i in std::iter::once(&a).chain(&others) {
+        wait_members(&i.gossip, Duration::from_secs(10), "d seen down", |l| {
+            state_of(l, "d") == Some(MemberState::Failed)
+        })
+        .await;
+    }
+    let detected = killed.elapsed();
+    eprintln!(
+        "real sockets (Local): a closed port was reported Failed by all survivors after \
+         {detected:?} (suspicion timeout alone: {suspicion:?})"
+    );
+    assert!(
+        detected < suspicion,
+        "down after {detected:?}: not by evidence (suspicion alone takes {suspicion:?})"
+    );
+    for i in std::iter::once(&a).chain(&others) {
+        let list = i.gossip.members();
+        for name in &names[..3] {
+            assert_eq!(state_of(&list, name), Some(MemberState::Alive), "{name}");
+        }
+    }
+    cluster.stop_all().await;
+}
+
 /// join() to a live address succeeds; to a silent one it times out with a clear error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn join_waits_for_the_member_or_times_out() {

@@ -70,6 +70,11 @@ pub enum CheckKind {
         args: Vec<String>,
         interval: Duration,
     },
+    /// Follows a local process (Vigil's `ProcessID`): passing while it runs, critical the
+    /// moment it exits (Linux pidfd). A stopped or slow process is still running.
+    Process {
+        pid: u32,
+    },
     /// Node or service maintenance mode: critical while it exists, no runner.
     Maintenance,
 }
@@ -123,6 +128,7 @@ impl CheckDefinition {
             CheckKind::Http(_) => "http",
             CheckKind::Tcp { .. } => "tcp",
             CheckKind::Script { .. } => "script",
+            CheckKind::Process { .. } => "process",
             CheckKind::Maintenance => "maintenance",
         }
     }
@@ -132,7 +138,7 @@ impl CheckDefinition {
         match &self.kind {
             CheckKind::Http(h) => Some(h.interval),
             CheckKind::Tcp { interval, .. } | CheckKind::Script { interval, .. } => Some(*interval),
-            CheckKind::Ttl { .. } | CheckKind::Maintenance => None,
+            CheckKind::Ttl { .. } | CheckKind::Process { .. } | CheckKind::Maintenance => None,
         }
     }
 
@@ -194,6 +200,9 @@ impl CheckDefinition {
             CheckKind::Script { args, .. } => {
                 out.insert("ScriptArgs".into(), Value::from(args.clone()));
             }
+            CheckKind::Process { pid } => {
+                out.insert("ProcessID".into(), Value::from(*pid));
+            }
             CheckKind::Ttl { .. } | CheckKind::Maintenance => {}
         }
         Value::Object(out)
@@ -247,6 +256,7 @@ const CHECK_FIELDS: &[&str] = &[
     "failuresbeforewarning",
     "failuresbeforecritical",
     "outputmaxsize",
+    "processid",
     "proxyhttp",
     "proxygrpc",
 ];
@@ -367,6 +377,7 @@ struct RawCheck {
     failuresbeforewarning: i64,
     failuresbeforecritical: i64,
     outputmaxsize: i64,
+    processid: i64,
 }
 
 /// A duration member: a Go duration string or a number of nanoseconds (signed, as Go's
@@ -414,6 +425,7 @@ impl RawCheck {
             && self.aliasnode.is_empty()
             && self.aliasservice.is_empty()
             && self.dockercontainerid.is_empty()
+            && self.processid == 0
             && self.interval.is_none()
             && self.ttl.is_none()
             && self.timeout.is_none()
@@ -447,6 +459,9 @@ impl RawCheck {
             || !self.grpc.is_empty()
             || !self.h2ping.is_empty()
             || !self.osservice.is_empty();
+        if self.processid != 0 {
+            return self.process_kind(interval, ttl, interval_check || alias);
+        }
         if interval > 0 && ttl > 0 {
             return invalid("Interval and TTL cannot both be specified");
         }
@@ -527,6 +542,31 @@ impl RawCheck {
             return unsupported("OSService");
         };
         Ok((kind, positive(timeout)))
+    }
+
+    /// A `ProcessID` check (Vigil's own kind): the process alone decides, so nothing that
+    /// schedules or names another kind of check may come with it.
+    fn process_kind(
+        &self,
+        interval: i64,
+        ttl: i64,
+        other_kind: bool,
+    ) -> Result<(CheckKind, Option<Duration>), DefinitionError> {
+        let invalid = |m: &str| Err(DefinitionError::InvalidCheck(m.to_owned()));
+        if other_kind || interval != 0 || ttl != 0 {
+            return invalid(
+                "ProcessID cannot be combined with another check type, Interval or TTL",
+            );
+        }
+        let Some(pid) = u32::try_from(self.processid).ok().filter(|&p| p > 0) else {
+            return invalid("ProcessID must be a positive process ID");
+        };
+        if !cfg!(target_os = "linux") {
+            return Err(DefinitionError::Unsupported(
+                "Invalid check: process checks need Linux (pidfd)".to_owned(),
+            ));
+        }
+        Ok((CheckKind::Process { pid }, None))
     }
 
     /// Everything but the ID, name and service, which the two callers fill in differently.

@@ -336,6 +336,10 @@ impl LocalState {
             check.ttl_output = old.ttl_output;
             check.critical_since = old.critical_since;
         }
+        // A runner that knows the status from the start (a process check) wins over both.
+        if let Some((status, output)) = check.runner.as_ref().and_then(|r| r.initial.clone()) {
+            check.set_status(status, output, now);
+        }
         inner.removed_checks.remove(&check.def.id);
         inner.checks.insert(check.def.id.clone(), check);
     }

@@ -1,7 +1,10 @@
 //! Check runners: one task per check. Interval checks (HTTP, TCP, script) first run after a
 //! random stagger in `[0, Interval)` and then every `Interval` after the previous run ends; their
 //! raw results pass through the success/failure thresholds ([`StatusHandler`]) before they reach
-//! the check. A TTL check's task only waits for its deadline, which every update pushes back.
+//! the check. A TTL check's task only waits for its deadline, which every update pushes back. A
+//! process check's task only waits for the process to exit (a pidfd turns readable then); its
+//! status at registration is known at once, so it starts passing (or critical, when the process
+//! is already gone) instead of waiting for a first run.
 //! The status rules and output formats are plain functions, as Consul's `agent/checks` has them.
 
 use std::collections::VecDeque;
@@ -175,6 +178,9 @@ pub struct RunnerHandle {
     cancel: CancellationToken,
     /// A TTL check's deadline; every update moves it.
     ttl_deadline: Option<watch::Sender<Instant>>,
+    /// The status the check has from its start, when the runner knows it at once (a process
+    /// check); `None` keeps the definition's initial status.
+    pub initial: Option<(HealthStatus, String)>,
 }
 
 impl RunnerHandle {
@@ -212,6 +218,25 @@ pub fn spawn(local: &Arc<LocalState>, check: &CheckDefinition, id: u64) -> Optio
                 id,
                 cancel,
                 ttl_deadline: Some(tx),
+                initial: None,
+            });
+        }
+        CheckKind::Process { pid } => {
+            let pid = *pid;
+            let initial = match process::open(pid) {
+                Ok(fd) => {
+                    local
+                        .tasks
+                        .spawn(run_process(report, fd, pid, cancel.clone()));
+                    (HealthStatus::Passing, format!("process {pid} is running"))
+                }
+                Err(e) => (HealthStatus::Critical, format!("process {pid}: {e}")),
+            };
+            return Some(RunnerHandle {
+                id,
+                cancel,
+                ttl_deadline: None,
+                initial: Some(initial),
             });
         }
         CheckKind::Http(http) => match http_client(http, timeout) {
@@ -245,6 +270,7 @@ pub fn spawn(local: &Arc<LocalState>, check: &CheckDefinition, id: u64) -> Optio
         id,
         cancel,
         ttl_deadline: None,
+        initial: None,
     })
 }
 
@@ -283,6 +309,69 @@ async fn run_ttl(
                 }
             }
         }
+    }
+}
+
+/// Waits for the process behind `fd` (a pidfd) to exit, then reports the check critical.
+async fn run_process(
+    report: Reporter,
+    fd: std::os::fd::OwnedFd,
+    pid: u32,
+    cancel: CancellationToken,
+) {
+    // Deprecated for types that could close or swap their descriptor while registered; an
+    // `OwnedFd` moved into the `AsyncFd` cannot, which is the sound case (and needs no
+    // `unsafe`, which this workspace forbids).
+    #[allow(deprecated)]
+    let registered = tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE);
+    let fd = match registered {
+        Ok(fd) => fd,
+        Err(e) => {
+            report.report(
+                HealthStatus::Critical,
+                format!("watching process {pid}: {e}"),
+            );
+            return;
+        }
+    };
+    tokio::select! {
+        biased;
+        () = cancel.cancelled() => {}
+        ready = fd.readable() => {
+            let output = match ready {
+                Ok(_) => format!("process {pid} exited"),
+                Err(e) => format!("watching process {pid}: {e}"),
+            };
+            tracing::warn!(check = %report.check_id, pid, "the process a check follows is gone; critical");
+            report.report(HealthStatus::Critical, output);
+        }
+    }
+}
+
+/// Opening a handle on a process that stays valid (never names a later process with a reused
+/// ID) and turns readable when the process exits.
+mod process {
+    use std::io;
+    use std::os::fd::OwnedFd;
+
+    /// A pidfd for `pid`; `Err` when no such process runs (or pidfds are unavailable).
+    #[cfg(target_os = "linux")]
+    pub fn open(pid: u32) -> io::Result<OwnedFd> {
+        use rustix::process::{Pid, PidfdFlags, pidfd_open};
+        let pid = i32::try_from(pid)
+            .ok()
+            .and_then(Pid::from_raw)
+            .ok_or_else(|| io::Error::from_raw_os_error(rustix::io::Errno::SRCH.raw_os_error()))?;
+        pidfd_open(pid, PidfdFlags::NONBLOCK).map_err(io::Error::from)
+    }
+
+    /// Process checks are refused at registration off Linux; this is what one would report.
+    #[cfg(not(target_os = "linux"))]
+    pub fn open(_pid: u32) -> io::Result<OwnedFd> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "process checks need Linux (pidfd)",
+        ))
     }
 }
 

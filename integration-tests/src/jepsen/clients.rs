@@ -271,6 +271,7 @@ impl KeptSession {
             lock_delay: Some(LOCK_DELAY),
             behavior: vigil_shared::session::Behavior::Release,
             node_checks: Some(Vec::new()),
+            service_checks: None,
         };
         let Ok(Ok(id)) = timeout(cx.deadline, client.session_create(&request)).await else {
             conn.failed();
@@ -510,6 +511,7 @@ pub async fn session_client(id: usize, cx: Ctx, spec: SessionSpec) -> SessionLog
                 lock_delay: Some(Duration::ZERO),
                 behavior: vigil_shared::session::Behavior::Release,
                 node_checks: Some(Vec::new()),
+                service_checks: None,
             };
             let call = cx.now();
             match timeout(cx.deadline, client.session_create(&request)).await {

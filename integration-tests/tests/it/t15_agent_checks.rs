@@ -20,6 +20,8 @@ use crate::common::{assert_error, assert_error_containing, config_file, refused_
 const UNKNOWN_SERVICE: &str =
     "Unknown service ID \"ghost\". Ensure that the service ID is passed, not the service name.";
 
+/// Consul's shortest check interval: a process check must beat any interval check.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// Long enough for an interval check's stagger, a run and the sync to the catalog.
 const SETTLE: Duration = Duration::from_secs(15);
 
@@ -741,6 +743,134 @@ async fn session_bound_to_ttl_check_dies_when_the_ttl_lapses() {
     // An explicit fail invalidates before the reply returns.
     put_ok(&agent, "/v1/agent/check/fail/steady", json!(null)).await;
     assert!(!agent.session_exists(&survivor).await);
+}
+
+/// A process that sleeps until killed, to bind checks to.
+fn sleeper() -> tokio::process::Child {
+    tokio::process::Command::new("sleep")
+        .arg("600")
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn sleep")
+}
+
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {signal} {pid} failed");
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn session_bound_to_a_process_check_dies_with_the_process_not_with_a_pause() {
+    let agent = Agent::dev().await;
+
+    // A process check is passing while its process runs, with no Status given.
+    let mut worker = sleeper();
+    let pid = worker.id().expect("pid");
+    put_ok(
+        &agent,
+        "/v1/agent/check/register",
+        json!({"Name": "worker", "ProcessID": pid}),
+    )
+    .await;
+    let check = agent_check(&agent, "worker").await.expect("check");
+    assert_eq!(check["Status"], "passing", "{check}");
+    assert_eq!(check["Type"], "process");
+    let session = bound_session(&agent, "worker").await;
+    agent.acquire_ok("jobs/process", &session).await;
+
+    // Stopped (SIGSTOP) for longer than it takes the exit to be noticed: still held.
+    signal(pid, "-STOP");
+    let paused = tokio::time::Instant::now();
+    while paused.elapsed() < Duration::from_secs(1) {
+        assert!(
+            agent.session_exists(&session).await,
+            "a paused process keeps its session"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        agent_check(&agent, "worker").await.expect("check")["Status"],
+        "passing"
+    );
+    signal(pid, "-CONT");
+
+    // Killed: the check is critical and the session gone within moments, not a probe interval.
+    signal(pid, "-KILL");
+    let killed = tokio::time::Instant::now();
+    let _ = worker.wait().await;
+    eventually(SETTLE, "the session to be invalidated", || async {
+        (!agent.session_exists(&session).await).then_some(())
+    })
+    .await;
+    let invalidated = killed.elapsed();
+    assert_eq!(agent.holder("jobs/process").await, None);
+    let check = agent_check(&agent, "worker").await.expect("check");
+    assert_eq!(check["Status"], "critical");
+    assert_eq!(check["Output"], format!("process {pid} exited"));
+    println!("t15 process check: kill→session invalidated {invalidated:?}");
+    assert!(
+        invalidated < MIN_INTERVAL,
+        "invalidated after {invalidated:?}: no faster than an interval check"
+    );
+
+    // A process that is already gone registers critical, so no session can bind to it.
+    put_ok(
+        &agent,
+        "/v1/agent/check/register",
+        json!({"Name": "gone", "ProcessID": pid}),
+    )
+    .await;
+    assert_eq!(
+        agent_check(&agent, "gone").await.expect("check")["Status"],
+        "critical"
+    );
+    let refused = agent
+        .put(
+            "/v1/session/create",
+            json!({"NodeChecks": ["serfHealth", "gone"]}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        refused.text()
+    );
+
+    // In a service definition too; and it takes no other check type.
+    let mut service_worker = sleeper();
+    let service_pid = service_worker.id().expect("pid");
+    put_ok(
+        &agent,
+        "/v1/agent/service/register",
+        json!({"Name": "web", "Check": {"ProcessID": service_pid}}),
+    )
+    .await;
+    wait_status(&agent, "service:web", "passing").await;
+    let _ = service_worker.kill().await;
+    wait_status(&agent, "service:web", "critical").await;
+    for (body, message) in [
+        (
+            json!({"Name": "x", "ProcessID": 1, "TTL": "10s"}),
+            "Invalid check: ProcessID cannot be combined with another check type, Interval or TTL",
+        ),
+        (
+            json!({"Name": "x", "ProcessID": -1}),
+            "Invalid check: ProcessID must be a positive process ID",
+        ),
+    ] {
+        assert_error(
+            &agent
+                .put("/v1/agent/check/register", body.to_string())
+                .await,
+            StatusCode::BAD_REQUEST,
+            message,
+        );
+    }
 }
 
 #[tokio::test]

@@ -272,3 +272,46 @@ async fn voluntary_release_sets_no_lock_delay() {
     assert_eq!(reply.header("X-Vigil-Lock-Delay"), None);
     assert_eq!(agent.kv_entry("handoff").await["LockIndex"], json!(2));
 }
+
+#[tokio::test]
+async fn lock_delay_min_raises_a_waived_lock_delay_and_defaults_to_consuls() {
+    // By default a client may waive lock-delay (Patroni sends 1 ms): Consul's behaviour.
+    let plain = Agent::dev().await;
+    let waived = plain
+        .session(&json!({"LockDelay": "1ms"}).to_string())
+        .await;
+    assert_eq!(
+        plain.session_info(&waived).await[0]["LockDelay"],
+        json!(1_000_000)
+    );
+
+    // With --lock-delay-min 3s the same request gets 3 s, and an invalidation holds the key
+    // back for that long; a longer request keeps its own.
+    let floored = Agent::dev_with(&["--lock-delay-min", "3s"]).await;
+    let holder = floored
+        .session(&json!({"LockDelay": "1ms"}).to_string())
+        .await;
+    assert_eq!(
+        floored.session_info(&holder).await[0]["LockDelay"],
+        json!(3_000_000_000u64)
+    );
+    let longer = floored
+        .session(&json!({"LockDelay": "10s"}).to_string())
+        .await;
+    assert_eq!(
+        floored.session_info(&longer).await[0]["LockDelay"],
+        json!(10_000_000_000u64)
+    );
+    floored.acquire_ok("floor/key", &holder).await;
+    floored.destroy_session(&holder).await;
+    let next = floored
+        .session(&json!({"LockDelay": "0s"}).to_string())
+        .await;
+    let refused = floored.acquire("floor/key", &next).await;
+    assert_eq!(refused.text(), "false");
+    let left = refused.lock_delay_remaining();
+    assert!(
+        left > Duration::from_secs(2) && left <= Duration::from_secs(3),
+        "{left:?} left of the 3 s floor"
+    );
+}

@@ -383,3 +383,52 @@ async fn waiting_command_can_be_stopped_and_leaves_nothing_behind() {
     assert_eq!(exit_code(&mut holder).await, 0);
     assert_eq!(replay(&lines(&run.log)).0, vec!["0".to_owned()]);
 }
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_killed_vigil_lock_frees_its_lock_at_once_through_its_process_check() {
+    let agent = Agent::dev().await;
+
+    // By default the session is bound to serfHealth and to `vigil lock`'s own process.
+    let mut proc = vigil_lock(&agent, &["bound", "--", "sleep", "600"], &[]);
+    let pid = proc.id().expect("vigil lock runs");
+    let session = holder_session(&agent, "bound/.lock").await;
+    let info = agent.session_info(&session).await[0].clone();
+    assert_eq!(info["NodeChecks"], json!(["serfHealth"]), "{info}");
+    let check = format!("service:vigil-process-{pid}");
+    assert_eq!(info["ServiceChecks"][0]["ID"], check.as_str(), "{info}");
+
+    // kill -9 of vigil lock (its child is left running): the lock is free long before the
+    // session's 15 s TTL could lapse.
+    let killed = Instant::now();
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("run kill");
+    let _ = proc.wait().await;
+    eventually(Duration::from_secs(5), "the lock to be free", || async {
+        (!agent.session_exists(&session).await).then_some(())
+    })
+    .await;
+    println!(
+        "vigil lock kill -9 → session invalidated: {:?}",
+        killed.elapsed()
+    );
+    let reply = agent.get("/v1/kv/bound/.lock").await;
+    assert!(
+        reply.status == 404 || reply.json()[0]["Session"].is_null(),
+        "{}",
+        reply.text()
+    );
+
+    // --no-process-check keeps Consul's binding: serfHealth alone.
+    let _unbound = vigil_lock(
+        &agent,
+        &["unbound", "--no-process-check", "--", "sleep", "600"],
+        &[],
+    );
+    let session = holder_session(&agent, "unbound/.lock").await;
+    let info = agent.session_info(&session).await[0].clone();
+    assert_eq!(info["NodeChecks"], json!(["serfHealth"]), "{info}");
+    assert!(info["ServiceChecks"].is_null(), "{info}");
+}

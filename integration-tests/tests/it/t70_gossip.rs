@@ -2,7 +2,9 @@
 //! `serfHealth` goes critical, which invalidates its sessions (locks released, lock-delay
 //! armed); a graceful leave (`PUT /v1/agent/leave` or SIGTERM) deregisters the node; a client
 //! with the wrong `--encrypt` key never joins; a client stopped (SIGSTOP) for 2 s under the `lan`
-//! profile is not declared failed; `/v1/agent/members` lists every agent with its role.
+//! profile is not declared failed (the kernel refuses nothing while its socket is open), while a
+//! `kill -9`ed one (its port closed) is declared down by that evidence, its session invalidated
+//! before a suspicion could even expire; `/v1/agent/members` lists every agent with its role.
 //!
 //! The measured detection times are printed (`cargo nextest run --no-capture` shows them).
 
@@ -15,6 +17,9 @@ use tokio::time::{Instant, sleep};
 
 /// A crash must be detected (serfHealth critical) within this under the `local` profile.
 const DETECT_LIMIT: Duration = Duration::from_secs(15);
+/// The `lan` profile's suspicion timeout for five members: detection by timeout alone never
+/// takes less (a failed probe first, then this long for the suspect to refute).
+const LAN_SUSPICION: Duration = Duration::from_secs(4);
 /// Gossip membership must converge within this.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(20);
 
@@ -368,4 +373,57 @@ async fn a_two_second_sigstop_is_not_a_failure_under_the_lan_profile() {
     // c1 works again.
     let reply = c1.get(&format!("/v1/session/info/{session}")).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_killed_agent_is_down_by_evidence_before_the_suspicion_timeout() {
+    let mut cluster = Cluster::servers(3)
+        .clients(2)
+        .gossip_profile("lan")
+        .start()
+        .await;
+    let server = cluster.server(0).http();
+    let mut expected: Vec<(String, &str)> = (0..3).map(|i| (format!("s{i}"), "consul")).collect();
+    expected.extend((0..2).map(|i| (format!("c{i}"), "node")));
+    for i in 0..3 {
+        wait_all_alive(&cluster.server(i).http(), &expected).await;
+    }
+    let (c0, c1) = (cluster.client(0).http(), cluster.client(1).http());
+    let victim = create_session(&c1, r#"{"Name":"victim","LockDelay":"0s"}"#).await;
+    c1.acquire_ok("t70/evidence", &victim).await;
+    let next = create_session(&c0, r#"{"Name":"next","LockDelay":"0s"}"#).await;
+    wait_serf_health(&server, "c1", "passing", CONVERGE_LIMIT).await;
+
+    // kill -9 of c1: its gossip port is closed, the next probe is refused twice, and the
+    // Down reaches the leader, which fails serfHealth and invalidates the session.
+    cluster.kill9_client(1).await;
+    let killed = Instant::now();
+    eventually(DETECT_LIMIT, "the victim's session invalidated", || async {
+        (!server.session_exists(&victim).await).then_some(())
+    })
+    .await;
+    let invalidated = killed.elapsed();
+    assert_eq!(server.serf_health("c1").await.as_deref(), Some("critical"));
+    c0.acquire_ok("t70/evidence", &next).await;
+    let acquired = killed.elapsed();
+    println!(
+        "t70 kill -9 (lan profile, evidence): kill→session invalidated {invalidated:?}, \
+         kill→next holder {acquired:?} (suspicion timeout alone {LAN_SUSPICION:?})"
+    );
+    assert!(
+        invalidated < LAN_SUSPICION,
+        "invalidated after {invalidated:?}: not by evidence"
+    );
+
+    // Every server hears of the Down (the one asked may not be the one that saw it first);
+    // the survivors are untouched.
+    eventually(DETECT_LIMIT, "s0 to list c1 failed", || async {
+        (member_status(&server, "c1").await == Some(4)).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        assert_eq!(member_status(&server, &format!("s{i}")).await, Some(1));
+    }
+    assert_eq!(member_status(&server, "c0").await, Some(1));
 }

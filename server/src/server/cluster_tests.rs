@@ -135,6 +135,7 @@ impl TestCluster {
                 },
                 members: Some(members_rx.clone()),
                 session_ttl_min: Duration::from_secs(10),
+                lock_delay_min: Duration::ZERO,
                 max_blocking_queries: 16,
                 acls: None,
                 acl_default_policy: None,

@@ -104,6 +104,9 @@ pub struct ServerConfig {
     /// Smallest session TTL this server accepts (Consul's `session_ttl_min`, a server setting:
     /// checked where sessions are created, whichever agent the request came through).
     pub session_ttl_min: Duration,
+    /// Smallest lock-delay a new session gets: the leader raises a lower request to it (an
+    /// operator's floor for clients that waive lock-delay; zero keeps Consul's behaviour).
+    pub lock_delay_min: Duration,
     /// Blocking queries this server holds at once at most (its own and forwarded ones);
     /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
     pub max_blocking_queries: usize,

@@ -16,9 +16,13 @@ impl Server {
     ) -> Result<Response, ServerError> {
         let level = self.shared.read().protocol();
         if self.is_leader() || forwarded {
-            if let Op::CreateSession(session) = &op {
+            let mut op = op;
+            if let Op::CreateSession(session) = &mut op {
                 check_ttl(&session.ttl, self.config.session_ttl_min)
                     .map_err(ServerError::InvalidSessionTtl)?;
+                let floor =
+                    u64::try_from(self.config.lock_delay_min.as_nanos()).unwrap_or(u64::MAX);
+                session.lock_delay_ns = session.lock_delay_ns.max(floor);
             }
             let (op, reply) = crate::protocol::downgrade(op, level)?;
             return self.proposer.propose(op).await.map(|r| reply.restore(r));

@@ -24,6 +24,7 @@ async fn dev_server() -> Arc<Server> {
         mode: ServerMode::Dev,
         members: None,
         session_ttl_min: Duration::from_secs(10),
+        lock_delay_min: Duration::ZERO,
         max_blocking_queries: 16,
         acls: None,
         acl_default_policy: None,

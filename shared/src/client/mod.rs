@@ -20,6 +20,7 @@ mod kv;
 mod lock;
 mod lost;
 pub mod path;
+mod process;
 mod queue;
 mod recipe;
 mod semaphore;

@@ -10,6 +10,9 @@ use super::session::SessionRequest;
 use super::{Client, ClientError, path};
 use crate::session::Behavior;
 
+/// The check every session is bound to unless told otherwise: the node's gossip health.
+const SERF_HEALTH: &str = "serfHealth";
+
 /// The session a recipe holds its entries with: Go's `SessionName`, `SessionTTL`, `LockDelay`
 /// and `Session` options.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,6 +24,11 @@ pub struct RecipeSession {
     /// A session the caller keeps alive (`api.LockOptions.Session`), reused by every
     /// acquisition; `None`: a new session per acquisition, destroyed on release.
     pub reuse: Option<String>,
+    /// Bind a new session to this process as well as `serfHealth` (see
+    /// [`Client::process_check`]): the process's exit invalidates it at once, while a stopped
+    /// or slow process keeps it. Only where the agent runs on this host; elsewhere, or if the
+    /// agent refuses the check, the session is bound to `serfHealth` alone.
+    pub bind_process: bool,
 }
 
 impl RecipeSession {
@@ -31,6 +39,7 @@ impl RecipeSession {
             ttl: DEFAULT_LOCK_SESSION_TTL,
             lock_delay: None,
             reuse: None,
+            bind_process: true,
         }
     }
 
@@ -41,13 +50,24 @@ impl RecipeSession {
         client: &Client,
         behavior: Behavior,
     ) -> Result<SessionKeeper, ClientError> {
-        let request = SessionRequest {
+        let mut request = SessionRequest {
             name: self.name.clone(),
             ttl: Some(self.ttl),
             lock_delay: self.lock_delay,
             behavior,
             ..SessionRequest::default()
         };
+        if self.bind_process && self.reuse.is_none() {
+            match client.process_check().await {
+                Ok(Some(check)) => {
+                    request.node_checks = Some(vec![SERF_HEALTH.to_owned()]);
+                    request.service_checks = Some(vec![check]);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e,
+                    "could not bind the session to this process; bound to serfHealth only"),
+            }
+        }
         SessionKeeper::reuse_or_create(client, self.reuse.as_deref(), &request).await
     }
 }

@@ -24,6 +24,8 @@ pub struct SessionRequest {
     pub behavior: Behavior,
     /// `Some(vec![])` creates a session with no node checks.
     pub node_checks: Option<Vec<String>>,
+    /// Service check IDs (`ServiceChecks`) the session is also bound to; `None` sends none.
+    pub service_checks: Option<Vec<String>>,
 }
 
 impl SessionRequest {
@@ -49,6 +51,13 @@ impl SessionRequest {
         }
         if let Some(checks) = &self.node_checks {
             body.insert("NodeChecks", Value::from(checks.clone()));
+        }
+        if let Some(checks) = &self.service_checks {
+            let checks: Vec<Value> = checks
+                .iter()
+                .map(|id| serde_json::json!({ "ID": id }))
+                .collect();
+            body.insert("ServiceChecks", Value::from(checks));
         }
         if self.behavior == Behavior::Delete {
             body.insert("Behavior", Value::from("delete"));
