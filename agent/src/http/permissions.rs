@@ -444,7 +444,8 @@ pub fn lookup(path: &str, method: &Method) -> Option<&'static Rule> {
 #[derive(Clone)]
 pub struct Resolved(pub Arc<Authorizer>);
 
-/// In front of every route: refuses a route with no entry in [`ROUTES`], checks a
+/// In front of every route: refuses a route with no entry in [`ROUTES`] (a method the route
+/// does not serve goes on to the router's 405), checks a
 /// [`Needs::Fixed`] permission before the handler runs, and runs the handler on behalf of the
 /// request's token, so the servers check it again ([`crate::token`]).
 pub async fn guard(
@@ -453,10 +454,17 @@ pub async fn guard(
     req: Request,
     next: Next,
 ) -> Response {
-    let rule = matched
-        .as_ref()
-        .and_then(|path| lookup(path.as_str(), req.method()));
-    let Some(rule) = rule else {
+    let Some(path) = matched else {
+        // No route: the router's 404.
+        return next.run(req).await;
+    };
+    let Some(rule) = lookup(path.as_str(), req.method()) else {
+        if ROUTES.iter().any(|r| r.path == path.as_str()) {
+            // A method the route does not serve: the router's 405 with `Allow`, or its answer
+            // to OPTIONS. The table lists exactly the methods the router serves (tested), so
+            // no handler runs unguarded.
+            return next.run(req).await;
+        }
         tracing::error!(path = %req.uri().path(), method = %req.method(), "a route without a permission entry");
         return ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
