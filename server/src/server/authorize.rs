@@ -43,31 +43,20 @@ pub(super) fn check_sender(peer: &PeerIdentity, request: &RpcRequest) -> Result<
     }
 }
 
+/// The refusal's name for what a client certificate asked; who may send it is decided in
+/// [`RpcRequest::senders`] alone.
 fn describe(request: &RpcRequest) -> &'static str {
     match request {
         RpcRequest::Join { .. } => "a join",
-        RpcRequest::Write {
-            forwarded: true, ..
+        RpcRequest::Write { forwarded, .. }
+        | RpcRequest::Query { forwarded, .. }
+        | RpcRequest::Renew { forwarded, .. }
+        | RpcRequest::Operator { forwarded, .. }
+            if *forwarded =>
+        {
+            "forwarding"
         }
-        | RpcRequest::Query {
-            forwarded: true, ..
-        }
-        | RpcRequest::Renew {
-            forwarded: true, ..
-        }
-        | RpcRequest::Operator {
-            forwarded: true, ..
-        } => "forwarding",
-        RpcRequest::Hello {}
-        | RpcRequest::Status {}
-        | RpcRequest::Write { .. }
-        | RpcRequest::WriteAs { .. }
-        | RpcRequest::Query { .. }
-        | RpcRequest::QueryAs { .. }
-        | RpcRequest::Renew { .. }
-        | RpcRequest::RenewAs { .. }
-        | RpcRequest::Operator { .. }
-        | RpcRequest::OperatorAs { .. } => "this operation",
+        _ => "this operation",
     }
 }
 
