@@ -199,8 +199,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     );
     let http_listener = match config.http_addr {
         Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
+            http::serve::bind_tcp(addr)
                 .with_context(|| format!("binding the HTTP address {addr}"))?,
         ),
         None => None,
@@ -228,8 +227,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                 tls.https_server_config(https.verify_incoming)
                     .context("building the HTTPS configuration")?,
             );
-            let listener = TcpListener::bind(https.addr)
-                .await
+            let listener = http::serve::bind_tcp(https.addr)
                 .with_context(|| format!("binding the HTTPS address {}", https.addr))?;
             Some((listener, acceptor))
         }

@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::{TcpListener, TcpStream, UnixListener};
+use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -52,6 +52,8 @@ Content-Type: text/plain\r\n\
 Content-Length: 57\r\n\
 Connection: close\r\n\r\n\
 The agent has too many open connections; try again later\n";
+/// The accept queue asked for; the kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = i32::MAX as u32;
 /// Pause after a failed accept (out of file descriptors, say) before trying again.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
@@ -282,6 +284,21 @@ fn refuse(stream: TcpStream, peer: SocketAddr, refusal: Refusal) {
     tracing::debug!(%peer, reason, "too many HTTP connections; closing");
     vigil_server::telemetry::http_connection_shed(reason);
     let _ = stream.try_write(answer);
+}
+
+/// A TCP listener on `addr` with the longest accept queue the kernel allows (it caps the
+/// backlog at `net.core.somaxconn`, as Go's listeners, and so Consul's, ask): a burst of new
+/// connections waits there to be accepted. With a short queue the kernel drops the handshakes
+/// that overflow it, and a client that sends nothing first never learns that its connection
+/// does not exist.
+pub fn bind_tcp(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// A Unix socket listener at `path`; a socket left there by an earlier run is replaced, as

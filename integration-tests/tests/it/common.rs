@@ -10,6 +10,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use integration_tests::safety::{Plan, Report};
 use integration_tests::{Http, Reply, binary};
+use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use reqwest::StatusCode;
 use serde_json::Value;
 use tempfile::TempDir;
@@ -28,6 +29,13 @@ static EXCLUSIVE: Mutex<()> = Mutex::const_new(());
 /// mutex: it is held across `.await`, and a failed test (a panic) releases it for the next.
 pub async fn exclusive() -> MutexGuard<'static, ()> {
     EXCLUSIVE.lock().await
+}
+
+/// Lifts this test process's soft open file limit to its hard one: for the tests that hold a
+/// socket here for each of thousands of connections.
+pub fn raise_open_files() {
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("the open file limit");
+    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raise the open file limit");
 }
 
 pub fn b64(bytes: impl AsRef<[u8]>) -> String {

@@ -9,11 +9,10 @@ use std::time::Duration;
 use futures::future::join_all;
 use integration_tests::cluster::Cluster;
 use integration_tests::{Agent, Http, eventually};
-use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
-use crate::common::exclusive;
+use crate::common::{exclusive, raise_open_files};
 
 const WATCHERS: usize = 3000;
 /// Loopback source addresses the watchers come from, each carrying fewer connections than
@@ -23,12 +22,6 @@ const WAIT: &str = "120s";
 const REGISTER_LIMIT: Duration = Duration::from_secs(90);
 /// What an unrelated request may take while the watchers wait.
 const UNRELATED_LIMIT: Duration = Duration::from_secs(1);
-
-/// Every watcher holds a socket in this process and in the agent: lift the soft limit.
-fn raise_open_files() {
-    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
-    setrlimit(Resource::RLIMIT_NOFILE, hard, hard).unwrap();
-}
 
 /// Blocking queries a server holds now (`Stats.consul.blocking_queries` of `/v1/agent/self`).
 async fn blocking_queries(http: &Http) -> usize {
