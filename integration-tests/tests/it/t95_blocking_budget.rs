@@ -153,7 +153,10 @@ async fn reads_a_token_cannot_see_answer_at_once_and_leave_the_budget_alone() {
     let mut held = vec![
         spawn_get(&app, format!("/v1/kv/app/?recurse&index={index}&wait=60s")),
         spawn_get(&root, format!("/v1/kv/secret/x?index={index}&wait=60s")),
-        spawn_get(&root, format!("/v1/kv/secret/?recurse&index={index}&wait=60s")),
+        spawn_get(
+            &root,
+            format!("/v1/kv/secret/?recurse&index={index}&wait=60s"),
+        ),
         spawn_get(&root, format!("/v1/session/list?index={index}&wait=60s")),
     ];
     if own == 0 {
@@ -166,7 +169,12 @@ async fn reads_a_token_cannot_see_answer_at_once_and_leave_the_budget_alone() {
     let reply = root
         .get(&format!("/v1/kv/secret/x?index={index}&wait=60s"))
         .await;
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.text());
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.text()
+    );
     // Still none for the blind ones, and they still answer at once.
     let started = Instant::now();
     let reply = anonymous
@@ -212,7 +220,12 @@ fn acquire(name: &str, session: &str) -> String {
 /// Asks for the lock while the budget is full: 429, the session queued all the same.
 async fn refused_but_queued(http: &Http, name: &str, session: &str) {
     let reply = http.put(&acquire(name, session), "").await;
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.text());
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.text()
+    );
     assert!(
         reply.text().contains("keeps its place in the queue"),
         "{}",
@@ -222,7 +235,10 @@ async fn refused_but_queued(http: &Http, name: &str, session: &str) {
 
 async fn release(http: &Http, name: &str, session: &str) {
     let reply = http
-        .put(&format!("/v1/vigil/lock/{name}?release&session={session}"), "")
+        .put(
+            &format!("/v1/vigil/lock/{name}?release&session={session}"),
+            "",
+        )
         .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     assert_eq!(reply.json(), json!(true));
@@ -239,13 +255,7 @@ async fn granted(waiter: JoinHandle<(StatusCode, Value)>, session: &str) {
 async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     // Phase 1: seven blocking slots, three of them for lock waits; a holder of the native
     // lock `q` and of the Consul-style lock key `ck`.
-    let agent = Agent::dev_with(&[
-        "--max-blocking-queries",
-        "7",
-        "--lock-wait-reserve",
-        "3",
-    ])
-    .await;
+    let agent = Agent::dev_with(&["--max-blocking-queries", "7", "--lock-wait-reserve", "3"]).await;
     let http = agent.http();
     let session = |name: &'static str| {
         let http = http.clone();
@@ -261,7 +271,9 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
         session("s4").await,
         session("s5").await,
     );
-    let reply = http.put(&format!("/v1/vigil/lock/q?session={holder}"), "").await;
+    let reply = http
+        .put(&format!("/v1/vigil/lock/q?session={holder}"), "")
+        .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     assert_eq!(reply.json()["Acquired"], true);
     http.acquire_ok("ck", &holder).await;
@@ -277,7 +289,12 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     let reply = http
         .get(&format!("/v1/kv/flood?index={index}&wait=60s"))
         .await;
-    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.text());
+    assert_eq!(
+        reply.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        reply.text()
+    );
 
     // Phase 3: lock waits still wait, on the reserve: a Consul-style waiter on the held key,
     // and two native waiters in order.

@@ -278,8 +278,7 @@ impl Authorizer {
         let readable_under = |(segment, level): (&String, &Level)| {
             segment.starts_with(prefix) && grants(*level, Access::Read)
         };
-        if segments.exact.iter().any(readable_under) || segments.prefix.iter().any(readable_under)
-        {
+        if segments.exact.iter().any(readable_under) || segments.prefix.iter().any(readable_under) {
             return true;
         }
         let covering = segments
