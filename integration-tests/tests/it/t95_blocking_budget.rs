@@ -12,6 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_shared::client::{Client, FairMutex, QueueOptions};
 
 const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0095";
 /// How long a read answered at once may take.
@@ -264,12 +265,13 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
                 .await
         }
     };
-    let (holder, s2, s3, s4, s5) = (
+    let (holder, s2, s3, s4, s5, s6) = (
         session("holder").await,
         session("s2").await,
         session("s3").await,
         session("s4").await,
         session("s5").await,
+        session("s6").await,
     );
     let reply = http
         .put(&format!("/v1/vigil/lock/q?session={holder}"), "")
@@ -308,14 +310,24 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     assert_eq!(waiters(&http, "q").await, [s2.clone(), s3.clone()]);
 
     // Phase 4: the budget is spent; the next waiters are refused for it but stay queued, and
-    // a retry refused again keeps its place too.
+    // a retry refused again keeps its place too. The Rust client's fair mutex, refused the
+    // same way, pauses and asks again instead of giving up its place.
     refused_but_queued(&http, "q", &s4).await;
     refused_but_queued(&http, "q", &s5).await;
+    let client = Client::new(&agent.base).expect("client");
+    let mut options = QueueOptions::new("q");
+    options.session.reuse = Some(s6.clone());
+    options.monitor = false;
+    let fair = FairMutex::new(&client, options).expect("fair mutex");
+    let w6 = tokio::spawn(async move { fair.acquire().await });
+    let all = [s2.clone(), s3.clone(), s4.clone(), s5.clone(), s6.clone()];
+    eventually(SETTLE, "the client's contender queued", || async {
+        (waiters(&http, "q").await == all).then_some(())
+    })
+    .await;
     refused_but_queued(&http, "q", &s4).await;
-    assert_eq!(
-        waiters(&http, "q").await,
-        [s2.clone(), s3.clone(), s4.clone(), s5.clone()]
-    );
+    assert_eq!(waiters(&http, "q").await, all);
+    assert!(!w6.is_finished(), "the client's contender stopped waiting");
 
     // Phase 5: the flood ends; the refused waiters ask again, the later one first, and are
     // still granted in queue order as the holders release.
@@ -325,11 +337,8 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     }
     let w5 = spawn_put(&http, acquire("q", &s5));
     let w4 = spawn_put(&http, acquire("q", &s4));
-    until_blocking(&http, 5).await;
-    assert_eq!(
-        waiters(&http, "q").await,
-        [s2.clone(), s3.clone(), s4.clone(), s5.clone()]
-    );
+    until_blocking(&http, 6).await;
+    assert_eq!(waiters(&http, "q").await, all);
     release(&http, "q", &holder).await;
     granted(w2, &s2).await;
     release(&http, "q", &s2).await;
@@ -339,6 +348,18 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     assert!(!w5.is_finished(), "s5 was granted out of turn");
     release(&http, "q", &s4).await;
     granted(w5, &s5).await;
+    assert!(!w6.is_finished(), "s6 was granted out of turn");
+    release(&http, "q", &s5).await;
+    let held = w6
+        .await
+        .unwrap()
+        .expect("the client's contender is granted");
+    held.release().await.expect("released");
+    // Nobody holds or waits for it any more.
+    assert_eq!(
+        http.get("/v1/vigil/lock/q").await.status,
+        StatusCode::NOT_FOUND
+    );
 
     // The Consul-style waiter was held all along and sees the key's release.
     http.release_ok("ck", &holder).await;
