@@ -6,7 +6,8 @@
 #   3. the gossip key, the TLS CA and certificates (s1-s3, c1-c3) and the ACL token secrets
 #      (acl-management.token: the initial management token; acl-demo-worker.token: the demo
 #      workers' least-privilege token) -> docker/secrets/ (each kept if it exists;
-#      VIGIL_NEW_SECRETS=1 makes new ones)
+#      VIGIL_NEW_SECRETS=1 makes new ones; secrets 0600). docker-compose.yml mounts into each
+#      container only the files it needs, never the CA key.
 #   4. the image vigil:dev (FROM scratch; VIGIL_IMAGE overrides the tag)
 # Then: `docker compose up -d` (or `docker-compose up -d`).
 set -euo pipefail
@@ -65,7 +66,7 @@ if [ -n "${VIGIL_NEW_SECRETS:-}" ] || [ ! -s "$SECRETS/gossip.key" ]; then
   mkdir -p "$SECRETS"
   (
     cd "$SECRETS"
-    "$vigil" keygen > gossip.key
+    (umask 077 && "$vigil" keygen > gossip.key)
     "$vigil" tls ca create
     for node in s1 s2 s3; do cert server "$node"; done
     for node in c1 c2 c3; do cert client "$node"; done

@@ -4,13 +4,14 @@
 # `vigil lock --fair demo/leader -- vigil-demo worker ...`, each round one turn of holding the
 # lock and writing its fencing token to the bank, then back to the end of the queue.
 # Settings come from the environment docker-compose.yml sets; the gossip key, the TLS files and
-# the ACL token secrets from /secrets (written by docker/build.sh).
+# the ACL token secrets from /secrets (written by docker/build.sh; each node has only its own).
 #
 # ACLs are on, default deny, on every agent. The servers create the management token
-# (/secrets/acl-management.token) at the first leader's first term. Each client then makes sure
-# the demo's least-privilege token (/secrets/acl-demo-worker.token, policy demo-worker) exists,
-# creating it with the management token, and runs `vigil-demo checks`, `vigil lock` and the
-# worker with it alone.
+# (/secrets/acl-management.token) at the first leader's first term, and then make sure the
+# demo's least-privilege token (/secrets/acl-demo-worker.token, policy demo-worker) exists,
+# creating it with the management token. Each client waits for that token and runs
+# `vigil-demo checks`, `vigil lock` and the worker with it alone. Only the servers have the
+# management token's file: docker-compose.yml mounts in each container only its own secrets.
 #
 # The API: HTTPS on 0.0.0.0:8501 with the node's certificate (the port docker-compose.yml
 # publishes on the host's 127.0.0.1), plain HTTP on the container's own 127.0.0.1:8500 only, for
@@ -45,21 +46,6 @@ set -- --node "$NODE" --serf-addr "$IP:8301" --config "$config" \
   --gossip-profile "${GOSSIP_PROFILE:-lan}" --session-ttl-min "${SESSION_TTL_MIN:-10s}"
 for addr in $JOIN; do set -- "$@" --join "$addr"; done
 
-if [ "$role" = server ]; then
-  exec vigil agent --server --bootstrap-expect 3 --data-dir /data --rpc-addr "$IP:8300" "$@"
-fi
-
-vigil agent "$@" &
-agent=$!
-lock=
-stop() {
-  # A graceful leave for the agent; `vigil lock` forwards the signal to the worker.
-  kill -TERM $lock $agent 2>/dev/null || true
-  wait
-  exit 0
-}
-trap stop TERM INT
-
 # What the demo token may do, and no more: queue for the fair lock demo/leader (`vigil lock
 # --fair`: the server-side queue of that name, guarded as the key demo/leader) with a session on
 # a client node, and register and pass the demo's health checks on its own node (node write on
@@ -75,21 +61,57 @@ demo_token_works() {
   CONSUL_HTTP_TOKEN_FILE=$DEMO_TOKEN_FILE vigil acl token read --self >/dev/null 2>&1
 }
 
-# Idempotent, and safe with the three clients at it together: whoever loses a race to create the
-# policy or the token fails, and the next round finds what the winner made. Retried until the
-# cluster answers (an agent starting, no leader yet, the management token not yet written).
+if [ "$role" = server ]; then
+  vigil agent --server --bootstrap-expect 3 --data-dir /data --rpc-addr "$IP:8300" "$@" &
+  agent=$!
+  trap 'kill -TERM $agent 2>/dev/null || true' TERM INT
+  # Idempotent, and safe with the three servers at it together: whoever loses a race to create
+  # the policy or the token fails, and the next round finds what the winner made. Retried until
+  # the cluster answers (the agent starting, no leader yet, the management token not yet
+  # written), for as long as the agent runs.
+  rounds=0
+  until demo_token_works || ! kill -0 $agent 2>/dev/null; do
+    as_management acl policy read --name demo-worker >/dev/null 2>&1 ||
+      as_management acl policy create --name demo-worker \
+        --description "vigil-node: the demo workers and their health checks" \
+        --rules "$DEMO_RULES" >/dev/null 2>&1 || true
+    why=$(as_management acl token create --description "vigil-node: demo worker" \
+      --policy-name demo-worker --secret "$(cat "$DEMO_TOKEN_FILE")" 2>&1 >/dev/null) || true
+    demo_token_works && break
+    rounds=$((rounds + 1))
+    if [ $((rounds % 15)) -eq 0 ]; then
+      echo "vigil-node: no demo token yet, retrying: $why" >&2
+    fi
+    sleep 1
+  done
+  # The container ends with the agent, with its status (a signal's wait returns early: wait
+  # again for the agent to finish leaving).
+  status=0
+  wait $agent || status=$?
+  while kill -0 $agent 2>/dev/null; do
+    status=0
+    wait $agent || status=$?
+  done
+  exit $status
+fi
+
+vigil agent "$@" &
+agent=$!
+lock=
+stop() {
+  # A graceful leave for the agent; `vigil lock` forwards the signal to the worker.
+  kill -TERM $lock $agent 2>/dev/null || true
+  wait
+  exit 0
+}
+trap stop TERM INT
+
+# The servers create the demo token; wait for it (the cluster starting, no leader yet).
 rounds=0
 until demo_token_works; do
-  as_management acl policy read --name demo-worker >/dev/null 2>&1 ||
-    as_management acl policy create --name demo-worker \
-      --description "vigil-node: the demo workers and their health checks" \
-      --rules "$DEMO_RULES" >/dev/null 2>&1 || true
-  why=$(as_management acl token create --description "vigil-node: demo worker" \
-    --policy-name demo-worker --secret "$(cat "$DEMO_TOKEN_FILE")" 2>&1 >/dev/null) || true
-  demo_token_works && break
   rounds=$((rounds + 1))
   if [ $((rounds % 15)) -eq 0 ]; then
-    echo "vigil-node: no demo token yet, retrying: $why" >&2
+    echo "vigil-node: the demo token does not work yet; waiting for the servers to create it" >&2
   fi
   sleep 1
 done

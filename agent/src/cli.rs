@@ -162,6 +162,11 @@ pub struct AgentArgs {
     /// beyond it a blocking query answers 429 at once.
     #[arg(long, default_value_t = 16384)]
     pub max_blocking_queries: usize,
+    /// The part of --max-blocking-queries kept for lock waits (a native lock's waiters and
+    /// holders, blocking reads of a KV key a session holds): other blocking queries answer 429
+    /// once they hold the rest. Default: an eighth of --max-blocking-queries.
+    #[arg(long)]
+    pub lock_wait_reserve: Option<usize>,
     /// Most open HTTP connections one client IP may have (Consul's
     /// limits.http_max_conns_per_client); more are answered 429 and closed. 0: no cap.
     #[arg(long, default_value_t = 200)]
@@ -353,6 +358,10 @@ impl AgentArgs {
             enable_local_script_checks: self.enable_local_script_checks,
             ae_interval: self.ae_interval,
             max_blocking_queries: self.max_blocking_queries,
+            lock_wait_reserve: self
+                .lock_wait_reserve
+                .unwrap_or(self.max_blocking_queries / 8)
+                .min(self.max_blocking_queries),
             local: LocalDefinitions {
                 node_meta: file
                     .local

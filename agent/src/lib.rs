@@ -113,6 +113,8 @@ pub struct AgentConfig {
     pub ae_interval: Duration,
     /// Blocking queries the server role holds at once at most; more answer 429.
     pub max_blocking_queries: usize,
+    /// The part of `max_blocking_queries` only lock waits may take.
+    pub lock_wait_reserve: usize,
     /// Services and checks declared in the config file (`--config`).
     pub local: local::config::LocalDefinitions,
     /// The config file, re-read by `PUT /v1/agent/reload`.
@@ -322,6 +324,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                     mode,
                     members: Some(gossip.subscribe()),
                     max_blocking_queries: config.max_blocking_queries,
+                    lock_wait_reserve: config.lock_wait_reserve,
                     session_ttl_min: config.session_ttl_min,
                     lock_delay_min: config.lock_delay_min,
                     acls: config

@@ -9,10 +9,13 @@ compose() {
 }
 
 # ACLs deny every request without a token: what the scripts ask the cluster, and the commands
-# their "Watch:" lines suggest, use the management token (docker/secrets/acl-management.token,
-# mounted at /secrets in every node).
-TOKEN_ENV=CONSUL_HTTP_TOKEN_FILE=/secrets/acl-management.token
-EXEC="docker compose exec -e $TOKEN_ENV"
+# their "Watch:" lines suggest, use the management token (docker/secrets/acl-management.token;
+# only the servers have it mounted). It goes from the host's file into the environment and on
+# to the command run in the node (`docker exec -e NAME` without a value passes the caller's),
+# never onto a command line.
+CONSUL_HTTP_TOKEN=$(cat docker/secrets/acl-management.token)
+export CONSUL_HTTP_TOKEN
+EXEC='CONSUL_HTTP_TOKEN=$(cat docker/secrets/acl-management.token) docker compose exec -e CONSUL_HTTP_TOKEN'
 
 # The container of a service (empty when it does not exist).
 cid() { compose ps -q "$1"; }
@@ -23,7 +26,7 @@ in_cluster() {
   for node in c1 c2 c3 s1 s2 s3; do
     id=$(cid "$node") || continue
     [ -n "$id" ] || continue
-    if docker exec -e "$TOKEN_ENV" "$id" "$@" 2>/dev/null; then return 0; fi
+    if docker exec -e CONSUL_HTTP_TOKEN "$id" "$@" 2>/dev/null; then return 0; fi
   done
   echo "no node of the cluster answers" >&2
   return 1

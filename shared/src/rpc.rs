@@ -246,7 +246,7 @@ pub mod calls;
 /// A read that names its answer: a caller gets `Q::Output` from `Backend::read::<Q>`, and the
 /// state machine builds the answer with `Q::answer`, so the compiler pairs every request with
 /// its answer. On the wire both travel as [`ReadQuery`] and [`QueryResult`].
-pub trait Query: Into<ReadQuery> {
+pub trait Query: Into<ReadQuery> + Clone {
     type Output;
     /// The answer in its wire form.
     fn answer(output: Self::Output) -> QueryResult;

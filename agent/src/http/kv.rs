@@ -37,7 +37,6 @@ pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
     if key.is_empty() && !recurse && !keys {
         return Err(ApiError::bad_request("Missing key name"));
     }
-    let opts = cx.params.query_options()?;
     if keys {
         let separator = cx
             .params
@@ -48,7 +47,7 @@ pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
             prefix: key.clone(),
             separator,
         };
-        let (mut list, meta) = cx.state.backend.read(opts, query).await?;
+        let (mut list, meta) = cx.read(query).await?;
         let found = list.len();
         list.retain(|k| cx.authz.allows(Resource::Key, Access::Read, k));
         let filtered = list.len() < found;
@@ -60,13 +59,14 @@ pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
     if !recurse {
         cx.check(Resource::Key, Access::Read, &key)?;
     }
+    // A prefix the token can read nothing under answers at once, as not found.
     let (mut entries, meta) = if recurse {
         let query = reads::KvList {
             prefix: key.clone(),
         };
-        cx.state.backend.read(opts, query).await?
+        cx.read(query).await?
     } else {
-        cx.state.backend.read(opts, reads::KvGet { key }).await?
+        cx.read(reads::KvGet { key }).await?
     };
     let found = entries.len();
     entries.retain(|e| cx.authz.allows(Resource::Key, Access::Read, &e.key));

@@ -157,9 +157,23 @@ pub async fn change(cx: Ctx, method: Method) -> Result<Response, ApiError> {
     leave.armed = true;
     let gives_up = timeout.is_some_and(|t| t <= wait);
     let deadline = Instant::now() + timeout.map_or(wait, |t| t.min(wait));
-    let hold = wait_for_grant(&cx.state.backend, &name, &session, queued_index, deadline).await?;
+    let hold = wait_for_grant(&cx.state.backend, &name, &session, queued_index, deadline).await;
     // The wait ended with an answer: whatever it is, this request says so itself.
     leave.armed = false;
+    let hold = match hold {
+        // The servers hold as many blocking queries as they may: the contender is queued
+        // and keeps its place; asking again resumes the wait where it stands.
+        Err(ServerError::TooManyBlockingQueries) => {
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "{}; the session keeps its place in the queue, and asking again resumes the wait",
+                    ServerError::TooManyBlockingQueries
+                ),
+            ));
+        }
+        hold => hold?,
+    };
     let hold = match hold {
         LockHold::Queued { .. } if gives_up => {
             // Gives up its own place; a grant that landed since the last look is kept, and
@@ -254,7 +268,7 @@ async fn wait_for_grant(
     session: &str,
     mut index: u64,
     deadline: Instant,
-) -> Result<LockHold, ApiError> {
+) -> Result<LockHold, ServerError> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let opts = QueryOptions {

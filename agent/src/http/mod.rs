@@ -127,12 +127,32 @@ impl Ctx {
         self.authz.check(resource, access, name)
     }
 
-    /// Runs a read with the blocking and consistency options of the query string.
+    /// Runs a read with the blocking and consistency options of the query string (see
+    /// [`Ctx::query_options`]).
     pub async fn read<Q: vigil_shared::rpc::Query>(
         &self,
         query: Q,
     ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
-        read(&self.state, &self.params, query).await
+        let opts = self.query_options(&query.clone().into())?;
+        Ok(self.state.backend.read(opts, query).await?)
+    }
+
+    /// The query string's blocking and consistency options for `query`, except that a read
+    /// whose every result the token would lose to its filter does not block: it is answered
+    /// at once (its index is the current one), taking none of the servers' blocking-query
+    /// slots, instead of waiting for changes the token could never be shown.
+    pub fn query_options(
+        &self,
+        query: &vigil_shared::rpc::ReadQuery,
+    ) -> Result<QueryOptions, error::ApiError> {
+        let opts = self.params.query_options()?;
+        if self.authz.0.sees_nothing(query) {
+            return Ok(QueryOptions {
+                min_index: 0,
+                ..opts
+            });
+        }
+        Ok(opts)
     }
 
     /// A read with the query string's consistency mode that never blocks (a second read of

@@ -82,10 +82,10 @@ pub async fn sequencer(cx: Ctx) -> Result<Response, ApiError> {
 ///   the owner.
 pub async fn locks(cx: Ctx) -> Result<Response, ApiError> {
     let prefix = cx.params.get("prefix").unwrap_or_default().to_owned();
-    let opts = cx.params.query_options()?;
     let native = reads::Locks {
         prefix: prefix.clone(),
     };
+    let opts = cx.query_options(&native.clone().into())?;
     let (queues, meta) = cx.state.backend.read(opts, native).await?;
     let list = reads::KvList {
         prefix: prefix.clone(),

@@ -201,6 +201,7 @@ impl Docker {
             anyhow::ensure!(!id.is_empty(), "no container for {node}");
             docker.clients.push(id);
         }
+        docker.check_secrets()?;
         docker.wait_for_leader().await?;
         docker.wait_for_checks().await?;
         Ok(docker)
@@ -214,6 +215,45 @@ impl Docker {
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null());
         command
+    }
+
+    /// Each container holds only its own secrets: the gossip key, the CA certificate, its own
+    /// certificate and key and the demo-worker token, the servers also the management token;
+    /// never the CA key or another node's key. The bank holds none.
+    fn check_secrets(&self) -> anyhow::Result<()> {
+        for node in ["s1", "s2", "s3", "c1", "c2", "c3", "bank"] {
+            let out = self.compose_sync(&["ps", "-q", node])?;
+            let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            anyhow::ensure!(!id.is_empty(), "no container for {node}");
+            let listed = std::process::Command::new("docker")
+                .args(["exec", &id, "sh", "-c", "ls /secrets 2>/dev/null || true"])
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("listing /secrets in {node}"))?;
+            let mut held: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            held.sort();
+            let mut expected: Vec<String> = match node {
+                "bank" => Vec::new(),
+                _ => ["gossip.key", "vigil-agent-ca.pem", "acl-demo-worker.token"]
+                    .into_iter()
+                    .map(str::to_owned)
+                    .chain([format!("{node}.pem"), format!("{node}-key.pem")])
+                    .chain(
+                        node.starts_with('s')
+                            .then(|| "acl-management.token".to_owned()),
+                    )
+                    .collect(),
+            };
+            expected.sort();
+            anyhow::ensure!(
+                held == expected,
+                "{node} holds the secrets {held:?}, not only its own {expected:?}"
+            );
+        }
+        Ok(())
     }
 
     /// A short compose command (up, ps, stop, down), run to completion.

@@ -48,3 +48,4 @@ mod t90_ui_browser;
 mod t92_operate;
 mod t93_acl;
 mod t94_rolling_upgrade;
+mod t95_blocking_budget;

@@ -686,6 +686,31 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
         "{peers}"
     );
 
+    // A blocking read of what the token can see none of is answered at once, empty, and the
+    // servers hold no blocking query for it (here the anonymous token under default deny).
+    let index = read.index();
+    for blind in [
+        ReadQuery::KvList {
+            prefix: "app/".to_owned(),
+        },
+        ReadQuery::SessionList {},
+    ] {
+        let request = RpcRequest::QueryAs {
+            opts: QueryOptions {
+                min_index: index + 1_000_000,
+                wait_ms: 600_000,
+                ..QueryOptions::default()
+            },
+            query: blind.clone(),
+            token: String::new(),
+        };
+        match ask(request).await {
+            RpcResponse::Query(Ok((QueryResult::Entries(e), _))) => assert!(e.is_empty()),
+            RpcResponse::Query(Ok((QueryResult::Sessions(s), _))) => assert!(s.is_empty()),
+            other => panic!("{blind:?}: {other:?}"),
+        }
+    }
+
     // A CLI certificate may send nothing at all.
     let cli = cluster.rpc_client(Role::Cli, "laptop");
     let status = cli

@@ -137,6 +137,7 @@ impl TestCluster {
                 session_ttl_min: Duration::from_secs(10),
                 lock_delay_min: Duration::ZERO,
                 max_blocking_queries: 16,
+                lock_wait_reserve: 2,
                 acls: None,
                 acl_default_policy: None,
             };

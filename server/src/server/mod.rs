@@ -110,6 +110,11 @@ pub struct ServerConfig {
     /// Blocking queries this server holds at once at most (its own and forwarded ones);
     /// beyond it a blocking query is refused with [`ServerError::TooManyBlockingQueries`].
     pub max_blocking_queries: usize,
+    /// The part of [`max_blocking_queries`](Self::max_blocking_queries) only lock waits may
+    /// take: a native lock's grant wait or holder monitor, or a blocking read of a KV key a
+    /// session holds (a Consul-style lock's waiters and holder). Other blocking queries are
+    /// refused once they hold the rest, so a flood of them cannot starve the lock waiters.
+    pub lock_wait_reserve: usize,
     /// `Some` with ACLs enabled, holding the initial management token's secret if one is
     /// configured (Consul's `acl.tokens.initial_management`): the leader creates it.
     pub acls: Option<Option<String>>,
@@ -152,8 +157,11 @@ pub struct Server {
     last_leader_contact: Mutex<Option<Instant>>,
     /// When this server started: before any leader contact, how long it has gone without.
     started: Instant,
-    /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
+    /// One permit per blocking query held, lock waits' reserve aside
+    /// ([`ServerConfig::max_blocking_queries`]).
     blocking: tokio::sync::Semaphore,
+    /// The permits only lock waits take ([`ServerConfig::lock_wait_reserve`]).
+    lock_waits: tokio::sync::Semaphore,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -244,7 +252,9 @@ impl Server {
             .run(),
         );
 
-        let blocking = tokio::sync::Semaphore::new(config.max_blocking_queries);
+        let reserve = config.lock_wait_reserve.min(config.max_blocking_queries);
+        let blocking = tokio::sync::Semaphore::new(config.max_blocking_queries - reserve);
+        let lock_waits = tokio::sync::Semaphore::new(reserve);
         let server = Arc::new(Server {
             node_id,
             raft,
@@ -257,6 +267,7 @@ impl Server {
             last_leader_contact: Mutex::new(None),
             started: Instant::now(),
             blocking,
+            lock_waits,
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });

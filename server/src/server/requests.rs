@@ -104,11 +104,7 @@ impl Server {
             }
         }
         let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
-            Some(
-                self.blocking
-                    .try_acquire()
-                    .map_err(|_| ServerError::TooManyBlockingQueries)?,
-            )
+            Some(self.blocking_slot(&query)?)
         } else {
             None
         };
@@ -138,7 +134,45 @@ impl Server {
 
     /// Blocking queries this server holds now (its own and forwarded ones).
     pub fn blocking_queries(&self) -> usize {
-        self.config.max_blocking_queries - self.blocking.available_permits()
+        self.config.max_blocking_queries
+            - self.blocking.available_permits()
+            - self.lock_waits.available_permits()
+    }
+
+    /// A slot for one blocking query, or [`ServerError::TooManyBlockingQueries`] at once. A
+    /// lock wait takes one of the reserve first, then one of the rest; anything else only one
+    /// of the rest.
+    fn blocking_slot(
+        &self,
+        query: &ReadQuery,
+    ) -> Result<tokio::sync::SemaphorePermit<'_>, ServerError> {
+        let reserved = if self.is_lock_wait(query) {
+            self.lock_waits.try_acquire().ok()
+        } else {
+            None
+        };
+        match reserved {
+            Some(permit) => Ok(permit),
+            None => self
+                .blocking
+                .try_acquire()
+                .map_err(|_| ServerError::TooManyBlockingQueries),
+        }
+    }
+
+    /// Whether `query` waits on a lock: a native lock's grant or holder's standing, or a KV
+    /// key a session holds (a Consul-style lock, watched by its waiters and its holder).
+    fn is_lock_wait(&self, query: &ReadQuery) -> bool {
+        match query {
+            ReadQuery::LockHold { .. } | ReadQuery::LockStanding { .. } => true,
+            ReadQuery::KvGet { key } => self
+                .shared
+                .read()
+                .kv()
+                .get(key)
+                .is_some_and(|entry| entry.session.is_some()),
+            _ => false,
+        }
     }
 
     pub(super) async fn local_query(

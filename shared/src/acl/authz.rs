@@ -14,6 +14,7 @@ use std::fmt;
 
 use super::rules::{self, Level, Rules, RulesError, SegmentRules};
 use super::{ANONYMOUS_TOKEN_ACCESSOR_ID, Resolved};
+use crate::rpc::ReadQuery;
 
 /// What a token may do where no rule says (Consul's `acl.default_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,6 +251,96 @@ impl Authorizer {
             Ok(())
         } else {
             Err(self.denied(Resource::Key, Access::Write, prefix))
+        }
+    }
+
+    /// Whether the token may read some name of a segmented `resource` starting with
+    /// `prefix` (`""`: any name at all): a rule at or under `prefix` grants read, or the
+    /// longest prefix rule covering `prefix` does, or, with no covering rule, the default
+    /// policy allows. `false` means no name under `prefix` can ever be read, whatever exists,
+    /// so a read of them answers nothing and is not worth blocking for.
+    pub fn may_read_under(&self, resource: Resource, prefix: &str) -> bool {
+        let Some(rules) = &self.rules else {
+            return true;
+        };
+        let segments: &SegmentRules = match resource {
+            Resource::Agent => &rules.agent,
+            Resource::Event => &rules.event,
+            Resource::Key => &rules.key,
+            Resource::Node => &rules.node,
+            Resource::Query => &rules.query,
+            Resource::Service => &rules.service,
+            Resource::Session => &rules.session,
+            Resource::Acl | Resource::Keyring | Resource::Operator => {
+                return self.allows(resource, Access::Read, "");
+            }
+        };
+        let readable_under = |(segment, level): (&String, &Level)| {
+            segment.starts_with(prefix) && grants(*level, Access::Read)
+        };
+        if segments.exact.iter().any(readable_under) || segments.prefix.iter().any(readable_under) {
+            return true;
+        }
+        let covering = segments
+            .prefix
+            .iter()
+            .filter(|(segment, _)| prefix.starts_with(segment.as_str()))
+            .max_by_key(|(segment, _)| segment.len())
+            .map(|(_, level)| *level);
+        match covering {
+            Some(level) => grants(level, Access::Read),
+            None => self.default == DefaultPolicy::Allow,
+        }
+    }
+
+    /// Whether `query` can never answer this token anything: whatever the state holds, every
+    /// result would be cut away by its filter (or refused by the agent's own check). Such a
+    /// read is answered at once, never held as a blocking query: a token that may see nothing
+    /// cannot use up the servers' blocking-query budget by waiting on what it cannot see.
+    pub fn sees_nothing(&self, query: &ReadQuery) -> bool {
+        let read = |resource, name: &str| self.allows(resource, Access::Read, name);
+        match query {
+            ReadQuery::KvGet { key } => !read(Resource::Key, key),
+            ReadQuery::KvList { prefix }
+            | ReadQuery::KvKeys { prefix, .. }
+            | ReadQuery::Locks { prefix } => !self.may_read_under(Resource::Key, prefix),
+            ReadQuery::Lock { name } => !read(Resource::Key, name),
+            ReadQuery::SessionInfo { .. } | ReadQuery::SessionList {} => {
+                !self.may_read_under(Resource::Session, "")
+            }
+            ReadQuery::SessionNode { node } => !read(Resource::Session, node),
+            ReadQuery::CatalogNodes {} => !self.may_read_under(Resource::Node, ""),
+            ReadQuery::CatalogServices {} => !self.may_read_under(Resource::Service, ""),
+            ReadQuery::CatalogService { name }
+            | ReadQuery::ServiceChecks { name }
+            | ReadQuery::HealthService { name } => !read(Resource::Service, name),
+            ReadQuery::CatalogNode { node } | ReadQuery::NodeChecks { node } => {
+                !read(Resource::Node, node)
+            }
+            ReadQuery::ChecksInState { .. } => {
+                !self.may_read_under(Resource::Node, "")
+                    && !self.may_read_under(Resource::Service, "")
+            }
+            // Unnamed queries are listed to management only.
+            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => {
+                !self.may_read_under(Resource::Query, "")
+                    && !self.allows(Resource::Acl, Access::Write, "")
+            }
+            ReadQuery::AclPolicy { .. }
+            | ReadQuery::AclPolicyList {}
+            | ReadQuery::AclRole { .. }
+            | ReadQuery::AclRoleList {} => !read(Resource::Acl, ""),
+            // Refused outright without the permission, or answered whole (a prepared query's
+            // run, a token's own lookup): never a filtered wait.
+            ReadQuery::Txn { .. }
+            | ReadQuery::Sequencer { .. }
+            | ReadQuery::QueryExecute { .. }
+            | ReadQuery::LockStanding { .. }
+            | ReadQuery::LockSequencer { .. }
+            | ReadQuery::LockHold { .. }
+            | ReadQuery::AclResolve { .. }
+            | ReadQuery::AclToken { .. }
+            | ReadQuery::AclTokenList {} => false,
         }
     }
 

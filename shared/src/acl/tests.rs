@@ -823,3 +823,73 @@ fn permission_denied_reads_as_consuls_error() {
     let as_error: &dyn std::error::Error = &err;
     assert!(as_error.to_string().starts_with("Permission denied"));
 }
+
+#[test]
+fn may_read_under_asks_whether_any_name_under_a_prefix_can_be_read() {
+    let deny = authz(
+        DefaultPolicy::Deny,
+        &[r#"key_prefix "app/" { policy = "read" }
+key "cfg/one" { policy = "write" }
+key_prefix "pub/" { policy = "read" }
+key_prefix "pub/hidden/" { policy = "deny" }"#],
+    );
+    // A rule at or under the prefix grants read.
+    assert!(deny.may_read_under(Resource::Key, ""));
+    assert!(deny.may_read_under(Resource::Key, "ap"));
+    assert!(deny.may_read_under(Resource::Key, "cfg/"));
+    // The covering rule decides beneath it, a deny one too.
+    assert!(deny.may_read_under(Resource::Key, "app/x/"));
+    assert!(!deny.may_read_under(Resource::Key, "pub/hidden/"));
+    assert!(!deny.may_read_under(Resource::Key, "pub/hidden/deeper"));
+    // Nothing covers it and nothing is under it: the default.
+    assert!(!deny.may_read_under(Resource::Key, "secret/"));
+    assert!(!deny.may_read_under(Resource::Node, ""));
+    assert!(!deny.may_read_under(Resource::Acl, ""));
+
+    let allow = authz(
+        DefaultPolicy::Allow,
+        &[r#"key_prefix "secret/" { policy = "deny" }"#],
+    );
+    assert!(allow.may_read_under(Resource::Key, ""));
+    assert!(allow.may_read_under(Resource::Key, "sec"));
+    assert!(!allow.may_read_under(Resource::Key, "secret/x"));
+    assert!(allow.may_read_under(Resource::Node, ""));
+    assert!(!allow.may_read_under(Resource::Acl, ""));
+    assert!(Authorizer::allow_all().may_read_under(Resource::Key, "secret/"));
+}
+
+#[test]
+fn reads_a_token_can_see_nothing_of_are_known_before_they_run() {
+    use crate::rpc::ReadQuery;
+    let app = authz(
+        DefaultPolicy::Deny,
+        &[r#"key_prefix "app/" { policy = "read" }
+node_prefix "" { policy = "read" }"#],
+    );
+    let kv_list = |prefix: &str| ReadQuery::KvList {
+        prefix: prefix.into(),
+    };
+    assert!(app.sees_nothing(&kv_list("secret/")));
+    assert!(!app.sees_nothing(&kv_list("app/")));
+    assert!(!app.sees_nothing(&kv_list("")));
+    assert!(app.sees_nothing(&ReadQuery::KvGet {
+        key: "secret/x".into()
+    }));
+    assert!(app.sees_nothing(&ReadQuery::SessionList {}));
+    assert!(app.sees_nothing(&ReadQuery::CatalogServices {}));
+    assert!(!app.sees_nothing(&ReadQuery::CatalogNodes {}));
+    assert!(!app.sees_nothing(&ReadQuery::ChecksInState { state: None }));
+    assert!(app.sees_nothing(&ReadQuery::QueryList {}));
+    assert!(app.sees_nothing(&ReadQuery::AclPolicyList {}));
+    // Refused outright or answered whole: never a filtered wait.
+    assert!(!app.sees_nothing(&ReadQuery::LockHold {
+        name: "secret/l".into(),
+        session: "s".into()
+    }));
+
+    let anonymous = authz(DefaultPolicy::Deny, &[]);
+    assert!(anonymous.sees_nothing(&kv_list("")));
+    assert!(anonymous.sees_nothing(&ReadQuery::CatalogNodes {}));
+    assert!(anonymous.sees_nothing(&ReadQuery::HealthService { name: "web".into() }));
+    assert!(!Authorizer::allow_all().sees_nothing(&kv_list("secret/")));
+}

@@ -23,6 +23,9 @@ use crate::session::Behavior;
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
 /// How long one acquire request waits on the agent before asking again (keeping its place).
 const ACQUIRE_WAIT: Duration = Duration::from_secs(300);
+/// How long a waiter pauses before asking again when the servers' blocking-query budget
+/// refused its wait (429): it stays queued in its place meanwhile.
+const BUDGET_PAUSE: Duration = Duration::from_secs(1);
 
 /// What to lock, how, and with which session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,7 +220,25 @@ impl LockQueue {
                 ),
             };
             let reply = client.lock_queue_acquire(opts, &session, try_only, ACQUIRE_WAIT, timeout);
-            let reply = session_lost.unless_lost(reply).await??;
+            let reply = match session_lost.unless_lost(reply).await? {
+                // Queued, but the servers hold as many blocking queries as they may: the
+                // session keeps its place; ask again after a pause, or give up at the deadline
+                // (closing the keeper leaves the queue).
+                Err(ClientError::Api { status: 429, .. }) if !try_only => {
+                    let now = Instant::now();
+                    if let Wait::Until(Some(deadline)) = wait
+                        && deadline <= now + BUDGET_PAUSE
+                    {
+                        keeper.close().await?;
+                        return Ok(None);
+                    }
+                    session_lost
+                        .unless_lost(tokio::time::sleep(BUDGET_PAUSE))
+                        .await?;
+                    continue;
+                }
+                reply => reply?,
+            };
             match (reply.acquired, reply.token, reply.reason) {
                 (true, Some(token), _) => break token,
                 (_, _, Some(NotAcquired::Queued)) => continue,
