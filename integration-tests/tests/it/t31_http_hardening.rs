@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
 
-use crate::common::{assert_error, assert_not_found};
+use crate::common::{assert_error, assert_not_found, raise_open_files};
 
 const GIB: u64 = 1024 * 1024 * 1024;
 /// How much the agent's resident memory may grow while it refuses a 1 GiB body.
@@ -262,6 +262,8 @@ async fn stream_until_refused(stream: &mut TcpStream, total: u64, chunked: bool)
 #[tokio::test]
 async fn half_open_connections_cannot_exhaust_the_agent() {
     // A cap of 50 per client IP and a 3 s header timeout keep the test short.
+    // This process holds a socket for each of the attacker's 5,000 connections.
+    raise_open_files();
     let agent = Agent::dev_with(&[
         "--http-max-conns-per-client",
         "50",
