@@ -82,9 +82,10 @@ impl RemoteServers {
             .is_some_and(|t| t.elapsed() < PROBE_AFTER)
     }
 
-    /// Pings `server`; a server that does not answer is dropped from the connection pool. One
-    /// ping per server at a time: callers that queued behind it take its outcome instead of
-    /// each sending their own (thousands of blocking queries wait on one server at once).
+    /// Pings `server`; a server that does not answer, or whose port is found closed, is dropped
+    /// from the connection pool. One ping per server at a time: callers that queued behind it
+    /// take its outcome instead of each sending their own (thousands of blocking queries wait
+    /// on one server at once).
     async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
         let asked = Instant::now();
         let probe = Arc::clone(self.probes.lock().entry(server).or_default());
@@ -94,12 +95,27 @@ impl RemoteServers {
         {
             return outcome.clone();
         }
-        let outcome = match self
-            .rpc
-            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello {}, PROBE_TIMEOUT)
-            .await
-        {
-            Ok(_) => {
+        let hello = self.rpc.call_typed::<RpcRequest, RpcResponse>(
+            server,
+            &RpcRequest::Hello {},
+            PROBE_TIMEOUT,
+        );
+        // A server whose port is closed is gone for sure: no need to wait for the ping's
+        // timeout (QUIC does not hear the kernel's refusal).
+        let closed = async {
+            if !vigil_server::dial::port_closed(server, PROBE_TIMEOUT).await {
+                std::future::pending::<()>().await;
+            }
+        };
+        let answer = tokio::select! {
+            answer = hello => answer.map(drop),
+            () = closed => Err(TransportError::Closed {
+                addr: server,
+                reason: "nothing listens on its port any more".to_owned(),
+            }),
+        };
+        let outcome = match answer {
+            Ok(()) => {
                 self.answered(server);
                 Ok(())
             }

@@ -7,6 +7,7 @@ mod authorize;
 #[cfg(test)]
 mod cluster_tests;
 mod data_dir;
+mod evidence;
 mod formation;
 mod forward;
 mod requests;
@@ -150,6 +151,8 @@ pub struct Server {
     /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`
     /// and to tell when it is stranded outside the cluster.
     last_leader_contact: Mutex<Option<Instant>>,
+    /// The leader this follower found dead, in its term (see [`evidence`]).
+    dead_leader: Mutex<Option<evidence::DeadLeader>>,
     /// When this server started: before any leader contact, how long it has gone without.
     started: Instant,
     /// One permit per blocking query held ([`ServerConfig::max_blocking_queries`]).
@@ -255,6 +258,7 @@ impl Server {
             rpc,
             peers,
             last_leader_contact: Mutex::new(None),
+            dead_leader: Mutex::new(None),
             started: Instant::now(),
             blocking,
             shutdown: shutdown.clone(),
@@ -303,6 +307,8 @@ impl Server {
                     .spawn(async move { s.stay_in_cluster(bootstrap_expect).await });
                 let s = Arc::clone(&server);
                 server.tasks.spawn(crate::operator::cleanup_dead_servers(s));
+                let s = Arc::clone(&server);
+                server.tasks.spawn(s.campaign_on_evidence());
             }
         }
         Ok(server)
