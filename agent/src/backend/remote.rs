@@ -32,6 +32,9 @@ use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 const CALL_SLACK: Duration = Duration::from_secs(30);
 /// A server that has answered nothing for this long while a call waits on it is pinged.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A server silent this long during a prompt call (anything but a blocking query) is pinged:
+/// a killed server's closed port answers the ping at once (see [`RemoteServers::ping`]).
+const PROMPT_PROBE_AFTER: Duration = Duration::from_millis(250);
 /// A server that does not answer a ping within this is taken to be gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -74,12 +77,12 @@ impl RemoteServers {
         self.last_answer.lock().insert(server, Instant::now());
     }
 
-    /// Whether `server` answered within [`PROBE_AFTER`].
-    fn recently_answered(&self, server: SocketAddr) -> bool {
+    /// Whether `server` answered within `within`.
+    fn answered_within(&self, server: SocketAddr, within: Duration) -> bool {
         self.last_answer
             .lock()
             .get(&server)
-            .is_some_and(|t| t.elapsed() < PROBE_AFTER)
+            .is_some_and(|t| t.elapsed() < within)
     }
 
     /// Pings `server`; a server that does not answer, or whose port is found closed, is dropped
@@ -120,6 +123,15 @@ impl RemoteServers {
                 Ok(())
             }
             Err(e) => {
+                // The next write pings it again before trusting it, and it is no longer tried
+                // first.
+                self.last_answer.lock().remove(&server);
+                {
+                    let mut preferred = self.preferred.lock();
+                    if *preferred == Some(server) {
+                        *preferred = None;
+                    }
+                }
                 self.rpc.disconnect(server).await;
                 Err(e)
             }
@@ -128,10 +140,11 @@ impl RemoteServers {
         outcome
     }
 
-    /// One call to one server. While it waits (a blocking query), the server is pinged every
-    /// [`PROBE_AFTER`]: QUIC notices a killed peer only after its idle timeout, and the caller
-    /// should move to another server long before that. Blocking queries travel on the
-    /// server's watch connections, everything else on its control connection.
+    /// One call to one server. While it waits, the server is pinged every [`PROBE_AFTER`] (a
+    /// blocking query) or [`PROMPT_PROBE_AFTER`] (anything else) of silence: QUIC notices a
+    /// killed peer only after its idle timeout, and the caller should move to another server
+    /// long before that. Blocking queries travel on the server's watch connections, everything
+    /// else on its control connection.
     async fn call_one(
         &self,
         server: SocketAddr,
@@ -140,7 +153,7 @@ impl RemoteServers {
     ) -> Result<RpcResponse, TransportError> {
         // A write is never sent to a server that has been silent: if it died, the write's fate
         // would be unknown, while a failed ping means "not sent" and another server is tried.
-        if !idempotent(request) && !self.recently_answered(server) {
+        if !idempotent(request) && !self.answered_within(server, PROBE_AFTER) {
             self.ping(server)
                 .await
                 .map_err(|e| TransportError::Unreachable {
@@ -156,6 +169,10 @@ impl RemoteServers {
             }
             _ => CallKind::Prompt,
         };
+        let probe_after = match kind {
+            CallKind::Blocking => PROBE_AFTER,
+            _ => PROMPT_PROBE_AFTER,
+        };
         let call = self
             .rpc
             .call_typed_as::<RpcRequest, RpcResponse>(kind, server, request, timeout);
@@ -168,8 +185,8 @@ impl RemoteServers {
                     }
                     return result;
                 }
-                () = tokio::time::sleep(PROBE_AFTER) => {
-                    if !self.recently_answered(server) {
+                () = tokio::time::sleep(probe_after) => {
+                    if !self.answered_within(server, probe_after) {
                         self.ping(server).await?;
                     }
                 }

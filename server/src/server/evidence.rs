@@ -101,6 +101,48 @@ impl Server {
         self.leader_silent() && self.leader_dead(&following).await
     }
 
+    /// Waits, for at most the largest election timeout, while this server has no live leader
+    /// but is sure to have one soon: its leader was found dead (a campaign follows at once), or
+    /// it heard a leader within that time and an election is under way. Consul holds a
+    /// request for a leader the same way (`RPCHoldTimeout`); a request that waited is forwarded
+    /// (or answered here) as soon as a leader is named, instead of the caller retrying. A
+    /// server cut off for longer holds nothing: the caller moves on to another.
+    pub(super) async fn await_leader(&self) {
+        let limit = Duration::from_millis(self.config.raft.election_max_ms);
+        let mut metrics = self.raft.server_metrics();
+        let elected = async {
+            while self.electing(limit) {
+                if metrics.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = tokio::time::timeout(limit, elected).await;
+    }
+
+    /// Whether an election this server is waiting for is under way (see
+    /// [`Server::await_leader`]).
+    fn electing(&self, recent: Duration) -> bool {
+        let current = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            if m.running_state.is_err() || m.state == ServerState::Leader {
+                return false;
+            }
+            m.current_leader.map(|leader| DeadLeader {
+                leader,
+                term: m.current_term,
+            })
+        };
+        match current {
+            Some(leader) => *self.dead_leader.lock() == Some(leader),
+            None => self
+                .last_leader_contact
+                .lock()
+                .is_some_and(|t| t.elapsed() < recent),
+        }
+    }
+
     /// Whether no AppendEntries came for a heartbeat and a half.
     fn leader_silent(&self) -> bool {
         let heartbeat = Duration::from_millis(self.config.raft.heartbeat_ms);

@@ -14,6 +14,9 @@ impl Server {
         op: Op,
         forwarded: bool,
     ) -> Result<Response, ServerError> {
+        if !forwarded {
+            self.await_leader().await;
+        }
         let level = self.shared.read().protocol();
         if self.is_leader() || forwarded {
             let mut op = op;
@@ -73,6 +76,9 @@ impl Server {
         query: ReadQuery,
         forwarded: bool,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        if opts.consistency != Consistency::Stale && !forwarded {
+            self.await_leader().await;
+        }
         let local = opts.consistency == Consistency::Stale || self.is_leader();
         if !local && forwarded {
             // The leader that forwarded this lost its place meanwhile: answering from this
@@ -166,6 +172,9 @@ impl Server {
         id: String,
         forwarded: bool,
     ) -> Result<Session, ServerError> {
+        if !forwarded {
+            self.await_leader().await;
+        }
         if !self.is_leader() {
             if forwarded {
                 return Err(ServerError::NoLeader);
