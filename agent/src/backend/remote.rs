@@ -32,8 +32,11 @@ use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 const CALL_SLACK: Duration = Duration::from_secs(30);
 /// A server that has answered nothing for this long while a call waits on it is pinged.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
-/// A server silent this long during a prompt call (anything but a blocking query) is pinged:
-/// a killed server's closed port answers the ping at once (see [`RemoteServers::ping`]).
+/// A server silent this long during a prompt call (anything but a blocking query) is pinged,
+/// and a write goes to a server silent this long only after a ping: a killed server's closed
+/// port answers the ping at once (see [`RemoteServers::ping`]), so a write is not sent blind
+/// to a server that died since it last answered, which a leader failover (a few hundred
+/// milliseconds on evidence) would otherwise make likely.
 const PROMPT_PROBE_AFTER: Duration = Duration::from_millis(250);
 /// A server that does not answer a ping within this is taken to be gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -153,7 +156,7 @@ impl RemoteServers {
     ) -> Result<RpcResponse, TransportError> {
         // A write is never sent to a server that has been silent: if it died, the write's fate
         // would be unknown, while a failed ping means "not sent" and another server is tried.
-        if !idempotent(request) && !self.answered_within(server, PROBE_AFTER) {
+        if !idempotent(request) && !self.answered_within(server, PROMPT_PROBE_AFTER) {
             self.ping(server)
                 .await
                 .map_err(|e| TransportError::Unreachable {
