@@ -44,7 +44,10 @@ fn gauge(metrics: &Value, name: &str) -> Option<f64> {
 /// The raft term server `i` reports.
 async fn term(cluster: &Cluster, i: usize) -> f64 {
     eventually(Duration::from_secs(10), "the raft term", || async {
-        gauge(&metrics(&cluster.server(i).http()).await?, "vigil.raft.term")
+        gauge(
+            &metrics(&cluster.server(i).http()).await?,
+            "vigil.raft.term",
+        )
     })
     .await
 }
@@ -65,7 +68,11 @@ async fn campaigns_on_evidence(cluster: &Cluster) -> f64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_killed_leader_is_replaced_on_evidence_and_writes_resume() {
     let _heavy = exclusive().await;
-    let mut cluster = Cluster::servers(3).gossip_profile("lan").clients(1).start().await;
+    let mut cluster = Cluster::servers(3)
+        .gossip_profile("lan")
+        .clients(1)
+        .start()
+        .await;
     let client = cluster.client(0).http();
     client.put_true("/v1/kv/failover/before", "1").await;
     let leader = cluster.leader().await;
@@ -82,30 +89,40 @@ async fn a_killed_leader_is_replaced_on_evidence_and_writes_resume() {
     eprintln!("leader killed at {:?}", std::time::SystemTime::now());
     // When the survivors agree on a new leader, measured beside the writes.
     let elected = tokio::spawn(async move {
-        eventually(Duration::from_secs(30), "the survivors to agree on a new leader", || {
-            let survivors = survivors.clone();
-            let dead = dead.clone();
-            async move {
-                let mut named = Vec::new();
-                for s in &survivors {
-                    let reply = s.try_get("/v1/status/leader").await?;
-                    named.push(reply.json().as_str()?.to_owned());
+        eventually(
+            Duration::from_secs(30),
+            "the survivors to agree on a new leader",
+            || {
+                let survivors = survivors.clone();
+                let dead = dead.clone();
+                async move {
+                    let mut named = Vec::new();
+                    for s in &survivors {
+                        let reply = s.try_get("/v1/status/leader").await?;
+                        named.push(reply.json().as_str()?.to_owned());
+                    }
+                    let agreed = named
+                        .iter()
+                        .all(|n| *n == named[0] && !n.is_empty() && *n != dead);
+                    agreed.then(|| killed.elapsed())
                 }
-                let agreed = named.iter().all(|n| *n == named[0] && !n.is_empty() && *n != dead);
-                agreed.then(|| killed.elapsed())
-            }
-        })
+            },
+        )
         .await
     });
     // Each attempt waits for its answer: a write the agent could not place answers 5xx.
-    let written = eventually(Duration::from_secs(30), "a write through the client agent", || {
-        let client = client.clone();
-        async move {
-            let reply = client.put("/v1/kv/failover/after", "2").await;
-            (reply.status == StatusCode::OK && reply.text().trim() == "true")
-                .then(|| killed.elapsed())
-        }
-    })
+    let written = eventually(
+        Duration::from_secs(30),
+        "a write through the client agent",
+        || {
+            let client = client.clone();
+            async move {
+                let reply = client.put("/v1/kv/failover/after", "2").await;
+                (reply.status == StatusCode::OK && reply.text().trim() == "true")
+                    .then(|| killed.elapsed())
+            }
+        },
+    )
     .await;
     let elected = elected.await.expect("the leader poll");
     let new_leader = cluster.leader().await;
@@ -144,19 +161,33 @@ async fn a_follower_paused_and_resumed_does_not_disturb_a_healthy_leader() {
     cluster.resume(follower);
 
     // It catches up with the same leader in the same term...
-    eventually(Duration::from_secs(10), "the resumed follower to follow the leader", || async {
-        let named = cluster.server(follower).try_get("/v1/status/leader").await?;
-        let same = named.json().as_str()? == cluster.server_rpc(leader).to_string();
-        let term = gauge(&metrics(&cluster.server(follower).http()).await?, "vigil.raft.term")?;
-        (same && term == before).then_some(())
-    })
+    eventually(
+        Duration::from_secs(10),
+        "the resumed follower to follow the leader",
+        || async {
+            let named = cluster
+                .server(follower)
+                .try_get("/v1/status/leader")
+                .await?;
+            let same = named.json().as_str()? == cluster.server_rpc(leader).to_string();
+            let term = gauge(
+                &metrics(&cluster.server(follower).http()).await?,
+                "vigil.raft.term",
+            )?;
+            (same && term == before).then_some(())
+        },
+    )
     .await;
     // ...and for the longest an election it might start could take (its lease plus election
     // timeout again), the leader keeps its term and nobody claims evidence.
     let watch_until = Instant::now() + Duration::from_secs(4);
     while Instant::now() < watch_until {
         assert_eq!(cluster.leader().await, leader, "leadership changed");
-        assert_eq!(term(&cluster, leader).await, before, "the leader's term changed");
+        assert_eq!(
+            term(&cluster, leader).await,
+            before,
+            "the leader's term changed"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(campaigns_on_evidence(&cluster).await, 0.0);

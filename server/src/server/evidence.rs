@@ -197,8 +197,11 @@ impl Server {
             if self.raft.metrics().borrow_watched().current_term > following.leader.term {
                 continue;
             }
-            tracing::info!(dead = following.leader.leader, term = following.leader.term,
-                "campaigning at once: the leader's process is gone");
+            tracing::info!(
+                dead = following.leader.leader,
+                term = following.leader.term,
+                "campaigning at once: the leader's process is gone"
+            );
             crate::telemetry::election_on_evidence();
             if let Err(e) = self.raft.trigger().elect(false).await {
                 tracing::warn!(error = %e, "could not start an election");
