@@ -109,6 +109,9 @@ impl Server {
     /// server cut off for longer holds nothing: the caller moves on to another.
     pub(super) async fn await_leader(&self) {
         let limit = Duration::from_millis(self.config.raft.election_max_ms);
+        if !self.electing(limit) {
+            return;
+        }
         let mut metrics = self.raft.server_metrics();
         let elected = async {
             while self.electing(limit) {
