@@ -2,7 +2,7 @@
 //! `kill -9` of the leader a follower finds the leader's port closed and campaigns at once
 //! (`vigil.raft.elections_on_evidence`), and a write through the client agent succeeds; a
 //! follower frozen for 4 s (SIGSTOP) and resumed finds no evidence, and the leader keeps its
-//! term.
+//! term; a leader frozen for 1.5 s still owns its port, and nobody campaigns against it.
 //!
 //! The failover's times are printed (`cargo test -- --nocapture` shows them); they are the
 //! benchmark's business, not asserted here.
