@@ -196,7 +196,11 @@ async fn a_follower_paused_and_resumed_does_not_disturb_a_healthy_leader() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stopped_leader_is_not_taken_for_dead() {
     let _heavy = exclusive().await;
-    let cluster = Cluster::servers(3).gossip_profile("lan").clients(1).start().await;
+    let cluster = Cluster::servers(3)
+        .gossip_profile("lan")
+        .clients(1)
+        .start()
+        .await;
     let leader = cluster.leader().await;
     let before = term(&cluster, leader).await;
 
@@ -208,8 +212,16 @@ async fn a_stopped_leader_is_not_taken_for_dead() {
     cluster.resume(leader);
 
     // It leads on in the same term, and writes go through it again.
-    cluster.client(0).http().put_true("/v1/kv/stopped/after", "1").await;
+    cluster
+        .client(0)
+        .http()
+        .put_true("/v1/kv/stopped/after", "1")
+        .await;
     assert_eq!(cluster.leader().await, leader, "leadership changed");
-    assert_eq!(term(&cluster, leader).await, before, "the leader's term changed");
+    assert_eq!(
+        term(&cluster, leader).await,
+        before,
+        "the leader's term changed"
+    );
     assert_eq!(campaigns_on_evidence(&cluster).await, 0.0);
 }
