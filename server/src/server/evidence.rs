@@ -10,6 +10,14 @@
 //! from a pause finds the leader's port open, and its own timer-driven election goes through
 //! pre-vote, which the healthy majority refuses.
 //!
+//! A closed port is strong evidence, not proof: a firewall's `REJECT` looks the same. So no
+//! server campaigns, or waives its lease, before it has gone a whole read lease
+//! ([`Server::read_lease`]) without hearing from the leader, and the leader answers reads and
+//! renewals alone only within that lease of a quorum's acknowledgement. A majority that elects
+//! a successor includes a server that acknowledged the old leader's latest quorum, so the
+//! election ends after the old leader's lease has: a live leader taken for dead can no longer
+//! answer from its old term once the new one commits.
+//!
 //! The followers rank themselves by node ID and the first campaigns at once, each next one a
 //! heartbeat later unless an election has started meanwhile: two candidates at once would
 //! split the vote and leave it to the election timers.
@@ -80,11 +88,14 @@ impl Server {
     }
 
     /// Whether a vote request may pass this follower's leader lease: only when the leader the
-    /// lease protects is dead (its port closed, checked now if not known yet). A leadership
-    /// transfer passes anyway.
+    /// lease protects is dead (its port closed, checked now if not known yet) and this
+    /// follower has not heard from it for the leader's read lease. A port can also look
+    /// closed when it is not (a firewall's `REJECT`): the silence keeps a live leader from
+    /// answering from its lease while a successor commits (see [`Server::confirmed_leader`]).
+    /// A leadership transfer passes anyway.
     pub(super) async fn waive_lease_for(&self) -> bool {
         match self.following() {
-            Some(following) => self.leader_dead(&following).await,
+            Some(following) => self.leader_silent() && self.leader_dead(&following).await,
             None => false,
         }
     }
@@ -146,11 +157,10 @@ impl Server {
         }
     }
 
-    /// Whether no AppendEntries came for a heartbeat and a half.
+    /// Whether no AppendEntries came for the leader's read lease (a heartbeat and a half).
     fn leader_silent(&self) -> bool {
-        let heartbeat = Duration::from_millis(self.config.raft.heartbeat_ms);
         let heard = self.last_leader_contact.lock().unwrap_or(self.started);
-        heard.elapsed() >= heartbeat + heartbeat / 2
+        heard.elapsed() >= self.read_lease()
     }
 
     /// Watches the leader and campaigns when it is found dead (see the module docs), until
@@ -173,10 +183,16 @@ impl Server {
             if campaigned == Some(following.leader) {
                 continue;
             }
+            // Gossip's word that the leader is gone has its port checked at once; the campaign
+            // waits (tick by tick) for the leader's read lease to run out: this server's own
+            // vote must not cut it short.
             if !self.leader_silent() && !self.gossip_lost(following.addr) {
                 continue;
             }
             if !self.leader_dead(&following).await {
+                continue;
+            }
+            if !self.leader_silent() {
                 continue;
             }
             campaigned = Some(following.leader);
