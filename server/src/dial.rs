@@ -44,3 +44,34 @@ pub async fn send<C: Call>(
         .await?;
     Ok(reply::<C>(response))
 }
+
+/// Whether nothing listens on UDP `addr` any more: evidence that the server there died (its
+/// host is up, its process gone), as opposed to one that is slow or stopped, which still owns
+/// its socket. A one-byte datagram, which a QUIC endpoint drops unread, goes from a connected
+/// socket; the kernel answers it for a closed port with ICMP port unreachable, reported on
+/// the socket as a refused connection (on loopback or a LAN within a round trip). `false`
+/// when nothing came within `wait` (a live endpoint, a host that is down, a network that drops
+/// ICMP: no evidence either way) or the probe could not be sent.
+pub async fn port_closed(addr: SocketAddr, wait: Duration) -> bool {
+    let local: SocketAddr = if addr.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let refused = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionRefused;
+    let Ok(socket) = tokio::net::UdpSocket::bind(local).await else {
+        return false;
+    };
+    if socket.connect(addr).await.is_err() {
+        return false;
+    }
+    match socket.send(&[0]).await {
+        Ok(_) => {}
+        Err(e) => return refused(&e),
+    }
+    let mut buf = [0u8; 1];
+    matches!(
+        tokio::time::timeout(wait, socket.recv(&mut buf)).await,
+        Ok(Err(e)) if refused(&e)
+    )
+}

@@ -92,6 +92,9 @@ pub const STORAGE_RETRY: &str = "vigil.storage.retry";
 /// Times this server, out of the raft configuration or without a leader for an election
 /// timeout, asked to be added again (counter).
 pub const RAFT_REJOIN: &str = "vigil.raft.rejoin";
+/// Elections this server started at once because the leader's port was found closed (its
+/// process gone) instead of waiting out the leader lease and election timeout (counter).
+pub const RAFT_ELECTIONS_ON_EVIDENCE: &str = "vigil.raft.elections_on_evidence";
 
 /// How a KV acquire ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,6 +203,11 @@ pub fn lock_waiters(lock: &str, waiters: usize) {
 /// A session was invalidated (counted by the leader only).
 pub fn session_invalidated(cause: InvalidationCause) {
     counter!(SESSION_INVALIDATE, "cause" => cause.label()).increment(1);
+}
+
+/// This server campaigned on evidence of the leader's death.
+pub fn election_on_evidence() {
+    counter!(RAFT_ELECTIONS_ON_EVIDENCE).increment(1);
 }
 
 /// This server became the leader.

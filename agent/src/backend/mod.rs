@@ -59,7 +59,7 @@ where
             {
                 tracing::debug!(error = %e, "retrying");
                 tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(500));
+                backoff = (backoff * 2).min(Duration::from_millis(250));
             }
             result => return result,
         }

@@ -32,6 +32,12 @@ use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 const CALL_SLACK: Duration = Duration::from_secs(30);
 /// A server that has answered nothing for this long while a call waits on it is pinged.
 const PROBE_AFTER: Duration = Duration::from_secs(1);
+/// A server silent this long during a prompt call (anything but a blocking query) is pinged,
+/// and a write goes to a server silent this long only after a ping: a killed server's closed
+/// port answers the ping at once (see [`RemoteServers::ping`]), so a write is not sent blind
+/// to a server that died since it last answered, which a leader failover (a few hundred
+/// milliseconds on evidence) would otherwise make likely.
+const PROMPT_PROBE_AFTER: Duration = Duration::from_millis(250);
 /// A server that does not answer a ping within this is taken to be gone.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -74,17 +80,18 @@ impl RemoteServers {
         self.last_answer.lock().insert(server, Instant::now());
     }
 
-    /// Whether `server` answered within [`PROBE_AFTER`].
-    fn recently_answered(&self, server: SocketAddr) -> bool {
+    /// Whether `server` answered within `within`.
+    fn answered_within(&self, server: SocketAddr, within: Duration) -> bool {
         self.last_answer
             .lock()
             .get(&server)
-            .is_some_and(|t| t.elapsed() < PROBE_AFTER)
+            .is_some_and(|t| t.elapsed() < within)
     }
 
-    /// Pings `server`; a server that does not answer is dropped from the connection pool. One
-    /// ping per server at a time: callers that queued behind it take its outcome instead of
-    /// each sending their own (thousands of blocking queries wait on one server at once).
+    /// Pings `server`; a server that does not answer, or whose port is found closed, is dropped
+    /// from the connection pool. One ping per server at a time: callers that queued behind it
+    /// take its outcome instead of each sending their own (thousands of blocking queries wait
+    /// on one server at once).
     async fn ping(&self, server: SocketAddr) -> Result<(), TransportError> {
         let asked = Instant::now();
         let probe = Arc::clone(self.probes.lock().entry(server).or_default());
@@ -94,16 +101,40 @@ impl RemoteServers {
         {
             return outcome.clone();
         }
-        let outcome = match self
-            .rpc
-            .call_typed::<RpcRequest, RpcResponse>(server, &RpcRequest::Hello {}, PROBE_TIMEOUT)
-            .await
-        {
-            Ok(_) => {
+        let hello = self.rpc.call_typed::<RpcRequest, RpcResponse>(
+            server,
+            &RpcRequest::Hello {},
+            PROBE_TIMEOUT,
+        );
+        // A server whose port is closed is gone for sure: no need to wait for the ping's
+        // timeout (QUIC does not hear the kernel's refusal).
+        let closed = async {
+            if !vigil_server::dial::port_closed(server, PROBE_TIMEOUT).await {
+                std::future::pending::<()>().await;
+            }
+        };
+        let answer = tokio::select! {
+            answer = hello => answer.map(drop),
+            () = closed => Err(TransportError::Closed {
+                addr: server,
+                reason: "nothing listens on its port any more".to_owned(),
+            }),
+        };
+        let outcome = match answer {
+            Ok(()) => {
                 self.answered(server);
                 Ok(())
             }
             Err(e) => {
+                // The next write pings it again before trusting it, and it is no longer tried
+                // first.
+                self.last_answer.lock().remove(&server);
+                {
+                    let mut preferred = self.preferred.lock();
+                    if *preferred == Some(server) {
+                        *preferred = None;
+                    }
+                }
                 self.rpc.disconnect(server).await;
                 Err(e)
             }
@@ -112,10 +143,11 @@ impl RemoteServers {
         outcome
     }
 
-    /// One call to one server. While it waits (a blocking query), the server is pinged every
-    /// [`PROBE_AFTER`]: QUIC notices a killed peer only after its idle timeout, and the caller
-    /// should move to another server long before that. Blocking queries travel on the
-    /// server's watch connections, everything else on its control connection.
+    /// One call to one server. While it waits, the server is pinged every [`PROBE_AFTER`] (a
+    /// blocking query) or [`PROMPT_PROBE_AFTER`] (anything else) of silence: QUIC notices a
+    /// killed peer only after its idle timeout, and the caller should move to another server
+    /// long before that. Blocking queries travel on the server's watch connections, everything
+    /// else on its control connection.
     async fn call_one(
         &self,
         server: SocketAddr,
@@ -124,7 +156,7 @@ impl RemoteServers {
     ) -> Result<RpcResponse, TransportError> {
         // A write is never sent to a server that has been silent: if it died, the write's fate
         // would be unknown, while a failed ping means "not sent" and another server is tried.
-        if !idempotent(request) && !self.recently_answered(server) {
+        if !idempotent(request) && !self.answered_within(server, PROMPT_PROBE_AFTER) {
             self.ping(server)
                 .await
                 .map_err(|e| TransportError::Unreachable {
@@ -140,6 +172,10 @@ impl RemoteServers {
             }
             _ => CallKind::Prompt,
         };
+        let probe_after = match kind {
+            CallKind::Blocking => PROBE_AFTER,
+            _ => PROMPT_PROBE_AFTER,
+        };
         let call = self
             .rpc
             .call_typed_as::<RpcRequest, RpcResponse>(kind, server, request, timeout);
@@ -152,8 +188,8 @@ impl RemoteServers {
                     }
                     return result;
                 }
-                () = tokio::time::sleep(PROBE_AFTER) => {
-                    if !self.recently_answered(server) {
+                () = tokio::time::sleep(probe_after) => {
+                    if !self.answered_within(server, probe_after) {
                         self.ping(server).await?;
                     }
                 }

@@ -28,6 +28,7 @@ mod t51_server_rejoin;
 mod t52_server_identity;
 mod t53_large_entries;
 mod t54_many_watchers;
+mod t55_evidence_failover;
 mod t55_leader_terms;
 mod t56_cluster_checks;
 mod t57_exhaustion;

@@ -24,6 +24,11 @@ impl Server {
         let mut metrics = self.raft.server_metrics();
         let leader_id = metrics.borrow_and_update().current_leader;
         let leader = self.leader_socket()?;
+        // Not sent to a leader found dead: "no leader" is then certain, and safe to retry
+        // (sent, a write's fate would be unknown until raft elects another).
+        if self.leader_gone().await {
+            return Err(ServerError::NoLeader);
+        }
         let is_write = matches!(request, RpcRequest::Write { .. });
         let kind = if wait.is_zero() {
             CallKind::Prompt

@@ -7,6 +7,7 @@ mod authorize;
 #[cfg(test)]
 mod cluster_tests;
 mod data_dir;
+mod evidence;
 mod formation;
 mod forward;
 mod requests;
@@ -155,6 +156,8 @@ pub struct Server {
     /// When this server last heard from a leader (AppendEntries), for `X-Consul-LastContact`
     /// and to tell when it is stranded outside the cluster.
     last_leader_contact: Mutex<Option<Instant>>,
+    /// The leader this follower found dead, in its term (see [`evidence`]).
+    dead_leader: Mutex<Option<evidence::DeadLeader>>,
     /// When this server started: before any leader contact, how long it has gone without.
     started: Instant,
     /// One permit per blocking query held, lock waits' reserve aside
@@ -265,6 +268,7 @@ impl Server {
             rpc,
             peers,
             last_leader_contact: Mutex::new(None),
+            dead_leader: Mutex::new(None),
             started: Instant::now(),
             blocking,
             lock_waits,
@@ -314,6 +318,8 @@ impl Server {
                     .spawn(async move { s.stay_in_cluster(bootstrap_expect).await });
                 let s = Arc::clone(&server);
                 server.tasks.spawn(crate::operator::cleanup_dead_servers(s));
+                let s = Arc::clone(&server);
+                server.tasks.spawn(s.campaign_on_evidence());
             }
         }
         Ok(server)

@@ -14,6 +14,9 @@ impl Server {
         op: Op,
         forwarded: bool,
     ) -> Result<Response, ServerError> {
+        if !forwarded {
+            self.await_leader().await;
+        }
         let level = self.shared.read().protocol();
         if self.is_leader() || forwarded {
             let mut op = op;
@@ -73,6 +76,9 @@ impl Server {
         query: ReadQuery,
         forwarded: bool,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        if opts.consistency != Consistency::Stale && !forwarded {
+            self.await_leader().await;
+        }
         let local = opts.consistency == Consistency::Stale || self.is_leader();
         if !local && forwarded {
             // The leader that forwarded this lost its place meanwhile: answering from this
@@ -113,23 +119,37 @@ impl Server {
         Ok(answer)
     }
 
-    /// Checks that this server leads under a valid leader lease: a quorum acknowledged a
-    /// message it sent within the lease (one election timeout, on the monotonic clock), else a
-    /// heartbeat round confirms it; then waits until everything committed is applied. A leader
-    /// paused longer than the lease (SIGSTOP, a long stall) has lost it when it resumes, and
-    /// finds the new term in that round instead of answering from its old one; a new leader,
-    /// or a server restarted as the leader of a term already over, answers only once it has
-    /// applied what earlier leaders committed. The followers refuse to vote for anyone else for
-    /// as long as the lease runs, measured from when they heard the leader, which is later.
+    /// Checks that this server leads under a valid read lease: a quorum acknowledged a message
+    /// it sent within [`Server::read_lease`] (on the monotonic clock), else a heartbeat round
+    /// confirms it; then waits until everything committed is applied. A leader paused longer
+    /// than the lease (SIGSTOP, a long stall) has lost it when it resumes, and finds the new
+    /// term in that round instead of answering from its old one; a new leader, or a server
+    /// restarted as the leader of a term already over, answers only once it has applied what
+    /// earlier leaders committed. No one else can be elected while the lease runs: a voter
+    /// keeps raft's longer lease on the leader it follows, and waives it for a dead leader
+    /// only once it has not heard from it for the read lease (see `evidence`), so every vote
+    /// of a new majority comes after the old leader's lease ended.
     pub(super) async fn confirmed_leader(&self) -> Result<(), ServerError> {
         if !self.is_leader() {
             return Err(ServerError::NoLeader);
         }
         self.raft
-            .ensure_linearizable(openraft::LinearizerOption::new(None, true))
+            .ensure_linearizable(openraft::LinearizerOption::new(
+                Some(self.read_lease()),
+                true,
+            ))
             .await
             .map_err(|_| ServerError::NoLeader)?;
         Ok(())
+    }
+
+    /// How recent a quorum's acknowledgement must be for the leader to answer reads and
+    /// renewals alone: a heartbeat and a half, so heartbeats keep it fresh, and exactly as long
+    /// as a follower must have gone without hearing from its leader before it campaigns, or
+    /// waives its lease, on evidence that the leader is dead.
+    pub(super) fn read_lease(&self) -> Duration {
+        let heartbeat = Duration::from_millis(self.config.raft.heartbeat_ms);
+        heartbeat + heartbeat / 2
     }
 
     /// Blocking queries this server holds now (its own and forwarded ones).
@@ -200,6 +220,9 @@ impl Server {
         id: String,
         forwarded: bool,
     ) -> Result<Session, ServerError> {
+        if !forwarded {
+            self.await_leader().await;
+        }
         if !self.is_leader() {
             if forwarded {
                 return Err(ServerError::NoLeader);

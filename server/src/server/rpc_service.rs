@@ -144,7 +144,13 @@ impl Server {
                 *self.last_leader_contact.lock() = Some(Instant::now());
                 PeerResponse::AppendEntries(self.raft.append_entries(request).await)
             }
-            PeerRequest::Vote(request) => PeerResponse::Vote(self.raft.vote(request).await),
+            PeerRequest::Vote(mut request) => {
+                // A dead leader's lease protects nobody: let the vote through it.
+                if !request.leadership_transfer && self.waive_lease_for().await {
+                    request.leadership_transfer = true;
+                }
+                PeerResponse::Vote(self.raft.vote(request).await)
+            }
             PeerRequest::PreVote(request) => {
                 PeerResponse::PreVote(self.raft.pre_vote(request).await)
             }
