@@ -17,6 +17,7 @@ mod fair;
 mod held;
 mod keeper;
 mod kv;
+mod liveness;
 mod lock;
 mod lost;
 pub mod path;
@@ -41,6 +42,7 @@ pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step}
 pub use held::{Held, HeldKind};
 pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
+use liveness::AgentWatch;
 pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
 pub use queue::{FairMutex, LockQueue, QueueOptions, RwLock};
@@ -128,6 +130,9 @@ struct Inner {
     cleanups: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Sent as `X-Consul-Token` on every request, as Consul's clients do with `-token`.
     token: Option<Token>,
+    /// Whether the agent has died, watched from the first session a keeper holds (only for an
+    /// agent on this host; see [`liveness`]).
+    agent_watch: Mutex<Option<AgentWatch>>,
 }
 
 /// A raw answer.
@@ -189,6 +194,7 @@ impl Client {
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
                 token,
+                agent_watch: Mutex::new(None),
             }),
         }
     }
@@ -295,6 +301,16 @@ impl Client {
             headers,
             body,
         })
+    }
+
+    /// A subscription that completes when the agent next refuses a connection (see
+    /// [`liveness`]), starting the watch if needed; `None` when the agent is not on this host.
+    pub(crate) fn agent_refusals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let mut watch = self.inner.agent_watch.lock();
+        if watch.is_none() {
+            *watch = AgentWatch::start(&self.inner.base);
+        }
+        watch.as_ref().map(AgentWatch::subscribe)
     }
 
     pub(crate) fn count_blocking_return(&self) {
