@@ -4,7 +4,8 @@
 //! grace for a child that ignores TERM; exit 75), giving up while waiting (SIGTERM → 143, session
 //! gone), the sequencer environment, and `vigil lock status` / `/v1/vigil/locks`. The holder's
 //! own agent: killed (a cluster's client agent), the child is stopped before a contender through
-//! another agent is granted the lock, with no lock-delay; stopped for 2 s, nothing is lost.
+//! another agent is granted the lock, with no lock-delay; killed while serving on a Unix socket,
+//! the same at once; stopped for 2 s, nothing is lost.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -436,14 +437,14 @@ async fn a_killed_vigil_lock_frees_its_lock_at_once_through_its_process_check() 
     assert!(info["ServiceChecks"].is_null(), "{info}");
 }
 
-/// `vigil lock <args>` against `agent` with `$DIR` set for the child's script, its stderr in
-/// `<dir>/<name>.err`.
-fn vigil_lock_in(agent: &Agent, args: &[&str], dir: &Path, name: &str) -> Child {
+/// `vigil lock <args>` against the agent at `addr` with `$DIR` set for the child's script, its
+/// stderr in `<dir>/<name>.err`.
+fn vigil_lock_in(addr: &str, args: &[&str], dir: &Path, name: &str) -> Child {
     let stderr = std::fs::File::create(dir.join(format!("{name}.err"))).expect("stderr file");
     Command::new(binary())
         .arg("lock")
         .args(args)
-        .env("VIGIL_HTTP_ADDR", &agent.base)
+        .env("VIGIL_HTTP_ADDR", addr)
         .env_remove("CONSUL_HTTP_ADDR")
         .env("DIR", dir)
         .stdin(Stdio::null())
@@ -472,7 +473,7 @@ echo $$ > "$DIR/pid"
 while :; do sleep 0.05; done
 "#;
     let mut holder = vigil_lock_in(
-        cluster.client(0),
+        &cluster.client(0).base,
         &[
             "--lock-delay",
             "0s",
@@ -492,7 +493,7 @@ while :; do sleep 0.05; done
     })
     .await;
     let mut contender = vigil_lock_in(
-        cluster.client(1),
+        &cluster.client(1).base,
         &[
             "--lock-delay",
             "0s",
@@ -586,4 +587,69 @@ while [ ! -e "$GO" ]; do sleep 0.05; done
         "{:?}",
         lines(&run.log)
     );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_holder_learns_at_once_that_its_agent_on_a_unix_socket_died() {
+    use tokio::io::AsyncBufReadExt as _;
+
+    // A dev agent serving its API on a Unix socket only; vigil lock reaches it there.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("http.sock");
+    let mut agent = Command::new(binary())
+        .args([
+            "agent",
+            "--dev",
+            "--node",
+            "unix-holder",
+            "--log-level",
+            "warn",
+        ])
+        .arg("--http-addr")
+        .arg(format!("unix://{}", socket.display()))
+        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
+        .args(["--timing-profile", "local"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil agent");
+    let stdout = agent.stdout.take().expect("piped stdout");
+    tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("a ready line");
+    let addr = format!("unix://{}", socket.display());
+    let mut holder = vigil_lock_in(
+        &addr,
+        &[
+            "unixloss",
+            "--",
+            "sh",
+            "-c",
+            r#"echo $$ > "$DIR/pid"; exec sleep 600"#,
+        ],
+        dir.path(),
+        "holder",
+    );
+    eventually(PROMPT, "the child to start", || async {
+        dir.path().join("pid").exists().then_some(())
+    })
+    .await;
+
+    // kill -9 of the agent: its socket file stays, the dial is refused, and vigil lock stops its
+    // child at once, long before the 15 s TTL could tell.
+    let killed = Instant::now();
+    agent.start_kill().expect("kill -9 the agent");
+    agent.wait().await.expect("the agent exits");
+    assert_eq!(exit_code(&mut holder).await, 75);
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "vigil lock exited after {took:?}"
+    );
+    let stderr = std::fs::read_to_string(dir.path().join("holder.err")).unwrap();
+    assert!(stderr.contains("local agent is gone"), "{stderr}");
 }

@@ -27,6 +27,7 @@ mod recipe;
 mod semaphore;
 mod session;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -121,6 +122,9 @@ struct Inner {
     http: reqwest::Client,
     /// `http://host:port`, no trailing slash.
     base: String,
+    /// The agent's Unix socket, when it is reached through one (`base` is then
+    /// `http://localhost`).
+    unix_socket: Option<PathBuf>,
     /// Requests sent through [`Client::send`]: every call of the API and the recipes.
     requests_sent: AtomicU64,
     /// Blocking reads (index > 0) and waiting queue acquisitions that returned, for measuring
@@ -185,11 +189,17 @@ impl Client {
     }
 
     /// Assembles a client; [`ClientConfig::build`] is the one caller.
-    fn from_parts(http: reqwest::Client, base: String, token: Option<Token>) -> Client {
+    fn from_parts(
+        http: reqwest::Client,
+        base: String,
+        unix_socket: Option<PathBuf>,
+        token: Option<Token>,
+    ) -> Client {
         Client {
             inner: Arc::new(Inner {
                 http,
                 base,
+                unix_socket,
                 requests_sent: AtomicU64::new(0),
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
@@ -204,6 +214,7 @@ impl Client {
         Client::from_parts(
             self.inner.http.clone(),
             self.inner.base.clone(),
+            self.inner.unix_socket.clone(),
             Token::new(token),
         )
     }
@@ -308,7 +319,7 @@ impl Client {
     pub(crate) fn agent_refusals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         let mut watch = self.inner.agent_watch.lock();
         if watch.is_none() {
-            *watch = AgentWatch::start(&self.inner.base);
+            *watch = AgentWatch::start(&self.inner.base, self.inner.unix_socket.as_deref());
         }
         watch.as_ref().map(AgentWatch::subscribe)
     }
