@@ -12,7 +12,8 @@
 //! prefix without `--`, run through a shell as Consul does.
 //!
 //! Exit status: the child's (128+N if signal N killed it; 2 for any failure with
-//! `--child-exit-code`, as Consul); [`EXIT_LOST`] if the lock was lost and the child terminated;
+//! `--child-exit-code`, as Consul); [`EXIT_LOST`] if the lock was lost (the local agent gone
+//! included) and the child terminated;
 //! [`EXIT_TIMEOUT`] if `--timeout` ran out before the lock was held; 128+N if signal N arrived
 //! while waiting; 126/127 if CMD could not be run; 1 for other errors.
 
@@ -115,7 +116,8 @@ pub struct LockArgs {
     #[arg(long)]
     pub child_exit_code: bool,
     /// Failed reads of the held lock tolerated, 1 s apart, before it counts as lost [default:
-    /// until the agent has been unreachable for a session TTL].
+    /// until the agent has been unreachable for a session TTL]. A local agent that refuses a
+    /// connection is gone: the lock counts as lost at once.
     #[arg(long)]
     pub monitor_retry: Option<u32>,
     #[command(flatten)]

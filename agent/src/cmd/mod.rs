@@ -35,7 +35,7 @@ pub const EXIT_ERROR: i32 = 1;
 /// environment, see `vigil_shared::client::ClientConfig`) become a client.
 #[derive(Debug, Clone, Args)]
 pub struct AgentAddr {
-    /// Address of the local agent, `host:port`, `http://…` or `https://…` [default:
+    /// Address of the local agent, `host:port`, `http://…`, `https://…` or `unix:///path` [default:
     /// $VIGIL_HTTP_ADDR, $CONSUL_HTTP_ADDR, 127.0.0.1:8500; https when $CONSUL_HTTP_SSL=true]
     #[arg(long = "http-addr")]
     pub http_addr: Option<String>,

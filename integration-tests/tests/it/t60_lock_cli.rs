@@ -2,13 +2,17 @@
 //! (plain lock, `--fair` with FIFO order of arrival, `--limit 3`), lock loss (session destroyed
 //! through the API → SIGTERM to the child's whole process group within 1 s; SIGKILL after the
 //! grace for a child that ignores TERM; exit 75), giving up while waiting (SIGTERM → 143, session
-//! gone), the sequencer environment, and `vigil lock status` / `/v1/vigil/locks`.
+//! gone), the sequencer environment, and `vigil lock status` / `/v1/vigil/locks`. The holder's
+//! own agent: killed (a cluster's client agent), the child is stopped before a contender through
+//! another agent is granted the lock, with no lock-delay; killed while serving on a Unix socket,
+//! the same at once; stopped for 2 s, nothing is lost.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use integration_tests::cluster::Cluster;
 use integration_tests::{Agent, binary, eventually};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
@@ -431,4 +435,221 @@ async fn a_killed_vigil_lock_frees_its_lock_at_once_through_its_process_check() 
     let info = agent.session_info(&session).await[0].clone();
     assert_eq!(info["NodeChecks"], json!(["serfHealth"]), "{info}");
     assert!(info["ServiceChecks"].is_null(), "{info}");
+}
+
+/// `vigil lock <args>` against the agent at `addr` with `$DIR` set for the child's script, its
+/// stderr in `<dir>/<name>.err`.
+fn vigil_lock_in(addr: &str, args: &[&str], dir: &Path, name: &str) -> Child {
+    let stderr = std::fs::File::create(dir.join(format!("{name}.err"))).expect("stderr file");
+    Command::new(binary())
+        .arg("lock")
+        .args(args)
+        .env("VIGIL_HTTP_ADDR", addr)
+        .env_remove("CONSUL_HTTP_ADDR")
+        .env("DIR", dir)
+        .stdin(Stdio::null())
+        .stderr(stderr)
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil lock")
+}
+
+/// A nanosecond wall-clock time a child wrote with `date +%s%N`, once the file exists.
+fn written_time(path: &Path) -> Option<u128> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_holder_whose_agent_dies_stops_its_child_before_anyone_else_is_granted() {
+    // One server, two client agents. The holder locks through client 0, a contender waits
+    // through client 1; neither session has a lock-delay, so only the holder's own reaction
+    // keeps the two children from overlapping once the cluster frees the lock.
+    let mut cluster = Cluster::servers(1).clients(2).start().await;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let holder_script = r#"
+trap 'date +%s%N > "$DIR/stopped"; exit 0' TERM
+echo $$ > "$DIR/pid"
+while :; do sleep 0.05; done
+"#;
+    let mut holder = vigil_lock_in(
+        &cluster.client(0).base,
+        &[
+            "--lock-delay",
+            "0s",
+            "agentloss",
+            "--",
+            "sh",
+            "-c",
+            holder_script,
+        ],
+        dir.path(),
+        "holder",
+    );
+    let server = cluster.server(0).http();
+    let session = holder_session(cluster.server(0), "agentloss/.lock").await;
+    eventually(PROMPT, "the holder's child to start", || async {
+        dir.path().join("pid").exists().then_some(())
+    })
+    .await;
+    let mut contender = vigil_lock_in(
+        &cluster.client(1).base,
+        &[
+            "--lock-delay",
+            "0s",
+            "agentloss",
+            "--",
+            "sh",
+            "-c",
+            r#"date +%s%N > "$DIR/granted"; exec sleep 600"#,
+        ],
+        dir.path(),
+        "contender",
+    );
+    eventually(PROMPT, "the contender to wait", || async {
+        let sessions = server.get("/v1/session/list").await.json();
+        (sessions.as_array().map_or(0, Vec::len) == 2).then_some(())
+    })
+    .await;
+
+    // kill -9 of the holder's agent: vigil lock learns it from the refused connection, stops
+    // its child and exits as for a lost lock.
+    let killed = Instant::now();
+    cluster.kill9_client(0).await;
+    assert_eq!(exit_code(&mut holder).await, 75);
+    println!("agent kill -9 → vigil lock exited: {:?}", killed.elapsed());
+    let stderr = std::fs::read_to_string(dir.path().join("holder.err")).unwrap();
+    assert!(stderr.contains("local agent is gone"), "{stderr}");
+    let stopped = written_time(&dir.path().join("stopped")).expect("the child trapped SIGTERM");
+
+    // The cluster frees the lock (the session dies with its node) and the contender gets it,
+    // strictly after the holder's child was stopped.
+    let granted = eventually(PROMPT, "the contender to be granted", || async {
+        written_time(&dir.path().join("granted"))
+    })
+    .await;
+    assert!(!server.session_exists(&session).await);
+    assert!(
+        stopped < granted,
+        "the holder's child was stopped {} ms after the contender's started",
+        (stopped - granted) / 1_000_000
+    );
+    println!(
+        "holder's child stopped {} ms before the next grant",
+        (granted - stopped) / 1_000_000
+    );
+    assert!(
+        contender.try_wait().unwrap().is_none(),
+        "contender holds on"
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_holder_keeps_its_lock_through_a_two_second_stop_of_its_agent() {
+    // The child runs until the barrier opens, and logs a SIGTERM if one comes.
+    let agent = Agent::dev().await;
+    let run = Run::new();
+    let script = r#"
+trap 'echo term >> "$LOG"; exit 0' TERM
+echo "pid $$" >> "$LOG"
+while [ ! -e "$GO" ]; do sleep 0.05; done
+"#;
+    let mut proc = vigil_lock(
+        &agent,
+        &["--lock-delay", "0s", "paused", "--", "sh", "-c", script],
+        &run.env(0, true),
+    );
+    let session = holder_session(&agent, "paused/.lock").await;
+    eventually(PROMPT, "the child to start", || async {
+        lines(&run.log)
+            .iter()
+            .any(|l| l.starts_with("pid "))
+            .then_some(())
+    })
+    .await;
+
+    // The agent is stopped for 2 s (well within the 15 s TTL): it answers nothing and refuses
+    // nothing, which is no evidence of death.
+    let pid = nix::unistd::Pid::from_raw(agent.pid().expect("agent runs") as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+
+    // Resumed: the same session holds the lock, and the command runs to its own end (0, not
+    // the 75 of a lost lock), never signalled.
+    assert_eq!(holder_session(&agent, "paused/.lock").await, session);
+    assert!(proc.try_wait().unwrap().is_none(), "vigil lock gave up");
+    run.open_barrier();
+    assert_eq!(exit_code(&mut proc).await, 0);
+    assert!(
+        !lines(&run.log).contains(&"term".to_owned()),
+        "{:?}",
+        lines(&run.log)
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_holder_learns_at_once_that_its_agent_on_a_unix_socket_died() {
+    use tokio::io::AsyncBufReadExt as _;
+
+    // A dev agent serving its API on a Unix socket only; vigil lock reaches it there.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("http.sock");
+    let mut agent = Command::new(binary())
+        .args([
+            "agent",
+            "--dev",
+            "--node",
+            "unix-holder",
+            "--log-level",
+            "warn",
+        ])
+        .arg("--http-addr")
+        .arg(format!("unix://{}", socket.display()))
+        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
+        .args(["--timing-profile", "local"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil agent");
+    let stdout = agent.stdout.take().expect("piped stdout");
+    tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("a ready line");
+    let addr = format!("unix://{}", socket.display());
+    let mut holder = vigil_lock_in(
+        &addr,
+        &[
+            "unixloss",
+            "--",
+            "sh",
+            "-c",
+            r#"echo $$ > "$DIR/pid"; exec sleep 600"#,
+        ],
+        dir.path(),
+        "holder",
+    );
+    eventually(PROMPT, "the child to start", || async {
+        dir.path().join("pid").exists().then_some(())
+    })
+    .await;
+
+    // kill -9 of the agent: its socket file stays, the dial is refused, and vigil lock stops its
+    // child at once, long before the 15 s TTL could tell.
+    let killed = Instant::now();
+    agent.start_kill().expect("kill -9 the agent");
+    agent.wait().await.expect("the agent exits");
+    assert_eq!(exit_code(&mut holder).await, 75);
+    let took = killed.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "vigil lock exited after {took:?}"
+    );
+    let stderr = std::fs::read_to_string(dir.path().join("holder.err")).unwrap();
+    assert!(stderr.contains("local agent is gone"), "{stderr}");
 }

@@ -3,14 +3,17 @@
 //! interop with a hand-written client following Consul's `api.Lock` and `api.Semaphore`
 //! protocols byte for byte (docs/consul-compatibility.md#the-lock-recipe, #the-semaphore-recipe),
 //! in both directions; lock/semaphore conflicts on one prefix; and elections (3 candidates, the
-//! leader's session destroyed, `observe` reporting "no leader" and then the new one).
+//! leader's session destroyed, `observe` reporting "no leader" and then the new one); and the
+//! holder's agent: stopped past the TTL (lost as unreachable, not before), killed (lost at once,
+//! before a contender through another agent is granted).
 
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use futures::StreamExt as _;
 use futures::stream::BoxStream;
+use futures::{FutureExt as _, StreamExt as _};
+use integration_tests::cluster::Cluster;
 use integration_tests::{Agent, Http, eventually};
 use serde_json::{Value, json};
 use vigil_shared::client::{
@@ -584,22 +587,65 @@ async fn fair_waiter_fails_at_once_when_its_session_dies_and_honours_a_dead_owne
     next.release().await.unwrap();
 }
 
+#[cfg(target_os = "linux")]
 #[tokio::test]
-async fn unreachable_agent_loses_the_lock_after_the_ttl() {
-    // A lock with a 2 s session TTL; then the agent dies.
+async fn a_stopped_agent_is_no_evidence_the_lock_is_lost_after_the_ttl() {
+    // A lock with a 2 s session TTL; then the agent is stopped (SIGSTOP): it answers nothing
+    // and refuses nothing.
     let agent = Agent::dev().await;
     let client = client(&agent);
     let mut opts = LockOptions::new("far/.lock");
     opts.session.ttl = Duration::from_secs(2);
     let held = Lock::new(&client, opts).unwrap().acquire().await.unwrap();
-    let killed = Instant::now();
-    agent.kill9().await;
+    let pid = nix::unistd::Pid::from_raw(agent.pid().expect("agent runs") as i32);
+    let stopped = Instant::now();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
 
     // lost() says so once a whole TTL has passed without contact, not before.
     let reason = tokio::time::timeout(PROMPT, held.lost()).await.unwrap();
+    let took = stopped.elapsed();
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     assert_eq!(reason, LossReason::Unreachable);
-    let took = killed.elapsed();
     assert!(took >= Duration::from_millis(1500), "after {took:?}");
+}
+
+#[tokio::test]
+async fn a_lock_is_lost_at_once_when_its_agent_dies_before_anyone_else_is_granted() {
+    // One server, two client agents, no lock-delay: a lock held through client 0, a contender
+    // waiting through client 1.
+    let mut cluster = Cluster::servers(1).clients(2).start().await;
+    let locker = |agent: &Agent| {
+        let mut opts = LockOptions::new("agentloss/.lock");
+        opts.session.lock_delay = Some(Duration::ZERO);
+        Lock::new(&client(agent), opts).unwrap()
+    };
+    let held = locker(cluster.client(0)).acquire().await.unwrap();
+    let contender = locker(cluster.client(1));
+    let held_lost = held.lost();
+    let next = tokio::spawn(async move {
+        let next = contender.acquire().await.unwrap();
+        // The moment the contender holds the lock, the old holder must know it lost it.
+        (next, held_lost.now_or_never())
+    });
+    let server = cluster.server(0).http();
+    eventually(PROMPT, "the contender to wait", || async {
+        let sessions = server.get("/v1/session/list").await.json();
+        (sessions.as_array().map_or(0, Vec::len) == 2).then_some(())
+    })
+    .await;
+
+    // kill -9 of the holder's agent: lost() says the agent is gone, long before any TTL, and
+    // before the cluster hands the lock on.
+    let killed = Instant::now();
+    cluster.kill9_client(0).await;
+    let reason = tokio::time::timeout(PROMPT, held.lost()).await.unwrap();
+    assert_eq!(reason, LossReason::AgentGone);
+    println!("agent kill -9 → lost(): {:?}", killed.elapsed());
+    let (next, known_then) = tokio::time::timeout(PROMPT, next).await.unwrap().unwrap();
+    println!("agent kill -9 → next holder: {:?}", killed.elapsed());
+    assert_eq!(known_then, Some(LossReason::AgentGone));
+    assert!(next.lock_index() > held.lock_index());
+    next.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -3,7 +3,8 @@
 //!
 //! Each setting comes from the first that is set of: an explicit value (a command-line flag),
 //! `VIGIL_<NAME>`, `CONSUL_<NAME>` (so `VIGIL_` wins), then the default. Names: `HTTP_ADDR`
-//! (`host:port`, `http://…` or `https://…`), `HTTP_SSL` (true: https unless the address names
+//! (`host:port`, `http://…`, `https://…`, or `unix:///path` for an agent serving its API on a
+//! Unix socket), `HTTP_SSL` (true: https unless the address names
 //! a scheme), `CACERT`, `CLIENT_CERT`, `CLIENT_KEY`, `HTTP_TOKEN`, `HTTP_TOKEN_FILE`.
 //!
 //! Invariant: the token never reaches a log or an error message; its `Debug` is redacted.
@@ -49,7 +50,8 @@ impl FromStr for Token {
 /// [`ClientConfig::from_env`]; [`ClientConfig::build`] uses them as they are.
 #[derive(Debug, Clone, Default)]
 pub struct ClientConfig {
-    /// `host:port`, `http://host:port` or `https://host:port` [default: 127.0.0.1:8500].
+    /// `host:port`, `http://host:port`, `https://host:port` or `unix:///path` [default:
+    /// 127.0.0.1:8500].
     pub addr: Option<String>,
     /// HTTPS for an address without a scheme (`CONSUL_HTTP_SSL=true`).
     pub https: bool,
@@ -111,11 +113,15 @@ impl ClientConfig {
         Ok(self)
     }
 
-    /// The agent's base URL, `scheme://host:port` with no trailing slash.
+    /// The agent's base URL, `scheme://host:port` with no trailing slash (`http://localhost`
+    /// for a Unix socket).
     pub fn base_url(&self) -> Result<String, ClientError> {
+        if self.unix_socket().is_some() {
+            return Ok("http://localhost".to_owned());
+        }
         let addr = self.addr.as_deref().unwrap_or(DEFAULT_HTTP_ADDR);
         let addr = addr.trim().trim_end_matches('/');
-        if addr.is_empty() {
+        if addr.is_empty() || addr.starts_with("unix:") {
             return Err(ClientError::BadAddress(addr.to_owned()));
         }
         if let Some((scheme, rest)) = addr.split_once("://") {
@@ -128,19 +134,28 @@ impl ClientConfig {
         Ok(format!("{scheme}://{addr}"))
     }
 
+    /// The socket of a `unix:///path` address (plain HTTP, as Consul's clients speak there).
+    pub fn unix_socket(&self) -> Option<PathBuf> {
+        let path = self.addr.as_deref()?.trim().strip_prefix("unix://")?;
+        (!path.is_empty()).then(|| PathBuf::from(path))
+    }
+
     /// A client for the agent as configured.
     pub fn build(&self) -> Result<Client, ClientError> {
         let base = self.base_url()?;
+        let socket = self.unix_socket();
         let mut builder = reqwest::Client::builder()
             .pool_idle_timeout(std::time::Duration::from_secs(90))
             .tcp_nodelay(true);
-        if base.starts_with("https://") {
+        if let Some(socket) = &socket {
+            builder = builder.unix_socket(socket.as_path());
+        } else if base.starts_with("https://") {
             builder = self.tls(builder)?;
         }
         let http = builder
             .build()
             .map_err(|e| ClientError::BadConfig(format!("{base}: {e}")))?;
-        Ok(Client::from_parts(http, base, self.token.clone()))
+        Ok(Client::from_parts(http, base, socket, self.token.clone()))
     }
 
     /// HTTPS: trust only the CA given (a Vigil agent's certificate comes from `vigil tls`), and
@@ -205,6 +220,13 @@ mod tests {
         );
         assert_eq!(config("http://h:1", true).base_url().unwrap(), "http://h:1");
         assert!(config("ftp://h:1", false).base_url().is_err());
+        let unix = config("unix:///run/vigil/http.sock", false);
+        assert_eq!(unix.base_url().unwrap(), "http://localhost");
+        assert_eq!(
+            unix.unix_socket(),
+            Some(PathBuf::from("/run/vigil/http.sock"))
+        );
+        assert!(config("unix://", false).base_url().is_err());
         assert_eq!(
             ClientConfig::default().base_url().unwrap(),
             "http://127.0.0.1:8500"

@@ -93,7 +93,8 @@ impl Held {
     }
 
     /// Resolves once the lock is no longer held: session invalidated, key released, deleted or
-    /// taken by an operator, agent unreachable past the TTL, or released.
+    /// taken by an operator, agent unreachable past the TTL or gone (it refused a connection),
+    /// or released.
     pub fn lost(&self) -> impl Future<Output = LossReason> + Send + 'static {
         let lost = self.lost.clone();
         async move { lost.wait().await }
@@ -174,7 +175,14 @@ pub(crate) async fn monitor<F, Fut>(
                 }
                 tracing::debug!(error = %e, "lock monitor read failed, retrying");
                 index = 0;
-                tokio::time::sleep(MONITOR_RETRY).await;
+                // The session's loss (the agent gone, say) ends the pause too.
+                if let Err(ClientError::SessionLost(reason)) = keeper_lost
+                    .unless_lost(tokio::time::sleep(MONITOR_RETRY))
+                    .await
+                {
+                    trigger.fire(reason);
+                    return;
+                }
             }
         }
     }

@@ -4,6 +4,10 @@
 //! keys it holds) and then destroys the session. A keeper [`borrowed`](SessionKeeper::borrowed)
 //! from a session someone else keeps alive (Consul's `LockOptions.Session`) neither renews nor
 //! destroys it: closing it runs the cleanups only.
+//!
+//! Either kind also counts its session lost the moment the agent, when it runs on this host,
+//! refuses a connection ([`LossReason::AgentGone`], see [`super::liveness`]): the session is
+//! bound to that agent's node, and the cluster frees its locks soon after the agent dies.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -12,6 +16,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::liveness::lose_on_refusal;
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::{Client, ClientError, SessionRequest};
 use crate::go::duration::parse_go_duration;
@@ -30,11 +35,13 @@ pub struct SessionKeeper {
     id: String,
     ttl: Duration,
     lost: LostSignal,
-    /// A borrowed keeper's own loss signal, kept unfired while the keeper lives (the recipe's
-    /// monitor notices a lost session through what it watches).
+    /// A borrowed keeper's own loss signal, fired only by the agent watch (otherwise the
+    /// recipe's monitor notices a lost session through what it watches).
     _borrowed_signal: Option<LostTrigger>,
     /// `None` for a borrowed session: its owner renews and destroys it.
     renewer: Option<JoinHandle<()>>,
+    /// Counts the session lost when the agent refuses a connection; `None` for a remote agent.
+    agent_watch: Option<JoinHandle<()>>,
     cleanups: Vec<Cleanup>,
     closed: bool,
 }
@@ -52,6 +59,7 @@ impl SessionKeeper {
         };
         let id = client.session_create(&request).await?;
         let (trigger, lost) = LostTrigger::new();
+        let agent_watch = watch_agent(client, &trigger);
         let renewer = tokio::spawn(renew(client.clone(), id.clone(), ttl, trigger));
         Ok(SessionKeeper {
             client: client.clone(),
@@ -60,6 +68,7 @@ impl SessionKeeper {
             lost,
             _borrowed_signal: None,
             renewer: Some(renewer),
+            agent_watch,
             cleanups: Vec::new(),
             closed: false,
         })
@@ -69,6 +78,7 @@ impl SessionKeeper {
     /// monitor tolerates an unreachable agent). Its loss is noticed by what the recipe watches.
     pub fn borrowed(client: &Client, id: &str, ttl: Duration) -> SessionKeeper {
         let (trigger, lost) = LostTrigger::new();
+        let agent_watch = watch_agent(client, &trigger);
         SessionKeeper {
             client: client.clone(),
             id: id.to_owned(),
@@ -76,6 +86,7 @@ impl SessionKeeper {
             lost,
             _borrowed_signal: Some(trigger),
             renewer: None,
+            agent_watch,
             cleanups: Vec::new(),
             closed: false,
         }
@@ -127,8 +138,12 @@ impl SessionKeeper {
         finish(self.client.clone(), self.id.clone(), cleanups, owned).await
     }
 
-    /// Stops the renewer; whether this keeper owns (and so destroys) the session.
+    /// Stops the renewer and the agent watch; whether this keeper owns (and so destroys) the
+    /// session.
     fn stop_renewing(&mut self) -> bool {
+        if let Some(watch) = self.agent_watch.take() {
+            watch.abort();
+        }
         match self.renewer.take() {
             Some(renewer) => {
                 renewer.abort();
@@ -153,6 +168,13 @@ impl Drop for SessionKeeper {
             }
         });
     }
+}
+
+/// Fires `trigger` when the agent refuses a connection, if it runs on this host.
+fn watch_agent(client: &Client, trigger: &LostTrigger) -> Option<JoinHandle<()>> {
+    let runtime = tokio::runtime::Handle::try_current().ok()?;
+    let refusals = client.agent_refusals()?;
+    Some(runtime.spawn(lose_on_refusal(refusals, trigger.clone())))
 }
 
 async fn finish(

@@ -25,6 +25,9 @@ pub enum LossReason {
     Unreachable,
     /// The holder released it (or the watcher stopped).
     Released,
+    /// The agent on this host that the session was created through refused a connection: its
+    /// process is gone, and the cluster frees the session's locks within about a second.
+    AgentGone,
 }
 
 impl std::fmt::Display for LossReason {
@@ -39,6 +42,9 @@ impl std::fmt::Display for LossReason {
                 f.write_str("agent unreachable for longer than the session TTL")
             }
             LossReason::Released => f.write_str("released"),
+            LossReason::AgentGone => {
+                f.write_str("the local agent is gone (it refused a connection)")
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ mod fair;
 mod held;
 mod keeper;
 mod kv;
+mod liveness;
 mod lock;
 mod lost;
 pub mod path;
@@ -26,6 +27,7 @@ mod recipe;
 mod semaphore;
 mod session;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,6 +43,7 @@ pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step}
 pub use held::{Held, HeldKind};
 pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
+use liveness::AgentWatch;
 pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
 pub use queue::{FairMutex, LockQueue, QueueOptions, RwLock};
@@ -119,6 +122,9 @@ struct Inner {
     http: reqwest::Client,
     /// `http://host:port`, no trailing slash.
     base: String,
+    /// The agent's Unix socket, when it is reached through one (`base` is then
+    /// `http://localhost`).
+    unix_socket: Option<PathBuf>,
     /// Requests sent through [`Client::send`]: every call of the API and the recipes.
     requests_sent: AtomicU64,
     /// Blocking reads (index > 0) and waiting queue acquisitions that returned, for measuring
@@ -128,6 +134,9 @@ struct Inner {
     cleanups: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     /// Sent as `X-Consul-Token` on every request, as Consul's clients do with `-token`.
     token: Option<Token>,
+    /// Whether the agent has died, watched from the first session a keeper holds (only for an
+    /// agent on this host; see [`liveness`]).
+    agent_watch: Mutex<Option<AgentWatch>>,
 }
 
 /// A raw answer.
@@ -180,15 +189,22 @@ impl Client {
     }
 
     /// Assembles a client; [`ClientConfig::build`] is the one caller.
-    fn from_parts(http: reqwest::Client, base: String, token: Option<Token>) -> Client {
+    fn from_parts(
+        http: reqwest::Client,
+        base: String,
+        unix_socket: Option<PathBuf>,
+        token: Option<Token>,
+    ) -> Client {
         Client {
             inner: Arc::new(Inner {
                 http,
                 base,
+                unix_socket,
                 requests_sent: AtomicU64::new(0),
                 blocking_returns: AtomicU64::new(0),
                 cleanups: Mutex::new(Vec::new()),
                 token,
+                agent_watch: Mutex::new(None),
             }),
         }
     }
@@ -198,6 +214,7 @@ impl Client {
         Client::from_parts(
             self.inner.http.clone(),
             self.inner.base.clone(),
+            self.inner.unix_socket.clone(),
             Token::new(token),
         )
     }
@@ -295,6 +312,16 @@ impl Client {
             headers,
             body,
         })
+    }
+
+    /// A subscription that completes when the agent next refuses a connection (see
+    /// [`liveness`]), starting the watch if needed; `None` when the agent is not on this host.
+    pub(crate) fn agent_refusals(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        let mut watch = self.inner.agent_watch.lock();
+        if watch.is_none() {
+            *watch = AgentWatch::start(&self.inner.base, self.inner.unix_socket.as_deref());
+        }
+        watch.as_ref().map(AgentWatch::subscribe)
     }
 
     pub(crate) fn count_blocking_return(&self) {

@@ -17,7 +17,7 @@ fn service_id(pid: u32) -> String {
 }
 
 /// Whether `base` (`http://host:port`) names this host.
-fn is_local(base: &str) -> bool {
+pub(crate) fn is_local(base: &str) -> bool {
     let Ok(url) = reqwest::Url::parse(base) else {
         return false;
     };
