@@ -3,7 +3,7 @@
 //! then the report. Exits 1 when it found an anomaly. The last line of a report is the command
 //! that runs the same schedule again.
 //!
-//! `cargo run -p integration-tests --bin vigil-jepsen -- --minutes 30 [--seed N] [--plan faults|stale-reads|trusting-fence|shortened-ttl]`
+//! `cargo run -p integration-tests --bin vigil-jepsen -- --minutes 30 [--seed N] [--plan faults|rejecting-leader|stale-reads|trusting-fence|shortened-ttl]`
 //!
 //! Partitions and full disks need root; without it the report lists them as left out.
 

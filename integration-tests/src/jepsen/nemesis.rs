@@ -1,9 +1,10 @@
 //! The nemesis: faults on a cluster of real processes on loopback, drawn from a seed. Kill -9
 //! and restart of the leader, a follower or a client agent; SIGSTOP of each for a few seconds;
 //! one server cut off from the other two (iptables rules on its RPC and gossip ports, both
-//! ways, removed when the fault heals or the run ends); a server whose data directory (a tmpfs)
-//! fills up. Partitions and full disks need root; without it they are left out and the report
-//! says so.
+//! ways, removed when the fault heals or the run ends); the leader's ports refusing every
+//! datagram, as a firewall's `REJECT` makes them (alive, but to the others like a dead process);
+//! a server whose data directory (a tmpfs) fills up. Partitions, refusals and full disks need
+//! root; without it they are left out and the report says so.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -27,9 +28,15 @@ pub enum Fault {
     Partition,
     /// One server's disk full.
     FullDisk,
+    /// The leader's RPC and gossip ports refuse every datagram (a firewall's `REJECT`) while
+    /// the leader runs on: to the others it looks like a dead process, which a failover on
+    /// evidence must not take as licence to let it answer from its old term.
+    RejectLeader,
 }
 
 impl Fault {
+    /// What CI's plan injects: every fault but [`Fault::RejectLeader`], which has a plan of
+    /// its own.
     pub const ALL: [Fault; 8] = [
         Fault::KillLeader,
         Fault::KillFollower,
@@ -51,12 +58,16 @@ impl Fault {
             Fault::PauseClient => "pause-client",
             Fault::Partition => "partition",
             Fault::FullDisk => "full-disk",
+            Fault::RejectLeader => "reject-leader",
         }
     }
 
     /// Whether the fault needs root here (iptables, mounting a tmpfs).
     pub fn needs_root(self) -> bool {
-        matches!(self, Fault::Partition | Fault::FullDisk)
+        matches!(
+            self,
+            Fault::Partition | Fault::FullDisk | Fault::RejectLeader
+        )
     }
 }
 
@@ -255,6 +266,15 @@ impl<'a> Nemesis<'a> {
                 self.rules.clear();
                 Ok(format!("server s{i} cut off"))
             }
+            Fault::RejectLeader => {
+                self.rules
+                    .reject_to(self.cluster.server_rpc(leader).port())?;
+                self.rules
+                    .reject_to(self.cluster.server_serf(leader).port())?;
+                tokio::time::sleep(step.hold).await;
+                self.rules.clear();
+                Ok(format!("server s{leader} refusing"))
+            }
             Fault::FullDisk => {
                 let i = either;
                 let Some(dir) = self.tmpfs.get(i).cloned() else {
@@ -355,6 +375,28 @@ impl Rules {
             iptables("-I", &rule)?;
             self.0.push(rule);
         }
+        Ok(())
+    }
+
+    /// Refuses every UDP datagram to port `port` on loopback with ICMP port unreachable, as
+    /// a closed port would.
+    fn reject_to(&mut self, port: u16) -> Result<(), String> {
+        let rule: Vec<String> = [
+            "OUTPUT",
+            "-o",
+            "lo",
+            "-p",
+            "udp",
+            "--dport",
+            &port.to_string(),
+            "-j",
+            "REJECT",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        iptables("-I", &rule)?;
+        self.0.push(rule);
         Ok(())
     }
 
