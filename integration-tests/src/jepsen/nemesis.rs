@@ -356,24 +356,14 @@ impl Rules {
     /// Drops UDP on loopback from port `a` to port `b` and back.
     fn drop_between(&mut self, a: u16, b: u16) -> Result<(), String> {
         for (from, to) in [(a, b), (b, a)] {
-            let rule: Vec<String> = [
-                "OUTPUT",
-                "-o",
-                "lo",
-                "-p",
-                "udp",
+            self.add(&[
                 "--sport",
                 &from.to_string(),
                 "--dport",
                 &to.to_string(),
                 "-j",
                 "DROP",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-            iptables("-I", &rule)?;
-            self.0.push(rule);
+            ])?;
         }
         Ok(())
     }
@@ -381,20 +371,16 @@ impl Rules {
     /// Refuses every UDP datagram to port `port` on loopback with ICMP port unreachable, as
     /// a closed port would.
     fn reject_to(&mut self, port: u16) -> Result<(), String> {
-        let rule: Vec<String> = [
-            "OUTPUT",
-            "-o",
-            "lo",
-            "-p",
-            "udp",
-            "--dport",
-            &port.to_string(),
-            "-j",
-            "REJECT",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        self.add(&["--dport", &port.to_string(), "-j", "REJECT"])
+    }
+
+    /// Inserts the rule for outgoing UDP on loopback that `matching` completes.
+    fn add(&mut self, matching: &[&str]) -> Result<(), String> {
+        let rule: Vec<String> = ["OUTPUT", "-o", "lo", "-p", "udp"]
+            .iter()
+            .chain(matching)
+            .map(|s| s.to_string())
+            .collect();
         iptables("-I", &rule)?;
         self.0.push(rule);
         Ok(())

@@ -38,6 +38,41 @@ pub fn raise_open_files() {
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard).expect("raise the open file limit");
 }
 
+/// A dev agent named `node` serving its API on the Unix socket `socket` only, started and
+/// ready; with the ready line it printed.
+pub async fn unix_dev_agent(socket: &std::path::Path, node: &str) -> (Child, String) {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut agent = tokio::process::Command::new(binary())
+        .args(["agent", "--dev", "--node", node, "--log-level", "warn"])
+        .arg("--http-addr")
+        .arg(format!("unix://{}", socket.display()))
+        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
+        .args(["--timing-profile", "local"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn vigil agent");
+    let stdout = agent.stdout.take().expect("piped stdout");
+    let line = tokio::io::BufReader::new(stdout)
+        .lines()
+        .next_line()
+        .await
+        .expect("read")
+        .expect("a ready line");
+    (agent, line)
+}
+
+/// Blocking queries the server behind `http` holds now (`Stats.consul.blocking_queries` of
+/// `/v1/agent/self`).
+pub async fn blocking_queries(http: &Http) -> usize {
+    let reply = http.get("/v1/agent/self").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    reply.json()["Stats"]["consul"]["blocking_queries"]
+        .as_str()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("blocking_queries in {}", reply.text()))
+}
+
 pub fn b64(bytes: impl AsRef<[u8]>) -> String {
     BASE64.encode(bytes)
 }

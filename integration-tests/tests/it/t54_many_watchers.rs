@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use integration_tests::cluster::Cluster;
-use integration_tests::{Agent, Http, eventually};
+use integration_tests::{Agent, eventually};
 use reqwest::StatusCode;
 use tokio::time::Instant;
 
-use crate::common::{exclusive, raise_open_files};
+use crate::common::{blocking_queries, exclusive, raise_open_files};
 
 const WATCHERS: usize = 3000;
 /// Loopback source addresses the watchers come from, each carrying fewer connections than
@@ -22,16 +22,6 @@ const WAIT: &str = "120s";
 const REGISTER_LIMIT: Duration = Duration::from_secs(90);
 /// What an unrelated request may take while the watchers wait.
 const UNRELATED_LIMIT: Duration = Duration::from_secs(1);
-
-/// Blocking queries a server holds now (`Stats.consul.blocking_queries` of `/v1/agent/self`).
-async fn blocking_queries(http: &Http) -> usize {
-    let reply = http.get("/v1/agent/self").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()["Stats"]["consul"]["blocking_queries"]
-        .as_str()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("blocking_queries in {}", reply.text()))
-}
 
 /// A blocking read of `path` from loopback address `source`: (status, X-Consul-Index).
 async fn watch(client: reqwest::Client, url: String) -> (StatusCode, u64) {

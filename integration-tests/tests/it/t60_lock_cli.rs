@@ -17,7 +17,7 @@ use integration_tests::{Agent, binary, eventually};
 use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 
-use crate::common::{PROMPT, exit_code};
+use crate::common::{PROMPT, exit_code, unix_dev_agent};
 
 /// `vigil lock <args>` against `agent`, with extra environment for the child's script.
 fn vigil_lock(agent: &Agent, args: &[&str], env: &[(&str, String)]) -> Child {
@@ -592,35 +592,10 @@ while [ ! -e "$GO" ]; do sleep 0.05; done
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn a_holder_learns_at_once_that_its_agent_on_a_unix_socket_died() {
-    use tokio::io::AsyncBufReadExt as _;
-
     // A dev agent serving its API on a Unix socket only; vigil lock reaches it there.
     let dir = tempfile::tempdir().expect("temp dir");
     let socket = dir.path().join("http.sock");
-    let mut agent = Command::new(binary())
-        .args([
-            "agent",
-            "--dev",
-            "--node",
-            "unix-holder",
-            "--log-level",
-            "warn",
-        ])
-        .arg("--http-addr")
-        .arg(format!("unix://{}", socket.display()))
-        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
-        .args(["--timing-profile", "local"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn vigil agent");
-    let stdout = agent.stdout.take().expect("piped stdout");
-    tokio::io::BufReader::new(stdout)
-        .lines()
-        .next_line()
-        .await
-        .expect("read")
-        .expect("a ready line");
+    let (mut agent, _) = unix_dev_agent(&socket, "unix-holder").await;
     let addr = format!("unix://{}", socket.display());
     let mut holder = vigil_lock_in(
         &addr,

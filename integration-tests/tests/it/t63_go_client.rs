@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::common::{assert_error, b64};
+use crate::common::{assert_error, b64, unix_dev_agent};
 
 /// Go writes a nil slice, map or pointer as `null`: each body here is what the Go client sends
 /// for a call made without the optional parts (`api.TestAPI_CatalogRegistration` without
@@ -589,30 +589,7 @@ async fn the_api_on_a_unix_socket() {
     let socket = dir.path().join("http.sock");
     // A socket left by an earlier run.
     drop(std::os::unix::net::UnixListener::bind(&socket).expect("a stale socket"));
-    let mut child = Command::new(binary())
-        .args([
-            "agent",
-            "--dev",
-            "--node",
-            "unix-node",
-            "--log-level",
-            "warn",
-        ])
-        .arg("--http-addr")
-        .arg(format!("unix://{}", socket.display()))
-        .args(["--rpc-addr", "127.0.0.1:0", "--serf-addr", "127.0.0.1:0"])
-        .args(["--timing-profile", "local"])
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("spawn vigil agent");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let mut lines = BufReader::new(stdout).lines();
-    let line = lines
-        .next_line()
-        .await
-        .expect("read")
-        .expect("a ready line");
+    let (_agent, line) = unix_dev_agent(&socket, "unix-node").await;
     assert!(
         line.contains(&format!("http=unix://{}", socket.display())),
         "{line}"

@@ -14,20 +14,12 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_shared::client::{Client, FairMutex, QueueOptions};
 
+use crate::common::blocking_queries;
+
 const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0095";
 /// How long a read answered at once may take.
 const AT_ONCE: Duration = Duration::from_secs(3);
 const SETTLE: Duration = Duration::from_secs(30);
-
-/// Blocking queries the agent's server holds now.
-async fn blocking_queries(http: &Http) -> usize {
-    let reply = http.get("/v1/agent/self").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    reply.json()["Stats"]["consul"]["blocking_queries"]
-        .as_str()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("blocking_queries in {}", reply.text()))
-}
 
 async fn until_blocking(http: &Http, n: usize) {
     eventually(SETTLE, &format!("{n} blocking queries held"), || async {
