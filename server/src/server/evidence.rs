@@ -1,6 +1,5 @@
 //! Leader failover on evidence of death. A follower that stops hearing from its leader for a
-//! heartbeat and a half, or whose gossip no longer lists the leader alive, checks the leader's
-//! RPC port ([`dial::port_closed`]): closed means the leader's process is gone (a stopped or
+//! heartbeat and a half (the leader's read lease) checks the leader's RPC port ([`dial::port_closed`]): closed means the leader's process is gone (a stopped or
 //! slow leader still owns its socket and is never accused), and the follower campaigns at once
 //! instead of waiting out its leader lease and election timeout (3-4 s with `lan` timing).
 //!
@@ -60,16 +59,6 @@ impl Server {
             },
             addr,
             voters: membership.voter_ids().collect(),
-        })
-    }
-
-    /// Whether the leader at `addr` is no longer listed alive by gossip.
-    fn gossip_lost(&self, addr: SocketAddr) -> bool {
-        self.config.members.as_ref().is_some_and(|members| {
-            members
-                .borrow()
-                .iter()
-                .any(|m| m.rpc_addr == addr && m.state != MemberState::Alive)
         })
     }
 
@@ -169,13 +158,11 @@ impl Server {
         let heartbeat = Duration::from_millis(self.config.raft.heartbeat_ms);
         let mut tick = tokio::time::interval(heartbeat / 3);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut members = self.config.members.clone();
         let mut campaigned = None;
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => return,
                 _ = tick.tick() => {}
-                () = member_change(&mut members) => {}
             }
             let Some(following) = self.following() else {
                 continue;
@@ -183,16 +170,9 @@ impl Server {
             if campaigned == Some(following.leader) {
                 continue;
             }
-            // Gossip's word that the leader is gone has its port checked at once; the campaign
-            // waits (tick by tick) for the leader's read lease to run out: this server's own
-            // vote must not cut it short.
-            if !self.leader_silent() && !self.gossip_lost(following.addr) {
-                continue;
-            }
-            if !self.leader_dead(&following).await {
-                continue;
-            }
-            if !self.leader_silent() {
+            // Not before the leader's read lease has run out: this server's own vote must not
+            // cut it short.
+            if !self.leader_silent() || !self.leader_dead(&following).await {
                 continue;
             }
             campaigned = Some(following.leader);
@@ -226,18 +206,5 @@ impl Server {
                 tracing::warn!(error = %e, "could not start an election");
             }
         }
-    }
-}
-
-/// Resolves when the gossip member list changes; never without one (or once it is gone).
-async fn member_change(members: &mut Option<watch::Receiver<Vec<MemberStatus>>>) {
-    match members {
-        Some(m) => {
-            if m.changed().await.is_err() {
-                *members = None;
-                std::future::pending::<()>().await;
-            }
-        }
-        None => std::future::pending().await,
     }
 }
