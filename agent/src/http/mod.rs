@@ -133,7 +133,7 @@ impl Ctx {
         &self,
         query: Q,
     ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
-        let opts = self.query_options(&query.clone().into())?;
+        let opts = self.query_options(&query)?;
         Ok(self.state.backend.read(opts, query).await?)
     }
 
@@ -141,12 +141,13 @@ impl Ctx {
     /// whose every result the token would lose to its filter does not block: it is answered
     /// at once (its index is the current one), taking none of the servers' blocking-query
     /// slots, instead of waiting for changes the token could never be shown.
-    pub fn query_options(
+    pub fn query_options<Q: vigil_shared::rpc::Query>(
         &self,
-        query: &vigil_shared::rpc::ReadQuery,
+        query: &Q,
     ) -> Result<QueryOptions, error::ApiError> {
         let opts = self.params.query_options()?;
-        if self.authz.0.sees_nothing(query) {
+        // Only a blocking read is worth the question (and the copy of the query it takes).
+        if opts.min_index > 0 && self.authz.0.sees_nothing(&query.clone().into()) {
             return Ok(QueryOptions {
                 min_index: 0,
                 ..opts

@@ -85,7 +85,7 @@ pub async fn locks(cx: Ctx) -> Result<Response, ApiError> {
     let native = reads::Locks {
         prefix: prefix.clone(),
     };
-    let opts = cx.query_options(&native.clone().into())?;
+    let opts = cx.query_options(&native)?;
     let (queues, meta) = cx.state.backend.read(opts, native).await?;
     let list = reads::KvList {
         prefix: prefix.clone(),
