@@ -80,6 +80,9 @@ pub const GOSSIP_MEMBERS: &str = "vigil.gossip.members";
 pub const GOSSIP_DECRYPT_FAILURES: &str = "vigil.gossip.decrypt_failures";
 /// Gossip packets from another datacenter, dropped, since start (gauge).
 pub const GOSSIP_FOREIGN_DROPS: &str = "vigil.gossip.foreign_datacenter_drops";
+/// Lifeguard's local health multiplier, 0 (healthy) to 8: how far this agent stretches its own
+/// probe and suspicion timeouts because its probes fail (gauge; memberlist's name).
+pub const MEMBERLIST_HEALTH_SCORE: &str = "consul.memberlist.health.score";
 /// Open HTTP API connections of this agent, both listeners (gauge).
 pub const HTTP_CONNECTIONS: &str = "vigil.http.connections";
 /// HTTP API connections closed to protect the agent, label `reason`: `client_cap` (429, the
@@ -412,7 +415,12 @@ impl Proposal {
 
 /// Sets the gossip gauges every agent has, when metrics are read: members by state, and the
 /// gossip layer's own drop counts.
-pub fn record_gossip(members: &[MemberStatus], decrypt_failures: u64, foreign_drops: u64) {
+pub fn record_gossip(
+    members: &[MemberStatus],
+    decrypt_failures: u64,
+    foreign_drops: u64,
+    health_score: u64,
+) {
     for (state, label) in [
         (MemberState::Alive, "alive"),
         (MemberState::Leaving, "leaving"),
@@ -424,6 +432,7 @@ pub fn record_gossip(members: &[MemberStatus], decrypt_failures: u64, foreign_dr
     }
     gauge!(GOSSIP_DECRYPT_FAILURES).set(decrypt_failures as f64);
     gauge!(GOSSIP_FOREIGN_DROPS).set(foreign_drops as f64);
+    gauge!(MEMBERLIST_HEALTH_SCORE).set(health_score as f64);
 }
 
 /// Sets the gauges only a server has: raft figures, state sizes, blocking queries, active

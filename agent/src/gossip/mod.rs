@@ -164,6 +164,7 @@ pub struct Gossip {
     events: watch::Receiver<Vec<UserEvent>>,
     decrypt_failures: Arc<AtomicU64>,
     foreign_drops: Arc<AtomicU64>,
+    health_score: Arc<AtomicU64>,
     local_addr: SocketAddr,
     gossip_addr: SocketAddr,
     profile: TimingProfile,
@@ -228,6 +229,7 @@ pub async fn start(
     let (commands_tx, commands_rx) = mpsc::channel(64);
     let decrypt_failures = Arc::new(AtomicU64::new(0));
     let foreign_drops = Arc::new(AtomicU64::new(0));
+    let health_score = Arc::new(AtomicU64::new(0));
 
     tracing::info!(%gossip_addr, join = ?config.join, encrypted = node.is_encrypted(), "gossip started");
     let driver = Driver {
@@ -235,6 +237,7 @@ pub async fn start(
         socket,
         decrypt_failures: Arc::clone(&decrypt_failures),
         foreign_drops: Arc::clone(&foreign_drops),
+        health_score: Arc::clone(&health_score),
         key_waiters: HashMap::new(),
         commands: commands_rx,
         members: members_tx,
@@ -252,6 +255,7 @@ pub async fn start(
         events: events_rx,
         decrypt_failures,
         foreign_drops,
+        health_score,
         local_addr,
         gossip_addr,
         profile: config.profile,
@@ -270,6 +274,7 @@ impl Gossip {
             events: watch::channel(Vec::new()).1,
             decrypt_failures: Arc::default(),
             foreign_drops: Arc::default(),
+            health_score: Arc::default(),
             local_addr: addr,
             gossip_addr: addr,
             profile: TimingProfile::Local,
@@ -388,6 +393,12 @@ impl Gossip {
     pub fn foreign_datacenter_drops(&self) -> u64 {
         self.foreign_drops.load(Ordering::Relaxed)
     }
+
+    /// Lifeguard's local health multiplier: 0 while our probes succeed, up to 8 while they
+    /// fail (memberlist's `health.score`).
+    pub fn health_score(&self) -> u64 {
+        self.health_score.load(Ordering::Relaxed)
+    }
 }
 
 /// The task that owns foca (inside [`GossipNode`]), the socket and foca's timers.
@@ -398,6 +409,8 @@ struct Driver {
     decrypt_failures: Arc<AtomicU64>,
     /// Mirrors the node's count for [`Gossip::foreign_datacenter_drops`].
     foreign_drops: Arc<AtomicU64>,
+    /// Mirrors [`GossipNode::local_health`] for [`Gossip::health_score`].
+    health_score: Arc<AtomicU64>,
     /// Callers of [`Gossip::keyring`] waiting for their query, by its ID.
     key_waiters: HashMap<u64, oneshot::Sender<KeyResponse>>,
     commands: mpsc::Receiver<Command>,
@@ -571,8 +584,10 @@ impl Driver {
         self.publish();
     }
 
-    /// Publishes the member list if it changed.
+    /// Publishes the member list if it changed, and our local health.
     fn publish(&mut self) {
+        self.health_score
+            .store(u64::from(self.node.local_health()), Ordering::Relaxed);
         if self.node.take_changed() {
             self.members.send_replace(self.node.members());
         }

@@ -24,8 +24,10 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
 
+use bytes::{Buf as _, BufMut as _};
 use foca::{
-    AccumulatingRuntime, Foca, Incarnation, OwnedNotification, PostcardCodec, State, Timer,
+    AccumulatingRuntime, Codec as _, Foca, Header, Incarnation, Message, OwnedNotification,
+    PostcardCodec, ProbeNumber, State, Timer,
 };
 use rand_foca::rngs::StdRng;
 use rand_foca::{RngExt as _, SeedableRng as _};
@@ -50,6 +52,10 @@ pub const KIND_SYNC: u8 = 1;
 /// First byte of a packet carrying a keyring request or answer ([`KeyMessage`]).
 pub const KIND_KEY: u8 = 2;
 
+/// Lifeguard's cap on the local health multiplier: timeouts stretch to at most 9 times
+/// (memberlist's `AwarenessMaxMultiplier`).
+const MAX_LOCAL_HEALTH: u32 = 8;
+
 /// How often old down rows are looked for; they are kept for minutes to hours anyway.
 const REAP_EVERY: Duration = Duration::from_secs(1);
 
@@ -59,6 +65,26 @@ struct SyncHeader {
     from: Member,
     /// Set on the first chunk of a push: answer with our own state (the pull).
     reply: bool,
+}
+
+/// A SWIM packet in foca's layout: `header`, then `updates` (a big-endian `u16` count and the
+/// members) unless there are none to carry, then `rest` (custom broadcasts) as it came.
+fn rebuild(
+    header: &Header<Member>,
+    updates: Option<&[foca::Member<Member>]>,
+    rest: &[u8],
+) -> Option<Vec<u8>> {
+    let mut codec = PostcardCodec;
+    let mut packet = Vec::with_capacity(MAX_PACKET);
+    codec.encode_header(header, &mut packet).ok()?;
+    if let Some(updates) = updates {
+        packet.put_u16(u16::try_from(updates.len()).ok()?);
+        for update in updates {
+            codec.encode_member(update, &mut packet).ok()?;
+        }
+    }
+    packet.extend_from_slice(rest);
+    Some(packet)
 }
 
 /// A random duration between `low` and `high` times `period`.
@@ -72,6 +98,9 @@ struct Suspicion {
     id: Member,
     incarnation: Incarnation,
     next_nudge: Duration,
+    /// When it started, and foca's suspicion timeout then (before our health stretches it).
+    since: Duration,
+    timeout: Duration,
 }
 
 /// What one call into the node asks the caller to do.
@@ -117,6 +146,13 @@ pub struct GossipNode {
     foreign_dropped: u64,
     next_sync: Duration,
     next_reap: Duration,
+    /// Our own incarnation, as our last packet carried it (foca keeps it to itself): a death
+    /// notice about us for an older one is stale.
+    incarnation: Incarnation,
+    /// Lifeguard's local health multiplier (see [`GossipNode::local_health`]).
+    local_health: u32,
+    /// The probe whose ack last counted towards `local_health` (a probe counts once).
+    last_acked_probe: Option<ProbeNumber>,
     /// Members we suspect, by address: nudged until refuted or declared down.
     suspecting: BTreeMap<SocketAddr, Suspicion>,
     /// Addresses whose first refusal (see [`GossipNode::refused`]) awaits confirmation, with
@@ -173,6 +209,9 @@ impl GossipNode {
             foreign_dropped: 0,
             next_sync: first_sync,
             next_reap: Duration::ZERO,
+            incarnation: Incarnation::default(),
+            local_health: 0,
+            last_acked_probe: None,
             suspecting: BTreeMap::new(),
             refused: BTreeMap::new(),
             rng: own_rng,
@@ -252,9 +291,132 @@ impl GossipNode {
                 return Output::default();
             }
         }
-        let result = self.foca.handle_data(data, &mut self.runtime);
+        let filtered = self.screen_swim(data);
+        let result = match filtered {
+            Some(filtered) => self.foca.handle_data(&filtered, &mut self.runtime),
+            None => self.foca.handle_data(data, &mut self.runtime),
+        };
         self.log_error("handle_data", result);
         self.settle(now)
+    }
+
+    /// What we read in a SWIM packet before foca does, in foca's layout (a header, then, unless
+    /// the message is a broadcast, a big-endian `u16` count of member updates and the updates,
+    /// then custom broadcasts): an ack for our probe (local health), members foca holds down
+    /// that now speak for a newer incarnation ([`GossipNode::resurrect_refuted`]), and death
+    /// notices that are stale ([`GossipNode::is_stale_death`]). Returns the packet rebuilt
+    /// without the stale notices, or `None` to hand it to foca as it is (nothing stale, or
+    /// nothing foca would decode either).
+    fn screen_swim(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+        let mut codec = PostcardCodec;
+        let mut rest = data;
+        let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
+        self.note_ack(&header);
+        self.resurrect_refuted(&header.src, header.src_incarnation);
+        let turn_undead = header.message == Message::TurnUndead && header.dst == *self.identity();
+        if turn_undead {
+            // "You are down", from a member that holds us down at some incarnation it does
+            // not say. foca would renew our identity, declaring the old one down everywhere;
+            // memberlist refutes instead. So do we: a newer incarnation, told to that member
+            // at once, which takes us back if its verdict was older (see `resurrect_refuted`).
+            tracing::debug!(from = %header.src.name, "gossip: told we are down; refuting");
+            let me = foca::Member::new(self.identity().clone(), self.incarnation, State::Suspect);
+            let result = self
+                .foca
+                .apply_many(std::iter::once(me), true, &mut self.runtime);
+            self.log_error("apply_many", result);
+            self.announce_to(header.src.addr);
+            header.message = Message::Gossip;
+        }
+        if header.message == Message::Broadcast || rest.remaining() < 2 {
+            return if turn_undead {
+                rebuild(&header, None, rest)
+            } else {
+                None
+            };
+        }
+        let count = rest.get_u16();
+        let mut updates = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            updates.push(codec.decode_member(&mut rest).ok()?);
+        }
+        for update in updates.iter().filter(|u| u.state() != State::Down) {
+            self.resurrect_refuted(update.id(), update.incarnation());
+        }
+        let before = updates.len();
+        updates.retain(|update| !self.is_stale_death(update));
+        if updates.len() == before && !turn_undead {
+            return None;
+        }
+        if updates.len() < before {
+            tracing::debug!(
+                from = %header.src.name,
+                dropped = before - updates.len(),
+                "gossip: ignored death notices older than the incarnation we know"
+            );
+        }
+        rebuild(&header, Some(&updates), rest)
+    }
+
+    /// Lifeguard: an ack for one of our probes, direct or forwarded by an indirect prober, is
+    /// a probe that succeeded, and our local health improves (once per probe).
+    fn note_ack(&mut self, header: &Header<Member>) {
+        let probe = match &header.message {
+            Message::Ack(probe)
+            | Message::ForwardedAck {
+                probe_number: probe,
+                ..
+            } => *probe,
+            _ => return,
+        };
+        if header.dst != *self.identity() || self.last_acked_probe == Some(probe) {
+            return;
+        }
+        self.last_acked_probe = Some(probe);
+        self.local_health = self.local_health.saturating_sub(1);
+    }
+
+    /// The other half of memberlist's rule: a member we hold down that speaks for (or is
+    /// reported at) a newer incarnation than the one we declared down had refuted before our
+    /// verdict could reach it, so the verdict was stale (we heard nothing for a while: the
+    /// refutation never reached us). memberlist brings such a member back alive; foca never
+    /// lifts a Down, so the row is forgotten (what its `RemoveDown` timer does) and foca takes
+    /// the member as new and alive. Without this we would answer its packets with
+    /// `TurnUndead`, and it would renew its identity: its old one declared down everywhere.
+    fn resurrect_refuted(&mut self, id: &Member, incarnation: Incarnation) {
+        // Cheap gate: no down rows at all (the usual case).
+        if self.foca.iter_membership_state().len() == self.foca.num_members() {
+            return;
+        }
+        let stale = self.foca.iter_membership_state().any(|known| {
+            known.id() == id && known.state() == State::Down && known.incarnation() < incarnation
+        });
+        if stale {
+            tracing::info!(member = %id.name, incarnation, "gossip: a member we declared down had refuted our suspicion; taking it back");
+            let result = self
+                .foca
+                .handle_timer(Timer::RemoveDown(id.clone()), &mut self.runtime);
+            self.log_error("handle_timer", result);
+        }
+    }
+
+    /// memberlist's rule for a death notice: one about an older incarnation than the one we
+    /// know is stale (the member refuted a suspicion since) and changes nothing. foca applies
+    /// a Down whatever its incarnation, so a member that hears nothing (a firewall rejecting
+    /// what is sent to it, a one-way partition) would suspect everyone, never hear their
+    /// refutations, and take every member it can still talk to down with it.
+    fn is_stale_death(&self, update: &foca::Member<Member>) -> bool {
+        if update.state() != State::Down {
+            return false;
+        }
+        if update.id() == self.identity() {
+            return update.incarnation() < self.incarnation;
+        }
+        self.foca.iter_membership_state().any(|known| {
+            known.id() == update.id()
+                && known.state() != State::Down
+                && known.incarnation() > update.incarnation()
+        })
     }
 
     fn same_datacenter(&mut self, src: &Member) -> bool {
@@ -290,9 +452,12 @@ impl GossipNode {
                         continue;
                     }
                     suspected |= member.id() == self.identity() && member.state() == State::Suspect;
+                    if member.state() != State::Down {
+                        self.resurrect_refuted(member.id(), member.incarnation());
+                    }
                     if member.state() == State::Alive {
                         alive.push(member);
-                    } else {
+                    } else if !self.is_stale_death(&member) {
                         news.push(member);
                     }
                 }
@@ -370,6 +535,17 @@ impl GossipNode {
         }
         let suspect = match &timer {
             Timer::ChangeSuspectToDown { member_id, .. } => {
+                if let Some(s) = self.suspecting.get(&member_id.addr) {
+                    // Our health may have worsened since the suspicion started: its end moves
+                    // with it, so a member that hears nothing does not declare everyone down.
+                    let end = s.since + self.stretched_suspicion(s.timeout);
+                    if now < end {
+                        return Output {
+                            timers: vec![(end - now, timer)],
+                            ..Output::default()
+                        };
+                    }
+                }
                 self.suspecting.remove(&member_id.addr);
                 Some(member_id.clone())
             }
@@ -783,27 +959,45 @@ impl GossipNode {
         }
         self.book.refresh(self.foca.identity(), now);
         while let Some((to, data)) = self.runtime.to_send() {
+            if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data) {
+                if header.src == *self.identity() && header.src_incarnation > self.incarnation {
+                    // We refuted a suspicion of ourselves: Lifeguard counts it against our
+                    // local health (others could not hear us in time).
+                    self.worse_health();
+                }
+                self.incarnation = header.src_incarnation;
+            }
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
             packet.extend_from_slice(&data);
             out.sends.push((to.addr, packet));
         }
         while let Some((after, timer)) = self.runtime.to_schedule() {
-            if let Timer::ChangeSuspectToDown {
-                member_id,
-                incarnation,
-                ..
-            } = &timer
-            {
-                self.suspecting.insert(
-                    member_id.addr,
-                    Suspicion {
-                        id: member_id.clone(),
-                        incarnation: *incarnation,
-                        next_nudge: now,
-                    },
-                );
-            }
+            let after = match &timer {
+                Timer::ChangeSuspectToDown {
+                    member_id,
+                    incarnation,
+                    ..
+                } => {
+                    // foca schedules this only when a probe of ours failed.
+                    self.worse_health();
+                    self.suspecting.insert(
+                        member_id.addr,
+                        Suspicion {
+                            id: member_id.clone(),
+                            incarnation: *incarnation,
+                            next_nudge: now,
+                            since: now,
+                            timeout: after,
+                        },
+                    );
+                    self.stretched_suspicion(after)
+                }
+                Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. } => {
+                    self.stretched(after)
+                }
+                _ => after,
+            };
             out.timers.push((after, timer));
         }
         debug_assert_eq!(self.runtime.backlog(), 0);
@@ -846,6 +1040,33 @@ impl GossipNode {
     }
 
     /// A member notification naming our own address (an identity of ours from before a renew).
+    /// Lifeguard: a probe of ours failed, or we had to refute a suspicion of ourselves.
+    fn worse_health(&mut self) {
+        self.local_health = (self.local_health + 1).min(MAX_LOCAL_HEALTH);
+    }
+
+    /// A probe timeout or period stretched by our local health (memberlist's `ScaleTimeout`):
+    /// a member that misses acks (starved, or cut off from what is sent to it) probes less
+    /// often and waits longer for answers, instead of accusing members that are fine.
+    fn stretched(&self, timeout: Duration) -> Duration {
+        timeout * (self.local_health + 1)
+    }
+
+    /// A suspicion's timeout stretched by our local health beyond the failed probe that
+    /// started it: one dead member is declared down on time, while a member whose every
+    /// probe fails holds its suspicions up to [`MAX_LOCAL_HEALTH`] times longer (our addition
+    /// to Lifeguard, whose suspicions shrink with confirmations we cannot count: foca's
+    /// gossip does not say who suspects).
+    fn stretched_suspicion(&self, timeout: Duration) -> Duration {
+        timeout * self.local_health.max(1)
+    }
+
+    /// Lifeguard's local health multiplier: 0 when our probes succeed, up to
+    /// [`MAX_LOCAL_HEALTH`] when they fail (memberlist's `health.score`).
+    pub fn local_health(&self) -> u32 {
+        self.local_health
+    }
+
     fn about_ourselves(&self, n: &OwnedNotification<Member>) -> bool {
         let me = self.identity().addr;
         match n {

@@ -7,7 +7,7 @@
 //! seed, same trace.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +98,8 @@ struct SimNode {
     /// Killed on a live host (see [`Sim::kill`]): its port is closed, so packets to it are
     /// refused instead of lost.
     port_closed: bool,
+    /// A firewall rejects every packet sent to it (see [`Sim::reject_inbound`]).
+    rejecting: bool,
     /// A graceful leave stops the node at this time at the latest.
     leave_deadline: Option<Duration>,
 }
@@ -177,6 +179,7 @@ impl Sim {
             life: 0,
             paused_until: None,
             port_closed: false,
+            rejecting: false,
             leave_deadline: None,
         });
         self.push(first_tick, i, Kind::Tick);
@@ -294,7 +297,7 @@ impl Sim {
             }
             // LAN-ish one-way latency: 0.5 ms plus up to 1.5 ms of jitter.
             let latency = ms(0) + Duration::from_micros(500) + self.jitter(ms(1) + ms(1) / 2);
-            if self.nodes[dst].port_closed {
+            if self.nodes[dst].port_closed || self.nodes[dst].rejecting {
                 // The ICMP port unreachable comes back over the same link.
                 self.push(self.now + latency * 2, from, Kind::Refused(to));
                 continue;
@@ -457,6 +460,14 @@ impl Sim {
         self.nodes[i].port_closed = true;
     }
 
+    /// A firewall in front of node `i` starts rejecting (or, with `false`, lets through) every
+    /// packet sent to it, while the node runs on and its own packets go out: the others see
+    /// the refusals of a dead process, and node `i` hears nothing at all (no ack, no
+    /// refutation).
+    pub fn reject_inbound(&mut self, i: usize, rejecting: bool) {
+        self.nodes[i].rejecting = rejecting;
+    }
+
     /// Node `by` hears that a packet to node `of` was refused, whatever the truth (a stray
     /// ICMP, or a late one for an address a new process now owns).
     pub fn inject_refusal(&mut self, by: usize, of: usize) {
@@ -511,6 +522,21 @@ impl Sim {
     pub fn ever_down(&self, name: &str) -> bool {
         let needle = format!("down {name} ");
         self.trace.iter().any(|l| l.what.starts_with(&needle))
+    }
+
+    /// The nodes that ever declared `name` down.
+    pub fn declared_down_by(&self, name: &str) -> BTreeSet<usize> {
+        let needle = format!("down {name} ");
+        self.trace
+            .iter()
+            .filter(|l| l.what.starts_with(&needle))
+            .map(|l| l.node)
+            .collect()
+    }
+
+    /// Node `i`'s identity generation (it grows when the node renews its identity).
+    pub fn generation(&self, i: usize) -> u64 {
+        self.nodes[i].node.identity().generation
     }
 
     pub fn name(&self, i: usize) -> String {
@@ -813,6 +839,53 @@ mod tests {
             detections[detections.len() - 1],
             wall.elapsed()
         );
+    }
+
+    #[test]
+    fn a_member_that_hears_nothing_does_not_take_the_others_down_with_it() {
+        // A firewall rejects everything sent to server 0 while it runs on and sends: the
+        // others take it for dead (refusals), and it hears no ack and no refutation. Its every
+        // probe fails, so its local health stretches its suspicions (Lifeguard): a short cut
+        // ends before any of them does. A long one outlasts them, and it declares everyone
+        // down; those verdicts are about incarnations the others refuted since, so they
+        // change nothing anywhere (memberlist's rule), and once healed it takes the others
+        // back instead of telling them to renew their identities.
+        let n = 10;
+        for (hold, verdicts) in [(secs(20), false), (secs(90), true)] {
+            for seed in 0..5 {
+                let (mut sim, _) = converged_cluster(n, TimingProfile::Lan, seed);
+                let generations: Vec<u64> = (0..n).map(|i| sim.generation(i)).collect();
+                sim.reject_inbound(0, true);
+                sim.run_for(hold);
+                assert!(
+                    sim.all_see(0, MemberState::Failed),
+                    "seed {seed}: 0 not failed"
+                );
+                sim.reject_inbound(0, false);
+                sim.wait_for(secs(60), CHECK, Sim::converged)
+                    .unwrap_or_else(|| panic!("seed {seed}: the cluster converges once healed"));
+                let mut by_0 = 0;
+                for (i, &generation) in generations.iter().enumerate().skip(1) {
+                    let by = sim.declared_down_by(&sim.name(i));
+                    assert!(
+                        by.iter().all(|&observer| observer == 0),
+                        "{hold:?}, seed {seed}: node {i} declared down by {by:?}"
+                    );
+                    by_0 += by.len();
+                    assert_eq!(
+                        sim.generation(i),
+                        generation,
+                        "{hold:?}, seed {seed}: node {i} had to renew its identity"
+                    );
+                }
+                // The long cut must have made verdicts, or it proves nothing about them.
+                assert_eq!(
+                    by_0 > 0,
+                    verdicts,
+                    "{hold:?}, seed {seed}: 0 declared {by_0} members down"
+                );
+            }
+        }
     }
 
     #[test]

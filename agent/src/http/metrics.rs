@@ -25,6 +25,7 @@ pub async fn metrics(cx: Ctx) -> Result<Response, ApiError> {
         &cx.state.gossip.members(),
         cx.state.gossip.decrypt_failures(),
         cx.state.gossip.foreign_datacenter_drops(),
+        cx.state.gossip.health_score(),
     );
     if let Some(server) = cx.state.backend.server() {
         telemetry::record_server(server);
