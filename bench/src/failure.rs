@@ -1,9 +1,16 @@
-//! Failure detection: how long a lock stays held after its holder's process is killed.
+//! Failure detection: how long a lock stays held after its holder's process is killed or goes
+//! silent, and whether a stall that is not a death costs anyone a session.
 //!
 //! - Vigil (`lan` gossip profile): each round starts a client agent, creates a session on it
-//!   (lock-delay 0, bound to the node's `serfHealth`), takes a lock, `kill -9`s the agent and
-//!   polls a server until the node's `serfHealth` is critical and another session can take the
-//!   lock. Median over the rounds.
+//!   (lock-delay 0, bound to the node's `serfHealth`), takes a lock, `kill -9`s the agent (or
+//!   stops it for good with SIGSTOP: silent, so only suspicion finds it) and polls a server
+//!   until the node's `serfHealth` is critical and another session can take the lock. Median
+//!   over the rounds.
+//! - Stalls: two client agents hold sessions (the holder's with the lock); each round stops the
+//!   holder's agent for 2 s, another agent for 5 s, then a follower server for 4 s, and after
+//!   each waits out a settle window before counting the sessions invalidated that belonged to
+//!   a node that was not the one stopped for 5 s (whose own session may rightly die: 5 s is
+//!   past the `lan` suspicion). Every one counted is a false invalidation.
 //! - etcd has no failure detector: a dead client's lock is freed when its lease expires. Each
 //!   victim holds a v3lock `Lock` with a 3 s lease renewed every TTL/3 (as etcd's Go client
 //!   renews), the shortest TTL that, like Vigil's `lan` profile, survives a 2 s pause of the
@@ -32,8 +39,24 @@ const DETECT_LIMIT: Duration = Duration::from_secs(60);
 const ETCD_TTL: Duration = Duration::from_secs(3);
 const POLL: Duration = Duration::from_millis(10);
 
-/// Kill → `serfHealth` critical and kill → lock free, per round.
-async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<(Duration, Duration)>> {
+/// How the holder's agent fails.
+#[derive(Debug, Clone, Copy)]
+enum Death {
+    /// `kill -9`: its port closes (evidence).
+    Kill,
+    /// SIGSTOP for good: it owns its socket and answers nothing (suspicion).
+    Silent,
+}
+
+/// Settle window after a stall ends: past the `lan` suspicion (4 s) and a reconcile.
+const SETTLE: Duration = Duration::from_secs(8);
+
+/// Fault → `serfHealth` critical and fault → lock free, per round.
+async fn vigil(
+    systems: &mut Systems,
+    rounds: usize,
+    death: Death,
+) -> Result<Vec<(Duration, Duration)>> {
     let servers: Vec<usize> = (0..systems.vigil.servers.len()).collect();
     let server = systems.vigil.server(0).http();
     let observer = Client::new(&server.base)?;
@@ -60,7 +83,10 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<(Duration, Du
             sleep(POLL).await;
         }
 
-        systems.vigil.kill9_client(c).await;
+        match death {
+            Death::Kill => systems.vigil.kill9_client(c).await,
+            Death::Silent => systems.vigil.pause_client(c),
+        }
         let killed = Instant::now();
         let (mut critical, mut free) = (None, None);
         while critical.is_none() || free.is_none() {
@@ -83,16 +109,99 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<(Duration, Du
         }
         let (critical, free) = (critical.unwrap_or_default(), free.unwrap_or_default());
         eprintln!(
-            "  Vigil: kill -9 → critical {:.2} s, lock free {:.2} s",
+            "  Vigil: {death:?} → critical {:.2} s, lock free {:.2} s",
             critical.as_secs_f64(),
             free.as_secs_f64()
         );
+        if let Death::Silent = death {
+            systems.vigil.kill9_client(c).await;
+        }
         results.push((critical, free));
         if !observer.kv_release(key, b"free", 0, &taker).await? {
             bail!("the taker could not release the lock");
         }
     }
     Ok(results)
+}
+
+/// False invalidations over `rounds` rounds of stalls (see the module documentation).
+async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
+    let servers = systems.vigil.running_servers();
+    let holder = systems.vigil.add_client(&servers).await;
+    let other = systems.vigil.add_client(&servers).await;
+    let leader = systems.vigil.leader().await;
+    let server = systems.vigil.server(leader).http();
+    let key = "bench/stalls";
+    let mut false_invalidations = 0;
+    for round in 0..rounds {
+        // A node whose serfHealth is critical (the other agent, after its 5 s stop) takes no
+        // new session until it is back.
+        for c in [holder, other] {
+            let node = systems.vigil.clients[c].name.clone();
+            let passing = Instant::now() + DETECT_LIMIT;
+            while server.serf_health(&node).await.as_deref() != Some("passing") {
+                if Instant::now() >= passing {
+                    bail!("{node}'s serfHealth never passed again");
+                }
+                sleep(POLL).await;
+            }
+        }
+        let holding = create_session(
+            &systems.vigil.client(holder).http(),
+            r#"{"Name":"holder","LockDelay":"0s"}"#,
+        )
+        .await;
+        let bystander = create_session(
+            &systems.vigil.client(other).http(),
+            r#"{"Name":"bystander","LockDelay":"0s"}"#,
+        )
+        .await;
+        let agent = Client::new(&systems.vigil.client(holder).http().base)?;
+        if !agent.kv_acquire(key, b"held", 0, &holding).await?.acquired {
+            bail!("the holder could not take the lock");
+        }
+        let alive = |id: String| {
+            let server = server.clone();
+            async move {
+                let reply = server.get(&format!("/v1/session/info/{id}")).await;
+                reply.json().as_array().is_some_and(|a| !a.is_empty())
+            }
+        };
+        // The holder's agent stopped 2 s: nobody may lose a session.
+        systems.vigil.pause_client(holder);
+        sleep(Duration::from_secs(2)).await;
+        systems.vigil.resume_client(holder);
+        sleep(SETTLE).await;
+        let mut lost = usize::from(!alive(holding.clone()).await);
+        lost += usize::from(!alive(bystander.clone()).await);
+        // Another agent stopped 5 s: its own session may go, the holder's must not.
+        systems.vigil.pause_client(other);
+        sleep(Duration::from_secs(5)).await;
+        systems.vigil.resume_client(other);
+        sleep(SETTLE).await;
+        lost += usize::from(!alive(holding.clone()).await);
+        // A follower server stopped 4 s: nobody may lose a session that was still there.
+        let bystander_before = alive(bystander.clone()).await;
+        let follower = servers
+            .iter()
+            .copied()
+            .find(|&i| i != leader)
+            .context("a follower")?;
+        systems.vigil.pause(follower);
+        sleep(Duration::from_secs(4)).await;
+        systems.vigil.resume(follower);
+        sleep(SETTLE).await;
+        lost += usize::from(!alive(holding.clone()).await);
+        lost += usize::from(bystander_before && !alive(bystander.clone()).await);
+        eprintln!("  Vigil: stalls, round {round}: {lost} false invalidations");
+        false_invalidations += lost;
+        for id in [&holding, &bystander] {
+            server.put(&format!("/v1/session/destroy/{id}"), "").await;
+        }
+    }
+    systems.vigil.kill9_client(holder).await;
+    systems.vigil.kill9_client(other).await;
+    Ok(false_invalidations)
 }
 
 /// Kill → lock free, per victim.
@@ -157,29 +266,54 @@ async fn etcd(endpoint: &str, victims: usize) -> Result<Vec<Duration>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let rounds = plan.failure_rounds;
-    let v = vigil(systems, rounds).await?;
+    let v = vigil(systems, rounds, Death::Kill).await?;
+    let silent = vigil(systems, rounds, Death::Silent).await?;
+    let stalls = vigil_stalls(systems, rounds).await?;
     let leaders = systems.leaders().await?;
     let e = etcd(&leaders.etcd_endpoint, rounds).await?;
     let secs = |d: &Duration| d.as_secs_f64();
     let v_critical: Vec<Duration> = v.iter().map(|r| r.0).collect();
     let v_free: Vec<Duration> = v.iter().map(|r| r.1).collect();
+    let silent_free: Vec<Duration> = silent.iter().map(|r| r.1).collect();
     let details = json!({
         "rounds": rounds,
         "vigil_kill_to_critical_s": v_critical.iter().map(secs).collect::<Vec<_>>(),
         "vigil_kill_to_free_s": v_free.iter().map(secs).collect::<Vec<_>>(),
+        "vigil_silent_to_free_s": silent_free.iter().map(secs).collect::<Vec<_>>(),
+        "vigil_false_invalidations": stalls,
         "etcd_lease_ttl_s": ETCD_TTL.as_secs(),
         "etcd_kill_to_free_s": e.iter().map(secs).collect::<Vec<_>>(),
     });
     let critical = secs(&median(v_critical));
     let (v_free, e_free) = (secs(&median(v_free)), secs(&median(e)));
-    let rows = vec![Row::new(
-        "failure.lock_free",
-        format!("Failure detection: holder killed, median of {rounds}"),
-        "kill → lock free (s)",
-        Better::Lower,
-        Some(v_free),
-        Some(e_free),
-    )];
+    let silent_free = secs(&median(silent_free));
+    let rows = vec![
+        Row::new(
+            "failure.lock_free",
+            format!("Failure detection: holder killed, median of {rounds}"),
+            "kill → lock free (s)",
+            Better::Lower,
+            Some(v_free),
+            Some(e_free),
+        ),
+        // etcd cannot tell a stopped client from a dead one: the same lease expiry frees both.
+        Row::new(
+            "failure.silent_lock_free",
+            format!("Failure detection: holder silent for good, median of {rounds}"),
+            "stop → lock free (s)",
+            Better::Lower,
+            Some(silent_free),
+            Some(e_free),
+        ),
+        Row::new(
+            "failure.false_invalidations",
+            format!("Failure detection: stalls (2 s holder, 5 s other agent, 4 s server) × {rounds}"),
+            "sessions lost though alive",
+            Better::Lower,
+            Some(stalls as f64),
+            None,
+        ),
+    ];
     let table = Table {
         title: format!("Failure detection (median of {rounds})"),
         header: [
@@ -187,6 +321,8 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             "how a dead holder is noticed",
             "kill → node critical (s)",
             "kill → lock free (s)",
+            "stopped for good → lock free (s)",
+            "sessions lost to stalls",
         ]
         .map(str::to_owned)
         .to_vec(),
@@ -197,6 +333,8 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
                     .to_owned(),
                 num(critical),
                 num(v_free),
+                num(silent_free),
+                stalls.to_string(),
             ],
             vec![
                 "etcd".to_owned(),
@@ -206,6 +344,8 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
                 ),
                 "—".to_owned(),
                 num(e_free),
+                format!("{} (the same expiry)", num(e_free)),
+                "— (a 3 s lease outlives a 2 s stop by construction)".to_owned(),
             ],
         ],
     };

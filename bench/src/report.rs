@@ -77,12 +77,21 @@ servers'.
   watchers woke, and the proof that a write wakes only its own key's watchers.
 - **Failure detection**: a lock holder dies (`kill -9` of a Vigil client agent; an etcd client
   whose keep-alives stop and whose connection closes) → the lock is free for others. Vigil
-  notices through gossip (`lan` profile) and invalidates the node's sessions (lock-delay 0);
-  etcd waits for the lease to expire: 3 s TTL renewed every TTL/3, the shortest that survives a
-  2 s pause of the holder, as Vigil's `lan` profile does. Median of 5 rounds (3 with `--quick`).
+  notices through gossip (`lan` profile: a killed agent's closed port is evidence, so no
+  suspicion is waited out) and invalidates the node's sessions (lock-delay 0); etcd waits for
+  the lease to expire: 3 s TTL renewed every TTL/3, the shortest that survives a 2 s pause of
+  the holder, as Vigil's `lan` profile does. The same with the holder's agent stopped for good
+  (SIGSTOP: silent, so Vigil's suspicion must run out; etcd cannot tell it from a death, so its
+  figure is the same expiry). Then stalls that are not deaths, each round: the holder's agent
+  stopped 2 s, another agent 5 s, a follower server 4 s, each followed by 8 s to settle; every
+  session lost by a node that was not the one stopped 5 s is a false invalidation. Median of 5
+  rounds (3 with `--quick`).
 - **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member) → the remaining
-  two agree on a new leader (polled every 20 ms on both); the killed one then restarts from its
-  data directory. Median of 5 rounds (3 with `--quick`).
+  two agree on a new leader (polled every 20 ms on both), and → the first write a client sent
+  right after the kill succeeds (Vigil: a `PUT` through a client agent, which holds it until a
+  leader answers; etcd: a `put` from a client of all three members, tried again after 1 s
+  without an answer); the killed one then restarts from its data directory. Median of 5
+  rounds (3 with `--quick`).
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
   server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
 "#;
