@@ -48,7 +48,10 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
         let writer = writer.clone();
         let write = tokio::spawn(async move {
             loop {
-                if matches!(writer.kv_put("bench/failover", value.as_bytes(), 0).await, Ok(true)) {
+                if matches!(
+                    writer.kv_put("bench/failover", value.as_bytes(), 0).await,
+                    Ok(true)
+                ) {
                     return Ok(killed.elapsed());
                 }
                 if killed.elapsed() > ELECTION_LIMIT {

@@ -307,7 +307,9 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         ),
         Row::new(
             "failure.false_invalidations",
-            format!("Failure detection: stalls (2 s holder, 5 s other agent, 4 s server) × {rounds}"),
+            format!(
+                "Failure detection: stalls (2 s holder, 5 s other agent, 4 s server) × {rounds}"
+            ),
             "sessions lost though alive",
             Better::Lower,
             Some(stalls as f64),

@@ -1,7 +1,8 @@
 //! Leader duties, run only while this server leads. Each leadership term is one unit under its
 //! own cancellation token: first a barrier (retried until it passes or the term ends), so the
 //! state read is everything earlier leaders committed; then every TTL session is armed; then the
-//! term serves: TTL timers (TTL × 2, reset on renew without a raft write), TTL checkpoints,
+//! term serves: TTL timers (TTL × 2, reset on renew without a raft write; a renewal is
+//! refused, not acknowledged, once its session's expiry is on its way), TTL checkpoints,
 //! member reconciliation, reaping old tombstones. Ending the term cancels all of it, including
 //! pending invalidation retries, so nothing of an old term acts on a session renewed on a newer
 //! leader.
@@ -26,7 +27,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver as _;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tokio_util::time::{DelayQueue, delay_queue};
@@ -63,8 +64,24 @@ const PROTOCOL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 /// Requests to the leader duties from request handlers.
 #[derive(Debug)]
 pub enum DutyInput {
-    /// Restart a session's TTL timer at full length.
-    Renew { id: String, ttl: Duration },
+    /// Restart a session's TTL timer at full length, and say whether it was.
+    Renew {
+        id: String,
+        ttl: Duration,
+        renewed: oneshot::Sender<Renewal>,
+    },
+}
+
+/// What became of a renewal the leader duties were asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// Its timer restarted at full length.
+    Renewed,
+    /// Its TTL already expired and its destroy is on its way: a renewal now would be
+    /// acknowledged for a session about to go.
+    Expiring,
+    /// This server no longer leads: the renewal reached no timer.
+    NotLeading,
 }
 
 /// One TTL session as this term tracks it.
@@ -263,6 +280,11 @@ enum TermEvent {
         term: u64,
         done: Option<Vec<(String, u64)>>,
     },
+    /// A TTL invalidation gave up ([`INVALIDATE_ATTEMPTS`]).
+    InvalidationAbandoned {
+        term: u64,
+        id: String,
+    },
 }
 
 pub struct LeaderDuties {
@@ -349,6 +371,15 @@ impl LeaderDuties {
                             timers.checkpointed(&done);
                         }
                     }
+                    (TermEvent::InvalidationAbandoned { term: n, id }, Some(t)) if t.number == n => {
+                        // Still there: it takes renewals again, and without them its timer
+                        // tries once more after a full TTL × 2.
+                        expiring.remove(&id);
+                        let ttl = self.shared.read().sessions().get(&id).and_then(|s| session_ttl(&s.ttl));
+                        if let Some(ttl) = ttl {
+                            timers.renew(&id, ttl, wall_ms());
+                        }
+                    }
                     _ => {}
                 },
                 Some(event) = self.events.recv() => {
@@ -372,16 +403,22 @@ impl LeaderDuties {
                     }
                 }
                 Some(input) = self.inputs.recv() => {
-                    let DutyInput::Renew { id, ttl } = input;
-                    if term.is_some() {
+                    let DutyInput::Renew { id, ttl, renewed } = input;
+                    let outcome = if term.is_none() {
+                        Renewal::NotLeading
+                    } else if expiring.contains(&id) {
+                        Renewal::Expiring
+                    } else {
                         timers.renew(&id, ttl, wall_ms());
-                    }
+                        Renewal::Renewed
+                    };
+                    let _ = renewed.send(outcome);
                 }
                 Some(expired) = timers.next_expired(), if !timers.is_empty() => {
                     tracing::info!(session = %expired, "session TTL expired");
                     if let Some(t) = &term {
                         expiring.insert(expired.clone());
-                        self.spawn_invalidate(expired, t.token.clone());
+                        self.spawn_invalidate(expired, t.number, t.token.clone(), term_tx.clone());
                     }
                 }
                 Some(name) = lock_delays.next_due(), if !lock_delays.is_empty() => {
@@ -585,7 +622,13 @@ impl LeaderDuties {
     }
 
     /// Commits a TTL expiry, retrying with backoff while this term lasts.
-    fn spawn_invalidate(&self, id: String, term: CancellationToken) {
+    fn spawn_invalidate(
+        &self,
+        id: String,
+        number: u64,
+        term: CancellationToken,
+        report: mpsc::UnboundedSender<TermEvent>,
+    ) {
         let proposer = self.proposer.clone();
         self.tasks.spawn(async move {
             let mut backoff = Duration::from_secs(1);
@@ -605,6 +648,7 @@ impl LeaderDuties {
                 backoff *= 2;
             }
             tracing::error!(session = %id, "giving up invalidating expired session");
+            let _ = report.send(TermEvent::InvalidationAbandoned { term: number, id });
         });
     }
 

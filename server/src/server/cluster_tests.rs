@@ -96,6 +96,11 @@ struct TestCluster {
 impl TestCluster {
     /// Three servers that find each other through a fixed member list and bootstrap together.
     async fn start() -> TestCluster {
+        TestCluster::start_with(Duration::from_secs(10)).await
+    }
+
+    /// [`TestCluster::start`] with sessions' shortest TTL `session_ttl_min`.
+    async fn start_with(session_ttl_min: Duration) -> TestCluster {
         const SERVERS: usize = 3;
         let dir = tempfile::tempdir().expect("temporary directory");
         let ca = CertificateAuthority::generate("vigil").expect("CA");
@@ -134,7 +139,7 @@ impl TestCluster {
                     bootstrap_expect: SERVERS,
                 },
                 members: Some(members_rx.clone()),
-                session_ttl_min: Duration::from_secs(10),
+                session_ttl_min,
                 lock_delay_min: Duration::ZERO,
                 max_blocking_queries: 16,
                 lock_wait_reserve: 2,
@@ -191,7 +196,7 @@ impl TestCluster {
     /// it was not applied and may be retried before `deadline`.
     async fn try_commit(&self, server: usize, op: &Op, deadline: Instant) -> bool {
         match self.servers[server].write(op.clone()).await {
-            Ok(Response::Txn(_)) => true,
+            Ok(Response::Txn(_) | Response::Done | Response::SessionCreated { .. }) => true,
             Err(e) if e.safe_to_retry(false) && Instant::now() < deadline => {
                 tokio::time::sleep(POLL).await;
                 false
@@ -298,4 +303,76 @@ async fn a_follower_forwards_writes_and_one_cut_off_catches_up_after_the_heal() 
     cluster.heal();
     cluster.has(cut, "forwarded", "2").await;
     cluster.has(cut, "while-cut", "3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_racing_its_sessions_expiry_is_acknowledged_only_if_the_session_lives_on() {
+    // The leader keeps leading with both followers cut off (nobody can win an election) but
+    // commits nothing, so a session's TTL expiry leaves its destroy waiting. Renewals asked
+    // meanwhile go through as soon as the links heal, racing that destroy: one that is
+    // acknowledged must be worth a TTL (the Jepsen plan `rejecting-leader` found sessions gone
+    // a second after an acknowledged renewal), one asked too late is told the session is gone.
+    let ttl = Duration::from_secs(1);
+    let cluster = TestCluster::start_with(ttl).await;
+    let all = [0, 1, 2];
+    let id = "5e551011-0000-4000-8000-000000000001";
+    let node = Op::RegisterNode {
+        name: "app".to_owned(),
+        address: "127.0.0.1".to_owned(),
+    };
+    cluster.commit(&all, node).await;
+    let session = vigil_shared::session::Session {
+        id: id.to_owned(),
+        node: "app".to_owned(),
+        ttl: "1s".to_owned(),
+        ..Default::default()
+    };
+    let leader = cluster.commit(&all, Op::CreateSession(session)).await;
+    for i in all.into_iter().filter(|&i| i != leader) {
+        cluster.cut(i);
+    }
+    // Past TTL × 2 without a renewal: the leader's timer has fired and its destroy waits.
+    let cut_until = Instant::now() + ttl * 2 + ttl / 2;
+    let server = Arc::clone(&cluster.servers[leader]);
+    let renewal = tokio::spawn(async move {
+        tokio::time::sleep_until(cut_until).await;
+        loop {
+            match server.renew_session(id).await {
+                Ok(_) => return Some(Instant::now()),
+                Err(super::ServerError::SessionNotFound(_)) => return None,
+                Err(e) if e.safe_to_retry(false) => tokio::time::sleep(POLL).await,
+                Err(e) => panic!("renewing: {e:?}"),
+            }
+        }
+    });
+    tokio::time::sleep_until(cut_until).await;
+    cluster.heal();
+    let renewed = renewal.await.expect("renewal task");
+    let alive = || {
+        let server = &cluster.servers[leader];
+        server.shared().read().sessions().get(id).is_some()
+    };
+    match renewed {
+        Some(at) => {
+            // Acknowledged: the session lives at least a TTL past it.
+            while Instant::now() < at + ttl * 9 / 10 {
+                assert!(
+                    alive(),
+                    "gone {:?} after an acknowledged renewal",
+                    at.elapsed()
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        None => {
+            let deadline = Instant::now() + PATIENCE;
+            while alive() {
+                assert!(
+                    Instant::now() < deadline,
+                    "refused renewal, session never went"
+                );
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
 }

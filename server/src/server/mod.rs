@@ -42,7 +42,7 @@ use vigil_shared::rpc::{
 use vigil_shared::session::{Session, check_ttl};
 
 use crate::dial::{self, Prepared};
-use crate::leader::{DutyInput, LeaderDuties, session_ttl};
+use crate::leader::{DutyInput, LeaderDuties, Renewal, session_ttl};
 use crate::proposer::Proposer;
 use crate::raft::log_store::LogStore;
 use crate::raft::network::QuicNetwork;

@@ -242,12 +242,20 @@ impl Server {
             .cloned()
             .ok_or_else(|| ServerError::SessionNotFound(id.clone()))?;
         if let Some(ttl) = session_ttl(&session.ttl) {
+            let (renewed, outcome) = tokio::sync::oneshot::channel();
             self.duties
                 .send(DutyInput::Renew {
                     id: session.id.clone(),
                     ttl,
+                    renewed,
                 })
                 .map_err(|_| ServerError::ShuttingDown)?;
+            match outcome.await.map_err(|_| ServerError::ShuttingDown)? {
+                Renewal::Renewed => {}
+                // Its destroy is on its way: acknowledging would promise a TTL it will not get.
+                Renewal::Expiring => return Err(ServerError::SessionNotFound(id)),
+                Renewal::NotLeading => return Err(ServerError::NoLeader),
+            }
         }
         Ok(session)
     }
