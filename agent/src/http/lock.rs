@@ -28,12 +28,11 @@ use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::go::strconv::parse_uint;
-use vigil_shared::lock::{
-    AcquireReply, LockHold, LockMode, LockStanding, LockState, MAX_LOCK_LIMIT, NotAcquired,
-};
+use vigil_shared::lock::{LockHold, LockMode, LockStanding, LockState, MAX_LOCK_LIMIT};
 use vigil_shared::rpc::writes::{Acquired, Leave, LockEnqueue, LockLeave, LockRelease};
 use vigil_shared::rpc::{ApplyError, QueryOptions, ServerError, reads};
 use vigil_shared::session::Session;
+use vigil_shared::vigil_api::{AcquireReply, NotAcquired};
 
 use super::acl::check_session_write;
 use super::error::ApiError;

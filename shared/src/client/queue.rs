@@ -16,8 +16,9 @@ use super::recipe::RecipeSession;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
-use crate::lock::{AcquireReply, LockMode, NotAcquired};
+use crate::lock::LockMode;
 use crate::session::Behavior;
+use crate::vigil_api::{AcquireReply, NotAcquired};
 
 /// Session name of a queue contender that brings no session of its own.
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
