@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::lock::{LockMode, LockStanding};
+use crate::session::Session;
 
 /// Why an acquire answers without the lock (`Reason` in [`AcquireReply`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +108,17 @@ pub struct SessionRef {
     pub name: Option<String>,
     #[serde(rename = "Node")]
     pub node: Option<String>,
+}
+
+impl SessionRef {
+    /// `id`, named by `session` while it exists.
+    pub fn new(id: &str, session: Option<&Session>) -> SessionRef {
+        SessionRef {
+            id: id.to_owned(),
+            name: session.map(|s| s.name.clone()),
+            node: session.map(|s| s.node.clone()),
+        }
+    }
 }
 
 /// A native lock, as `GET /v1/vigil/lock/<name>` answers it and `/v1/vigil/locks` lists it in
