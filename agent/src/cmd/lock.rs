@@ -396,7 +396,7 @@ fn render_status(report: &LocksReport) -> String {
         }
         for w in &lock.waiters {
             out.push_str(&format!(
-                "  {}     {} {}, waiting {} ms\n",
+                "  {:>3}     {} {}, waiting {} ms\n",
                 w.position,
                 w.mode.as_str(),
                 holder(&w.session),
@@ -447,6 +447,8 @@ fn render_status(report: &LocksReport) -> String {
 
 #[cfg(test)]
 mod tests {
+    use vigil_shared::vigil_api::{LockHolderReport, LockReport, LockWaiterReport};
+
     use super::*;
 
     fn rewrite(args: &str) -> String {
@@ -520,6 +522,52 @@ mod tests {
         assert_eq!(args.monitor_retry, Some(4));
         assert_eq!(args.prefix.as_deref(), Some("p"));
         assert_eq!(args.command, ["a", "b"]);
+    }
+
+    #[test]
+    fn status_lines_up_waiters_under_holders() {
+        let who = |id: &str| SessionRef {
+            id: id.to_owned(),
+            name: Some("job".to_owned()),
+            node: None,
+        };
+        let waiter = |id: &str, position| LockWaiterReport {
+            session: who(id),
+            mode: LockMode::Exclusive,
+            position,
+            waiting_since: String::new(),
+            waiting_for_ms: 5,
+        };
+        let report = LocksReport {
+            prefix: String::new(),
+            locks: Vec::new(),
+            semaphores: Vec::new(),
+            fair_queues: Vec::new(),
+            queues: vec![LockReport {
+                name: "q".to_owned(),
+                limit: 1,
+                token: 3,
+                grants: 3,
+                lock_delay_remaining_ms: 0,
+                holders: vec![LockHolderReport {
+                    session: who("h"),
+                    mode: LockMode::Exclusive,
+                    token: 3,
+                    held_since: String::new(),
+                    held_for_ms: 9,
+                }],
+                waiters: vec![waiter("a", 1), waiter("b", 12)],
+                create_index: 1,
+                modify_index: 2,
+            }],
+        };
+        assert_eq!(
+            render_status(&report),
+            "queued lock q (1 slot(s), token 3, lock-delay 0 ms left):\n\
+             \x20 holder  exclusive session h (job) on node -, token 3, for 9 ms\n\
+             \x20   1     exclusive session a (job) on node -, waiting 5 ms\n\
+             \x20  12     exclusive session b (job) on node -, waiting 5 ms\n"
+        );
     }
 
     #[test]
