@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::autopilot::AutopilotConfig;
 use crate::kv::KvEntry;
 use crate::session::{ServiceCheck, Session};
 
@@ -105,6 +106,64 @@ impl SessionJson {
             modify_index: s.modify_index,
         }
     }
+}
+
+/// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AutopilotJson {
+    pub cleanup_dead_servers: bool,
+    pub last_contact_threshold: String,
+    pub max_trailing_logs: u64,
+    pub min_quorum: u64,
+    pub server_stabilization_time: String,
+    pub redundancy_zone_tag: String,
+    pub disable_upgrade_migration: bool,
+    pub upgrade_version_tag: String,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+impl From<AutopilotConfig> for AutopilotJson {
+    fn from(c: AutopilotConfig) -> AutopilotJson {
+        AutopilotJson {
+            cleanup_dead_servers: c.cleanup_dead_servers,
+            last_contact_threshold: c.last_contact_threshold,
+            max_trailing_logs: c.max_trailing_logs,
+            min_quorum: c.min_quorum,
+            server_stabilization_time: c.server_stabilization_time,
+            redundancy_zone_tag: c.redundancy_zone_tag,
+            disable_upgrade_migration: c.disable_upgrade_migration,
+            upgrade_version_tag: c.upgrade_version_tag,
+            create_index: c.create_index,
+            modify_index: c.modify_index,
+        }
+    }
+}
+
+/// Consul's `/v1/operator/autopilot/health`.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AutopilotHealthJson {
+    pub healthy: bool,
+    pub failure_tolerance: usize,
+    pub servers: Vec<ServerHealthJson>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ServerHealthJson {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub serf_status: String,
+    pub version: &'static str,
+    pub leader: bool,
+    pub last_term: u64,
+    pub last_index: u64,
+    pub healthy: bool,
+    pub voter: bool,
 }
 
 /// Decodes `bytes` into `T` whose serde names are all lowercase, matching the object keys of the
