@@ -109,7 +109,7 @@ impl SessionJson {
 }
 
 /// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
-#[derive(Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct AutopilotJson {
     pub cleanup_dead_servers: bool,
@@ -142,7 +142,7 @@ impl From<AutopilotConfig> for AutopilotJson {
 }
 
 /// Consul's `/v1/operator/autopilot/health`.
-#[derive(Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct AutopilotHealthJson {
     pub healthy: bool,
@@ -150,7 +150,8 @@ pub struct AutopilotHealthJson {
     pub servers: Vec<ServerHealthJson>,
 }
 
-#[derive(Serialize)]
+/// One server in [`AutopilotHealthJson`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase")]
 pub struct ServerHealthJson {
     #[serde(rename = "ID")]
@@ -158,7 +159,7 @@ pub struct ServerHealthJson {
     pub name: String,
     pub address: String,
     pub serf_status: String,
-    pub version: &'static str,
+    pub version: String,
     pub leader: bool,
     pub last_term: u64,
     pub last_index: u64,
@@ -290,6 +291,45 @@ mod tests {
             vec!["/test/key1", "/test/key2", "/test/sub/"]
         );
         assert_eq!(collapse_keys("/test/", &keys, None).len(), 4);
+    }
+
+    #[test]
+    fn autopilot_shapes_are_consuls() {
+        let config = AutopilotJson::from(AutopilotConfig::default());
+        let text = concat!(
+            r#"{"CleanupDeadServers":true,"LastContactThreshold":"200ms","MaxTrailingLogs":250,"#,
+            r#""MinQuorum":0,"ServerStabilizationTime":"10s","RedundancyZoneTag":"","#,
+            r#""DisableUpgradeMigration":false,"UpgradeVersionTag":"","CreateIndex":0,"#,
+            r#""ModifyIndex":0}"#
+        );
+        assert_eq!(serde_json::to_string(&config).unwrap(), text);
+        assert_eq!(serde_json::from_str::<AutopilotJson>(text).unwrap(), config);
+        let health = AutopilotHealthJson {
+            healthy: false,
+            failure_tolerance: 0,
+            servers: vec![ServerHealthJson {
+                id: "00000000000000a1".to_owned(),
+                name: "s1".to_owned(),
+                address: "127.0.0.1:8300".to_owned(),
+                serf_status: "alive".to_owned(),
+                version: "0.1.0".to_owned(),
+                leader: true,
+                last_term: 3,
+                last_index: 42,
+                healthy: false,
+                voter: true,
+            }],
+        };
+        let text = concat!(
+            r#"{"Healthy":false,"FailureTolerance":0,"Servers":[{"ID":"00000000000000a1","#,
+            r#""Name":"s1","Address":"127.0.0.1:8300","SerfStatus":"alive","Version":"0.1.0","#,
+            r#""Leader":true,"LastTerm":3,"LastIndex":42,"Healthy":false,"Voter":true}]}"#
+        );
+        assert_eq!(serde_json::to_string(&health).unwrap(), text);
+        assert_eq!(
+            serde_json::from_str::<AutopilotHealthJson>(text).unwrap(),
+            health
+        );
     }
 
     #[test]

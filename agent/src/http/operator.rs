@@ -142,7 +142,7 @@ fn health_json(h: AutopilotHealth) -> AutopilotHealthJson {
                 name: s.name,
                 address: s.address,
                 serf_status: s.serf_status,
-                version: env!("CARGO_PKG_VERSION"),
+                version: env!("CARGO_PKG_VERSION").to_owned(),
                 leader: s.leader,
                 last_term: s.last_term,
                 last_index: s.last_index,
