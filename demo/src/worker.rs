@@ -80,11 +80,9 @@ async fn look(client: &Client, seq: &Sequencer) -> Result<Look, ClientError> {
             .lock_queue_get(&seq.key, ReadOpts::default().consistent())
             .await?;
         let owner = lock.is_some_and(|l| {
-            l["Holders"].as_array().is_some_and(|holders| {
-                holders
-                    .iter()
-                    .any(|h| h["Session"] == seq.session.as_str() && h["Token"] == seq.lock_index)
-            })
+            l.holders
+                .iter()
+                .any(|h| h.session.id == seq.session && h.token == seq.lock_index)
         });
         return Ok(Look {
             index: meta.index,

@@ -7,6 +7,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::autopilot::AutopilotConfig;
 use crate::kv::KvEntry;
 use crate::session::{ServiceCheck, Session};
 
@@ -105,6 +106,65 @@ impl SessionJson {
             modify_index: s.modify_index,
         }
     }
+}
+
+/// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AutopilotJson {
+    pub cleanup_dead_servers: bool,
+    pub last_contact_threshold: String,
+    pub max_trailing_logs: u64,
+    pub min_quorum: u64,
+    pub server_stabilization_time: String,
+    pub redundancy_zone_tag: String,
+    pub disable_upgrade_migration: bool,
+    pub upgrade_version_tag: String,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+impl From<AutopilotConfig> for AutopilotJson {
+    fn from(c: AutopilotConfig) -> AutopilotJson {
+        AutopilotJson {
+            cleanup_dead_servers: c.cleanup_dead_servers,
+            last_contact_threshold: c.last_contact_threshold,
+            max_trailing_logs: c.max_trailing_logs,
+            min_quorum: c.min_quorum,
+            server_stabilization_time: c.server_stabilization_time,
+            redundancy_zone_tag: c.redundancy_zone_tag,
+            disable_upgrade_migration: c.disable_upgrade_migration,
+            upgrade_version_tag: c.upgrade_version_tag,
+            create_index: c.create_index,
+            modify_index: c.modify_index,
+        }
+    }
+}
+
+/// Consul's `/v1/operator/autopilot/health`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct AutopilotHealthJson {
+    pub healthy: bool,
+    pub failure_tolerance: usize,
+    pub servers: Vec<ServerHealthJson>,
+}
+
+/// One server in [`AutopilotHealthJson`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct ServerHealthJson {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub name: String,
+    pub address: String,
+    pub serf_status: String,
+    pub version: String,
+    pub leader: bool,
+    pub last_term: u64,
+    pub last_index: u64,
+    pub healthy: bool,
+    pub voter: bool,
 }
 
 /// Decodes `bytes` into `T` whose serde names are all lowercase, matching the object keys of the
@@ -231,6 +291,45 @@ mod tests {
             vec!["/test/key1", "/test/key2", "/test/sub/"]
         );
         assert_eq!(collapse_keys("/test/", &keys, None).len(), 4);
+    }
+
+    #[test]
+    fn autopilot_shapes_are_consuls() {
+        let config = AutopilotJson::from(AutopilotConfig::default());
+        let text = concat!(
+            r#"{"CleanupDeadServers":true,"LastContactThreshold":"200ms","MaxTrailingLogs":250,"#,
+            r#""MinQuorum":0,"ServerStabilizationTime":"10s","RedundancyZoneTag":"","#,
+            r#""DisableUpgradeMigration":false,"UpgradeVersionTag":"","CreateIndex":0,"#,
+            r#""ModifyIndex":0}"#
+        );
+        assert_eq!(serde_json::to_string(&config).unwrap(), text);
+        assert_eq!(serde_json::from_str::<AutopilotJson>(text).unwrap(), config);
+        let health = AutopilotHealthJson {
+            healthy: false,
+            failure_tolerance: 0,
+            servers: vec![ServerHealthJson {
+                id: "00000000000000a1".to_owned(),
+                name: "s1".to_owned(),
+                address: "127.0.0.1:8300".to_owned(),
+                serf_status: "alive".to_owned(),
+                version: "0.1.0".to_owned(),
+                leader: true,
+                last_term: 3,
+                last_index: 42,
+                healthy: false,
+                voter: true,
+            }],
+        };
+        let text = concat!(
+            r#"{"Healthy":false,"FailureTolerance":0,"Servers":[{"ID":"00000000000000a1","#,
+            r#""Name":"s1","Address":"127.0.0.1:8300","SerfStatus":"alive","Version":"0.1.0","#,
+            r#""Leader":true,"LastTerm":3,"LastIndex":42,"Healthy":false,"Voter":true}]}"#
+        );
+        assert_eq!(serde_json::to_string(&health).unwrap(), text);
+        assert_eq!(
+            serde_json::from_str::<AutopilotHealthJson>(text).unwrap(),
+            health
+        );
     }
 
     #[test]

@@ -16,6 +16,7 @@ pub mod query;
 pub mod rpc;
 pub mod session;
 pub mod txn;
+pub mod vigil_api;
 #[cfg(test)]
 mod wire_tests;
 

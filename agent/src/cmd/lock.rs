@@ -22,12 +22,12 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use serde_json::Value;
 use vigil_shared::client::{
     Client, ClientError, Held, Lock, LockOptions, LockQueue, QueueOptions, SEMAPHORE_KEY,
     Semaphore, SemaphoreOptions, path,
 };
 use vigil_shared::lock::LockMode;
+use vigil_shared::vigil_api::{LocksReport, SessionRef};
 
 pub use super::child::EXIT_LOST;
 use super::child::{Signals, run_while_held, signal_status};
@@ -351,93 +351,94 @@ pub(crate) async fn acquire_or_give_up(
 /// `vigil lock status PREFIX`.
 async fn status(args: StatusArgs) -> anyhow::Result<i32> {
     let client = args.addr.client()?;
-    let report = client
-        .vigil_locks(args.prefix.trim_start_matches('/'))
-        .await?;
+    let prefix = args.prefix.trim_start_matches('/');
     if args.json {
+        let report = client.vigil_locks(prefix).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(0);
     }
-    print!("{}", render_status(&report));
+    print!("{}", render_status(&client.locks_report(prefix).await?));
     Ok(0)
 }
 
 /// The human form of a `/v1/vigil/locks` report.
-fn render_status(report: &Value) -> String {
+fn render_status(report: &LocksReport) -> String {
     let mut out = String::new();
-    let text = |v: &Value| v.as_str().unwrap_or("-").to_owned();
-    let holder = |v: &Value| {
+    let holder = |s: &SessionRef| {
         format!(
             "session {} ({}) on node {}",
-            text(&v["Session"]),
-            text(&v["SessionName"]),
-            text(&v["Node"])
+            s.id,
+            s.name.as_deref().unwrap_or("-"),
+            s.node.as_deref().unwrap_or("-")
         )
     };
-    let empty = |key: &str| report[key].as_array().is_none_or(Vec::is_empty);
-    if empty("Queues") && empty("Locks") && empty("Semaphores") && empty("FairQueues") {
+    if report.queues.is_empty()
+        && report.locks.is_empty()
+        && report.semaphores.is_empty()
+        && report.fair_queues.is_empty()
+    {
         out.push_str("nothing held\n");
         return out;
     }
-    for lock in report["Queues"].as_array().into_iter().flatten() {
+    for lock in &report.queues {
         out.push_str(&format!(
             "queued lock {} ({} slot(s), token {}, lock-delay {} ms left):\n",
-            text(&lock["Name"]),
-            lock["Limit"],
-            lock["Token"],
-            lock["LockDelayRemainingMs"],
+            lock.name, lock.limit, lock.token, lock.lock_delay_remaining_ms,
         ));
-        for h in lock["Holders"].as_array().into_iter().flatten() {
+        for h in &lock.holders {
             out.push_str(&format!(
                 "  holder  {} {}, token {}, for {} ms\n",
-                text(&h["Mode"]),
-                holder(h),
-                h["Token"],
-                h["HeldForMs"],
+                h.mode.as_str(),
+                holder(&h.session),
+                h.token,
+                h.held_for_ms,
             ));
         }
-        for w in lock["Waiters"].as_array().into_iter().flatten() {
+        for w in &lock.waiters {
             out.push_str(&format!(
                 "  {:>3}     {} {}, waiting {} ms\n",
-                w["Position"],
-                text(&w["Mode"]),
-                holder(w),
-                w["WaitingForMs"],
+                w.position,
+                w.mode.as_str(),
+                holder(&w.session),
+                w.waiting_for_ms,
             ));
         }
     }
-    for lock in report["Locks"].as_array().into_iter().flatten() {
+    for lock in &report.locks {
         out.push_str(&format!(
             "{} {}: held by {}, LockIndex {}, held since index {}\n",
-            text(&lock["Kind"]),
-            text(&lock["Key"]),
-            holder(lock),
-            lock["LockIndex"],
-            lock["HeldSinceIndex"],
+            lock.kind.as_str(),
+            lock.key,
+            holder(&lock.session),
+            lock.lock_index,
+            lock.held_since_index,
         ));
     }
-    for sem in report["Semaphores"].as_array().into_iter().flatten() {
-        let holders = sem["Holders"].as_array().map_or(0, Vec::len);
+    for sem in &report.semaphores {
+        // A lock key whose value does not decode has no limit: `null`, as the report says.
+        let limit = sem
+            .limit
+            .map_or_else(|| "null".to_owned(), |l| l.to_string());
         out.push_str(&format!(
-            "semaphore {}: {holders} of {} slots held\n",
-            text(&sem["Prefix"]),
-            sem["Limit"],
+            "semaphore {}: {} of {limit} slots held\n",
+            sem.prefix,
+            sem.holders.len(),
         ));
-        for h in sem["Holders"].as_array().into_iter().flatten() {
-            out.push_str(&format!("  holder  {}\n", holder(h)));
+        for h in &sem.holders {
+            out.push_str(&format!("  holder  {}\n", holder(&h.session)));
         }
-        for w in sem["Waiting"].as_array().into_iter().flatten() {
-            out.push_str(&format!("  waiting {}\n", holder(w)));
+        for w in &sem.waiting {
+            out.push_str(&format!("  waiting {}\n", holder(&w.session)));
         }
     }
-    for queue in report["FairQueues"].as_array().into_iter().flatten() {
-        out.push_str(&format!("fair lock {}:\n", text(&queue["Prefix"])));
-        for (i, c) in queue["Queue"].as_array().into_iter().flatten().enumerate() {
+    for queue in &report.fair_queues {
+        out.push_str(&format!("fair lock {}:\n", queue.prefix));
+        for (i, c) in queue.queue.iter().enumerate() {
             let role = if i == 0 { "owner " } else { "queued" };
             out.push_str(&format!(
                 "  {i:>3} {role} {} (queued at index {})\n",
-                holder(c),
-                c["CreateIndex"]
+                holder(&c.session),
+                c.create_index
             ));
         }
     }
@@ -446,6 +447,8 @@ fn render_status(report: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
+    use vigil_shared::vigil_api::{LockHolderReport, LockReport, LockWaiterReport};
+
     use super::*;
 
     fn rewrite(args: &str) -> String {
@@ -519,6 +522,52 @@ mod tests {
         assert_eq!(args.monitor_retry, Some(4));
         assert_eq!(args.prefix.as_deref(), Some("p"));
         assert_eq!(args.command, ["a", "b"]);
+    }
+
+    #[test]
+    fn status_lines_up_waiters_under_holders() {
+        let who = |id: &str| SessionRef {
+            id: id.to_owned(),
+            name: Some("job".to_owned()),
+            node: None,
+        };
+        let waiter = |id: &str, position| LockWaiterReport {
+            session: who(id),
+            mode: LockMode::Exclusive,
+            position,
+            waiting_since: String::new(),
+            waiting_for_ms: 5,
+        };
+        let report = LocksReport {
+            prefix: String::new(),
+            locks: Vec::new(),
+            semaphores: Vec::new(),
+            fair_queues: Vec::new(),
+            queues: vec![LockReport {
+                name: "q".to_owned(),
+                limit: 1,
+                token: 3,
+                grants: 3,
+                lock_delay_remaining_ms: 0,
+                holders: vec![LockHolderReport {
+                    session: who("h"),
+                    mode: LockMode::Exclusive,
+                    token: 3,
+                    held_since: String::new(),
+                    held_for_ms: 9,
+                }],
+                waiters: vec![waiter("a", 1), waiter("b", 12)],
+                create_index: 1,
+                modify_index: 2,
+            }],
+        };
+        assert_eq!(
+            render_status(&report),
+            "queued lock q (1 slot(s), token 3, lock-delay 0 ms left):\n\
+             \x20 holder  exclusive session h (job) on node -, token 3, for 9 ms\n\
+             \x20   1     exclusive session a (job) on node -, waiting 5 ms\n\
+             \x20  12     exclusive session b (job) on node -, waiting 5 ms\n"
+        );
     }
 
     #[test]

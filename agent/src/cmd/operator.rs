@@ -2,7 +2,7 @@
 //! get-config|set-config|state`: Consul's operator commands, through the local agent's HTTP API.
 
 use clap::Args;
-use serde_json::Value;
+use vigil_shared::api::{AutopilotHealthJson, AutopilotJson};
 
 use super::AgentAddr;
 use super::members::{AutopilotCommand, OperatorCommand, RaftCommand};
@@ -52,28 +52,28 @@ pub struct SetConfigArgs {
 /// concurrent change is not overwritten.
 async fn set_config(args: SetConfigArgs) -> anyhow::Result<i32> {
     let path = "/v1/operator/autopilot/configuration";
-    let mut config = json(&args.agent, path).await?;
-    let index = config["ModifyIndex"].as_u64().unwrap_or(0);
+    let mut config: AutopilotJson = json(&args.agent, path).await?;
+    let index = config.modify_index;
     if let Some(v) = args.cleanup_dead_servers {
-        config["CleanupDeadServers"] = v.into();
+        config.cleanup_dead_servers = v;
     }
     if let Some(v) = args.max_trailing_logs {
-        config["MaxTrailingLogs"] = v.into();
+        config.max_trailing_logs = v;
     }
     if let Some(v) = args.last_contact_threshold {
-        config["LastContactThreshold"] = v.into();
+        config.last_contact_threshold = v;
     }
     if let Some(v) = args.server_stabilization_time {
-        config["ServerStabilizationTime"] = v.into();
+        config.server_stabilization_time = v;
     }
     if let Some(v) = args.min_quorum {
-        config["MinQuorum"] = v.into();
+        config.min_quorum = v;
     }
     let response = call_with(
         &args.agent,
         reqwest::Method::PUT,
         &format!("{path}?cas={index}"),
-        Some(config.to_string()),
+        Some(serde_json::to_string(&config)?),
     )
     .await?;
     let text = response.text().await.unwrap_or_default();
@@ -117,51 +117,35 @@ pub async fn run(cmd: OperatorCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         OperatorCommand::Autopilot(AutopilotCommand::GetConfig(agent)) => {
-            let config = json(&agent, "/v1/operator/autopilot/configuration").await?;
-            for key in [
-                "CleanupDeadServers",
-                "LastContactThreshold",
-                "MaxTrailingLogs",
-                "MinQuorum",
-                "ServerStabilizationTime",
-            ] {
-                println!("{key} = {}", plain(&config[key]));
-            }
+            let config: AutopilotJson =
+                json(&agent, "/v1/operator/autopilot/configuration").await?;
+            println!("CleanupDeadServers = {}", config.cleanup_dead_servers);
+            println!("LastContactThreshold = {}", config.last_contact_threshold);
+            println!("MaxTrailingLogs = {}", config.max_trailing_logs);
+            println!("MinQuorum = {}", config.min_quorum);
+            println!(
+                "ServerStabilizationTime = {}",
+                config.server_stabilization_time
+            );
             Ok(0)
         }
         OperatorCommand::Autopilot(AutopilotCommand::SetConfig(args)) => set_config(args).await,
         OperatorCommand::Autopilot(AutopilotCommand::State(agent)) => {
-            let health = json(&agent, "/v1/operator/autopilot/health").await?;
-            println!("Healthy: {}", plain(&health["Healthy"]));
-            println!("Failure Tolerance: {}", plain(&health["FailureTolerance"]));
-            for s in health["Servers"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default()
-            {
+            let health: AutopilotHealthJson = json(&agent, "/v1/operator/autopilot/health").await?;
+            println!("Healthy: {}", health.healthy);
+            println!("Failure Tolerance: {}", health.failure_tolerance);
+            for s in &health.servers {
                 println!();
-                println!("Server {} ({})", plain(&s["Name"]), plain(&s["ID"]));
-                for key in [
-                    "Address",
-                    "SerfStatus",
-                    "Leader",
-                    "Voter",
-                    "LastIndex",
-                    "Healthy",
-                ] {
-                    println!("    {key}: {}", plain(&s[key]));
-                }
+                println!("Server {} ({})", s.name, s.id);
+                println!("    Address: {}", s.address);
+                println!("    SerfStatus: {}", s.serf_status);
+                println!("    Leader: {}", s.leader);
+                println!("    Voter: {}", s.voter);
+                println!("    LastIndex: {}", s.last_index);
+                println!("    Healthy: {}", s.healthy);
             }
-            Ok(if health["Healthy"] == true { 0 } else { 2 })
+            Ok(if health.healthy { 0 } else { 2 })
         }
-    }
-}
-
-/// A JSON value printed without quotes around strings.
-fn plain(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
     }
 }
 
@@ -195,7 +179,7 @@ pub async fn call_with(
     Ok(response)
 }
 
-async fn json(agent: &AgentAddr, path: &str) -> anyhow::Result<Value> {
+async fn json<T: serde::de::DeserializeOwned>(agent: &AgentAddr, path: &str) -> anyhow::Result<T> {
     Ok(call(agent, reqwest::Method::GET, path)
         .await?
         .json()

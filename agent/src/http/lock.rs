@@ -22,18 +22,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json as json_value};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::go::strconv::parse_uint;
-use vigil_shared::lock::{
-    AcquireReply, LockHold, LockMode, LockStanding, LockState, MAX_LOCK_LIMIT, NotAcquired,
-};
+use vigil_shared::lock::{LockHold, LockMode, LockState, MAX_LOCK_LIMIT};
 use vigil_shared::rpc::writes::{Acquired, Leave, LockEnqueue, LockLeave, LockRelease};
 use vigil_shared::rpc::{ApplyError, QueryOptions, ServerError, reads};
 use vigil_shared::session::Session;
+use vigil_shared::vigil_api::{
+    AcquireReply, LockHolderReport, LockReport, LockWaiterReport, NotAcquired, SessionRef,
+    StandingReply,
+};
 
 use super::acl::check_session_write;
 use super::error::ApiError;
@@ -379,13 +380,7 @@ pub async fn get(cx: Ctx) -> Result<Response, ApiError> {
             session: session_of(&cx.params)?,
         };
         let (standing, meta) = cx.state.backend.read(opts, query).await?;
-        let body = match standing {
-            LockStanding::Held { token, .. } => json_value!({ "Held": true, "Token": token }),
-            LockStanding::Queued { position } => {
-                json_value!({ "Held": false, "Position": position })
-            }
-            LockStanding::Absent => json_value!({ "Held": false }),
-        };
+        let body = StandingReply::from_standing(&standing);
         return Ok(with_meta(meta, cx.json(&body)));
     }
     let (lock, meta) = cx
@@ -424,54 +419,41 @@ pub fn rfc3339(ms: u64) -> String {
 
 /// A lock as `/v1/vigil/lock/<name>` and `/v1/vigil/locks` show it. Times since are measured
 /// on this agent's clock against the leader's clock of the grant or enqueue.
-pub fn lock_report(lock: &LockState, sessions: &[Session]) -> Value {
+pub fn lock_report(lock: &LockState, sessions: &[Session]) -> LockReport {
     let now = wall_ms();
-    let who = |id: &str| {
-        let s = sessions.iter().find(|s| s.id == id);
-        (s.map(|s| s.name.as_str()), s.map(|s| s.node.as_str()))
-    };
-    let holders: Vec<Value> = lock
+    let who = |id: &str| SessionRef::new(id, sessions.iter().find(|s| s.id == id));
+    let holders = lock
         .holders
         .iter()
-        .map(|h| {
-            let (name, node) = who(&h.session);
-            json_value!({
-                "Session": h.session,
-                "SessionName": name,
-                "Node": node,
-                "Mode": h.mode.as_str(),
-                "Token": h.token,
-                "HeldSince": rfc3339(h.since_ms),
-                "HeldForMs": now.saturating_sub(h.since_ms),
-            })
+        .map(|h| LockHolderReport {
+            session: who(&h.session),
+            mode: h.mode,
+            token: h.token,
+            held_since: rfc3339(h.since_ms),
+            held_for_ms: now.saturating_sub(h.since_ms),
         })
         .collect();
-    let waiters: Vec<Value> = lock
+    let waiters = lock
         .waiters
         .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            let (name, node) = who(&w.session);
-            json_value!({
-                "Session": w.session,
-                "SessionName": name,
-                "Node": node,
-                "Mode": w.mode.as_str(),
-                "Position": i + 1,
-                "WaitingSince": rfc3339(w.since_ms),
-                "WaitingForMs": now.saturating_sub(w.since_ms),
-            })
+        .zip(1..)
+        .map(|(w, position)| LockWaiterReport {
+            session: who(&w.session),
+            mode: w.mode,
+            position,
+            waiting_since: rfc3339(w.since_ms),
+            waiting_for_ms: now.saturating_sub(w.since_ms),
         })
         .collect();
-    json_value!({
-        "Name": lock.name,
-        "Limit": lock.limit,
-        "Token": lock.token,
-        "Grants": lock.grants,
-        "LockDelayRemainingMs": lock.delay_left_ms(now),
-        "Holders": holders,
-        "Waiters": waiters,
-        "CreateIndex": lock.create_index,
-        "ModifyIndex": lock.modify_index,
-    })
+    LockReport {
+        name: lock.name.clone(),
+        limit: lock.limit,
+        token: lock.token,
+        grants: lock.grants,
+        lock_delay_remaining_ms: lock.delay_left_ms(now),
+        holders,
+        waiters,
+        create_index: lock.create_index,
+        modify_index: lock.modify_index,
+    }
 }

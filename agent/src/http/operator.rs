@@ -9,7 +9,9 @@ use vigil_server::api::operations::{
     GetAutopilot, Health, RemovePeer, SetAutopilot, TransferLeader,
 };
 use vigil_shared::acl::authz::{Access, Resource};
-use vigil_shared::api::decode_case_insensitive;
+use vigil_shared::api::{
+    AutopilotHealthJson, AutopilotJson, ServerHealthJson, decode_case_insensitive,
+};
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::operator::{AutopilotHealth, OperatorError, PeerRef};
@@ -56,39 +58,6 @@ pub async fn transfer_leader(cx: Ctx) -> Result<Response, ApiError> {
         .transpose()?;
     cx.state.backend.operate(TransferLeader { to }).await?;
     Ok(cx.json(&TransferReply { success: true }))
-}
-
-/// Autopilot's settings in Consul's shape (and, lowercased, what a `PUT` decodes).
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct AutopilotJson {
-    cleanup_dead_servers: bool,
-    last_contact_threshold: String,
-    max_trailing_logs: u64,
-    min_quorum: u64,
-    server_stabilization_time: String,
-    redundancy_zone_tag: String,
-    disable_upgrade_migration: bool,
-    upgrade_version_tag: String,
-    create_index: u64,
-    modify_index: u64,
-}
-
-impl From<AutopilotConfig> for AutopilotJson {
-    fn from(c: AutopilotConfig) -> AutopilotJson {
-        AutopilotJson {
-            cleanup_dead_servers: c.cleanup_dead_servers,
-            last_contact_threshold: c.last_contact_threshold,
-            max_trailing_logs: c.max_trailing_logs,
-            min_quorum: c.min_quorum,
-            server_stabilization_time: c.server_stabilization_time,
-            redundancy_zone_tag: c.redundancy_zone_tag,
-            disable_upgrade_migration: c.disable_upgrade_migration,
-            upgrade_version_tag: c.upgrade_version_tag,
-            create_index: c.create_index,
-            modify_index: c.modify_index,
-        }
-    }
 }
 
 /// A `PUT` body: every field replaces the setting (a missing one is its zero value, as Consul
@@ -160,52 +129,27 @@ pub async fn set_autopilot_configuration(
     Ok(cx.json(&applied))
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct HealthJson {
-    healthy: bool,
-    failure_tolerance: usize,
-    servers: Vec<ServerJson>,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct ServerJson {
-    #[serde(rename = "ID")]
-    id: String,
-    name: String,
-    address: String,
-    serf_status: String,
-    version: &'static str,
-    leader: bool,
-    last_term: u64,
-    last_index: u64,
-    healthy: bool,
-    voter: bool,
-}
-
-impl From<AutopilotHealth> for HealthJson {
-    fn from(h: AutopilotHealth) -> HealthJson {
-        HealthJson {
-            healthy: h.healthy,
-            failure_tolerance: h.failure_tolerance,
-            servers: h
-                .servers
-                .into_iter()
-                .map(|s| ServerJson {
-                    id: format!("{:016x}", s.id),
-                    name: s.name,
-                    address: s.address,
-                    serf_status: s.serf_status,
-                    version: env!("CARGO_PKG_VERSION"),
-                    leader: s.leader,
-                    last_term: s.last_term,
-                    last_index: s.last_index,
-                    healthy: s.healthy,
-                    voter: s.voter,
-                })
-                .collect(),
-        }
+/// Autopilot's health in Consul's shape, this agent's version on every server.
+fn health_json(h: AutopilotHealth) -> AutopilotHealthJson {
+    AutopilotHealthJson {
+        healthy: h.healthy,
+        failure_tolerance: h.failure_tolerance,
+        servers: h
+            .servers
+            .into_iter()
+            .map(|s| ServerHealthJson {
+                id: format!("{:016x}", s.id),
+                name: s.name,
+                address: s.address,
+                serf_status: s.serf_status,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                leader: s.leader,
+                last_term: s.last_term,
+                last_index: s.last_index,
+                healthy: s.healthy,
+                voter: s.voter,
+            })
+            .collect(),
     }
 }
 
@@ -218,7 +162,7 @@ pub async fn autopilot_health(cx: Ctx) -> Result<Response, ApiError> {
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let mut response = cx.json(&HealthJson::from(health));
+    let mut response = cx.json(&health_json(health));
     *response.status_mut() = status;
     Ok(response)
 }

@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 
 use axum::response::Response;
-use serde_json::{Value, json as json_value};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::client::{
     FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
@@ -14,6 +13,10 @@ use vigil_shared::go::strconv::parse_uint;
 use vigil_shared::kv::KvEntry;
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
+use vigil_shared::vigil_api::{
+    FairContender, FairQueue, HeldKey, KeyKind, LocksReport, SemaphoreContender, SemaphoreReport,
+    SequencerReply, SessionRef,
+};
 
 use super::acl::filtered_by_acls;
 use super::error::ApiError;
@@ -62,11 +65,10 @@ pub async fn sequencer(cx: Ctx) -> Result<Response, ApiError> {
         };
         cx.state.backend.read(opts, query).await?
     };
-    let body = match verdict {
-        Ok(()) => json_value!({ "Valid": true }),
-        Err(reason) => json_value!({ "Valid": false, "Reason": reason }),
-    };
-    Ok(with_meta(meta, cx.json(&body)))
+    Ok(with_meta(
+        meta,
+        cx.json(&SequencerReply::from_verdict(verdict)),
+    ))
 }
 
 /// `GET /v1/vigil/locks?prefix=P`: what is locked under `P`, blocking with `?index=&wait=` on
@@ -95,38 +97,23 @@ pub async fn locks(cx: Ctx) -> Result<Response, ApiError> {
     entries.retain(|e| cx.authz.allows(Resource::Key, Access::Read, &e.key));
     let sessions = super::lock::sessions(&cx.state.backend, opts).await?;
     let mut report = locks_report(&prefix, &entries, &sessions);
-    let queues: Vec<Value> = queues
+    report.queues = queues
         .iter()
         .filter(|lock| cx.authz.allows(Resource::Key, Access::Read, &lock.name))
         .map(|lock| super::lock::lock_report(lock, &sessions))
         .collect();
-    let filtered = entries.len() + queues.len() < found;
-    if let Some(report) = report.as_object_mut() {
-        report.insert("Queues".to_owned(), Value::from(queues));
-    }
+    let filtered = entries.len() + report.queues.len() < found;
     Ok(filtered_by_acls(
         filtered,
         with_meta(meta, cx.json(&report)),
     ))
 }
 
-/// Builds the `/v1/vigil/locks` body from a listing and the sessions (pure, for tests).
-pub fn locks_report(prefix: &str, entries: &[KvEntry], sessions: &[Session]) -> Value {
+/// Builds the `/v1/vigil/locks` body from a listing and the sessions, without its native
+/// `Queues` (pure, for tests).
+pub fn locks_report(prefix: &str, entries: &[KvEntry], sessions: &[Session]) -> LocksReport {
     let by_id: HashMap<&str, &Session> = sessions.iter().map(|s| (s.id.as_str(), s)).collect();
-    let holder = |session: &str| {
-        let s = by_id.get(session);
-        json_value!({
-            "Session": session,
-            "SessionName": s.map(|s| s.name.as_str()),
-            "Node": s.map(|s| s.node.as_str()),
-        })
-    };
-    let with = |mut base: Value, extra: Value| {
-        if let (Some(base), Value::Object(extra)) = (base.as_object_mut(), extra) {
-            base.extend(extra);
-        }
-        base
-    };
+    let holder = |session: &str| SessionRef::new(session, by_id.get(session).copied());
     let parent = |key: &str| key.rsplit_once('/').map(|(p, _)| p.to_owned());
 
     let mut held = Vec::new();
@@ -136,7 +123,7 @@ pub fn locks_report(prefix: &str, entries: &[KvEntry], sessions: &[Session]) -> 
         let lock_suffix = format!("/{SEMAPHORE_KEY}");
         if entry.flags == SEMAPHORE_FLAG_VALUE && entry.key.ends_with(&lock_suffix) {
             let sem_prefix = &entry.key[..entry.key.len() - lock_suffix.len()];
-            semaphores.push(semaphore_report(sem_prefix, entry, entries, &holder, &with));
+            semaphores.push(semaphore_report(sem_prefix, entry, entries, &holder));
             continue;
         }
         let Some(session) = entry.session.as_deref() else {
@@ -149,58 +136,52 @@ pub fn locks_report(prefix: &str, entries: &[KvEntry], sessions: &[Session]) -> 
                 }
             }
             SEMAPHORE_FLAG_VALUE => {} // a contender, reported with its semaphore
-            flags => held.push(with(
-                json_value!({
-                    "Key": entry.key,
-                    "Kind": if flags == LOCK_FLAG_VALUE { "lock" } else { "key" },
-                }),
-                with(
-                    holder(session),
-                    json_value!({
-                        "LockIndex": entry.lock_index,
-                        "HeldSinceIndex": entry.modify_index,
-                    }),
-                ),
-            )),
+            flags => held.push(HeldKey {
+                key: entry.key.clone(),
+                kind: if flags == LOCK_FLAG_VALUE {
+                    KeyKind::Lock
+                } else {
+                    KeyKind::Key
+                },
+                session: holder(session),
+                lock_index: entry.lock_index,
+                held_since_index: entry.modify_index,
+            }),
         }
     }
-    let fair_queues: Vec<Value> = fair
+    let fair_queues = fair
         .into_iter()
         .map(|(queue_prefix, mut queue)| {
             queue.sort_by_key(|e| (e.create_index, e.key.clone()));
-            let queue: Vec<Value> = queue
-                .iter()
-                .map(|e| {
-                    with(
-                        json_value!({ "Key": e.key }),
-                        with(
-                            holder(e.session.as_deref().unwrap_or_default()),
-                            json_value!({
-                                "LockIndex": e.lock_index,
-                                "CreateIndex": e.create_index,
-                            }),
-                        ),
-                    )
-                })
-                .collect();
-            json_value!({ "Prefix": queue_prefix, "Queue": queue })
+            FairQueue {
+                prefix: queue_prefix,
+                queue: queue
+                    .iter()
+                    .map(|e| FairContender {
+                        key: e.key.clone(),
+                        session: holder(e.session.as_deref().unwrap_or_default()),
+                        lock_index: e.lock_index,
+                        create_index: e.create_index,
+                    })
+                    .collect(),
+            }
         })
         .collect();
-    json_value!({
-        "Prefix": prefix,
-        "Locks": held,
-        "Semaphores": semaphores,
-        "FairQueues": fair_queues,
-    })
+    LocksReport {
+        prefix: prefix.to_owned(),
+        locks: held,
+        semaphores,
+        fair_queues,
+        queues: Vec::new(),
+    }
 }
 
 fn semaphore_report(
     sem_prefix: &str,
     lock_entry: &KvEntry,
     entries: &[KvEntry],
-    holder: &dyn Fn(&str) -> Value,
-    with: &dyn Fn(Value, Value) -> Value,
-) -> Value {
+    holder: &dyn Fn(&str) -> SessionRef,
+) -> SemaphoreReport {
     let contender_dir = format!("{sem_prefix}/");
     let contenders: Vec<&KvEntry> = entries
         .iter()
@@ -215,40 +196,37 @@ fn semaphore_report(
         lock.prune(entries);
         lock
     });
-    let (limit, holders) = match &lock {
-        Ok(lock) => (Value::from(lock.limit), lock.holders.clone()),
-        Err(_) => (Value::Null, BTreeMap::new()),
+    let (limit, holders) = match lock {
+        Ok(lock) => (Some(lock.limit), lock.holders),
+        Err(_) => (None, BTreeMap::new()),
     };
     let describe = |session: &str| {
         let contender = contenders
             .iter()
             .find(|e| e.session.as_deref() == Some(session));
-        with(
-            holder(session),
-            json_value!({
-                "Key": contender.map(|e| e.key.as_str()),
-                "LockIndex": contender.map(|e| e.lock_index),
-                "CreateIndex": contender.map(|e| e.create_index),
-            }),
-        )
+        SemaphoreContender {
+            session: holder(session),
+            key: contender.map(|e| e.key.clone()),
+            lock_index: contender.map(|e| e.lock_index),
+            create_index: contender.map(|e| e.create_index),
+        }
     };
-    let holding: Vec<Value> = holders.keys().map(|s| describe(s)).collect();
+    let holding = holders.keys().map(|s| describe(s)).collect();
     let mut waiting: Vec<&&KvEntry> = contenders
         .iter()
         .filter(|e| !holders.contains_key(e.session.as_deref().unwrap_or_default()))
         .collect();
     waiting.sort_by_key(|e| e.create_index);
-    let waiting: Vec<Value> = waiting
-        .iter()
-        .map(|e| describe(e.session.as_deref().unwrap_or_default()))
-        .collect();
-    json_value!({
-        "Prefix": sem_prefix,
-        "Key": lock_entry.key,
-        "Limit": limit,
-        "Holders": holding,
-        "Waiting": waiting,
-    })
+    SemaphoreReport {
+        prefix: sem_prefix.to_owned(),
+        key: lock_entry.key.clone(),
+        limit,
+        holders: holding,
+        waiting: waiting
+            .iter()
+            .map(|e| describe(e.session.as_deref().unwrap_or_default()))
+            .collect(),
+    }
 }
 
 #[cfg(test)]
@@ -281,19 +259,21 @@ mod tests {
             entry("s/w1", SEMAPHORE_FLAG_VALUE, Some("w1"), 7),
         ];
         let report = locks_report("", &entries, &[]);
-        assert_eq!(report["Locks"].as_array().unwrap().len(), 1);
-        assert_eq!(report["Locks"][0]["Key"], "l/.lock");
-        assert_eq!(report["Locks"][0]["Kind"], "lock");
-        assert_eq!(report["Locks"][0]["HeldSinceIndex"], 3);
-        assert_eq!(report["Semaphores"][0]["Limit"], 2);
-        assert_eq!(report["Semaphores"][0]["Holders"][0]["Session"], "h1");
-        assert_eq!(
-            report["Semaphores"][0]["Holders"].as_array().unwrap().len(),
-            1
-        );
-        assert_eq!(report["Semaphores"][0]["Waiting"][0]["Session"], "w1");
-        assert_eq!(report["FairQueues"][0]["Prefix"], "f");
-        assert_eq!(report["FairQueues"][0]["Queue"][0]["Session"], "fa");
-        assert_eq!(report["FairQueues"][0]["Queue"][1]["Session"], "fb");
+        assert_eq!(report.locks.len(), 1);
+        assert_eq!(report.locks[0].key, "l/.lock");
+        assert_eq!(report.locks[0].kind, KeyKind::Lock);
+        assert_eq!(report.locks[0].held_since_index, 3);
+        let semaphore = &report.semaphores[0];
+        assert_eq!(semaphore.limit, Some(2));
+        assert_eq!(semaphore.holders.len(), 1);
+        assert_eq!(semaphore.holders[0].session.id, "h1");
+        assert_eq!(semaphore.waiting[0].session.id, "w1");
+        assert_eq!(report.fair_queues[0].prefix, "f");
+        let queue: Vec<&str> = report.fair_queues[0]
+            .queue
+            .iter()
+            .map(|c| c.session.id.as_str())
+            .collect();
+        assert_eq!(queue, ["fa", "fb"]);
     }
 }

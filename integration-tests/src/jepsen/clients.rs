@@ -16,7 +16,8 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use vigil_shared::client::{Client, ClientConfig, QueueOptions, ReadOpts, SessionRequest};
-use vigil_shared::lock::{LockMode, NotAcquired};
+use vigil_shared::lock::LockMode;
+use vigil_shared::vigil_api::NotAcquired;
 
 use super::fence::Fenced;
 use super::linear::{Input, Op, Output};

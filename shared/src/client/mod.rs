@@ -36,6 +36,8 @@ use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
+use crate::vigil_api::LocksReport;
+
 pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
 pub use error::ClientError;
@@ -385,8 +387,21 @@ impl Client {
         Ok((Some(reply.json()?), meta))
     }
 
-    /// `GET /v1/vigil/locks?prefix=`: held keys, semaphore holders and fair-lock queues.
+    /// `GET /v1/vigil/locks?prefix=`: native locks, held keys, semaphore holders and fair-lock
+    /// queues.
+    pub async fn locks_report(&self, prefix: &str) -> Result<LocksReport, ClientError> {
+        self.vigil_locks_as(prefix).await
+    }
+
+    /// [`Client::locks_report`] as the agent wrote it (with any field a newer agent adds).
     pub async fn vigil_locks(&self, prefix: &str) -> Result<serde_json::Value, ClientError> {
+        self.vigil_locks_as(prefix).await
+    }
+
+    async fn vigil_locks_as<T: serde::de::DeserializeOwned>(
+        &self,
+        prefix: &str,
+    ) -> Result<T, ClientError> {
         let query = [("prefix", prefix.to_owned())];
         let (reply, _) = self
             .read("/v1/vigil/locks", &query, &ReadOpts::default())

@@ -16,8 +16,9 @@ use super::recipe::RecipeSession;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
-use crate::lock::{AcquireReply, LockMode, NotAcquired};
+use crate::lock::LockMode;
 use crate::session::Behavior;
+use crate::vigil_api::{AcquireReply, LockReport, NotAcquired, StandingReply};
 
 /// Session name of a queue contender that brings no session of its own.
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";
@@ -127,7 +128,7 @@ impl Client {
         &self,
         name: &str,
         opts: ReadOpts,
-    ) -> Result<(Option<serde_json::Value>, super::QueryMeta), ClientError> {
+    ) -> Result<(Option<LockReport>, super::QueryMeta), ClientError> {
         self.lock_queue_read(name, &[], opts).await
     }
 
@@ -140,19 +141,19 @@ impl Client {
         opts: ReadOpts,
     ) -> Result<(Option<u64>, super::QueryMeta), ClientError> {
         let query = [("session", session.to_owned())];
-        let (body, meta) = self.lock_queue_read(name, &query, opts).await?;
-        let token = body
-            .filter(|b| b["Held"] == true)
-            .and_then(|b| b["Token"].as_u64());
+        let (standing, meta) = self
+            .lock_queue_read::<StandingReply>(name, &query, opts)
+            .await?;
+        let token = standing.filter(|s| s.held).and_then(|s| s.token);
         Ok((token, meta))
     }
 
-    async fn lock_queue_read(
+    async fn lock_queue_read<T: serde::de::DeserializeOwned>(
         &self,
         name: &str,
         query: &[(&str, String)],
         opts: ReadOpts,
-    ) -> Result<(Option<serde_json::Value>, super::QueryMeta), ClientError> {
+    ) -> Result<(Option<T>, super::QueryMeta), ClientError> {
         let path = format!("/v1/vigil/lock/{}", encode_path(name));
         let (reply, meta) = self.read(&path, query, &opts).await?;
         if reply.status == 404 {
