@@ -404,9 +404,11 @@ impl LeaderDuties {
                 }
                 Some(input) = self.inputs.recv() => {
                     let DutyInput::Renew { id, ttl, renewed } = input;
+                    // A destroy applied since the request read the session clears `expiring`
+                    // before this runs (events first): the state says it is gone.
                     let outcome = if term.is_none() {
                         Renewal::NotLeading
-                    } else if expiring.contains(&id) {
+                    } else if expiring.contains(&id) || self.shared.read().sessions().get(&id).is_none() {
                         Renewal::Expiring
                     } else {
                         timers.renew(&id, ttl, wall_ms());

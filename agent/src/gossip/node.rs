@@ -312,7 +312,12 @@ impl GossipNode {
         let mut rest = data;
         let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
         self.note_ack(&header);
-        self.resurrect_refuted(&header.src, header.src_incarnation);
+        // What foca will not read (addressed to another identity) resurrects nobody.
+        let for_us = header.dst == *self.identity()
+            || (header.message == Message::Announce && header.dst.addr == self.identity().addr);
+        if for_us {
+            self.resurrect_refuted(&header.src, header.src_incarnation);
+        }
         let turn_undead = header.message == Message::TurnUndead && header.dst == *self.identity();
         if turn_undead {
             // "You are down", from a member that holds us down at some incarnation it does
@@ -340,8 +345,11 @@ impl GossipNode {
         for _ in 0..count {
             updates.push(codec.decode_member(&mut rest).ok()?);
         }
-        for update in updates.iter().filter(|u| u.state() != State::Down) {
-            self.resurrect_refuted(update.id(), update.incarnation());
+        // foca distrusts the news of a sender it holds down; so do we.
+        if for_us && !self.held_down(&header.src) {
+            for update in updates.iter().filter(|u| u.state() != State::Down) {
+                self.resurrect_refuted(update.id(), update.incarnation());
+            }
         }
         let before = updates.len();
         updates.retain(|update| !self.is_stale_death(update));
@@ -356,6 +364,30 @@ impl GossipNode {
             );
         }
         rebuild(&header, Some(&updates), rest)
+    }
+
+    /// Members that announced their own leave are down at the incarnation we know them at.
+    /// foca's leave announces the Down at incarnation 0, which [`GossipNode::is_stale_death`]
+    /// rightly drops for a member that ever refuted a suspicion; the notice (addressed, with
+    /// its generation) says it is no stale verdict.
+    fn down_leavers(&mut self, leaving: &[(SocketAddr, u64)]) {
+        if leaving.is_empty() {
+            return;
+        }
+        let downs: Vec<foca::Member<Member>> = self
+            .foca
+            .iter_membership_state()
+            .filter(|m| m.state() != State::Down)
+            .filter(|m| leaving.contains(&(m.id().addr, m.id().generation)))
+            .map(|m| foca::Member::new(m.id().clone(), m.incarnation(), State::Down))
+            .collect();
+        if downs.is_empty() {
+            return;
+        }
+        let result = self
+            .foca
+            .apply_many(downs.into_iter(), true, &mut self.runtime);
+        self.log_error("apply_many", result);
     }
 
     /// Lifeguard: an ack for one of our probes, direct or forwarded by an indirect prober, is
@@ -374,6 +406,13 @@ impl GossipNode {
         }
         self.last_acked_probe = Some(probe);
         self.local_health = self.local_health.saturating_sub(1);
+    }
+
+    /// Whether foca holds `id` down.
+    fn held_down(&self, id: &Member) -> bool {
+        self.foca
+            .iter_membership_state()
+            .any(|known| known.id() == id && known.state() == State::Down)
     }
 
     /// The other half of memberlist's rule: a member we hold down that speaks for (or is
@@ -941,11 +980,16 @@ impl GossipNode {
     fn settle(&mut self, now: Duration) -> Output {
         let mut out = Output::default();
         // Notices first: a notice and the MemberDown it explains may come out of one packet.
+        let mut leaving = Vec::new();
         while let Ok(notice) = self.notices.try_recv() {
             if notice.addr != self.identity().addr {
+                if !notice.forced {
+                    leaving.push((notice.addr, notice.generation));
+                }
                 self.book.leave_notice(notice, now);
             }
         }
+        self.down_leavers(&leaving);
         while let Ok(event) = self.events.try_recv() {
             self.new_events |= self.event_log.record(event);
         }
@@ -960,12 +1004,14 @@ impl GossipNode {
         self.book.refresh(self.foca.identity(), now);
         while let Some((to, data)) = self.runtime.to_send() {
             if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data) {
-                if header.src == *self.identity() && header.src_incarnation > self.incarnation {
-                    // We refuted a suspicion of ourselves: Lifeguard counts it against our
-                    // local health (others could not hear us in time).
-                    self.worse_health();
+                if header.src == *self.identity() {
+                    if header.src_incarnation > self.incarnation {
+                        // We refuted a suspicion of ourselves: Lifeguard counts it against
+                        // our local health (others could not hear us in time).
+                        self.worse_health();
+                    }
+                    self.incarnation = header.src_incarnation;
                 }
-                self.incarnation = header.src_incarnation;
             }
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -979,18 +1025,25 @@ impl GossipNode {
                     incarnation,
                     ..
                 } => {
-                    // foca schedules this only when a probe of ours failed.
+                    // foca schedules this only when a probe of ours failed, again for a
+                    // member it already suspects: that suspicion keeps its start.
                     self.worse_health();
-                    self.suspecting.insert(
-                        member_id.addr,
-                        Suspicion {
-                            id: member_id.clone(),
-                            incarnation: *incarnation,
-                            next_nudge: now,
-                            since: now,
-                            timeout: after,
-                        },
-                    );
+                    let same = self
+                        .suspecting
+                        .get(&member_id.addr)
+                        .is_some_and(|s| s.id == *member_id && s.incarnation == *incarnation);
+                    if !same {
+                        self.suspecting.insert(
+                            member_id.addr,
+                            Suspicion {
+                                id: member_id.clone(),
+                                incarnation: *incarnation,
+                                next_nudge: now,
+                                since: now,
+                                timeout: after,
+                            },
+                        );
+                    }
                     self.stretched_suspicion(after)
                 }
                 Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. } => {
@@ -1052,13 +1105,22 @@ impl GossipNode {
         timeout * (self.local_health + 1)
     }
 
-    /// A suspicion's timeout stretched by our local health beyond the failed probe that
-    /// started it: one dead member is declared down on time, while a member whose every
-    /// probe fails holds its suspicions up to [`MAX_LOCAL_HEALTH`] times longer (our addition
-    /// to Lifeguard, whose suspicions shrink with confirmations we cannot count: foca's
-    /// gossip does not say who suspects).
+    /// A suspicion's timeout, stretched by our local health while we suspect several members
+    /// at once: one dead member (or two members, one of them dead) is declared down on time
+    /// whatever our score, while a member whose probes of everyone fail holds its suspicions
+    /// up to [`MAX_LOCAL_HEALTH`] times longer (our addition to Lifeguard, whose suspicions
+    /// shrink with confirmations we cannot count: foca's gossip does not say who suspects).
     fn stretched_suspicion(&self, timeout: Duration) -> Duration {
+        if self.suspecting.len() < 2 {
+            return timeout;
+        }
         timeout * self.local_health.max(1)
+    }
+
+    /// Our incarnation, as our last packet carried it.
+    #[cfg(test)]
+    pub fn incarnation(&self) -> Incarnation {
+        self.incarnation
     }
 
     /// Lifeguard's local health multiplier: 0 when our probes succeed, up to

@@ -534,6 +534,11 @@ impl Sim {
             .collect()
     }
 
+    /// Node `i`'s incarnation, as its last packet carried it.
+    pub fn incarnation(&self, i: usize) -> u16 {
+        self.nodes[i].node.incarnation()
+    }
+
     /// Node `i`'s identity generation (it grows when the node renews its identity).
     pub fn generation(&self, i: usize) -> u64 {
         self.nodes[i].node.identity().generation
@@ -886,6 +891,49 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_silent_crash_in_a_small_cluster_is_declared_on_time() {
+        // With two or three members the dead one is probed again before its suspicion ends,
+        // and with two every probe fails: neither may restart or stretch the suspicion (local
+        // health stretches suspicions only while several members are suspected at once).
+        let profile = TimingProfile::Lan;
+        let limit = profile.probe_period() * 3 + profile.suspect_to_down_after(3);
+        for n in [2, 3] {
+            for seed in 0..5 {
+                let (mut sim, _) = converged_cluster(n, profile, seed);
+                sim.crash(1);
+                let took = sim
+                    .wait_for(secs(60), CHECK, |s| s.all_see(1, MemberState::Failed))
+                    .unwrap_or_else(|| panic!("{n} members, seed {seed}: crash never declared"));
+                assert!(
+                    took < limit,
+                    "{n} members, seed {seed}: declared after {took:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_member_that_refuted_a_suspicion_still_leaves_cleanly() {
+        // foca announces a leave as a Down at incarnation 0, which is stale for a member that
+        // refuted a suspicion: its leave notice must take it down all the same, for good.
+        let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, SEED);
+        let leaver = 7;
+        sim.pause(leaver, secs(3));
+        sim.wait_for(secs(30), CHECK, |s| s.incarnation(leaver) > 0)
+            .expect("the paused member is suspected and refutes");
+        sim.run_for(secs(5));
+        sim.leave(leaver);
+        let took = sim
+            .wait_for(secs(10), CHECK, |s| s.all_see(leaver, MemberState::Left))
+            .expect("everyone reports the leaver Left");
+        // By its notice, not by a suspicion of the stopped process running out.
+        let suspicion = TimingProfile::Lan.suspect_to_down_after(10);
+        assert!(took < suspicion, "Left everywhere after {took:?}");
+        sim.run_for(secs(20));
+        assert!(sim.all_see(leaver, MemberState::Left));
     }
 
     #[test]
