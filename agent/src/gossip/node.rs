@@ -1003,15 +1003,15 @@ impl GossipNode {
         }
         self.book.refresh(self.foca.identity(), now);
         while let Some((to, data)) = self.runtime.to_send() {
-            if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data) {
-                if header.src == *self.identity() {
-                    if header.src_incarnation > self.incarnation {
-                        // We refuted a suspicion of ourselves: Lifeguard counts it against
-                        // our local health (others could not hear us in time).
-                        self.worse_health();
-                    }
-                    self.incarnation = header.src_incarnation;
+            if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data)
+                && header.src == *self.identity()
+            {
+                if header.src_incarnation > self.incarnation {
+                    // We refuted a suspicion of ourselves: Lifeguard counts it against our
+                    // local health (others could not hear us in time).
+                    self.worse_health();
                 }
+                self.incarnation = header.src_incarnation;
             }
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
