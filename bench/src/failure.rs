@@ -305,7 +305,7 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             Some(silent_free),
             Some(e_free),
         ),
-        Row::new(
+        Row::vigil_only(
             "failure.false_invalidations",
             format!(
                 "Failure detection: stalls (2 s holder, 5 s other agent, 4 s server) × {rounds}"
@@ -313,7 +313,6 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             "sessions lost though alive",
             Better::Lower,
             Some(stalls as f64),
-            None,
         ),
     ];
     let table = Table {
