@@ -1,7 +1,7 @@
 //! What HashiCorp's Go `api` package needs beyond locks, sessions and KV, each test mirroring
 //! one of that package's own tests (named in its doc) through the HTTP API: Go's `null`s, the
 //! `consul` service, `SkipNodeUpdate`, node IDs, catalog ops in a transaction, the smaller
-//! endpoints the client calls, tagged service addresses, and an agent that stops on SIGTERM
+//! endpoints the client calls, tagged service addresses, the runtime gauges, and an agent that stops on SIGTERM
 //! or SIGINT when the pipe its logs go to has been closed.
 
 use std::process::Stdio;
@@ -461,6 +461,47 @@ async fn the_endpoints_go_calls_answer() {
     assert_eq!(reply.status, StatusCode::OK);
     assert_eq!(reply.json(), json!([]));
     assert!(reply.index() > 0);
+}
+
+/// `api.TestAPI_AgentMetrics`: the Go runtime's gauges Consul reports, from this process (its
+/// live tasks, the memory it holds, no garbage collections), in JSON and Prometheus text; they
+/// need `agent:read` as the rest of the metrics do.
+#[tokio::test]
+async fn the_runtime_gauges_go_reads() {
+    let agent = Agent::dev_with(&[
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        "root",
+    ])
+    .await;
+    let root = agent.with_token("root");
+    assert_eq!(
+        agent.get("/v1/agent/metrics").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    let metrics = json_ok(&root, "/v1/agent/metrics").await;
+    let gauge = |name: &str| {
+        metrics["Gauges"]
+            .as_array()
+            .and_then(|gauges| gauges.iter().find(|g| g["Name"] == name))
+            .and_then(|g| g["Value"].as_f64())
+            .unwrap_or_else(|| panic!("no gauge {name}: {metrics}"))
+    };
+    let alloc = gauge("consul.runtime.alloc_bytes");
+    let sys = gauge("consul.runtime.sys_bytes");
+    assert!(alloc > 0.0 && sys >= alloc, "alloc {alloc}, sys {sys}");
+    assert!(gauge("consul.runtime.num_goroutines") >= 1.0);
+    assert!(gauge("vigil.runtime.threads") >= 1.0);
+    assert_eq!(gauge("consul.runtime.total_gc_runs"), 0.0);
+    assert_eq!(gauge("consul.runtime.total_gc_pause_ns"), 0.0);
+
+    let text = root.get("/v1/agent/metrics?format=prometheus").await.text();
+    assert!(
+        text.contains("# TYPE consul_runtime_alloc_bytes gauge\nconsul_runtime_alloc_bytes "),
+        "{text}"
+    );
 }
 
 /// `api.TestAPI_Snapshot_Options`: a snapshot holds every secret, so taking one needs a
