@@ -39,6 +39,15 @@ pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
                     .to_owned(),
             ));
         }
+        Op::SetQueryFull { query, update } => {
+            if !query.service.ignore_check_ids.is_empty() {
+                return Err(ServerError::Unavailable(
+                    "IgnoreCheckIDs in a prepared query needs every server to run this release"
+                        .to_owned(),
+                ));
+            }
+            (Op::SetQuery { query, update }, Reply::AsIs)
+        }
         op => (op, Reply::AsIs),
     })
 }
@@ -90,6 +99,8 @@ pub fn every_server_at<'a>(
 
 #[cfg(test)]
 mod tests {
+    use vigil_shared::query::{PreparedQuery, ServiceQuery};
+
     use super::*;
 
     fn enqueue(request: u64) -> Op {
@@ -133,6 +144,34 @@ mod tests {
             Ok((enqueue(7), Reply::AsIs))
         );
         assert!(downgrade(Op::Txn(Vec::new()), 1).is_err());
+        let query = |ignore: &[&str]| PreparedQuery {
+            id: "q".into(),
+            service: ServiceQuery {
+                service: "web".into(),
+                ignore_check_ids: ignore.iter().map(|&c| c.to_owned()).collect(),
+                ..ServiceQuery::default()
+            },
+            ..PreparedQuery::default()
+        };
+        let full = |ignore| Op::SetQueryFull {
+            query: query(ignore),
+            update: false,
+        };
+        assert_eq!(
+            downgrade(full(&[]), 1),
+            Ok((
+                Op::SetQuery {
+                    query: query(&[]),
+                    update: false
+                },
+                Reply::AsIs
+            ))
+        );
+        assert!(downgrade(full(&["c"]), 1).is_err());
+        assert_eq!(
+            downgrade(full(&["c"]), PROTOCOL),
+            Ok((full(&["c"]), Reply::AsIs))
+        );
     }
 
     #[test]

@@ -354,7 +354,9 @@ impl Proposal {
             Op::DeregisterCheck { .. }
             | Op::DeregisterNode { .. }
             | Op::DeregisterService { .. } => Some(CATALOG_DEREGISTER),
-            Op::SetQuery { .. } | Op::DeleteQuery { .. } => Some(QUERY_APPLY),
+            Op::SetQuery { .. } | Op::SetQueryFull { .. } | Op::DeleteQuery { .. } => {
+                Some(QUERY_APPLY)
+            }
             _ => None,
         };
         let acquires = match op {

@@ -39,8 +39,13 @@ pub enum Op {
     CatalogRegister(Registration),
     /// 9: removes a service and its checks (invalidating the sessions bound to them).
     DeregisterService { node: String, service_id: String },
-    /// 10: creates a prepared query, or with `update` replaces an existing one.
-    SetQuery { query: PreparedQuery, update: bool },
+    /// 10: creates a prepared query, or with `update` replaces an existing one; the query as
+    /// the first release encodes it (without `IgnoreCheckIDs`).
+    SetQuery {
+        #[serde(with = "crate::first_release::prepared_query")]
+        query: PreparedQuery,
+        update: bool,
+    },
     /// 11
     DeleteQuery { id: String },
     /// 12: the leader's TTL deadlines of sessions (session ID, leader wall clock in ms), so a
@@ -85,6 +90,9 @@ pub enum Op {
     /// 20: a transaction with catalog ops (`/v1/txn` with `Node`, `Service` or `Check`), all
     /// or nothing, answered with a [`Response::CatalogTxn`]. Protocol level 2.
     Txn(Vec<crate::txn::TxnOp>),
+    /// 21: [`Op::SetQuery`] with every field of the query (`IgnoreCheckIDs` too). Protocol
+    /// level 2.
+    SetQueryFull { query: PreparedQuery, update: bool },
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -382,6 +390,11 @@ reads! {
     /// 30: where `session` stands on lock `name`, with the mode it holds or waits for; blocks
     /// until that changes (as `LockStanding`).
     LockHold { name: String, session: String } => Hold(crate::lock::LockHold);
+    /// 31: [`ReadQuery::QueryList`] with every field of each query (`IgnoreCheckIDs` too); what
+    /// agents of this release ask.
+    QueryListFull {} => QueriesFull(Vec<PreparedQuery>);
+    /// 32: [`ReadQuery::QueryGet`] with every field of the query.
+    QueryGetFull { id_or_name: String } => QueriesFull(Vec<PreparedQuery>);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -409,10 +422,14 @@ pub enum QueryResult {
     NodeServices(Option<(Node, Vec<Service>)>),
     /// 10
     Health(Vec<ServiceHealth>),
-    /// 11
-    Queries(Vec<PreparedQuery>),
-    /// 12: the query run and the instances it selected; `None` when no query matched.
-    Executed(Option<(PreparedQuery, Vec<ServiceHealth>)>),
+    /// 11: as the first release encodes them (without `IgnoreCheckIDs`).
+    Queries(#[serde(with = "crate::first_release::prepared_queries")] Vec<PreparedQuery>),
+    /// 12: the query run (as the first release encodes it) and the instances it selected;
+    /// `None` when no query matched.
+    Executed(
+        #[serde(with = "crate::first_release::executed")]
+        Option<(PreparedQuery, Vec<ServiceHealth>)>,
+    ),
     /// 13: `None` when no such lock exists.
     Lock(Option<LockState>),
     /// 14
@@ -429,6 +446,8 @@ pub enum QueryResult {
     AclRoles(Vec<Role>),
     /// 20
     Hold(crate::lock::LockHold),
+    /// 21: with every field (`IgnoreCheckIDs` too).
+    QueriesFull(Vec<PreparedQuery>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

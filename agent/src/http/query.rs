@@ -40,6 +40,7 @@ struct ServiceBody {
     nodemeta: BTreeMap<String, String>,
     servicemeta: BTreeMap<String, String>,
     failover: FailoverBody,
+    ignorecheckids: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -92,6 +93,7 @@ pub(super) fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> 
             failover_nearest_n: s.failover.nearestn,
             failover_datacenters: s.failover.datacenters,
             near: s.near,
+            ignore_check_ids: s.ignorecheckids,
         },
         dns_ttl: body.dns.ttl,
         create_index: 0,
@@ -151,7 +153,7 @@ impl<'a> QueryJson<'a> {
                 "Failover": {"NearestN": s.failover_nearest_n,
                              "Datacenters": nil_if_empty(&s.failover_datacenters)},
                 "OnlyPassing": s.only_passing,
-                "IgnoreCheckIDs": Value::Null,
+                "IgnoreCheckIDs": nil_if_empty(&s.ignore_check_ids),
                 "Near": s.near,
                 "Tags": nil_if_empty(&s.tags),
                 "NodeMeta": nil_if_empty(&s.node_meta),
@@ -188,6 +190,16 @@ async fn write<W: Write<Output = Result<(), ApplyError>>>(
             e @ ApplyError::MissingQuery(_) => ApiError::server(e.to_string()),
             e => ApiError::server(format!("raft apply failed: {e}")),
         })
+}
+
+/// Creates or replaces a query: in the first release's op when it carries nothing that op
+/// lacks, so a cluster with servers of that release takes it.
+async fn set_query(state: &AppState, query: PreparedQuery, update: bool) -> Result<(), ApiError> {
+    if query.service.ignore_check_ids.is_empty() {
+        write(state, writes::SetQuery { query, update }).await
+    } else {
+        write(state, writes::SetQueryFull { query, update }).await
+    }
 }
 
 /// A named query needs `query:write` on its name; an unnamed one is reached only by its ID.
@@ -228,20 +240,13 @@ pub async fn create(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response,
     let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
     check_query_write(&cx.authz, &query.name)?;
     let id = query.id.clone();
-    write(
-        &cx.state,
-        writes::SetQuery {
-            query,
-            update: false,
-        },
-    )
-    .await?;
+    set_query(&cx.state, query, false).await?;
     Ok(json(&Params::default(), &json_value!({ "ID": id })))
 }
 
 /// `GET /v1/query`.
 pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read(reads::QueryList {}).await?;
+    let (queries, meta) = cx.read(reads::QueryListFull {}).await?;
     let out: Vec<QueryJson<'_>> = queries
         .iter()
         .filter(|q| may_read(&cx.authz, q))
@@ -252,7 +257,7 @@ pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
 
 /// `GET /v1/query/<id>` → `[query]`, or 404.
 pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read(reads::QueryGet { id_or_name: id }).await?;
+    let (queries, meta) = cx.read(reads::QueryGetFull { id_or_name: id }).await?;
     if queries.is_empty() {
         return Err(query_not_found());
     }
@@ -275,14 +280,7 @@ pub async fn update(
     check_existing_query_write(&cx.state, &cx.authz, &id).await?;
     let query = parse(id, &body)?;
     check_query_write(&cx.authz, &query.name)?;
-    write(
-        &cx.state,
-        writes::SetQuery {
-            query,
-            update: true,
-        },
-    )
-    .await?;
+    set_query(&cx.state, query, true).await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -320,7 +318,7 @@ pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response
 
 /// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
 pub async fn explain(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read_now(reads::QueryGet { id_or_name }).await?;
+    let (queries, meta) = cx.read_now(reads::QueryGetFull { id_or_name }).await?;
     let query = queries.first().ok_or_else(query_not_found)?;
     cx.check(Resource::Query, Access::Read, &query.name)?;
     let out = json_value!({ "Query": QueryJson::new(&cx.authz, query) });

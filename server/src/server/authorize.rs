@@ -217,7 +217,7 @@ fn write_permission(
             }
         }
         Op::DeregisterService { node, .. } => node_write(authz, node),
-        Op::SetQuery { query, update } => {
+        Op::SetQuery { query, update } | Op::SetQueryFull { query, update } => {
             if *update && let Some(existing) = state.queries().lookup(&query.id) {
                 query_write(authz, &existing.name)?;
             }
@@ -349,6 +349,8 @@ pub(super) fn read_permission(
         | ReadQuery::HealthService { .. }
         | ReadQuery::QueryList {}
         | ReadQuery::QueryGet { .. }
+        | ReadQuery::QueryListFull {}
+        | ReadQuery::QueryGetFull { .. }
         | ReadQuery::QueryExecute { .. }
         | ReadQuery::Lock { .. }
         | ReadQuery::Locks { .. }
@@ -368,6 +370,13 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
     let check_visible = |c: &vigil_shared::catalog::Check| {
         read(Resource::Node, &c.node)
             && (c.service_name.is_empty() || read(Resource::Service, &c.service_name))
+    };
+    let query_visible = |q: &vigil_shared::query::PreparedQuery| {
+        if q.name.is_empty() {
+            authz.allows(Resource::Acl, Access::Write, "")
+        } else {
+            read(Resource::Query, &q.name)
+        }
     };
     let health_visible = |h: &vigil_shared::catalog::ServiceHealth| {
         read(Resource::Node, &h.node.name) && read(Resource::Service, &h.service.name)
@@ -418,14 +427,12 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
             QueryResult::Health(health)
         }
         QueryResult::Queries(mut queries) => {
-            queries.retain(|q| {
-                if q.name.is_empty() {
-                    authz.allows(Resource::Acl, Access::Write, "")
-                } else {
-                    read(Resource::Query, &q.name)
-                }
-            });
+            queries.retain(query_visible);
             QueryResult::Queries(queries)
+        }
+        QueryResult::QueriesFull(mut queries) => {
+            queries.retain(query_visible);
+            QueryResult::QueriesFull(queries)
         }
         QueryResult::Executed(found) => QueryResult::Executed(found.map(|(query, mut nodes)| {
             nodes.retain(health_visible);

@@ -108,7 +108,10 @@ impl Interest {
             ReadQuery::CatalogService { name }
             | ReadQuery::ServiceChecks { name }
             | ReadQuery::HealthService { name } => Interest::Service(name.clone()),
-            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => Interest::Queries,
+            ReadQuery::QueryList {}
+            | ReadQuery::QueryGet { .. }
+            | ReadQuery::QueryListFull {}
+            | ReadQuery::QueryGetFull { .. } => Interest::Queries,
             ReadQuery::AclResolve { .. }
             | ReadQuery::AclToken { .. }
             | ReadQuery::AclTokenList {}
@@ -362,7 +365,7 @@ impl StateMachine {
                 }
                 Response::Done
             }
-            Op::SetQuery { query, update } => {
+            Op::SetQuery { query, update } | Op::SetQueryFull { query, update } => {
                 let session_ok = self.sessions.get(&query.session).is_some();
                 let found = if update && !self.queries.contains(&query.id) {
                     Err(ApplyError::MissingQuery(query.id.clone()))
@@ -623,6 +626,20 @@ impl StateMachine {
             ),
             ReadQuery::QueryGet { id_or_name } => (
                 reads::QueryGet::answer(
+                    self.queries
+                        .lookup(id_or_name)
+                        .cloned()
+                        .into_iter()
+                        .collect(),
+                ),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryListFull {} => (
+                reads::QueryListFull::answer(self.queries.list().cloned().collect()),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryGetFull { id_or_name } => (
+                reads::QueryGetFull::answer(
                     self.queries
                         .lookup(id_or_name)
                         .cloned()

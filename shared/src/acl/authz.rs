@@ -322,7 +322,10 @@ impl Authorizer {
                     && !self.may_read_under(Resource::Service, "")
             }
             // Unnamed queries are listed to management only.
-            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => {
+            ReadQuery::QueryList {}
+            | ReadQuery::QueryGet { .. }
+            | ReadQuery::QueryListFull {}
+            | ReadQuery::QueryGetFull { .. } => {
                 !self.may_read_under(Resource::Query, "")
                     && !self.allows(Resource::Acl, Access::Write, "")
             }

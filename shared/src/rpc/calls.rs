@@ -195,6 +195,7 @@ fn op_senders(op: &Op) -> Senders {
         | Op::CatalogRegister(_)
         | Op::DeregisterService { .. }
         | Op::SetQuery { .. }
+        | Op::SetQueryFull { .. }
         | Op::DeleteQuery { .. }
         | Op::Lock(
             LockOp::Acquire { .. }

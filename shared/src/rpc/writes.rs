@@ -106,6 +106,9 @@ writes! {
     DeregisterNode { name: String } answers done;
     /// Creates a prepared query, or with `update` replaces an existing one.
     SetQuery { query: PreparedQuery, update: bool } answers refusable;
+    /// What a query with `IgnoreCheckIDs` needs (protocol level 2); one without goes as
+    /// [`SetQuery`], which every server decodes.
+    SetQueryFull { query: PreparedQuery, update: bool } answers refusable;
     /// Deletes a prepared query; refused when there is none.
     DeleteQuery { id: String } answers refusable;
     /// A change to the ACL tables.
