@@ -39,6 +39,18 @@ pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
                     .to_owned(),
             ));
         }
+        Op::CatalogRegisterFull(registration) => {
+            if registration
+                .service
+                .as_ref()
+                .is_some_and(|s| !s.tagged_addresses.is_empty())
+            {
+                return Err(ServerError::Unavailable(
+                    "TaggedAddresses on a service need every server to run this release".to_owned(),
+                ));
+            }
+            (Op::CatalogRegister(registration), Reply::AsIs)
+        }
         Op::SetQueryFull { query, update } => {
             if !query.service.ignore_check_ids.is_empty() {
                 return Err(ServerError::Unavailable(
@@ -99,7 +111,9 @@ pub fn every_server_at<'a>(
 
 #[cfg(test)]
 mod tests {
+    use vigil_shared::catalog::{Service, ServiceAddress};
     use vigil_shared::query::{PreparedQuery, ServiceQuery};
+    use vigil_shared::rpc::Registration;
 
     use super::*;
 
@@ -172,6 +186,29 @@ mod tests {
             downgrade(full(&["c"]), PROTOCOL),
             Ok((full(&["c"]), Reply::AsIs))
         );
+
+        let register = |tagged: &[&str]| {
+            let tagged_addresses = tagged
+                .iter()
+                .map(|&t| (t.to_owned(), ServiceAddress::default()))
+                .collect();
+            Registration {
+                node: "n".into(),
+                service: Some(Service {
+                    id: "web".into(),
+                    tagged_addresses,
+                    ..Service::default()
+                }),
+                ..Registration::default()
+            }
+        };
+        assert_eq!(
+            downgrade(Op::CatalogRegisterFull(register(&[])), 1),
+            Ok((Op::CatalogRegister(register(&[])), Reply::AsIs))
+        );
+        assert!(downgrade(Op::CatalogRegisterFull(register(&["lan"])), 1).is_err());
+        let whole = Op::CatalogRegisterFull(register(&["lan"]));
+        assert_eq!(downgrade(whole.clone(), PROTOCOL), Ok((whole, Reply::AsIs)));
     }
 
     #[test]

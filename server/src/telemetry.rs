@@ -182,10 +182,14 @@ impl InvalidationCause {
                 .unwrap_or(InvalidationCause::Other),
             Op::DestroySession { .. } => InvalidationCause::Destroy,
             Op::RegisterCheck(check) if critical_serf(check) => InvalidationCause::NodeFailure,
-            Op::CatalogRegister(reg) if reg.checks.iter().any(critical_serf) => {
+            Op::CatalogRegister(reg) | Op::CatalogRegisterFull(reg)
+                if reg.checks.iter().any(critical_serf) =>
+            {
                 InvalidationCause::NodeFailure
             }
-            Op::RegisterCheck(_) | Op::CatalogRegister(_) => InvalidationCause::CheckCritical,
+            Op::RegisterCheck(_) | Op::CatalogRegister(_) | Op::CatalogRegisterFull(_) => {
+                InvalidationCause::CheckCritical
+            }
             Op::DeregisterCheck { .. } | Op::DeregisterService { .. } => {
                 InvalidationCause::CheckDeregistered
             }
@@ -348,9 +352,10 @@ impl Proposal {
             Op::Kv(ops) if ops.len() == 1 => Some(KVS_APPLY),
             Op::Kv(_) => Some(TXN_APPLY),
             Op::CreateSession(_) | Op::DestroySession { .. } => Some(SESSION_APPLY),
-            Op::RegisterNode { .. } | Op::RegisterCheck(_) | Op::CatalogRegister(_) => {
-                Some(CATALOG_REGISTER)
-            }
+            Op::RegisterNode { .. }
+            | Op::RegisterCheck(_)
+            | Op::CatalogRegister(_)
+            | Op::CatalogRegisterFull(_) => Some(CATALOG_REGISTER),
             Op::DeregisterCheck { .. }
             | Op::DeregisterNode { .. }
             | Op::DeregisterService { .. } => Some(CATALOG_DEREGISTER),

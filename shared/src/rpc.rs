@@ -35,8 +35,9 @@ pub enum Op {
     /// 7: drop tombstones written before `before_ms` (leader's clock).
     ReapTombstones { before_ms: u64 },
     /// 8: `/v1/catalog/register` and agent anti-entropy: a node, optionally one service, and
-    /// checks, all or nothing.
-    CatalogRegister(Registration),
+    /// checks, all or nothing; the registration as the first release encodes it (its service
+    /// without tagged addresses).
+    CatalogRegister(#[serde(with = "crate::first_release::registration")] Registration),
     /// 9: removes a service and its checks (invalidating the sessions bound to them).
     DeregisterService { node: String, service_id: String },
     /// 10: creates a prepared query, or with `update` replaces an existing one; the query as
@@ -93,6 +94,9 @@ pub enum Op {
     /// 21: [`Op::SetQuery`] with every field of the query (`IgnoreCheckIDs` too). Protocol
     /// level 2.
     SetQueryFull { query: PreparedQuery, update: bool },
+    /// 22: [`Op::CatalogRegister`] with every field of the registration (a service's tagged
+    /// addresses too). Protocol level 2.
+    CatalogRegisterFull(Registration),
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -271,8 +275,8 @@ macro_rules! reads {
         $(#[$doc:meta])*
         $name:ident { $($field:ident: $ty:ty),* $(,)? } => $answer:ident($out:ty);
     )*) => {
-        /// A read on the wire. Every read except `Txn`, `Sequencer`, `QueryExecute` and
-        /// `LockSequencer` can block on an index.
+        /// A read on the wire. Every read except `Txn`, `Sequencer`, `QueryExecute`,
+        /// `QueryExecuteFull` and `LockSequencer` can block on an index.
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum ReadQuery {
             $($(#[$doc])* $name { $($field: $ty),* },)*
@@ -395,6 +399,18 @@ reads! {
     QueryListFull {} => QueriesFull(Vec<PreparedQuery>);
     /// 32: [`ReadQuery::QueryGet`] with every field of the query.
     QueryGetFull { id_or_name: String } => QueriesFull(Vec<PreparedQuery>);
+    /// 33: [`ReadQuery::CatalogServices`] with every field of each service (tagged addresses
+    /// too); so the four after it, each as the read it is named after. What agents of this
+    /// release ask.
+    CatalogServicesFull {} => ServicesFull(Vec<Service>);
+    /// 34
+    CatalogServiceFull { name: String } => ServiceNodesFull(Vec<(Node, Service)>);
+    /// 35
+    CatalogNodeFull { node: String } => NodeServicesFull(Option<(Node, Vec<Service>)>);
+    /// 36
+    HealthServiceFull { name: String } => HealthFull(Vec<ServiceHealth>);
+    /// 37
+    QueryExecuteFull { id_or_name: String } => ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -414,14 +430,17 @@ pub enum QueryResult {
     Nodes(Vec<Node>),
     /// 6
     Checks(Vec<Check>),
-    /// 7
-    Services(Vec<Service>),
+    /// 7: services as the first release encodes them (here and in the three variants after
+    /// it, and in `Executed`: without tagged addresses).
+    Services(#[serde(with = "crate::first_release::services")] Vec<Service>),
     /// 8: `(node, service)` pairs.
-    ServiceNodes(Vec<(Node, Service)>),
+    ServiceNodes(#[serde(with = "crate::first_release::service_nodes")] Vec<(Node, Service)>),
     /// 9: `None` when the node is unknown.
-    NodeServices(Option<(Node, Vec<Service>)>),
+    NodeServices(
+        #[serde(with = "crate::first_release::node_services")] Option<(Node, Vec<Service>)>,
+    ),
     /// 10
-    Health(Vec<ServiceHealth>),
+    Health(#[serde(with = "crate::first_release::health")] Vec<ServiceHealth>),
     /// 11: as the first release encodes them (without `IgnoreCheckIDs`).
     Queries(#[serde(with = "crate::first_release::prepared_queries")] Vec<PreparedQuery>),
     /// 12: the query run (as the first release encodes it) and the instances it selected;
@@ -448,6 +467,16 @@ pub enum QueryResult {
     Hold(crate::lock::LockHold),
     /// 21: with every field (`IgnoreCheckIDs` too).
     QueriesFull(Vec<PreparedQuery>),
+    /// 22: as `Services`, whole (tagged addresses too); so the four after it.
+    ServicesFull(Vec<Service>),
+    /// 23
+    ServiceNodesFull(Vec<(Node, Service)>),
+    /// 24
+    NodeServicesFull(Option<(Node, Vec<Service>)>),
+    /// 25
+    HealthFull(Vec<ServiceHealth>),
+    /// 26
+    ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

@@ -57,6 +57,7 @@ fn expected_op(op: &Op) -> u8 {
         Op::SetProtocol { .. } => 19,
         Op::Txn(_) => 20,
         Op::SetQueryFull { .. } => 21,
+        Op::CatalogRegisterFull(_) => 22,
     }
 }
 
@@ -122,6 +123,7 @@ fn op_variants_keep_their_indexes() {
             query: PreparedQuery::default(),
             update: false,
         },
+        Op::CatalogRegisterFull(Registration::default()),
     ];
     check(&samples, expected_op);
 }
@@ -575,6 +577,11 @@ fn expected_read(q: &ReadQuery) -> u8 {
         ReadQuery::LockHold { .. } => 30,
         ReadQuery::QueryListFull {} => 31,
         ReadQuery::QueryGetFull { .. } => 32,
+        ReadQuery::CatalogServicesFull {} => 33,
+        ReadQuery::CatalogServiceFull { .. } => 34,
+        ReadQuery::CatalogNodeFull { .. } => 35,
+        ReadQuery::HealthServiceFull { .. } => 36,
+        ReadQuery::QueryExecuteFull { .. } => 37,
     }
 }
 
@@ -647,6 +654,11 @@ fn read_variants_keep_their_indexes_and_bytes() {
         .into(),
         reads::QueryListFull {}.into(),
         reads::QueryGetFull { id_or_name: s("q") }.into(),
+        reads::CatalogServicesFull {}.into(),
+        reads::CatalogServiceFull { name: s("x") }.into(),
+        reads::CatalogNodeFull { node: s("n") }.into(),
+        reads::HealthServiceFull { name: s("x") }.into(),
+        reads::QueryExecuteFull { id_or_name: s("q") }.into(),
     ];
     check(&samples, expected_read);
     // Whole encodings, as older builds wrote them (fields in order, no names; a read without

@@ -192,16 +192,6 @@ async fn write<W: Write<Output = Result<(), ApplyError>>>(
         })
 }
 
-/// Creates or replaces a query: in the first release's op when it carries nothing that op
-/// lacks, so a cluster with servers of that release takes it.
-async fn set_query(state: &AppState, query: PreparedQuery, update: bool) -> Result<(), ApiError> {
-    if query.service.ignore_check_ids.is_empty() {
-        write(state, writes::SetQuery { query, update }).await
-    } else {
-        write(state, writes::SetQueryFull { query, update }).await
-    }
-}
-
 /// A named query needs `query:write` on its name; an unnamed one is reached only by its ID.
 fn check_query_write(authz: &Authz, name: &str) -> Result<(), ApiError> {
     if name.is_empty() {
@@ -240,7 +230,14 @@ pub async fn create(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response,
     let query = parse(uuid::Uuid::new_v4().to_string(), &body)?;
     check_query_write(&cx.authz, &query.name)?;
     let id = query.id.clone();
-    set_query(&cx.state, query, false).await?;
+    write(
+        &cx.state,
+        writes::SetQuery {
+            query,
+            update: false,
+        },
+    )
+    .await?;
     Ok(json(&Params::default(), &json_value!({ "ID": id })))
 }
 
@@ -280,7 +277,14 @@ pub async fn update(
     check_existing_query_write(&cx.state, &cx.authz, &id).await?;
     let query = parse(id, &body)?;
     check_query_write(&cx.authz, &query.name)?;
-    set_query(&cx.state, query, true).await?;
+    write(
+        &cx.state,
+        writes::SetQuery {
+            query,
+            update: true,
+        },
+    )
+    .await?;
     Ok(StatusCode::OK.into_response())
 }
 
@@ -294,7 +298,7 @@ pub async fn delete(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiErro
 /// `GET /v1/query/<id or name>/execute[?limit=N]`.
 pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
     let limit = cx.params.u64("limit")?;
-    let (found, meta) = cx.read_now(reads::QueryExecute { id_or_name }).await?;
+    let (found, meta) = cx.read_now(reads::QueryExecuteFull { id_or_name }).await?;
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };

@@ -38,6 +38,7 @@ const FORMAT_4_TAG: [u8; 2] = [0x80, 0x00];
 struct FirstReleaseRef<'a> {
     kv: &'a KvStore,
     sessions: &'a SessionStore,
+    #[serde(serialize_with = "super::catalog::first_release::serialize")]
     catalog: &'a Catalog,
     #[serde(serialize_with = "super::query::first_release::serialize")]
     queries: &'a QueryStore,
@@ -52,6 +53,7 @@ struct FirstReleaseRef<'a> {
 struct FirstRelease {
     kv: KvStore,
     sessions: SessionStore,
+    #[serde(deserialize_with = "super::catalog::first_release::deserialize")]
     catalog: Catalog,
     #[serde(deserialize_with = "super::query::first_release::deserialize")]
     queries: QueryStore,

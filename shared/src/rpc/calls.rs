@@ -193,6 +193,7 @@ fn op_senders(op: &Op) -> Senders {
         | Op::DeregisterCheck { .. }
         | Op::DeregisterNode { .. }
         | Op::CatalogRegister(_)
+        | Op::CatalogRegisterFull(_)
         | Op::DeregisterService { .. }
         | Op::SetQuery { .. }
         | Op::SetQueryFull { .. }
