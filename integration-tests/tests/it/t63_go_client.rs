@@ -610,6 +610,30 @@ async fn assert_service_tagged(agent: &Http, id: &str, tagged: &Value) {
     .await;
 }
 
+/// `api.TestAPI_AgentReload`: the agent's config file in Consul's JSON (a name ending in
+/// `.json`), empty at start, then given a service and reloaded; a file that stops parsing
+/// refuses the reload and keeps what was loaded.
+#[tokio::test]
+async fn a_json_config_file_reloads() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("reload.json");
+    std::fs::write(&config, "").expect("write the config file");
+    let agent = Agent::dev_with(&["--config", config.to_str().expect("UTF-8 path")]).await;
+    let service = r#"{"service": {"name": "redis", "port": 1234, "Meta": {"some": "meta"}}}"#;
+    std::fs::write(&config, service).expect("write the config file");
+    let reply = agent.put("/v1/agent/reload", "").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert_eq!(services["redis"]["Port"], json!(1234));
+    assert_eq!(services["redis"]["Meta"], json!({"some": "meta"}));
+
+    std::fs::write(&config, r#"{"service": "#).expect("write the config file");
+    let reply = agent.put("/v1/agent/reload", "").await;
+    assert_ne!(reply.status, StatusCode::OK, "{}", reply.text());
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert_eq!(services["redis"]["Port"], json!(1234));
+}
+
 /// `api.TestAPI_Snapshot_Options`: a snapshot holds every secret, so taking one needs a
 /// management token (`acl:write`); another datacenter is Consul's 500.
 #[tokio::test]
