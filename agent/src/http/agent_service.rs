@@ -47,8 +47,8 @@ pub(super) struct AgentServiceJson<'a> {
     meta: &'a BTreeMap<String, String>,
     port: u16,
     address: &'a str,
-    /// Derived from an IP `Address` (`lan_ipv4`/`wan_ipv4` or the v6 pair), as Consul's agent
-    /// fills it in.
+    /// As registered, and from an IP `Address` (`lan_ipv4`/`wan_ipv4` or the v6 pair), as
+    /// Consul's agent fills them in.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     tagged_addresses: BTreeMap<String, TaggedAddress>,
     weights: WeightsJson,
