@@ -39,6 +39,27 @@ pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
                     .to_owned(),
             ));
         }
+        Op::CatalogRegisterFull(registration) => {
+            if registration
+                .service
+                .as_ref()
+                .is_some_and(|s| !s.tagged_addresses.is_empty())
+            {
+                return Err(ServerError::Unavailable(
+                    "TaggedAddresses on a service need every server to run this release".to_owned(),
+                ));
+            }
+            (Op::CatalogRegister(registration), Reply::AsIs)
+        }
+        Op::SetQueryFull { query, update } => {
+            if !query.service.ignore_check_ids.is_empty() {
+                return Err(ServerError::Unavailable(
+                    "IgnoreCheckIDs in a prepared query needs every server to run this release"
+                        .to_owned(),
+                ));
+            }
+            (Op::SetQuery { query, update }, Reply::AsIs)
+        }
         op => (op, Reply::AsIs),
     })
 }
@@ -90,6 +111,10 @@ pub fn every_server_at<'a>(
 
 #[cfg(test)]
 mod tests {
+    use vigil_shared::catalog::{Service, ServiceAddress};
+    use vigil_shared::query::{PreparedQuery, ServiceQuery};
+    use vigil_shared::rpc::Registration;
+
     use super::*;
 
     fn enqueue(request: u64) -> Op {
@@ -133,6 +158,57 @@ mod tests {
             Ok((enqueue(7), Reply::AsIs))
         );
         assert!(downgrade(Op::Txn(Vec::new()), 1).is_err());
+        let query = |ignore: &[&str]| PreparedQuery {
+            id: "q".into(),
+            service: ServiceQuery {
+                service: "web".into(),
+                ignore_check_ids: ignore.iter().map(|&c| c.to_owned()).collect(),
+                ..ServiceQuery::default()
+            },
+            ..PreparedQuery::default()
+        };
+        let full = |ignore| Op::SetQueryFull {
+            query: query(ignore),
+            update: false,
+        };
+        assert_eq!(
+            downgrade(full(&[]), 1),
+            Ok((
+                Op::SetQuery {
+                    query: query(&[]),
+                    update: false
+                },
+                Reply::AsIs
+            ))
+        );
+        assert!(downgrade(full(&["c"]), 1).is_err());
+        assert_eq!(
+            downgrade(full(&["c"]), PROTOCOL),
+            Ok((full(&["c"]), Reply::AsIs))
+        );
+
+        let register = |tagged: &[&str]| {
+            let tagged_addresses = tagged
+                .iter()
+                .map(|&t| (t.to_owned(), ServiceAddress::default()))
+                .collect();
+            Registration {
+                node: "n".into(),
+                service: Some(Service {
+                    id: "web".into(),
+                    tagged_addresses,
+                    ..Service::default()
+                }),
+                ..Registration::default()
+            }
+        };
+        assert_eq!(
+            downgrade(Op::CatalogRegisterFull(register(&[])), 1),
+            Ok((Op::CatalogRegister(register(&[])), Reply::AsIs))
+        );
+        assert!(downgrade(Op::CatalogRegisterFull(register(&["lan"])), 1).is_err());
+        let whole = Op::CatalogRegisterFull(register(&["lan"]));
+        assert_eq!(downgrade(whole.clone(), PROTOCOL), Ok((whole, Reply::AsIs)));
     }
 
     #[test]

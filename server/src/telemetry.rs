@@ -95,6 +95,16 @@ pub const STORAGE_RETRY: &str = "vigil.storage.retry";
 /// Times this server, out of the raft configuration or without a leader for an election
 /// timeout, asked to be added again (counter).
 pub const RAFT_REJOIN: &str = "vigil.raft.rejoin";
+/// The process's runtime, under Consul's names for the Go runtime's gauges (set when metrics are
+/// read): tasks alive on the async runtime (Go's goroutines), anonymous memory resident (heap
+/// and stacks: Go's bytes allocated and in use), all memory resident (Go's bytes obtained from
+/// the system), its threads, and no garbage collections, since Rust has no collector.
+pub const RUNTIME_NUM_GOROUTINES: &str = "consul.runtime.num_goroutines";
+pub const RUNTIME_ALLOC_BYTES: &str = "consul.runtime.alloc_bytes";
+pub const RUNTIME_SYS_BYTES: &str = "consul.runtime.sys_bytes";
+pub const RUNTIME_THREADS: &str = "vigil.runtime.threads";
+pub const RUNTIME_TOTAL_GC_RUNS: &str = "consul.runtime.total_gc_runs";
+pub const RUNTIME_TOTAL_GC_PAUSE_NS: &str = "consul.runtime.total_gc_pause_ns";
 /// Elections this server started at once because the leader's port was found closed (its
 /// process gone) instead of waiting out the leader lease and election timeout (counter).
 pub const RAFT_ELECTIONS_ON_EVIDENCE: &str = "vigil.raft.elections_on_evidence";
@@ -175,10 +185,14 @@ impl InvalidationCause {
                 .unwrap_or(InvalidationCause::Other),
             Op::DestroySession { .. } => InvalidationCause::Destroy,
             Op::RegisterCheck(check) if critical_serf(check) => InvalidationCause::NodeFailure,
-            Op::CatalogRegister(reg) if reg.checks.iter().any(critical_serf) => {
+            Op::CatalogRegister(reg) | Op::CatalogRegisterFull(reg)
+                if reg.checks.iter().any(critical_serf) =>
+            {
                 InvalidationCause::NodeFailure
             }
-            Op::RegisterCheck(_) | Op::CatalogRegister(_) => InvalidationCause::CheckCritical,
+            Op::RegisterCheck(_) | Op::CatalogRegister(_) | Op::CatalogRegisterFull(_) => {
+                InvalidationCause::CheckCritical
+            }
             Op::DeregisterCheck { .. } | Op::DeregisterService { .. } => {
                 InvalidationCause::CheckDeregistered
             }
@@ -341,13 +355,16 @@ impl Proposal {
             Op::Kv(ops) if ops.len() == 1 => Some(KVS_APPLY),
             Op::Kv(_) => Some(TXN_APPLY),
             Op::CreateSession(_) | Op::DestroySession { .. } => Some(SESSION_APPLY),
-            Op::RegisterNode { .. } | Op::RegisterCheck(_) | Op::CatalogRegister(_) => {
-                Some(CATALOG_REGISTER)
-            }
+            Op::RegisterNode { .. }
+            | Op::RegisterCheck(_)
+            | Op::CatalogRegister(_)
+            | Op::CatalogRegisterFull(_) => Some(CATALOG_REGISTER),
             Op::DeregisterCheck { .. }
             | Op::DeregisterNode { .. }
             | Op::DeregisterService { .. } => Some(CATALOG_DEREGISTER),
-            Op::SetQuery { .. } | Op::DeleteQuery { .. } => Some(QUERY_APPLY),
+            Op::SetQuery { .. } | Op::SetQueryFull { .. } | Op::DeleteQuery { .. } => {
+                Some(QUERY_APPLY)
+            }
             _ => None,
         };
         let acquires = match op {
@@ -435,6 +452,60 @@ pub fn record_gossip(
     gauge!(MEMBERLIST_HEALTH_SCORE).set(health_score as f64);
 }
 
+/// Sets the runtime gauges every agent has, when metrics are read: the async runtime's live
+/// tasks, and what `/proc/self/status` says of memory and threads (a field it lacks is left
+/// out).
+pub fn record_runtime() {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        gauge!(RUNTIME_NUM_GOROUTINES).set(runtime.metrics().num_alive_tasks() as f64);
+    }
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let status = ProcStatus::parse(&status);
+    if let Some(bytes) = status.rss_anon_bytes {
+        gauge!(RUNTIME_ALLOC_BYTES).set(bytes as f64);
+    }
+    if let Some(bytes) = status.rss_bytes {
+        gauge!(RUNTIME_SYS_BYTES).set(bytes as f64);
+    }
+    if let Some(threads) = status.threads {
+        gauge!(RUNTIME_THREADS).set(threads as f64);
+    }
+    gauge!(RUNTIME_TOTAL_GC_RUNS).set(0.0);
+    gauge!(RUNTIME_TOTAL_GC_PAUSE_NS).set(0.0);
+}
+
+/// The figures of `/proc/<pid>/status` the runtime gauges use.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct ProcStatus {
+    rss_anon_bytes: Option<u64>,
+    rss_bytes: Option<u64>,
+    threads: Option<u64>,
+}
+
+impl ProcStatus {
+    /// Reads `Name:\tvalue` lines; memory is in kB (kibibytes, whatever the unit's name says).
+    fn parse(text: &str) -> ProcStatus {
+        let mut out = ProcStatus::default();
+        for line in text.lines() {
+            let Some((name, value)) = line.split_once(':') else {
+                continue;
+            };
+            let number = value
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<u64>().ok());
+            let kib = || number.map(|n| n * 1024);
+            match name {
+                "RssAnon" => out.rss_anon_bytes = kib(),
+                "VmRSS" => out.rss_bytes = kib(),
+                "Threads" => out.threads = number,
+                _ => {}
+            }
+        }
+        out
+    }
+}
+
 /// Sets the gauges only a server has: raft figures, state sizes, blocking queries, active
 /// lock-delays. Called when metrics are read, so nothing runs between scrapes.
 pub fn record_server(server: &Server) {
@@ -471,6 +542,23 @@ mod tests {
             flags: 0,
             session: "s".to_owned(),
         }
+    }
+
+    #[test]
+    fn proc_status_figures_are_read_in_bytes() {
+        let text = "Name:\tvigil\nVmRSS:\t   20480 kB\nRssAnon:\t    8192 kB\nThreads:\t7\n";
+        assert_eq!(
+            ProcStatus::parse(text),
+            ProcStatus {
+                rss_anon_bytes: Some(8 << 20),
+                rss_bytes: Some(20 << 20),
+                threads: Some(7),
+            }
+        );
+        assert_eq!(
+            ProcStatus::parse("garbage\nVmRSS:\tlots\n"),
+            ProcStatus::default()
+        );
     }
 
     #[test]

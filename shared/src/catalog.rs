@@ -70,6 +70,13 @@ impl Default for Weights {
     }
 }
 
+/// One of a service's tagged addresses (Consul's `ServiceAddress`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceAddress {
+    pub address: String,
+    pub port: u16,
+}
+
 /// A service instance on a node. In a registration the indexes are ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Service {
@@ -79,6 +86,9 @@ pub struct Service {
     pub tags: Vec<String>,
     pub address: String,
     pub port: u16,
+    /// The addresses it registered by tag (`lan`, `wan`, ...), as given. Not in the first
+    /// release (see [`crate::first_release`]).
+    pub tagged_addresses: BTreeMap<String, ServiceAddress>,
     pub meta: BTreeMap<String, String>,
     pub weights: Weights,
     pub enable_tag_override: bool,

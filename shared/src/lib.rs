@@ -8,6 +8,7 @@ pub mod autopilot;
 pub mod catalog;
 #[cfg(feature = "client")]
 pub mod client;
+pub mod first_release;
 pub mod go;
 pub mod kv;
 pub mod lock;

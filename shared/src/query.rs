@@ -19,6 +19,9 @@ pub struct ServiceQuery {
     pub failover_nearest_n: i64,
     pub failover_datacenters: Vec<String>,
     pub near: String,
+    /// Checks that do not count against an instance's health when the query runs. Not in the
+    /// first release (see [`crate::first_release`]).
+    pub ignore_check_ids: Vec<String>,
 }
 
 /// A stored prepared query. In a create or update the indexes are ignored.

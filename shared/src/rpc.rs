@@ -35,12 +35,18 @@ pub enum Op {
     /// 7: drop tombstones written before `before_ms` (leader's clock).
     ReapTombstones { before_ms: u64 },
     /// 8: `/v1/catalog/register` and agent anti-entropy: a node, optionally one service, and
-    /// checks, all or nothing.
-    CatalogRegister(Registration),
+    /// checks, all or nothing; the registration as the first release encodes it (its service
+    /// without tagged addresses).
+    CatalogRegister(#[serde(with = "crate::first_release::registration")] Registration),
     /// 9: removes a service and its checks (invalidating the sessions bound to them).
     DeregisterService { node: String, service_id: String },
-    /// 10: creates a prepared query, or with `update` replaces an existing one.
-    SetQuery { query: PreparedQuery, update: bool },
+    /// 10: creates a prepared query, or with `update` replaces an existing one; the query as
+    /// the first release encodes it (without `IgnoreCheckIDs`).
+    SetQuery {
+        #[serde(with = "crate::first_release::prepared_query")]
+        query: PreparedQuery,
+        update: bool,
+    },
     /// 11
     DeleteQuery { id: String },
     /// 12: the leader's TTL deadlines of sessions (session ID, leader wall clock in ms), so a
@@ -85,6 +91,12 @@ pub enum Op {
     /// 20: a transaction with catalog ops (`/v1/txn` with `Node`, `Service` or `Check`), all
     /// or nothing, answered with a [`Response::CatalogTxn`]. Protocol level 2.
     Txn(Vec<crate::txn::TxnOp>),
+    /// 21: [`Op::SetQuery`] with every field of the query (`IgnoreCheckIDs` too). Protocol
+    /// level 2.
+    SetQueryFull { query: PreparedQuery, update: bool },
+    /// 22: [`Op::CatalogRegister`] with every field of the registration (a service's tagged
+    /// addresses too). Protocol level 2.
+    CatalogRegisterFull(Registration),
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -263,8 +275,8 @@ macro_rules! reads {
         $(#[$doc:meta])*
         $name:ident { $($field:ident: $ty:ty),* $(,)? } => $answer:ident($out:ty);
     )*) => {
-        /// A read on the wire. Every read except `Txn`, `Sequencer`, `QueryExecute` and
-        /// `LockSequencer` can block on an index.
+        /// A read on the wire. Every read except `Txn`, `Sequencer`, `QueryExecute`,
+        /// `QueryExecuteFull` and `LockSequencer` can block on an index.
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum ReadQuery {
             $($(#[$doc])* $name { $($field: $ty),* },)*
@@ -382,6 +394,23 @@ reads! {
     /// 30: where `session` stands on lock `name`, with the mode it holds or waits for; blocks
     /// until that changes (as `LockStanding`).
     LockHold { name: String, session: String } => Hold(crate::lock::LockHold);
+    /// 31: [`ReadQuery::QueryList`] with every field of each query (`IgnoreCheckIDs` too); what
+    /// agents of this release ask.
+    QueryListFull {} => QueriesFull(Vec<PreparedQuery>);
+    /// 32: [`ReadQuery::QueryGet`] with every field of the query.
+    QueryGetFull { id_or_name: String } => QueriesFull(Vec<PreparedQuery>);
+    /// 33: [`ReadQuery::CatalogServices`] with every field of each service (tagged addresses
+    /// too); so the four after it, each as the read it is named after. What agents of this
+    /// release ask.
+    CatalogServicesFull {} => ServicesFull(Vec<Service>);
+    /// 34
+    CatalogServiceFull { name: String } => ServiceNodesFull(Vec<(Node, Service)>);
+    /// 35
+    CatalogNodeFull { node: String } => NodeServicesFull(Option<(Node, Vec<Service>)>);
+    /// 36
+    HealthServiceFull { name: String } => HealthFull(Vec<ServiceHealth>);
+    /// 37
+    QueryExecuteFull { id_or_name: String } => ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -401,18 +430,25 @@ pub enum QueryResult {
     Nodes(Vec<Node>),
     /// 6
     Checks(Vec<Check>),
-    /// 7
-    Services(Vec<Service>),
+    /// 7: services as the first release encodes them (here and in the three variants after
+    /// it, and in `Executed`: without tagged addresses).
+    Services(#[serde(with = "crate::first_release::services")] Vec<Service>),
     /// 8: `(node, service)` pairs.
-    ServiceNodes(Vec<(Node, Service)>),
+    ServiceNodes(#[serde(with = "crate::first_release::service_nodes")] Vec<(Node, Service)>),
     /// 9: `None` when the node is unknown.
-    NodeServices(Option<(Node, Vec<Service>)>),
+    NodeServices(
+        #[serde(with = "crate::first_release::node_services")] Option<(Node, Vec<Service>)>,
+    ),
     /// 10
-    Health(Vec<ServiceHealth>),
-    /// 11
-    Queries(Vec<PreparedQuery>),
-    /// 12: the query run and the instances it selected; `None` when no query matched.
-    Executed(Option<(PreparedQuery, Vec<ServiceHealth>)>),
+    Health(#[serde(with = "crate::first_release::health")] Vec<ServiceHealth>),
+    /// 11: as the first release encodes them (without `IgnoreCheckIDs`).
+    Queries(#[serde(with = "crate::first_release::prepared_queries")] Vec<PreparedQuery>),
+    /// 12: the query run (as the first release encodes it) and the instances it selected;
+    /// `None` when no query matched.
+    Executed(
+        #[serde(with = "crate::first_release::executed")]
+        Option<(PreparedQuery, Vec<ServiceHealth>)>,
+    ),
     /// 13: `None` when no such lock exists.
     Lock(Option<LockState>),
     /// 14
@@ -429,6 +465,18 @@ pub enum QueryResult {
     AclRoles(Vec<Role>),
     /// 20
     Hold(crate::lock::LockHold),
+    /// 21: with every field (`IgnoreCheckIDs` too).
+    QueriesFull(Vec<PreparedQuery>),
+    /// 22: as `Services`, whole (tagged addresses too); so the four after it.
+    ServicesFull(Vec<Service>),
+    /// 23
+    ServiceNodesFull(Vec<(Node, Service)>),
+    /// 24
+    NodeServicesFull(Option<(Node, Vec<Service>)>),
+    /// 25
+    HealthFull(Vec<ServiceHealth>),
+    /// 26
+    ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

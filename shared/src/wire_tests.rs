@@ -56,6 +56,8 @@ fn expected_op(op: &Op) -> u8 {
         Op::Acl(_) => 18,
         Op::SetProtocol { .. } => 19,
         Op::Txn(_) => 20,
+        Op::SetQueryFull { .. } => 21,
+        Op::CatalogRegisterFull(_) => 22,
     }
 }
 
@@ -117,6 +119,11 @@ fn op_variants_keep_their_indexes() {
         Op::Acl(AclOp::DeleteRole { id: s("r") }),
         Op::SetProtocol { level: 2 },
         Op::Txn(Vec::new()),
+        Op::SetQueryFull {
+            query: PreparedQuery::default(),
+            update: false,
+        },
+        Op::CatalogRegisterFull(Registration::default()),
     ];
     check(&samples, expected_op);
 }
@@ -568,6 +575,13 @@ fn expected_read(q: &ReadQuery) -> u8 {
         ReadQuery::AclRole { .. } => 28,
         ReadQuery::AclRoleList {} => 29,
         ReadQuery::LockHold { .. } => 30,
+        ReadQuery::QueryListFull {} => 31,
+        ReadQuery::QueryGetFull { .. } => 32,
+        ReadQuery::CatalogServicesFull {} => 33,
+        ReadQuery::CatalogServiceFull { .. } => 34,
+        ReadQuery::CatalogNodeFull { .. } => 35,
+        ReadQuery::HealthServiceFull { .. } => 36,
+        ReadQuery::QueryExecuteFull { .. } => 37,
     }
 }
 
@@ -638,6 +652,13 @@ fn read_variants_keep_their_indexes_and_bytes() {
             session: s("s"),
         }
         .into(),
+        reads::QueryListFull {}.into(),
+        reads::QueryGetFull { id_or_name: s("q") }.into(),
+        reads::CatalogServicesFull {}.into(),
+        reads::CatalogServiceFull { name: s("x") }.into(),
+        reads::CatalogNodeFull { node: s("n") }.into(),
+        reads::HealthServiceFull { name: s("x") }.into(),
+        reads::QueryExecuteFull { id_or_name: s("q") }.into(),
     ];
     check(&samples, expected_read);
     // Whole encodings, as older builds wrote them (fields in order, no names; a read without

@@ -47,10 +47,10 @@ pub(super) struct AgentServiceJson<'a> {
     meta: &'a BTreeMap<String, String>,
     port: u16,
     address: &'a str,
-    /// Derived from an IP `Address` (`lan_ipv4`/`wan_ipv4` or the v6 pair), as Consul's agent
-    /// fills it in.
+    /// As registered, and from an IP `Address` (`lan_ipv4`/`wan_ipv4` or the v6 pair), as
+    /// Consul's agent fills them in.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
+    tagged_addresses: BTreeMap<String, TaggedAddress>,
     weights: WeightsJson,
     enable_tag_override: bool,
     /// Only on `GET /v1/agent/service/<id>`.
@@ -197,7 +197,7 @@ pub async fn maintenance(cx: Ctx, Path(id): Path<String>) -> Result<Response, Ap
 mod tests {
     use super::*;
     use serde_json::json;
-    use vigil_shared::catalog::Weights;
+    use vigil_shared::catalog::{ServiceAddress, Weights};
 
     fn service(address: &str) -> Service {
         Service {
@@ -207,6 +207,7 @@ mod tests {
             tags: vec!["v1".into()],
             address: address.into(),
             port: 80,
+            tagged_addresses: BTreeMap::new(),
             meta: BTreeMap::from([("env".into(), "prod".into())]),
             weights: Weights::default(),
             enable_tag_override: false,
@@ -254,6 +255,22 @@ mod tests {
         let v6 = service("::1");
         let v = serde_json::to_value(AgentServiceJson::new(&v6)).unwrap();
         assert!(v["TaggedAddresses"].get("lan_ipv6").is_some());
+        // Registered ones are kept, and one of a derived name wins over the derived.
+        let mut s = service("10.0.0.5");
+        for (tag, address) in [("lan", "192.168.0.1"), ("wan_ipv4", "198.51.100.1")] {
+            let address = ServiceAddress {
+                address: address.into(),
+                port: 8080,
+            };
+            s.tagged_addresses.insert(tag.into(), address);
+        }
+        let v = serde_json::to_value(AgentServiceJson::new(&s)).unwrap();
+        assert_eq!(
+            v["TaggedAddresses"],
+            json!({"lan": {"Address": "192.168.0.1", "Port": 8080},
+                   "lan_ipv4": {"Address": "10.0.0.5", "Port": 80},
+                   "wan_ipv4": {"Address": "198.51.100.1", "Port": 8080}})
+        );
     }
 
     #[test]

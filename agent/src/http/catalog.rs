@@ -12,6 +12,8 @@ use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::catalog::{Check, HealthStatus, Node, SERF_HEALTH, Service, Weights};
 use vigil_shared::rpc::{Registration, reads, writes};
 
+use crate::local::definition::service_addresses;
+
 use super::acl::Authz;
 use super::body::RequestBody;
 use super::error::ApiError;
@@ -46,6 +48,7 @@ pub(super) struct ServiceBody {
     tags: Option<Vec<String>>,
     address: String,
     port: u16,
+    taggedaddresses: Option<BTreeMap<String, Value>>,
     meta: Option<BTreeMap<String, String>>,
     weights: Option<WeightsBody>,
     enabletagoverride: bool,
@@ -121,6 +124,8 @@ pub(super) fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiEr
     limits::tags("Service.Tags", &tags)?;
     let meta = body.meta.unwrap_or_default();
     limits::meta("Invalid Service Meta: ", &meta)?;
+    let tagged_addresses = service_addresses(body.taggedaddresses.unwrap_or_default())
+        .map_err(|e| ApiError::bad_request(format!("Request decode failed: {e}")))?;
     Ok(Service {
         node: node.to_owned(),
         id,
@@ -128,6 +133,7 @@ pub(super) fn to_service(node: &str, body: ServiceBody) -> Result<Service, ApiEr
         tags,
         address: body.address,
         port: body.port,
+        tagged_addresses,
         meta,
         weights: body.weights.map(WeightsBody::weights).unwrap_or_default(),
         enable_tag_override: body.enabletagoverride,
@@ -333,7 +339,7 @@ pub async fn datacenters(params: Params) -> Response {
 /// `/v1/catalog/service/<s>` shows it (`ServiceTags`, `NodeMeta`, ...), and only the instances
 /// that pass (and are on nodes with the `?node-meta=` pairs) contribute.
 pub async fn services(cx: Ctx) -> Result<Response, ApiError> {
-    let (mut services, meta) = cx.read(reads::CatalogServices {}).await?;
+    let (mut services, meta) = cx.read(reads::CatalogServicesFull {}).await?;
     services.retain(|s| cx.authz.allows(Resource::Service, Access::Read, &s.name));
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     if cx.params.has("node-meta") || cx.params.get("filter").is_some_and(|f| !f.is_empty()) {
@@ -366,7 +372,7 @@ pub async fn services(cx: Ctx) -> Result<Response, ApiError> {
 /// `GET /v1/catalog/service/<name>[?tag=][&node-meta=][&filter=]`.
 pub async fn service(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiError> {
     cx.check(Resource::Service, Access::Read, &name)?;
-    let (instances, meta) = cx.read(reads::CatalogService { name }).await?;
+    let (instances, meta) = cx.read(reads::CatalogServiceFull { name }).await?;
     let out = instances
         .iter()
         .filter(|(n, s)| node_meta_matches(&cx.params, n) && tags_match(&cx.params, s))
@@ -387,7 +393,7 @@ pub async fn connect(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiE
 /// `GET /v1/catalog/node/<name>`: `{"Node":…,"Services":{id:…}}`, or `null` for an unknown node.
 pub async fn node(cx: Ctx, Path(node): Path<String>) -> Result<Response, ApiError> {
     cx.check(Resource::Node, Access::Read, &node)?;
-    let (found, meta) = cx.read(reads::CatalogNode { node }).await?;
+    let (found, meta) = cx.read(reads::CatalogNodeFull { node }).await?;
     let Some((node, services)) = &found else {
         return Ok(with_meta(meta, cx.json(&Value::Null)));
     };

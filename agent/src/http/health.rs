@@ -67,7 +67,7 @@ pub async fn service(cx: Ctx, Path(name): Path<String>) -> Result<Response, ApiE
         .params
         .bool("passing")
         .map_err(|_| ApiError::bad_request("Invalid value for ?passing"))?;
-    let (instances, meta) = cx.read(reads::HealthService { name }).await?;
+    let (instances, meta) = cx.read(reads::HealthServiceFull { name }).await?;
     let out = instances
         .iter()
         .filter(|h| !passing_only || h.passing())

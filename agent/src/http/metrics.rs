@@ -17,10 +17,11 @@ use super::error::ApiError;
 /// The content type of the Prometheus text exposition format.
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Consul's `GET /v1/agent/metrics`: this agent's series and gossip gauges, and a server's raft
-/// and state gauges.
+/// Consul's `GET /v1/agent/metrics`: this agent's series, runtime and gossip gauges, and a
+/// server's raft and state gauges.
 pub async fn metrics(cx: Ctx) -> Result<Response, ApiError> {
     cx.check(Resource::Agent, Access::Read, &cx.state.node_name)?;
+    telemetry::record_runtime();
     telemetry::record_gossip(
         &cx.state.gossip.members(),
         cx.state.gossip.decrypt_failures(),

@@ -444,6 +444,21 @@ pub fn lookup(path: &str, method: &Method) -> Option<&'static Rule> {
 #[derive(Clone)]
 pub struct Resolved(pub Arc<Authorizer>);
 
+/// Most of a refused request's unread body that is read and dropped before the answer, as Go's
+/// server does (256 KiB), so the client's connection stays open for its next request; a
+/// connection with more unread is closed after the answer.
+const REFUSED_BODY_DRAIN: usize = 256 * 1024;
+
+/// The refusal `e`, once the request's body is read (up to [`REFUSED_BODY_DRAIN`]): a body
+/// left unread makes the server close the connection after answering, and a client that sends
+/// its next request on it meanwhile (py-consul's pooled connections) finds it closed without
+/// an answer.
+async fn refused(body: axum::body::Body, e: ApiError) -> Response {
+    // Too large or broken: the connection closes, as it would have.
+    let _ = axum::body::to_bytes(body, REFUSED_BODY_DRAIN).await;
+    e.into_response()
+}
+
 /// In front of every route: refuses a route with no entry in [`ROUTES`] (a method the route
 /// does not serve goes on to the router's 405), checks a
 /// [`Needs::Fixed`] permission before the handler runs, and runs the handler on behalf of the
@@ -479,19 +494,18 @@ pub async fn guard(
     crate::token::scope(token, async move {
         let mut parts = parts;
         if let Needs::Fixed(resource, access) = rule.needs {
-            let authz = match super::acl::Authz::resolve(&parts, &params, &state).await {
-                Ok(authz) => authz,
-                Err(e) => return e.into_response(),
-            };
             let name = if resource == Agent {
                 state.node_name.as_str()
             } else {
                 ""
             };
-            if let Err(e) = authz.check(resource, access, name) {
-                return e.into_response();
-            }
-            parts.extensions.insert(Resolved(authz.0));
+            let checked = super::acl::Authz::resolve(&parts, &params, &state)
+                .await
+                .and_then(|authz| authz.check(resource, access, name).map(|()| authz));
+            match checked {
+                Ok(authz) => parts.extensions.insert(Resolved(authz.0)),
+                Err(e) => return refused(body, e).await,
+            };
         }
         next.run(Request::from_parts(parts, body)).await
     })

@@ -40,6 +40,7 @@ struct ServiceBody {
     nodemeta: BTreeMap<String, String>,
     servicemeta: BTreeMap<String, String>,
     failover: FailoverBody,
+    ignorecheckids: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -92,6 +93,7 @@ pub(super) fn parse(id: String, body: &[u8]) -> Result<PreparedQuery, ApiError> 
             failover_nearest_n: s.failover.nearestn,
             failover_datacenters: s.failover.datacenters,
             near: s.near,
+            ignore_check_ids: s.ignorecheckids,
         },
         dns_ttl: body.dns.ttl,
         create_index: 0,
@@ -151,7 +153,7 @@ impl<'a> QueryJson<'a> {
                 "Failover": {"NearestN": s.failover_nearest_n,
                              "Datacenters": nil_if_empty(&s.failover_datacenters)},
                 "OnlyPassing": s.only_passing,
-                "IgnoreCheckIDs": Value::Null,
+                "IgnoreCheckIDs": nil_if_empty(&s.ignore_check_ids),
                 "Near": s.near,
                 "Tags": nil_if_empty(&s.tags),
                 "NodeMeta": nil_if_empty(&s.node_meta),
@@ -241,7 +243,7 @@ pub async fn create(cx: Ctx, RequestBody(body): RequestBody) -> Result<Response,
 
 /// `GET /v1/query`.
 pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read(reads::QueryList {}).await?;
+    let (queries, meta) = cx.read(reads::QueryListFull {}).await?;
     let out: Vec<QueryJson<'_>> = queries
         .iter()
         .filter(|q| may_read(&cx.authz, q))
@@ -252,7 +254,7 @@ pub async fn list(cx: Ctx) -> Result<Response, ApiError> {
 
 /// `GET /v1/query/<id>` → `[query]`, or 404.
 pub async fn get(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read(reads::QueryGet { id_or_name: id }).await?;
+    let (queries, meta) = cx.read(reads::QueryGetFull { id_or_name: id }).await?;
     if queries.is_empty() {
         return Err(query_not_found());
     }
@@ -296,7 +298,7 @@ pub async fn delete(cx: Ctx, Path(id): Path<String>) -> Result<Response, ApiErro
 /// `GET /v1/query/<id or name>/execute[?limit=N]`.
 pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
     let limit = cx.params.u64("limit")?;
-    let (found, meta) = cx.read_now(reads::QueryExecute { id_or_name }).await?;
+    let (found, meta) = cx.read_now(reads::QueryExecuteFull { id_or_name }).await?;
     let Some((query, mut nodes)) = found else {
         return Err(query_not_found());
     };
@@ -320,7 +322,7 @@ pub async fn execute(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response
 
 /// `GET /v1/query/<id or name>/explain` → `{"Query":…}`.
 pub async fn explain(cx: Ctx, Path(id_or_name): Path<String>) -> Result<Response, ApiError> {
-    let (queries, meta) = cx.read_now(reads::QueryGet { id_or_name }).await?;
+    let (queries, meta) = cx.read_now(reads::QueryGetFull { id_or_name }).await?;
     let query = queries.first().ok_or_else(query_not_found)?;
     cx.check(Resource::Query, Access::Read, &query.name)?;
     let out = json_value!({ "Query": QueryJson::new(&cx.authz, query) });

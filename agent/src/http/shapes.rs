@@ -108,7 +108,7 @@ pub struct ServiceJson<'a> {
     tags: &'a [String],
     address: &'a str,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
+    tagged_addresses: BTreeMap<String, TaggedAddress>,
     meta: &'a BTreeMap<String, String>,
     port: u16,
     weights: WeightsJson,
@@ -129,18 +129,32 @@ pub struct TaggedAddress {
     port: u16,
 }
 
-/// A service's tagged addresses as Consul's agent fills them from an IP `Address`:
-/// `lan_ipv4`/`wan_ipv4` (or the v6 pair); none for a name or no address.
-pub fn service_tagged_addresses(s: &Service) -> BTreeMap<&'static str, TaggedAddress> {
-    let tagged = || TaggedAddress {
-        address: s.address.clone(),
-        port: s.port,
+/// A service's tagged addresses: those it registered, and as Consul's agent fills them from an
+/// IP `Address`, `lan_ipv4`/`wan_ipv4` (or the v6 pair) where it registered none of that name.
+pub fn service_tagged_addresses(s: &Service) -> BTreeMap<String, TaggedAddress> {
+    let mut out: BTreeMap<String, TaggedAddress> = s
+        .tagged_addresses
+        .iter()
+        .map(|(tag, a)| {
+            let address = TaggedAddress {
+                address: a.address.clone(),
+                port: a.port,
+            };
+            (tag.clone(), address)
+        })
+        .collect();
+    let derived = match s.address.parse::<IpAddr>() {
+        Ok(IpAddr::V4(_)) => ["lan_ipv4", "wan_ipv4"],
+        Ok(IpAddr::V6(_)) => ["lan_ipv6", "wan_ipv6"],
+        Err(_) => return out,
     };
-    match s.address.parse::<IpAddr>() {
-        Ok(IpAddr::V4(_)) => BTreeMap::from([("lan_ipv4", tagged()), ("wan_ipv4", tagged())]),
-        Ok(IpAddr::V6(_)) => BTreeMap::from([("lan_ipv6", tagged()), ("wan_ipv6", tagged())]),
-        Err(_) => BTreeMap::new(),
+    for tag in derived {
+        out.entry(tag.to_owned()).or_insert_with(|| TaggedAddress {
+            address: s.address.clone(),
+            port: s.port,
+        });
     }
+    out
 }
 
 impl<'a> ServiceJson<'a> {
@@ -178,7 +192,7 @@ pub struct ServiceNodeJson<'a> {
     service_tags: &'a [String],
     service_address: &'a str,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    service_tagged_addresses: BTreeMap<&'static str, TaggedAddress>,
+    service_tagged_addresses: BTreeMap<String, TaggedAddress>,
     service_weights: WeightsJson,
     service_meta: &'a BTreeMap<String, String>,
     service_port: u16,

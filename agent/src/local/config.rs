@@ -31,7 +31,9 @@
 //! ttl = "30s"
 //! ```
 //!
-//! `services` and `checks` are accepted as well as `service` and `check`.
+//! `services` and `checks` are accepted as well as `service` and `check`. A file whose name ends
+//! in `.json` is read as JSON, Consul's own config format, with the same keys
+//! (`{"service": {"name": "web", "port": 8080}}`); an empty one declares nothing.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -171,13 +173,38 @@ fn parse_acl(value: &Value) -> Result<AclConfig, String> {
     Ok(acl)
 }
 
-/// Parses a config file's text.
+/// Parses a config file's text (TOML).
 pub fn parse(text: &str) -> Result<ConfigFile, String> {
     let doc: toml::Table = toml::from_str(text).map_err(|e| syntax_error(text, &e))?;
+    let doc = serde_json::to_value(&doc).map_err(|e| e.to_string())?;
+    match doc {
+        Value::Object(doc) => parse_keys(doc),
+        _ => Err("a TOML document is a table".to_owned()),
+    }
+}
+
+/// Parses a config file's text as JSON (Consul's own config format): an object with the keys
+/// of the TOML file; empty text declares nothing. A syntax error names its line and column,
+/// never the text (which may hold the gossip key).
+pub fn parse_json(text: &str) -> Result<ConfigFile, String> {
+    if text.trim().is_empty() {
+        return Ok(ConfigFile::default());
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(doc)) => parse_keys(doc),
+        Ok(_) => Err("a JSON config file is an object".to_owned()),
+        Err(e) => Err(format!(
+            "line {} column {}: invalid JSON",
+            e.line(),
+            e.column()
+        )),
+    }
+}
+
+fn parse_keys(doc: serde_json::Map<String, Value>) -> Result<ConfigFile, String> {
     let mut out = ConfigFile::default();
     let local = &mut out.local;
     for (key, value) in doc {
-        let value = serde_json::to_value(&value).map_err(|e| e.to_string())?;
         match key.as_str() {
             "encrypt" => {
                 let key = value.as_str().ok_or("`encrypt` must be a string")?;
@@ -239,13 +266,18 @@ pub fn parse_listen_addr(s: &str) -> Result<Option<SocketAddr>, String> {
     }
 }
 
-/// Reads and parses the config file at `path`.
+/// Reads and parses the config file at `path`: JSON when its name ends in `.json`, else TOML.
 pub fn load(path: &Path) -> Result<ConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    parse(&text).map_err(|message| ConfigError::Invalid {
+    let parsed = if path.extension().is_some_and(|e| e == "json") {
+        parse_json(&text)
+    } else {
+        parse(&text)
+    };
+    parsed.map_err(|message| ConfigError::Invalid {
         path: path.display().to_string(),
         message,
     })
@@ -256,6 +288,32 @@ mod tests {
     use super::*;
     use crate::local::definition::CheckKind;
     use std::time::Duration;
+
+    #[test]
+    fn consuls_json_config_declares_the_same() {
+        let json = parse_json(
+            r#"{"service": {"name": "redis", "port": 1234, "Meta": {"some": "meta"}},
+                "node_meta": {"rack": "r1"}}"#,
+        )
+        .expect("parses");
+        let toml = parse(
+            "node_meta = { rack = \"r1\" }\n[service]\nname = \"redis\"\nport = 1234\n\
+             Meta = { some = \"meta\" }\n",
+        )
+        .expect("parses");
+        assert_eq!(json.local, toml.local);
+        assert_eq!(json.local.services[0].service.port, 1234);
+        assert_eq!(
+            parse_json(" \n").expect("empty").local,
+            LocalDefinitions::default()
+        );
+        let err = parse_json("{\"encrypt\": \"secret\",").unwrap_err();
+        assert!(
+            err.starts_with("line 1 column") && !err.contains("secret"),
+            "{err}"
+        );
+        assert!(parse_json("[1]").is_err());
+    }
 
     #[test]
     fn the_shipped_example_config_parses() {

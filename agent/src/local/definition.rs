@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Map, Value};
-use vigil_shared::catalog::{HealthStatus, Service, Weights};
+use vigil_shared::catalog::{HealthStatus, Service, ServiceAddress, Weights};
 use vigil_shared::go::duration::{duration_ns_from_json, format_go_duration, parse_go_duration_ns};
 
 /// Checks never run more often than this (Consul's `checks.MinInterval`).
@@ -42,6 +42,9 @@ pub enum DefinitionError {
     MissingServiceName,
     #[error("Invalid service address")]
     InvalidServiceAddress,
+    /// A `lan_ipv4`/`wan_ipv4` (`…_ipv6`) tagged address that is not such an address.
+    #[error("Service tagged address {0:?} must be a valid {1} address")]
+    InvalidTaggedAddress(String, &'static str),
     #[error("Invalid Weights: {0}")]
     InvalidWeights(String),
     #[error("Invalid Service Meta: {0}")]
@@ -775,9 +778,8 @@ pub fn parse_service(value: Value) -> Result<ServiceDefinition, DefinitionError>
     if !raw.socketpath.is_empty() {
         return unsupported("SocketPath");
     }
-    if !raw.taggedaddresses.is_empty() {
-        return unsupported("TaggedAddresses");
-    }
+    let tagged_addresses = service_addresses(raw.taggedaddresses)?;
+    check_tagged_families(&tagged_addresses)?;
     let present = |v: &Option<Value>| {
         v.as_ref()
             .is_some_and(|v| !matches!(v, Value::Object(m) if m.is_empty()))
@@ -853,6 +855,7 @@ pub fn parse_service(value: Value) -> Result<ServiceDefinition, DefinitionError>
             tags: raw.tags,
             address: raw.address,
             port: raw.port,
+            tagged_addresses,
             meta: raw.meta,
             weights,
             enable_tag_override: raw.enabletagoverride,
@@ -860,6 +863,57 @@ pub fn parse_service(value: Value) -> Result<ServiceDefinition, DefinitionError>
         },
         checks: definitions,
     })
+}
+
+/// A service's `TaggedAddresses` (`{"lan": {"Address": "…", "Port": 8080}, …}`, the inner
+/// names in any case).
+pub fn service_addresses(
+    tagged: BTreeMap<String, Value>,
+) -> Result<BTreeMap<String, ServiceAddress>, DefinitionError> {
+    let mut out = BTreeMap::new();
+    for (tag, value) in tagged {
+        let obj = normalize_object(
+            expect_object(value, "structs.ServiceAddress")?,
+            &["address", "port"],
+        )?;
+        let address: RawServiceAddress = decode(obj)?;
+        out.insert(
+            tag,
+            ServiceAddress {
+                address: address.address,
+                port: address.port,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Consul's agent check that `lan_ipv4`/`wan_ipv4` hold an IPv4 address and
+/// `lan_ipv6`/`wan_ipv6` an IPv6 one.
+fn check_tagged_families(tagged: &BTreeMap<String, ServiceAddress>) -> Result<(), DefinitionError> {
+    for (tag, address) in tagged {
+        let (name, v4) = match tag.as_str() {
+            "lan_ipv4" | "wan_ipv4" => ("ipv4", true),
+            "lan_ipv6" | "wan_ipv6" => ("ipv6", false),
+            _ => continue,
+        };
+        let ok = match address.address.parse::<IpAddr>() {
+            Ok(IpAddr::V4(_)) => v4,
+            Ok(IpAddr::V6(_)) => !v4,
+            Err(_) => false,
+        };
+        if !ok {
+            return Err(DefinitionError::InvalidTaggedAddress(tag.clone(), name));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawServiceAddress {
+    address: String,
+    port: u16,
 }
 
 pub fn parse_service_body(body: &[u8]) -> Result<ServiceDefinition, DefinitionError> {

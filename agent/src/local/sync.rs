@@ -135,7 +135,7 @@ pub async fn full_sync(local: &LocalState) -> Result<(), SyncError> {
     let node = local.node.clone();
     let (found, _) = local
         .backend
-        .read(opts, reads::CatalogNode { node: node.clone() })
+        .read(opts, reads::CatalogNodeFull { node: node.clone() })
         .await?;
     let (checks, _) = local.backend.read(opts, reads::NodeChecks { node }).await?;
     let node_current = found.as_ref().is_some_and(|(node, _)| {

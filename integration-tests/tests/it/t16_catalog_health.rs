@@ -1,12 +1,13 @@
 //! The catalog, health and prepared-query APIs against a real dev agent: registration through
 //! `/v1/catalog/register`, every read in Consul's shape with `?passing`, `?tag`, `?node-meta`
 //! and `?filter=`, per-service blocking, check and service removal invalidating sessions, and
-//! prepared queries that go with their session. Mirrors
+//! prepared queries that go with their session or ignore the checks they name. Mirrors
 //! docs/consul-compatibility.md#catalog-health-and-prepared-queries.
 
 use std::time::{Duration, Instant};
 
-use integration_tests::{Agent, Reply};
+use integration_tests::cluster::Cluster;
+use integration_tests::{Agent, Http, Reply, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -18,7 +19,7 @@ fn ok(reply: &Reply) -> Value {
 }
 
 /// Registers `web` instance `id` on `node` with one HTTP-style check in `status`.
-async fn register_web(agent: &Agent, node: &str, id: &str, tags: &[&str], status: &str) {
+async fn register_web(agent: &Http, node: &str, id: &str, tags: &[&str], status: &str) {
     let body = json!({
         "Node": node,
         "Address": "10.1.2.3",
@@ -384,4 +385,89 @@ async fn prepared_queries_run_and_go_with_their_session() {
     );
     let missing = agent.get("/v1/query/web-prod/execute").await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+/// A query's `IgnoreCheckIDs` (Consul's prepared-query execution test of it, in our words):
+/// the checks it names do not count against an instance's health (they are still listed with
+/// it), the list is stored and shown as given (`null` when there is none), and an update
+/// without it counts them again.
+#[tokio::test]
+async fn a_query_ignores_the_checks_it_names() {
+    let agent = Agent::dev().await;
+    let id = queries_ignoring_checks(&agent).await;
+    // Through the Go client's `null` for no list.
+    let body = json!({"Name": "web-all", "Service": {"Service": "web", "IgnoreCheckIDs": null}});
+    let reply = agent
+        .put(&format!("/v1/query/{id}"), body.to_string())
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let got = ok(&agent.get(&format!("/v1/query/{id}")).await);
+    assert_eq!(got[0]["Service"]["IgnoreCheckIDs"], Value::Null);
+    let run = ok(&agent.get("/v1/query/web-all/execute").await);
+    assert_eq!(ids(&run["Nodes"], "/Service/ID"), ["web1"]);
+}
+
+/// The same through a client agent of a server cluster (the query and its run cross the RPC
+/// transport), and after the server is killed and started again: the list comes back from its
+/// disk.
+#[tokio::test]
+async fn a_querys_ignored_checks_cross_the_wire_and_a_restart() {
+    let mut cluster = Cluster::servers(1).clients(1).start().await;
+    let id = queries_ignoring_checks(cluster.client(0)).await;
+    cluster.kill9(0).await;
+    cluster.restart(0).await;
+    let client = cluster.client(0);
+    eventually(
+        Duration::from_secs(30),
+        "the query, whole, after the restart",
+        || async {
+            let reply = client.try_get(&format!("/v1/query/{id}")).await?;
+            (reply.status == StatusCode::OK
+                && reply.json()[0]["Service"]["IgnoreCheckIDs"] == json!(["web2-http"]))
+            .then_some(())
+        },
+    )
+    .await;
+    let run = ok(&client.get("/v1/query/web-all/execute").await);
+    assert_eq!(ids(&run["Nodes"], "/Service/ID"), ["web1", "web2"]);
+}
+
+/// Registers `web1` (passing) and `web2` (critical), and a query `web-all` ignoring web2's
+/// check: both are selected, web2 with its critical check listed. Returns the query's ID.
+async fn queries_ignoring_checks(agent: &Http) -> String {
+    register_web(agent, "ext1", "web1", &[], "passing").await;
+    register_web(agent, "ext2", "web2", &[], "critical").await;
+    let body = json!({"Name": "web-all",
+                      "Service": {"Service": "web", "IgnoreCheckIDs": ["web2-http"]}});
+    let id = ok(&agent.post_json("/v1/query", body).await)["ID"]
+        .as_str()
+        .expect("an ID")
+        .to_owned();
+    let got = ok(&agent.get(&format!("/v1/query/{id}")).await);
+    assert_eq!(got[0]["Service"]["IgnoreCheckIDs"], json!(["web2-http"]));
+    let listed = ok(&agent.get("/v1/query").await);
+    assert_eq!(listed[0]["Service"]["IgnoreCheckIDs"], json!(["web2-http"]));
+    let explained = ok(&agent.get("/v1/query/web-all/explain").await);
+    assert_eq!(
+        explained["Query"]["Service"]["IgnoreCheckIDs"],
+        json!(["web2-http"])
+    );
+
+    let run = ok(&agent.get("/v1/query/web-all/execute").await);
+    assert_eq!(ids(&run["Nodes"], "/Service/ID"), ["web1", "web2"]);
+    let web2 = run["Nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .find(|n| n["Service"]["ID"] == "web2")
+        .expect("web2");
+    assert!(
+        web2["Checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .any(|c| c["CheckID"] == "web2-http" && c["Status"] == "critical"),
+        "{web2}"
+    );
+    id
 }

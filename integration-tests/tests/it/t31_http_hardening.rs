@@ -609,3 +609,61 @@ async fn every_field_is_bounded() {
     assert_eq!(agent.get("/v1/agent/checks").await.json(), json!({}));
     assert_eq!(agent.get("/v1/query").await.json(), json!([]));
 }
+
+/// Reads one response (headers and a `Content-Length` body) from a connection kept open,
+/// within 10 s.
+async fn read_response(stream: &mut TcpStream) -> String {
+    let mut out = Vec::new();
+    let mut byte = [0u8; 1];
+    timeout(Duration::from_secs(10), async {
+        while !out.ends_with(b"\r\n\r\n") {
+            stream.read_exact(&mut byte).await.expect("a response");
+            out.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&out).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |n| n.trim().parse().expect("a length"));
+        let mut body = vec![0u8; length];
+        stream.read_exact(&mut body).await.expect("the body");
+        out.extend(body);
+    })
+    .await
+    .expect("a response within 10 s");
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// py-consul's `test_acl_token_permission_denied` sends its next request on the connection a
+/// 403 answered: a request refused before its handler runs has its body read first (asked for
+/// with `100 Continue`), so the connection stays open, as Consul's does, instead of closing
+/// under a client that reuses it.
+#[tokio::test]
+async fn a_refused_request_leaves_its_connection_open() {
+    let agent = Agent::dev_with(&[
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        "root",
+    ])
+    .await;
+    let mut stream = TcpStream::connect(addr(&agent)).await.unwrap();
+    let body = r#"{"Description": "not mine to change"}"#;
+    let head = format!(
+        "PUT /v1/acl/token/00000000-0000-0000-0000-000000000002 HTTP/1.1\r\nHost: agent\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let first = read_response(&mut stream).await;
+    assert!(first.starts_with("HTTP/1.1 100"), "{first}");
+    stream.write_all(body.as_bytes()).await.unwrap();
+    let refused = read_response(&mut stream).await;
+    assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+    stream
+        .write_all(b"GET /v1/status/leader HTTP/1.1\r\nHost: agent\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let next = read_all(&mut stream).await;
+    assert!(next.starts_with("HTTP/1.1 200"), "{next:?}");
+}

@@ -1,12 +1,13 @@
 //! What HashiCorp's Go `api` package needs beyond locks, sessions and KV, each test mirroring
 //! one of that package's own tests (named in its doc) through the HTTP API: Go's `null`s, the
 //! `consul` service, `SkipNodeUpdate`, node IDs, catalog ops in a transaction, the smaller
-//! endpoints the client calls, tagged service addresses, and an agent that stops on SIGTERM
+//! endpoints the client calls, tagged service addresses, the runtime gauges, and an agent that stops on SIGTERM
 //! or SIGINT when the pipe its logs go to has been closed.
 
 use std::process::Stdio;
 use std::time::Duration;
 
+use integration_tests::cluster::Cluster;
 use integration_tests::{Agent, Http, binary, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
@@ -463,6 +464,176 @@ async fn the_endpoints_go_calls_answer() {
     assert!(reply.index() > 0);
 }
 
+/// `api.TestAPI_AgentMetrics`: the Go runtime's gauges Consul reports, from this process (its
+/// live tasks, the memory it holds, no garbage collections), in JSON and Prometheus text; they
+/// need `agent:read` as the rest of the metrics do.
+#[tokio::test]
+async fn the_runtime_gauges_go_reads() {
+    let agent = Agent::dev_with(&[
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        "root",
+    ])
+    .await;
+    let root = agent.with_token("root");
+    assert_eq!(
+        agent.get("/v1/agent/metrics").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    let metrics = json_ok(&root, "/v1/agent/metrics").await;
+    let gauge = |name: &str| {
+        metrics["Gauges"]
+            .as_array()
+            .and_then(|gauges| gauges.iter().find(|g| g["Name"] == name))
+            .and_then(|g| g["Value"].as_f64())
+            .unwrap_or_else(|| panic!("no gauge {name}: {metrics}"))
+    };
+    let alloc = gauge("consul.runtime.alloc_bytes");
+    let sys = gauge("consul.runtime.sys_bytes");
+    assert!(alloc > 0.0 && sys >= alloc, "alloc {alloc}, sys {sys}");
+    assert!(gauge("consul.runtime.num_goroutines") >= 1.0);
+    assert!(gauge("vigil.runtime.threads") >= 1.0);
+    assert_eq!(gauge("consul.runtime.total_gc_runs"), 0.0);
+    assert_eq!(gauge("consul.runtime.total_gc_pause_ns"), 0.0);
+
+    let text = root.get("/v1/agent/metrics?format=prometheus").await.text();
+    assert!(
+        text.contains("# TYPE consul_runtime_alloc_bytes gauge\nconsul_runtime_alloc_bytes "),
+        "{text}"
+    );
+}
+
+/// A service's own `TaggedAddresses` (py-consul's `test_agent_service_tagged_addresses`, the
+/// Go client's `AgentServiceRegistration.TaggedAddresses`): stored as registered, beside the
+/// `lan_ipv4`/`wan_ipv4` derived from its address, on the agent, in the catalog and in health
+/// results; a `lan_ipv4` that is not an IPv4 address is refused and registers nothing; a
+/// registration without them drops them from the catalog too.
+#[tokio::test]
+async fn services_keep_their_tagged_addresses() {
+    let agent = Agent::dev().await;
+    // py-consul sends the inner names in lowercase.
+    let body = json!({"Name": "web", "Address": "10.1.1.1", "Port": 80,
+                      "TaggedAddresses": {"lan": {"address": "192.168.0.1", "port": 8080},
+                                          "wan": {"Address": "203.0.113.1", "Port": 80}}});
+    let reply = agent
+        .put("/v1/agent/service/register", body.to_string())
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let tagged = json!({"lan": {"Address": "192.168.0.1", "Port": 8080},
+                        "lan_ipv4": {"Address": "10.1.1.1", "Port": 80},
+                        "wan": {"Address": "203.0.113.1", "Port": 80},
+                        "wan_ipv4": {"Address": "10.1.1.1", "Port": 80}});
+    assert_service_tagged(&agent, "web", &tagged).await;
+    let one = json_ok(&agent, "/v1/agent/service/web").await;
+    assert_eq!(one["TaggedAddresses"], tagged);
+
+    // Refused: registers nothing.
+    let bad = json!({"Name": "bad", "TaggedAddresses": {"lan_ipv4": {"Address": "::1"}}});
+    assert_error(
+        &agent
+            .put("/v1/agent/service/register", bad.to_string())
+            .await,
+        StatusCode::BAD_REQUEST,
+        "Service tagged address \"lan_ipv4\" must be a valid ipv4 address",
+    );
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert!(services.get("bad").is_none(), "{services}");
+
+    // Through the catalog, as `Catalog().Register` sends them.
+    let reg = json!({"Node": "ext", "Address": "10.2.2.2",
+                     "Service": {"Service": "db", "Port": 5432,
+                                 "TaggedAddresses": {"wan": {"Address": "198.51.100.7",
+                                                             "Port": 15432}}}});
+    let reply = agent.put("/v1/catalog/register", reg.to_string()).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let db = json_ok(&agent, "/v1/catalog/service/db").await;
+    assert_eq!(
+        db[0]["ServiceTaggedAddresses"],
+        json!({"wan": {"Address": "198.51.100.7", "Port": 15432}})
+    );
+
+    // Registered again without them: gone from the agent and the catalog.
+    let plain = json!({"Name": "web", "Address": "10.1.1.1", "Port": 80});
+    let reply = agent
+        .put("/v1/agent/service/register", plain.to_string())
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let derived = json!({"lan_ipv4": {"Address": "10.1.1.1", "Port": 80},
+                         "wan_ipv4": {"Address": "10.1.1.1", "Port": 80}});
+    assert_service_tagged(&agent, "web", &derived).await;
+}
+
+/// The same through a client agent of a server cluster (the registration and every read cross
+/// the RPC transport), and after the server is killed and started again: the addresses come
+/// back from its disk.
+#[tokio::test]
+async fn tagged_addresses_cross_the_wire_and_a_restart() {
+    let mut cluster = Cluster::servers(1).clients(1).start().await;
+    let body = json!({"Name": "web", "Port": 80,
+                      "TaggedAddresses": {"lan": {"Address": "192.168.0.1", "Port": 8080}}});
+    let reply = cluster
+        .client(0)
+        .put("/v1/agent/service/register", body.to_string())
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let tagged = json!({"lan": {"Address": "192.168.0.1", "Port": 8080}});
+    assert_service_tagged(cluster.client(0), "web", &tagged).await;
+    cluster.kill9(0).await;
+    cluster.restart(0).await;
+    assert_service_tagged(cluster.client(0), "web", &tagged).await;
+    assert_service_tagged(cluster.server(0), "web", &tagged).await;
+}
+
+/// Waits until service `id` shows `tagged` on the agent (when it runs there), in
+/// `/v1/catalog/service`, `/v1/catalog/node` and `/v1/health/service`.
+async fn assert_service_tagged(agent: &Http, id: &str, tagged: &Value) {
+    eventually(
+        Duration::from_secs(30),
+        &format!("{id}'s tagged addresses everywhere: {tagged}"),
+        || async {
+            let local = json_if_ok(agent, "/v1/agent/services").await?;
+            let instances = json_if_ok(agent, &format!("/v1/catalog/service/{id}")).await?;
+            let health = json_if_ok(agent, &format!("/v1/health/service/{id}")).await?;
+            let node = instances[0]["Node"].as_str()?.to_owned();
+            let services = json_if_ok(agent, &format!("/v1/catalog/node/{node}")).await?;
+            let ok = local
+                .get(id)
+                .is_none_or(|s| s["TaggedAddresses"] == *tagged)
+                && instances[0]["ServiceTaggedAddresses"] == *tagged
+                && health[0]["Service"]["TaggedAddresses"] == *tagged
+                && services["Services"][id]["TaggedAddresses"] == *tagged;
+            ok.then_some(())
+        },
+    )
+    .await;
+}
+
+/// `api.TestAPI_AgentReload`: the agent's config file in Consul's JSON (a name ending in
+/// `.json`), empty at start, then given a service and reloaded; a file that stops parsing
+/// refuses the reload and keeps what was loaded.
+#[tokio::test]
+async fn a_json_config_file_reloads() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let config = dir.path().join("reload.json");
+    std::fs::write(&config, "").expect("write the config file");
+    let agent = Agent::dev_with(&["--config", config.to_str().expect("UTF-8 path")]).await;
+    let service = r#"{"service": {"name": "redis", "port": 1234, "Meta": {"some": "meta"}}}"#;
+    std::fs::write(&config, service).expect("write the config file");
+    let reply = agent.put("/v1/agent/reload", "").await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert_eq!(services["redis"]["Port"], json!(1234));
+    assert_eq!(services["redis"]["Meta"], json!({"some": "meta"}));
+
+    std::fs::write(&config, r#"{"service": "#).expect("write the config file");
+    let reply = agent.put("/v1/agent/reload", "").await;
+    assert_ne!(reply.status, StatusCode::OK, "{}", reply.text());
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert_eq!(services["redis"]["Port"], json!(1234));
+}
+
 /// `api.TestAPI_Snapshot_Options`: a snapshot holds every secret, so taking one needs a
 /// management token (`acl:write`); another datacenter is Consul's 500.
 #[tokio::test]
@@ -680,6 +851,12 @@ async fn a_closed_log_pipe_never_blocks_shutdown() {
             .expect("wait for the agent");
         assert_eq!(status.code(), Some(0), "{signal}");
     }
+}
+
+/// `path` as JSON when it answers 200.
+async fn json_if_ok(agent: &Http, path: &str) -> Option<Value> {
+    let reply = agent.try_get(path).await?;
+    (reply.status == StatusCode::OK).then(|| reply.json())
 }
 
 /// Reads `path` as JSON, asserting a 200.

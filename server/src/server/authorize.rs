@@ -15,6 +15,7 @@
 
 use vigil_shared::acl::authz::{Access, Authorizer, PermissionDenied, Resource};
 use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, ANONYMOUS_TOKEN_SECRET, Resolved, Token};
+use vigil_shared::catalog::{Node, Service};
 use vigil_shared::kv::KvOp;
 use vigil_shared::operator::OperatorRequest;
 use vigil_shared::rpc::calls::Senders;
@@ -206,7 +207,7 @@ fn write_permission(
             node_write(authz, node)?;
             serf_health_write(authz, check_id)
         }
-        Op::CatalogRegister(registration) => {
+        Op::CatalogRegister(registration) | Op::CatalogRegisterFull(registration) => {
             node_write(authz, &registration.node)?;
             for check in &registration.checks {
                 serf_health_write(authz, &check.check_id)?;
@@ -217,7 +218,7 @@ fn write_permission(
             }
         }
         Op::DeregisterService { node, .. } => node_write(authz, node),
-        Op::SetQuery { query, update } => {
+        Op::SetQuery { query, update } | Op::SetQueryFull { query, update } => {
             if *update && let Some(existing) = state.queries().lookup(&query.id) {
                 query_write(authz, &existing.name)?;
             }
@@ -344,11 +345,18 @@ pub(super) fn read_permission(
         | ReadQuery::CatalogServices {}
         | ReadQuery::CatalogService { .. }
         | ReadQuery::CatalogNode { .. }
+        | ReadQuery::CatalogServicesFull {}
+        | ReadQuery::CatalogServiceFull { .. }
+        | ReadQuery::CatalogNodeFull { .. }
+        | ReadQuery::HealthServiceFull { .. }
+        | ReadQuery::QueryExecuteFull { .. }
         | ReadQuery::ServiceChecks { .. }
         | ReadQuery::ChecksInState { .. }
         | ReadQuery::HealthService { .. }
         | ReadQuery::QueryList {}
         | ReadQuery::QueryGet { .. }
+        | ReadQuery::QueryListFull {}
+        | ReadQuery::QueryGetFull { .. }
         | ReadQuery::QueryExecute { .. }
         | ReadQuery::Lock { .. }
         | ReadQuery::Locks { .. }
@@ -368,6 +376,25 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
     let check_visible = |c: &vigil_shared::catalog::Check| {
         read(Resource::Node, &c.node)
             && (c.service_name.is_empty() || read(Resource::Service, &c.service_name))
+    };
+    let service_visible = |s: &Service| read(Resource::Service, &s.name);
+    let pair_visible = |(n, s): &(Node, Service)| {
+        read(Resource::Node, &n.name) && read(Resource::Service, &s.name)
+    };
+    let node_services = |found: Option<(Node, Vec<Service>)>| {
+        found
+            .filter(|(node, _)| read(Resource::Node, &node.name))
+            .map(|(node, mut services)| {
+                services.retain(service_visible);
+                (node, services)
+            })
+    };
+    let query_visible = |q: &vigil_shared::query::PreparedQuery| {
+        if q.name.is_empty() {
+            authz.allows(Resource::Acl, Access::Write, "")
+        } else {
+            read(Resource::Query, &q.name)
+        }
     };
     let health_visible = |h: &vigil_shared::catalog::ServiceHealth| {
         read(Resource::Node, &h.node.name) && read(Resource::Service, &h.service.name)
@@ -397,40 +424,49 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
             QueryResult::Checks(checks)
         }
         QueryResult::Services(mut services) => {
-            services.retain(|s| read(Resource::Service, &s.name));
+            services.retain(service_visible);
             QueryResult::Services(services)
         }
+        QueryResult::ServicesFull(mut services) => {
+            services.retain(service_visible);
+            QueryResult::ServicesFull(services)
+        }
         QueryResult::ServiceNodes(mut pairs) => {
-            pairs
-                .retain(|(n, s)| read(Resource::Node, &n.name) && read(Resource::Service, &s.name));
+            pairs.retain(pair_visible);
             QueryResult::ServiceNodes(pairs)
         }
-        QueryResult::NodeServices(found) => QueryResult::NodeServices(
-            found
-                .filter(|(node, _)| read(Resource::Node, &node.name))
-                .map(|(node, mut services)| {
-                    services.retain(|s| read(Resource::Service, &s.name));
-                    (node, services)
-                }),
-        ),
+        QueryResult::ServiceNodesFull(mut pairs) => {
+            pairs.retain(pair_visible);
+            QueryResult::ServiceNodesFull(pairs)
+        }
+        QueryResult::NodeServices(found) => QueryResult::NodeServices(node_services(found)),
+        QueryResult::NodeServicesFull(found) => QueryResult::NodeServicesFull(node_services(found)),
         QueryResult::Health(mut health) => {
             health.retain(health_visible);
             QueryResult::Health(health)
         }
+        QueryResult::HealthFull(mut health) => {
+            health.retain(health_visible);
+            QueryResult::HealthFull(health)
+        }
         QueryResult::Queries(mut queries) => {
-            queries.retain(|q| {
-                if q.name.is_empty() {
-                    authz.allows(Resource::Acl, Access::Write, "")
-                } else {
-                    read(Resource::Query, &q.name)
-                }
-            });
+            queries.retain(query_visible);
             QueryResult::Queries(queries)
+        }
+        QueryResult::QueriesFull(mut queries) => {
+            queries.retain(query_visible);
+            QueryResult::QueriesFull(queries)
         }
         QueryResult::Executed(found) => QueryResult::Executed(found.map(|(query, mut nodes)| {
             nodes.retain(health_visible);
             (query, nodes)
         })),
+        QueryResult::ExecutedFull(found) => {
+            QueryResult::ExecutedFull(found.map(|(query, mut nodes)| {
+                nodes.retain(health_visible);
+                (query, nodes)
+            }))
+        }
         QueryResult::Lock(lock) => QueryResult::Lock(lock.filter(|l| read(Resource::Key, &l.name))),
         QueryResult::Locks(mut locks) => {
             locks.retain(|l| read(Resource::Key, &l.name));

@@ -357,3 +357,52 @@ impl Catalog {
         Some(ids)
     }
 }
+
+/// The catalog as the first release encodes it (snapshot format 3): each service without the
+/// fields added since, read back empty (a state below protocol level 2 has none: the op that
+/// sets them is not proposed there).
+pub mod first_release {
+    use serde::{Deserializer, Serializer};
+    use vigil_shared::first_release::ServiceV1;
+
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct CatalogV1 {
+        nodes: BTreeMap<String, Node>,
+        services: BTreeMap<(String, String), ServiceV1>,
+        checks: BTreeMap<(String, String), Check>,
+        table_index: u64,
+        service_index: BTreeMap<String, u64>,
+    }
+
+    pub fn serialize<S: Serializer>(catalog: &&Catalog, s: S) -> Result<S::Ok, S::Error> {
+        CatalogV1 {
+            nodes: catalog.nodes.clone(),
+            services: catalog
+                .services
+                .iter()
+                .map(|(k, svc)| (k.clone(), ServiceV1::from(svc)))
+                .collect(),
+            checks: catalog.checks.clone(),
+            table_index: catalog.table_index,
+            service_index: catalog.service_index.clone(),
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Catalog, D::Error> {
+        let c = CatalogV1::deserialize(d)?;
+        Ok(Catalog {
+            nodes: c.nodes,
+            services: c
+                .services
+                .into_iter()
+                .map(|(k, svc)| (k, Service::from(svc)))
+                .collect(),
+            checks: c.checks,
+            table_index: c.table_index,
+            service_index: c.service_index,
+        })
+    }
+}

@@ -38,7 +38,9 @@ const FORMAT_4_TAG: [u8; 2] = [0x80, 0x00];
 struct FirstReleaseRef<'a> {
     kv: &'a KvStore,
     sessions: &'a SessionStore,
+    #[serde(serialize_with = "super::catalog::first_release::serialize")]
     catalog: &'a Catalog,
+    #[serde(serialize_with = "super::query::first_release::serialize")]
     queries: &'a QueryStore,
     locks: &'a LockTable,
     acl: &'a AclStore,
@@ -51,7 +53,9 @@ struct FirstReleaseRef<'a> {
 struct FirstRelease {
     kv: KvStore,
     sessions: SessionStore,
+    #[serde(deserialize_with = "super::catalog::first_release::deserialize")]
     catalog: Catalog,
+    #[serde(deserialize_with = "super::query::first_release::deserialize")]
     queries: QueryStore,
     locks: LockTable,
     acl: AclStore,
@@ -145,6 +149,7 @@ mod tests {
     use vigil_shared::PROTOCOL;
     use vigil_shared::kv::KvOp;
     use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome};
+    use vigil_shared::query::{PreparedQuery, ServiceQuery};
     use vigil_shared::rpc::{Command, Op, Response};
 
     use super::*;
@@ -262,6 +267,37 @@ mod tests {
         assert_eq!(back, sm);
         assert_eq!(back.protocol(), PROTOCOL);
         assert_eq!(back.index(), 23);
+    }
+
+    #[test]
+    fn fields_added_since_the_first_release_are_kept_in_format_4_alone() {
+        let mut sm = StateMachine::at_protocol(PROTOCOL);
+        let query = PreparedQuery {
+            id: "q".into(),
+            name: "q".into(),
+            service: ServiceQuery {
+                service: "web".into(),
+                ignore_check_ids: vec!["flaky".into()],
+                ..ServiceQuery::default()
+            },
+            ..PreparedQuery::default()
+        };
+        let set = Op::SetQueryFull {
+            query,
+            update: false,
+        };
+        assert_eq!(apply(&mut sm, 5, set), Response::Done);
+        let stored = |sm: &StateMachine| sm.queries().lookup("q").expect("q").clone();
+        let bytes = sm.encode().expect("encode");
+        let back = StateMachine::decode(&bytes).expect("decode");
+        assert_eq!(stored(&back).service.ignore_check_ids, ["flaky"]);
+        // Re-encoded for a cluster with first-release servers: the query stays, without them.
+        let down = StateMachine::encoded_at_level(&bytes, 1).expect("re-encode");
+        assert_ne!(down[..2], FORMAT_4_TAG);
+        let back = StateMachine::decode(&down).expect("decode");
+        let mut expected = stored(&sm);
+        expected.service.ignore_check_ids.clear();
+        assert_eq!(stored(&back), expected);
     }
 
     #[test]

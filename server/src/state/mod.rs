@@ -24,8 +24,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
 use vigil_shared::autopilot::AutopilotConfig;
-use vigil_shared::catalog::{Check, HealthStatus};
+use vigil_shared::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::query::PreparedQuery;
 use vigil_shared::rpc::{
     ApplyError, Command, Op, Query as _, QueryResult, ReadQuery, Response, reads,
 };
@@ -103,12 +104,19 @@ impl Interest {
             ReadQuery::CatalogNodes {}
             | ReadQuery::NodeChecks { .. }
             | ReadQuery::CatalogServices {}
+            | ReadQuery::CatalogServicesFull {}
             | ReadQuery::CatalogNode { .. }
+            | ReadQuery::CatalogNodeFull { .. }
             | ReadQuery::ChecksInState { .. } => Interest::Catalog,
             ReadQuery::CatalogService { name }
+            | ReadQuery::CatalogServiceFull { name }
             | ReadQuery::ServiceChecks { name }
-            | ReadQuery::HealthService { name } => Interest::Service(name.clone()),
-            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => Interest::Queries,
+            | ReadQuery::HealthService { name }
+            | ReadQuery::HealthServiceFull { name } => Interest::Service(name.clone()),
+            ReadQuery::QueryList {}
+            | ReadQuery::QueryGet { .. }
+            | ReadQuery::QueryListFull {}
+            | ReadQuery::QueryGetFull { .. } => Interest::Queries,
             ReadQuery::AclResolve { .. }
             | ReadQuery::AclToken { .. }
             | ReadQuery::AclTokenList {}
@@ -128,6 +136,7 @@ impl Interest {
             ReadQuery::Txn { .. }
             | ReadQuery::Sequencer { .. }
             | ReadQuery::QueryExecute { .. }
+            | ReadQuery::QueryExecuteFull { .. }
             | ReadQuery::LockSequencer { .. } => Interest::None,
         }
     }
@@ -321,18 +330,20 @@ impl StateMachine {
                     Response::Done
                 }
             }
-            Op::CatalogRegister(reg) => match self.catalog.validate(&reg) {
-                Err(e) => Response::Rejected(e),
-                Ok(()) => {
-                    let mut t = Touched::default();
-                    self.catalog.register(&reg, index, &mut t);
-                    fx.catalog(t);
-                    for check in &reg.checks {
-                        self.invalidate_if_critical(check, index, now_ms, fx);
+            Op::CatalogRegister(reg) | Op::CatalogRegisterFull(reg) => {
+                match self.catalog.validate(&reg) {
+                    Err(e) => Response::Rejected(e),
+                    Ok(()) => {
+                        let mut t = Touched::default();
+                        self.catalog.register(&reg, index, &mut t);
+                        fx.catalog(t);
+                        for check in &reg.checks {
+                            self.invalidate_if_critical(check, index, now_ms, fx);
+                        }
+                        Response::Done
                     }
-                    Response::Done
                 }
-            },
+            }
             Op::DeregisterCheck { node, check_id } => {
                 let mut t = Touched::default();
                 if self.catalog.remove_check(&node, &check_id, index, &mut t) {
@@ -362,7 +373,7 @@ impl StateMachine {
                 }
                 Response::Done
             }
-            Op::SetQuery { query, update } => {
+            Op::SetQuery { query, update } | Op::SetQueryFull { query, update } => {
                 let session_ok = self.sessions.get(&query.session).is_some();
                 let found = if update && !self.queries.contains(&query.id) {
                     Err(ApplyError::MissingQuery(query.id.clone()))
@@ -526,6 +537,22 @@ impl StateMachine {
         fx.sessions_destroyed.push(session.id);
     }
 
+    /// A node and its services; `None` when the node is unknown.
+    fn node_services(&self, node: &str) -> Option<(Node, Vec<Service>)> {
+        let n = self.catalog.node(node)?;
+        Some((
+            n.clone(),
+            self.catalog.node_services(node).cloned().collect(),
+        ))
+    }
+
+    /// Runs the prepared query `id_or_name`: the query and the instances it selects.
+    fn execute_query(&self, id_or_name: &str) -> Option<(PreparedQuery, Vec<ServiceHealth>)> {
+        self.queries
+            .lookup(id_or_name)
+            .map(|q| (q.clone(), query::execute(q, &self.catalog)))
+    }
+
     /// Answers a read; returns the result and its `X-Consul-Index` (before the floor to 1),
     /// never below the latest restore's index.
     pub fn query(&self, query: &ReadQuery) -> (QueryResult, u64) {
@@ -592,17 +619,24 @@ impl StateMachine {
                 reads::CatalogServices::answer(self.catalog.services().cloned().collect()),
                 self.catalog.table_index(),
             ),
+            ReadQuery::CatalogServicesFull {} => (
+                reads::CatalogServicesFull::answer(self.catalog.services().cloned().collect()),
+                self.catalog.table_index(),
+            ),
             ReadQuery::CatalogService { name } => (
                 reads::CatalogService::answer(self.catalog.instances(name)),
                 self.catalog.service_index(name),
             ),
+            ReadQuery::CatalogServiceFull { name } => (
+                reads::CatalogServiceFull::answer(self.catalog.instances(name)),
+                self.catalog.service_index(name),
+            ),
             ReadQuery::CatalogNode { node } => (
-                reads::CatalogNode::answer(self.catalog.node(node).map(|n| {
-                    (
-                        n.clone(),
-                        self.catalog.node_services(node).cloned().collect(),
-                    )
-                })),
+                reads::CatalogNode::answer(self.node_services(node)),
+                self.catalog.table_index(),
+            ),
+            ReadQuery::CatalogNodeFull { node } => (
+                reads::CatalogNodeFull::answer(self.node_services(node)),
                 self.catalog.table_index(),
             ),
             ReadQuery::ServiceChecks { name } => (
@@ -615,6 +649,10 @@ impl StateMachine {
             ),
             ReadQuery::HealthService { name } => (
                 reads::HealthService::answer(self.catalog.health(name)),
+                self.catalog.service_index(name),
+            ),
+            ReadQuery::HealthServiceFull { name } => (
+                reads::HealthServiceFull::answer(self.catalog.health(name)),
                 self.catalog.service_index(name),
             ),
             ReadQuery::QueryList {} => (
@@ -631,12 +669,26 @@ impl StateMachine {
                 ),
                 self.queries.table_index(),
             ),
-            ReadQuery::QueryExecute { id_or_name } => (
-                reads::QueryExecute::answer(
+            ReadQuery::QueryListFull {} => (
+                reads::QueryListFull::answer(self.queries.list().cloned().collect()),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryGetFull { id_or_name } => (
+                reads::QueryGetFull::answer(
                     self.queries
                         .lookup(id_or_name)
-                        .map(|q| (q.clone(), query::execute(q, &self.catalog))),
+                        .cloned()
+                        .into_iter()
+                        .collect(),
                 ),
+                self.queries.table_index(),
+            ),
+            ReadQuery::QueryExecute { id_or_name } => (
+                reads::QueryExecute::answer(self.execute_query(id_or_name)),
+                self.catalog.table_index().max(self.queries.table_index()),
+            ),
+            ReadQuery::QueryExecuteFull { id_or_name } => (
+                reads::QueryExecuteFull::answer(self.execute_query(id_or_name)),
                 self.catalog.table_index().max(self.queries.table_index()),
             ),
             ReadQuery::Lock { name } => (

@@ -90,8 +90,49 @@ impl QueryStore {
     }
 }
 
+/// The store as the first release encodes it (snapshot format 3): each query without the fields
+/// added since, read back empty (a state below protocol level 2 has none: the op that sets them
+/// is not proposed there).
+pub mod first_release {
+    use serde::{Deserializer, Serializer};
+    use vigil_shared::first_release::PreparedQueryV1;
+
+    use super::*;
+
+    #[derive(Serialize, Deserialize)]
+    struct QueryStoreV1 {
+        queries: BTreeMap<String, PreparedQueryV1>,
+        table_index: u64,
+    }
+
+    pub fn serialize<S: Serializer>(store: &&QueryStore, s: S) -> Result<S::Ok, S::Error> {
+        QueryStoreV1 {
+            queries: store
+                .queries
+                .iter()
+                .map(|(id, q)| (id.clone(), PreparedQueryV1::from(q)))
+                .collect(),
+            table_index: store.table_index,
+        }
+        .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<QueryStore, D::Error> {
+        let store = QueryStoreV1::deserialize(d)?;
+        Ok(QueryStore {
+            queries: store
+                .queries
+                .into_iter()
+                .map(|(id, q)| (id, PreparedQuery::from(q)))
+                .collect(),
+            table_index: store.table_index,
+        })
+    }
+}
+
 /// The healthy instances a query selects: never one with a critical check, with
-/// `OnlyPassing` not one with a warning either; tags (a `!` prefix excludes, compared without
+/// `OnlyPassing` not one with a warning either, checks named in `IgnoreCheckIDs` not
+/// counting (they are still listed); tags (a `!` prefix excludes, compared without
 /// case as Consul does) and node and service metadata must match.
 pub fn execute(query: &PreparedQuery, catalog: &Catalog) -> Vec<ServiceHealth> {
     let q = &query.service;
@@ -99,11 +140,14 @@ pub fn execute(query: &PreparedQuery, catalog: &Catalog) -> Vec<ServiceHealth> {
         .health(&q.service)
         .into_iter()
         .filter(|h| {
-            h.checks.iter().all(|c| match c.status {
-                HealthStatus::Passing => true,
-                HealthStatus::Warning => !q.only_passing,
-                HealthStatus::Critical => false,
-            })
+            h.checks
+                .iter()
+                .filter(|c| !q.ignore_check_ids.contains(&c.check_id))
+                .all(|c| match c.status {
+                    HealthStatus::Passing => true,
+                    HealthStatus::Warning => !q.only_passing,
+                    HealthStatus::Critical => false,
+                })
         })
         .filter(|h| {
             q.tags.iter().all(|tag| {

@@ -310,19 +310,26 @@ impl Authorizer {
             }
             ReadQuery::SessionNode { node } => !read(Resource::Session, node),
             ReadQuery::CatalogNodes {} => !self.may_read_under(Resource::Node, ""),
-            ReadQuery::CatalogServices {} => !self.may_read_under(Resource::Service, ""),
-            ReadQuery::CatalogService { name }
-            | ReadQuery::ServiceChecks { name }
-            | ReadQuery::HealthService { name } => !read(Resource::Service, name),
-            ReadQuery::CatalogNode { node } | ReadQuery::NodeChecks { node } => {
-                !read(Resource::Node, node)
+            ReadQuery::CatalogServices {} | ReadQuery::CatalogServicesFull {} => {
+                !self.may_read_under(Resource::Service, "")
             }
+            ReadQuery::CatalogService { name }
+            | ReadQuery::CatalogServiceFull { name }
+            | ReadQuery::ServiceChecks { name }
+            | ReadQuery::HealthService { name }
+            | ReadQuery::HealthServiceFull { name } => !read(Resource::Service, name),
+            ReadQuery::CatalogNode { node }
+            | ReadQuery::CatalogNodeFull { node }
+            | ReadQuery::NodeChecks { node } => !read(Resource::Node, node),
             ReadQuery::ChecksInState { .. } => {
                 !self.may_read_under(Resource::Node, "")
                     && !self.may_read_under(Resource::Service, "")
             }
             // Unnamed queries are listed to management only.
-            ReadQuery::QueryList {} | ReadQuery::QueryGet { .. } => {
+            ReadQuery::QueryList {}
+            | ReadQuery::QueryGet { .. }
+            | ReadQuery::QueryListFull {}
+            | ReadQuery::QueryGetFull { .. } => {
                 !self.may_read_under(Resource::Query, "")
                     && !self.allows(Resource::Acl, Access::Write, "")
             }
@@ -335,6 +342,7 @@ impl Authorizer {
             ReadQuery::Txn { .. }
             | ReadQuery::Sequencer { .. }
             | ReadQuery::QueryExecute { .. }
+            | ReadQuery::QueryExecuteFull { .. }
             | ReadQuery::LockStanding { .. }
             | ReadQuery::LockSequencer { .. }
             | ReadQuery::LockHold { .. }

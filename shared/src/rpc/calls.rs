@@ -193,8 +193,10 @@ fn op_senders(op: &Op) -> Senders {
         | Op::DeregisterCheck { .. }
         | Op::DeregisterNode { .. }
         | Op::CatalogRegister(_)
+        | Op::CatalogRegisterFull(_)
         | Op::DeregisterService { .. }
         | Op::SetQuery { .. }
+        | Op::SetQueryFull { .. }
         | Op::DeleteQuery { .. }
         | Op::Lock(
             LockOp::Acquire { .. }

@@ -96,22 +96,72 @@ writes! {
     DestroySession { id: String } answers done;
     /// Registers or updates a node.
     RegisterNode { name: String, address: String } answers done;
-    /// A node, optionally one service, and checks, all or nothing.
-    CatalogRegister(Registration) answers refusable;
     /// Removes a check, whether or not it exists.
     DeregisterCheck { node: String, check_id: String } answers done;
     /// Removes a service and its checks, whether or not it exists.
     DeregisterService { node: String, service_id: String } answers done;
     /// Removes a node, its checks and its sessions, whether or not it exists.
     DeregisterNode { name: String } answers done;
-    /// Creates a prepared query, or with `update` replaces an existing one.
-    SetQuery { query: PreparedQuery, update: bool } answers refusable;
     /// Deletes a prepared query; refused when there is none.
     DeleteQuery { id: String } answers refusable;
     /// A change to the ACL tables.
     Acl(AclOp) answers refusable;
     /// A transaction with catalog ops, all or nothing; the outcome says which.
     Txn(Vec<TxnOp>) answers custom;
+}
+
+/// A node, optionally one service, and checks, all or nothing. It goes as the first release's
+/// [`Op::CatalogRegister`] when its service has no tagged addresses (so a cluster with servers
+/// of that release takes it), else as [`Op::CatalogRegisterFull`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatalogRegister(pub Registration);
+
+impl From<CatalogRegister> for Op {
+    fn from(CatalogRegister(registration): CatalogRegister) -> Op {
+        if registration
+            .service
+            .as_ref()
+            .is_some_and(|s| !s.tagged_addresses.is_empty())
+        {
+            Op::CatalogRegisterFull(registration)
+        } else {
+            Op::CatalogRegister(registration)
+        }
+    }
+}
+
+impl Write for CatalogRegister {
+    type Output = Result<(), ApplyError>;
+
+    fn output(response: Response) -> Result<Self::Output, Response> {
+        or_rejected(response, done)
+    }
+}
+
+/// Creates a prepared query, or with `update` replaces an existing one. It goes as the first
+/// release's [`Op::SetQuery`] when it has no `IgnoreCheckIDs`, else as [`Op::SetQueryFull`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetQuery {
+    pub query: PreparedQuery,
+    pub update: bool,
+}
+
+impl From<SetQuery> for Op {
+    fn from(SetQuery { query, update }: SetQuery) -> Op {
+        if query.service.ignore_check_ids.is_empty() {
+            Op::SetQuery { query, update }
+        } else {
+            Op::SetQueryFull { query, update }
+        }
+    }
+}
+
+impl Write for SetQuery {
+    type Output = Result<(), ApplyError>;
+
+    fn output(response: Response) -> Result<Self::Output, Response> {
+        or_rejected(response, done)
+    }
 }
 
 impl Write for Txn {
