@@ -264,6 +264,10 @@ pub fn session_ttl(ttl: &str) -> Option<Duration> {
 struct Term {
     /// Counts terms on this server, to tell a late message of an old term from the current.
     number: u64,
+    /// The raft leader ID (term and node) this server leads under: leadership lost and won
+    /// again between two looks at the metrics (which may merge changes) shows as a new one,
+    /// so as a new term.
+    leader_id: openraft::type_config::alias::LeaderIdOf<crate::raft::TypeConfig>,
     token: CancellationToken,
     /// The barrier passed and the sessions are armed.
     serving: bool,
@@ -327,7 +331,18 @@ impl LeaderDuties {
                     if changed.is_err() {
                         break;
                     }
-                    let is_leader = metrics.borrow_and_update().state == ServerState::Leader;
+                    let (is_leader, leader_id) = {
+                        let m = metrics.borrow_and_update();
+                        (m.state == ServerState::Leader, m.vote.leader_id().clone())
+                    };
+                    if let Some(t) = term.as_ref().filter(|t| is_leader && t.leader_id != leader_id) {
+                        t.token.cancel();
+                        term = None;
+                        timers.clear_all();
+                        lock_delays.clear_all();
+                        expiring.clear();
+                        tracing::info!("leading in a new term: the old term's timers cleared");
+                    }
                     match (is_leader, &term) {
                         (true, None) => {
                             terms += 1;
@@ -335,6 +350,7 @@ impl LeaderDuties {
                             self.spawn_barrier(terms, token.clone(), term_tx.clone());
                             term = Some(Term {
                                 number: terms,
+                                leader_id,
                                 token,
                                 serving: false,
                                 checkpointing: false,
