@@ -33,8 +33,10 @@ def memory():
 def stats():
     with urllib.request.urlopen(BASE + "/v1/agent/self") as reply:
         s = json.loads(reply.read())["Stats"]
-    return (int(s["agent"]["blocking_queries"]), int(s["agent"]["server_waits"]),
-            int(s["consul"]["blocking_queries"]))
+    held = int(s["consul"]["blocking_queries"])
+    # An agent that does not coalesce reports its watchers only as the server's.
+    return (int(s["agent"].get("blocking_queries", held)),
+            int(s["agent"].get("server_waits", held)), held)
 
 
 host, port = BASE.removeprefix("http://").split(":")
