@@ -1,8 +1,9 @@
 //! Blocking queries coalesced in the agent: local watchers of the same read (the same query,
 //! consistency mode and index) share one wait on the servers, and its answer fans out to each
-//! of them. The servers answer reads unfiltered (a token's filter is applied by the handler, per
-//! request, on the answer), so watchers with different tokens may share a wait: each sees only
-//! its own filtered view of the one answer. A watcher whose index differs asks its own question
+//! of them (`?consistent` reads aside: each has the leader confirm itself for it). The servers
+//! answer reads unfiltered (a token's filter is applied by the handler, per request, on the
+//! answer), so watchers with different tokens may share a wait: each sees only its own
+//! filtered view of the one answer. A watcher whose index differs asks its own question
 //! (another key), never gets an answer meant for an older index.
 //!
 //! A shared wait is a [`Shared`] future polled by its watchers: when the last of them leaves (a

@@ -25,7 +25,7 @@ use vigil_server::{Server, ServerApi};
 use vigil_shared::operator::OperatorError;
 use vigil_shared::rpc::calls::StatusInfo;
 use vigil_shared::rpc::{
-    Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
+    Consistency, Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
 };
 use vigil_shared::session::Session;
 
@@ -149,8 +149,8 @@ impl Backend {
 
     /// A blocking query that answers by its deadline, Consul's `wait + wait/16`, also while the
     /// servers elect a leader or one of them is lost (see [`wait_on_servers`]). Local blocking
-    /// queries of the same read share one wait on the servers: a query joins one that answers
-    /// no later than its own deadline, or starts its own. A shared wait started earlier can
+    /// queries of the same read (but `?consistent` ones) share one wait on the servers: a query
+    /// joins one that answers no later than its own deadline, or starts its own. A shared wait started earlier can
     /// answer, unchanged, before this query's `wait` is over: it then waits again (joining or
     /// starting another), as it does not answer unchanged before its `wait`.
     async fn blocking_query(
@@ -170,6 +170,11 @@ impl Backend {
         let earliest = started + wait;
         let due = earliest + jitter;
         let deadline = earliest + wait / 16;
+        // A `?consistent` read has the leader confirm itself with a quorum for this request:
+        // one confirmed for a wait that started before it would not do.
+        if opts.consistency == Consistency::Consistent {
+            return wait_on_servers(Arc::clone(&self.servers), opts, query, due, deadline).await;
+        }
         let read = postcard::to_allocvec(&(opts.consistency, opts.min_index, &query))
             .map_err(|e| ServerError::Internal(format!("a read's identity: {e}")))?;
         loop {

@@ -2,7 +2,8 @@
 //! read share one wait on the servers, and one write answers them all with the new value and
 //! index. A watcher that hangs up leaves the others waiting, and the shared wait ends with the
 //! last of them; watchers with different tokens each see only what their token may; a
-//! watcher at another index, or with a shorter wait, is never answered for another's.
+//! watcher at another index, or with a shorter wait, is never answered for another's; and
+//! `?consistent` watchers, whose leader confirms itself for each request, are not shared.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -306,4 +307,22 @@ async fn a_hundred_watchers_on_a_client_agent_hold_one_query_on_the_leader() {
         assert_eq!(value(&body), "v2");
     }
     until_waiting(&client, &leader, own, [0, 0, 0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn consistent_watchers_each_wait_on_their_own() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    http.put_key("k", "v1").await;
+    let index = http.get("/v1/kv/k").await.index();
+    let own = waiting(&http, &http).await;
+    let path = format!("/v1/kv/k?consistent&index={index}&wait=60s");
+    let watchers: Vec<_> = (0..3).map(|_| spawn_watch(&http, path.clone())).collect();
+    until_waiting(&http, &http, own, [3, 0, 3]).await;
+    http.put_key("k", "v2").await;
+    for (status, got, body) in join_all(watchers).await.into_iter().map(Result::unwrap) {
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(got > index);
+        assert_eq!(value(&body), "v2");
+    }
 }
