@@ -281,6 +281,9 @@ pub async fn blocking_read(
         if index > min_index || Instant::now() >= deadline {
             return (result, index);
         }
+        // Not kept across the wait: a waiter holds its registration, not a copy of the answer
+        // (a service's health, a prefix's entries), which is read again when it wakes.
+        drop(result);
         was_missing = missing;
         tokio::select! {
             _ = guard.fired() => {}

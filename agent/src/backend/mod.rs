@@ -4,8 +4,10 @@
 //! here when that is safe: anything that was never applied (no leader yet, a server that could
 //! not be reached) and every read, within a deadline, so an election or a server loss looks
 //! like latency rather than an error. A blocking query answers by its deadline whatever the
-//! servers do.
+//! servers do. Local blocking queries of the same read share one wait on the servers
+//! ([`coalesce`]).
 
+mod coalesce;
 mod remote;
 #[cfg(test)]
 mod tests;
@@ -15,6 +17,7 @@ pub use remote::RemoteServers;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use rand::Rng as _;
 use tokio::time::Instant;
 use vigil_server::api::operations::Operation;
@@ -22,7 +25,7 @@ use vigil_server::{Server, ServerApi};
 use vigil_shared::operator::OperatorError;
 use vigil_shared::rpc::calls::StatusInfo;
 use vigil_shared::rpc::{
-    Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
+    Consistency, Query, QueryMeta, QueryOptions, QueryResult, ReadQuery, ServerError, Write,
 };
 use vigil_shared::session::Session;
 
@@ -35,6 +38,8 @@ pub struct Backend {
     /// This agent's own server when it runs the server role: its raft figures, its fatal
     /// errors and its shutdown are the agent's too.
     local: Option<Arc<Server>>,
+    /// The blocking queries waiting on the servers, coalesced.
+    waits: Arc<coalesce::Waits>,
 }
 
 /// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
@@ -72,6 +77,7 @@ impl Backend {
         Backend {
             servers: Arc::clone(&server) as Arc<dyn ServerApi>,
             local: Some(server),
+            waits: Arc::default(),
         }
     }
 
@@ -81,12 +87,19 @@ impl Backend {
         Backend {
             servers,
             local: None,
+            waits: Arc::default(),
         }
     }
 
     /// This agent's own server, when it runs the server role.
     pub fn server(&self) -> Option<&Arc<Server>> {
         self.local.as_ref()
+    }
+
+    /// The blocking queries of this agent's clients waiting now, and the waits on the servers
+    /// they share (one per distinct read).
+    pub fn blocking_queries(&self) -> (usize, usize) {
+        (self.waits.watchers(), self.waits.shared())
     }
 
     /// Commits a state change and answers what applying it produced. Each attempt takes its
@@ -135,17 +148,17 @@ impl Backend {
     }
 
     /// A blocking query that answers by its deadline, Consul's `wait + wait/16`, also while the
-    /// servers elect a leader or one of them is lost. The servers are asked to block for `wait`
-    /// plus a jitter of at most `wait/32` (Consul's is up to `wait/16`; the rest of it is this
-    /// agent's margin), with retries until then. If none has answered shortly after, a stale
-    /// read from any server runs beside; if it is not behind the index the caller knows, it is
-    /// the answer, with `X-Consul-KnownLeader: false`, when by the deadline the servers have not
-    /// answered. Otherwise the deadline brings Consul's `No cluster leader`.
+    /// servers elect a leader or one of them is lost (see [`wait_on_servers`]). Local blocking
+    /// queries of the same read (but `?consistent` ones) share one wait on the servers: a query
+    /// joins one that answers no later than its own deadline, or starts its own. A shared wait started earlier can
+    /// answer, unchanged, before this query's `wait` is over: it then waits again (joining or
+    /// starting another), as it does not answer unchanged before its `wait`.
     async fn blocking_query(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        let _watcher = self.waits.watcher();
         let wait = Duration::from_millis(opts.wait_ms);
         let spread = wait / 32;
         let jitter = if spread.is_zero() {
@@ -154,75 +167,32 @@ impl Backend {
             rand::thread_rng().gen_range(Duration::ZERO..spread)
         };
         let started = Instant::now();
-        let due = started + wait + jitter;
-        let deadline = started + wait + wait / 16;
-        // Half the margin lets a quiet query's answer, due at `due`, arrive.
-        let grace = (deadline - due) / 2;
-        let primary = with_retries(&*self.servers, due, true, || {
-            // A retry blocks only for what is left of the wait.
-            let left = due.saturating_duration_since(Instant::now());
-            let opts = QueryOptions {
-                wait_ms: left.as_millis() as u64,
-                ..opts
-            };
-            self.servers.query(opts, query.clone())
-        });
-        tokio::pin!(primary);
-        let mut failed = None;
-        match tokio::time::timeout_at(due + grace, &mut primary).await {
-            Ok(Err(e)) if e.safe_to_retry(true) => failed = Some(e),
-            Ok(result) => return result,
-            Err(_) => {}
+        let earliest = started + wait;
+        let due = earliest + jitter;
+        let deadline = earliest + wait / 16;
+        // A `?consistent` read has the leader confirm itself with a quorum for this request:
+        // one confirmed for a wait that started before it would not do.
+        if opts.consistency == Consistency::Consistent {
+            return wait_on_servers(Arc::clone(&self.servers), opts, query, due, deadline).await;
         }
-        // From now on a stale read runs beside: the answer if the servers give none in time. A
-        // server behind what the caller has seen (a lower index) has nothing to tell it: its
-        // data could say a held lock is free.
-        let fallback = async {
-            let (result, meta) = self.servers.stale_read(query.clone()).await?;
-            if meta.index < opts.min_index {
-                return Err(ServerError::NoLeader);
-            }
-            let meta = QueryMeta {
-                known_leader: false,
-                ..meta
-            };
-            Ok((result, meta))
-        };
-        tokio::pin!(fallback);
-        let expiry = tokio::time::sleep_until(deadline);
-        tokio::pin!(expiry);
-        let mut stale = None;
-        let mut fallback_done = false;
+        let read = postcard::to_allocvec(&(opts.consistency, opts.min_index, &query))
+            .map_err(|e| ServerError::Internal(format!("a read's identity: {e}")))?;
         loop {
-            tokio::select! {
-                biased;
-                result = &mut primary, if failed.is_none() => match result {
-                    Err(e) if e.safe_to_retry(true) => {
-                        if let Some(answer) = stale.take() {
-                            return Ok(answer);
-                        }
-                        if fallback_done {
-                            return Err(e);
-                        }
-                        failed = Some(e);
-                    }
-                    result => return result,
-                },
-                answer = &mut fallback, if !fallback_done => {
-                    fallback_done = true;
-                    match (answer, failed.take()) {
-                        (Ok(answer), None) => stale = Some(answer),
-                        (Ok(answer), Some(_)) => return Ok(answer),
-                        (Err(_), Some(e)) => return Err(e),
-                        (Err(_), None) => {}
-                    }
-                }
-                () = &mut expiry => {
-                    return match stale {
-                        Some(answer) => Ok(answer),
-                        None => Err(failed.unwrap_or(ServerError::NoLeader)),
-                    };
-                }
+            let (shared, joined) = self.waits.join_or_start(read.clone(), deadline, || {
+                wait_on_servers(
+                    Arc::clone(&self.servers),
+                    opts,
+                    query.clone(),
+                    due,
+                    deadline,
+                )
+                .boxed()
+            });
+            let answer = shared.await;
+            match &answer {
+                Ok((_, meta))
+                    if joined && meta.index <= opts.min_index && Instant::now() < earliest => {}
+                _ => return answer,
             }
         }
     }
@@ -246,5 +216,91 @@ impl Backend {
     /// The leader and the raft members, as this agent's server (or the first to answer) sees it.
     pub async fn status(&self) -> Result<StatusInfo, ServerError> {
         self.servers.status().await
+    }
+}
+
+/// One blocking query on the servers, answered by `deadline` whatever they do. The servers are
+/// asked to block until `due` (the caller's `wait` plus a jitter of at most `wait/32`; Consul's
+/// is up to `wait/16`, the rest of it is this agent's margin), with retries until then. If none
+/// has answered shortly after, a stale read from any server runs beside; if it is not behind
+/// the index the caller knows, it is the answer, with `X-Consul-KnownLeader: false`, when by
+/// the deadline the servers have not answered. Otherwise the deadline brings Consul's `No
+/// cluster leader`.
+async fn wait_on_servers(
+    servers: Arc<dyn ServerApi>,
+    opts: QueryOptions,
+    query: ReadQuery,
+    due: Instant,
+    deadline: Instant,
+) -> Result<(QueryResult, QueryMeta), ServerError> {
+    let servers = &*servers;
+    // Half the margin lets a quiet query's answer, due at `due`, arrive.
+    let grace = deadline.saturating_duration_since(due) / 2;
+    let primary = with_retries(servers, due, true, || {
+        // A retry blocks only for what is left of the wait.
+        let left = due.saturating_duration_since(Instant::now());
+        let opts = QueryOptions {
+            wait_ms: left.as_millis() as u64,
+            ..opts
+        };
+        servers.query(opts, query.clone())
+    });
+    tokio::pin!(primary);
+    let mut failed = None;
+    match tokio::time::timeout_at(due + grace, &mut primary).await {
+        Ok(Err(e)) if e.safe_to_retry(true) => failed = Some(e),
+        Ok(result) => return result,
+        Err(_) => {}
+    }
+    // From now on a stale read runs beside: the answer if the servers give none in time. A
+    // server behind what the caller has seen (a lower index) has nothing to tell it: its
+    // data could say a held lock is free.
+    let fallback = async {
+        let (result, meta) = servers.stale_read(query.clone()).await?;
+        if meta.index < opts.min_index {
+            return Err(ServerError::NoLeader);
+        }
+        let meta = QueryMeta {
+            known_leader: false,
+            ..meta
+        };
+        Ok((result, meta))
+    };
+    tokio::pin!(fallback);
+    let expiry = tokio::time::sleep_until(deadline);
+    tokio::pin!(expiry);
+    let mut stale = None;
+    let mut fallback_done = false;
+    loop {
+        tokio::select! {
+            biased;
+            result = &mut primary, if failed.is_none() => match result {
+                Err(e) if e.safe_to_retry(true) => {
+                    if let Some(answer) = stale.take() {
+                        return Ok(answer);
+                    }
+                    if fallback_done {
+                        return Err(e);
+                    }
+                    failed = Some(e);
+                }
+                result => return result,
+            },
+            answer = &mut fallback, if !fallback_done => {
+                fallback_done = true;
+                match (answer, failed.take()) {
+                    (Ok(answer), None) => stale = Some(answer),
+                    (Ok(answer), Some(_)) => return Ok(answer),
+                    (Err(_), Some(e)) => return Err(e),
+                    (Err(_), None) => {}
+                }
+            }
+            () = &mut expiry => {
+                return match stale {
+                    Some(answer) => Ok(answer),
+                    None => Err(failed.unwrap_or(ServerError::NoLeader)),
+                };
+            }
+        }
     }
 }

@@ -298,3 +298,126 @@ async fn a_blocking_query_with_no_leader_is_answered_stale_by_its_deadline() {
     assert!(!meta.known_leader);
     assert!(started.elapsed() <= WAIT + WAIT / 16);
 }
+
+/// The in-memory servers, counting the blocking queries they hold now.
+#[derive(Default)]
+struct Counting {
+    servers: MemoryServer,
+    held: Arc<AtomicUsize>,
+}
+
+/// Counts a held blocking query until dropped (the query answered, or dropped by its caller).
+struct Held(Arc<AtomicUsize>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl ServerApi for Counting {
+    fn write(&self, op: Op) -> BoxFuture<'_, Result<Response, ServerError>> {
+        self.servers.write(op)
+    }
+
+    fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
+        if opts.min_index == 0 {
+            return self.servers.query(opts, query);
+        }
+        self.held.fetch_add(1, Ordering::Relaxed);
+        let held = Held(Arc::clone(&self.held));
+        Box::pin(async move {
+            let _held = held;
+            self.servers.query(opts, query).await
+        })
+    }
+
+    fn renew<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Session, ServerError>> {
+        self.servers.renew(id)
+    }
+
+    fn operator(
+        &self,
+        request: OperatorRequest,
+    ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
+        self.servers.operator(request)
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {
+        self.servers.status()
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        self.servers.is_shutting_down()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn blocking_queries_of_one_read_share_one_wait_on_the_servers() {
+    let servers = Arc::new(Counting::default());
+    let backend = Arc::new(Backend::new(Arc::clone(&servers) as Arc<dyn ServerApi>));
+    backend.write(set("k", "v1")).await.expect("write");
+    let (_, before) = get(&backend, "k").await;
+
+    // Ten readers of the key at its index: one query held by the servers.
+    let mut reads = Vec::new();
+    for _ in 0..10 {
+        reads.push(block_on_key(&backend, "k", before.index, WAIT).await);
+    }
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+    assert_eq!(backend.blocking_queries(), (10, 1));
+
+    // Three hang up: the wait stays for the others.
+    for read in reads.drain(..3) {
+        read.abort();
+    }
+    settle().await;
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+    assert_eq!(backend.blocking_queries(), (7, 1));
+
+    // One write answers the seven left with the new value.
+    backend.write(set("k", "v2")).await.expect("write");
+    settle().await;
+    for read in reads {
+        let (entries, meta) = read.await.expect("join").expect("read");
+        assert!(meta.index > before.index);
+        assert_eq!(entries[0].value, b"v2");
+    }
+    assert_eq!(servers.held.load(Ordering::Relaxed), 0);
+    assert_eq!(backend.blocking_queries(), (0, 0));
+
+    // The last reader of a wait hanging up ends it on the servers.
+    let (_, now) = get(&backend, "k").await;
+    let read = block_on_key(&backend, "k", now.index, WAIT).await;
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+    read.abort();
+    settle().await;
+    assert_eq!(servers.held.load(Ordering::Relaxed), 0);
+    assert_eq!(backend.blocking_queries(), (0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reader_joining_a_wait_started_earlier_still_waits_its_whole_wait() {
+    let servers = Arc::new(Counting::default());
+    let backend = Arc::new(Backend::new(Arc::clone(&servers) as Arc<dyn ServerApi>));
+    backend.write(set("k", "v1")).await.expect("write");
+    let (_, before) = get(&backend, "k").await;
+    let first = block_on_key(&backend, "k", before.index, WAIT).await;
+    tokio::time::advance(WAIT / 2).await;
+    let started = Instant::now();
+    let second = block_on_key(&backend, "k", before.index, WAIT).await;
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+
+    // The first's wait ends, unchanged; the second waits on, on a wait of its own.
+    tokio::time::advance(WAIT / 2 + WAIT / 16).await;
+    settle().await;
+    let (_, meta) = first.await.expect("join").expect("read");
+    assert_eq!(meta.index, before.index);
+    assert!(!second.is_finished(), "answered half way through its wait");
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+    tokio::time::advance(WAIT / 2).await;
+    settle().await;
+    let (_, meta) = second.await.expect("join").expect("read");
+    assert_eq!(meta.index, before.index);
+    assert!(started.elapsed() >= WAIT);
+}

@@ -36,6 +36,7 @@ pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
         None => json_value!({}),
     };
     let blocking_queries = server.map_or(0, |server| server.blocking_queries());
+    let (watchers, server_waits) = state.backend.blocking_queries();
     let member = match local_member(state) {
         Some(member) => json_value!(member),
         None => {
@@ -102,6 +103,10 @@ pub async fn agent_self(cx: Ctx) -> Result<Response, ApiError> {
             "agent": {
                 "http_addr": state.http_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
                 "https_addr": state.https_addr.map_or_else(|| "off".to_owned(), |a| a.to_string()),
+                // This agent's clients' blocking queries, and the waits on the servers they
+                // share (one per distinct read).
+                "blocking_queries": watchers.to_string(),
+                "server_waits": server_waits.to_string(),
             },
             "consul": {
                 "server": is_server.to_string(),

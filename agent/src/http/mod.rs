@@ -101,6 +101,9 @@ impl FromRequestParts<AppState> for Ctx {
         let OriginalUri(uri) = OriginalUri::from_request_parts(parts, state)
             .await
             .unwrap_or_else(|never| match never {});
+        // A copy of its own: the request's URI shares the connection's whole read buffer
+        // (8 KiB), which a blocking query would otherwise keep alive for as long as it waits.
+        let uri = Uri::try_from(uri.to_string()).unwrap_or(uri);
         let params = Params::parse(uri.query());
         // Resolved already by the route's guard when the route needs a fixed permission.
         let authz = match parts.extensions.get::<permissions::Resolved>() {

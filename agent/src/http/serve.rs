@@ -248,30 +248,45 @@ pub async fn serve(
         let router = router.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
+        // Every open connection is a task: a plain one holds only what plain HTTP needs, the
+        // TLS session and handshake state (several times larger) are boxed on their own.
         tasks.spawn(async move {
-            let evicted = slot.evict.clone();
             match tls {
                 None => serve_connection(stream, router, limits, slot, shutdown).await,
                 Some(acceptor) => {
-                    let handshake =
-                        tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
-                    let handshake = tokio::select! {
-                        handshake = handshake => handshake,
-                        () = evicted.cancelled() => return,
-                    };
-                    match handshake {
-                        Ok(Ok(stream)) => {
-                            serve_connection(stream, router, limits, slot, shutdown).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
+                    Box::pin(serve_tls(
+                        stream, peer, acceptor, router, limits, slot, shutdown,
+                    ))
+                    .await;
                 }
             }
         });
     }
     tasks.close();
     tasks.wait().await;
+}
+
+/// Serves a TLS connection once its handshake is over (within the header timeout).
+async fn serve_tls(
+    stream: TcpStream,
+    peer: SocketAddr,
+    acceptor: TlsAcceptor,
+    router: Router,
+    limits: ConnLimits,
+    slot: Arc<Slot>,
+    shutdown: CancellationToken,
+) {
+    let evicted = slot.evict.clone();
+    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+    let handshake = tokio::select! {
+        handshake = handshake => handshake,
+        () = evicted.cancelled() => return,
+    };
+    match handshake {
+        Ok(Ok(stream)) => serve_connection(stream, router, limits, slot, shutdown).await,
+        Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+    }
 }
 
 /// The answer for a connection that was not taken, written only if the socket takes it at

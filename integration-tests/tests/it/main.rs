@@ -50,3 +50,5 @@ mod t92_operate;
 mod t93_acl;
 mod t94_rolling_upgrade;
 mod t95_blocking_budget;
+mod t96_coalesced_watchers;
+mod t97_acquire_herd;

@@ -51,7 +51,13 @@ async fn three_thousand_blocking_queries_leave_writes_fast() {
     let index = agent.get("/v1/kv/watched").await.index();
 
     // Phase 2: 3000 blocking queries through the client agent, from 16 source addresses.
-    let url = agent.url(&format!("/v1/kv/watched?index={index}&wait={WAIT}"));
+    // Each lists the keys with a separator of its own: 3000 different reads of one key, which
+    // the agent cannot answer with one shared wait.
+    let url = |n: usize| {
+        agent.url(&format!(
+            "/v1/kv/watched?keys&separator=%7E{n}&index={index}&wait={WAIT}"
+        ))
+    };
     let clients: Vec<reqwest::Client> = (0..SOURCES)
         .map(|k| {
             let source = IpAddr::V4(Ipv4Addr::new(127, 0, 0, 2 + k as u8));
@@ -63,7 +69,7 @@ async fn three_thousand_blocking_queries_leave_writes_fast() {
         })
         .collect();
     let watchers: Vec<_> = (0..WATCHERS)
-        .map(|n| tokio::spawn(watch(clients[n % SOURCES].clone(), url.clone())))
+        .map(|n| tokio::spawn(watch(clients[n % SOURCES].clone(), url(n))))
         .collect();
 
     // Phase 3: the leader holds every one of them.
@@ -102,13 +108,16 @@ async fn blocking_queries_beyond_the_bound_answer_429_at_once() {
     // Phase 1: a dev agent that holds at most five blocking queries.
     let agent = Agent::dev_with(&["--max-blocking-queries", "5"]).await;
     let http = agent.http();
-    let reply = http.put("/v1/kv/k", "v").await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let index = http.get("/v1/kv/k").await.index();
-    let url = http.url(&format!("/v1/kv/k?index={index}&wait=60s"));
+    for n in 0..6 {
+        let reply = http.put(&format!("/v1/kv/k/{n}"), "v").await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    }
+    let index = http.get("/v1/kv/k/5").await.index();
+    // Five different keys: watchers of one key would share one wait, and take one slot.
+    let url = |n: usize| http.url(&format!("/v1/kv/k/{n}?index={index}&wait=60s"));
     let client = reqwest::Client::new();
     let held: Vec<_> = (0..5)
-        .map(|_| tokio::spawn(watch(client.clone(), url.clone())))
+        .map(|n| tokio::spawn(watch(client.clone(), url(n))))
         .collect();
     eventually(REGISTER_LIMIT, "five blocking queries held", || async {
         (blocking_queries(&http).await == 5).then_some(())
@@ -117,7 +126,9 @@ async fn blocking_queries_beyond_the_bound_answer_429_at_once() {
 
     // Phase 2: a sixth is refused at once; a plain read still works.
     let started = Instant::now();
-    let reply = http.get(&format!("/v1/kv/k?index={index}&wait=60s")).await;
+    let reply = http
+        .get(&format!("/v1/kv/k/5?index={index}&wait=60s"))
+        .await;
     assert_eq!(
         reply.status,
         StatusCode::TOO_MANY_REQUESTS,
@@ -126,10 +137,15 @@ async fn blocking_queries_beyond_the_bound_answer_429_at_once() {
     );
     assert!(reply.text().contains("Too many blocking queries"));
     assert!(started.elapsed() < UNRELATED_LIMIT);
-    assert_eq!(http.get("/v1/kv/k").await.status, StatusCode::OK);
+    assert_eq!(http.get("/v1/kv/k/5").await.status, StatusCode::OK);
 
-    // Phase 3: a write answers the five held ones.
-    assert_eq!(http.put("/v1/kv/k", "w").await.status, StatusCode::OK);
+    // Phase 3: writes answer the five held ones.
+    for n in 0..5 {
+        assert_eq!(
+            http.put(&format!("/v1/kv/k/{n}"), "w").await.status,
+            StatusCode::OK
+        );
+    }
     for (status, _) in join_all(held).await.into_iter().map(Result::unwrap) {
         assert_eq!(status, StatusCode::OK);
     }

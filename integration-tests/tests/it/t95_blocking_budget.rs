@@ -155,8 +155,9 @@ async fn reads_a_token_cannot_see_answer_at_once_and_leave_the_budget_alone() {
         spawn_get(&root, format!("/v1/session/list?index={index}&wait=60s")),
     ];
     until_blocking(&root, OWN + held.len()).await;
+    // A read none of them makes (the same read would share its wait, and take no slot).
     let reply = root
-        .get(&format!("/v1/kv/secret/x?index={index}&wait=60s"))
+        .get(&format!("/v1/kv/secret/y?index={index}&wait=60s"))
         .await;
     assert_eq!(
         reply.status,
@@ -267,17 +268,19 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
     assert_eq!(reply.json()["Acquired"], true);
     http.acquire_ok("ck", &holder).await;
-    http.put_key("flood", "0").await;
-    let index = http.get("/v1/kv/flood").await.index();
+    for n in 0..5 {
+        http.put_key(&format!("flood/{n}"), "0").await;
+    }
+    let index = http.get("/v1/kv/flood/4").await.index();
 
-    // Phase 2: a flood of ordinary blocking reads takes every unreserved slot; one more is
-    // refused at once.
+    // Phase 2: a flood of ordinary blocking reads (of different keys: reads of one key would
+    // share one wait) takes every unreserved slot; one more is refused at once.
     let flood: Vec<_> = (0..4)
-        .map(|_| spawn_get(&http, format!("/v1/kv/flood?index={index}&wait=60s")))
+        .map(|n| spawn_get(&http, format!("/v1/kv/flood/{n}?index={index}&wait=60s")))
         .collect();
     until_blocking(&http, 4).await;
     let reply = http
-        .get(&format!("/v1/kv/flood?index={index}&wait=60s"))
+        .get(&format!("/v1/kv/flood/4?index={index}&wait=60s"))
         .await;
     assert_eq!(
         reply.status,
@@ -319,7 +322,9 @@ async fn lock_waits_keep_their_reserve_and_their_place_under_a_flood() {
 
     // Phase 5: the flood ends; the refused waiters ask again, the later one first, and are
     // still granted in queue order as the holders release.
-    http.put_key("flood", "1").await;
+    for n in 0..4 {
+        http.put_key(&format!("flood/{n}"), "1").await;
+    }
     for (status, body, _) in join_all(flood).await.into_iter().map(Result::unwrap) {
         assert_eq!(status, StatusCode::OK, "{body}");
     }

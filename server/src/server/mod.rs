@@ -3,6 +3,7 @@
 //! reads), and forwards them to the leader otherwise. The agent's HTTP API calls it directly
 //! when the agent runs the server role; other agents reach it over RPC.
 
+mod acquire;
 mod authorize;
 #[cfg(test)]
 mod cluster_tests;
@@ -165,6 +166,8 @@ pub struct Server {
     blocking: tokio::sync::Semaphore,
     /// The permits only lock waits take ([`ServerConfig::lock_wait_reserve`]).
     lock_waits: tokio::sync::Semaphore,
+    /// The KV acquires being decided on this leader, by key (see [`acquire`]).
+    acquires: acquire::AcquireTurns,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -272,6 +275,7 @@ impl Server {
             started: Instant::now(),
             blocking,
             lock_waits,
+            acquires: acquire::AcquireTurns::default(),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });

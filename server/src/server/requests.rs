@@ -1,6 +1,7 @@
 //! Writes, reads (blocking and in every consistency mode) and session renewals: answered here
 //! when this server leads (or for a stale read), forwarded to the leader otherwise.
 
+use super::acquire::Decided;
 use super::*;
 
 impl Server {
@@ -17,6 +18,10 @@ impl Server {
         if !forwarded {
             self.await_leader().await;
         }
+        let _turn = match self.decide_acquire(&op).await? {
+            Decided::Refused(response) => return Ok(response),
+            Decided::Propose(turn) => turn,
+        };
         let level = self.shared.read().protocol();
         if self.is_leader() || forwarded {
             let mut op = op;

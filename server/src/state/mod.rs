@@ -754,6 +754,31 @@ impl StateMachine {
         }
     }
 
+    /// What a KV acquire (`op`, a [`KvOp::Lock`]) would be answered now if another session
+    /// holds its key or a lock-delay covers it, at wall clock `now_ms`: the refusal applying it
+    /// would produce, which changes nothing. `None` for anything else (it would succeed, or
+    /// fail otherwise).
+    pub fn refused_acquire(&self, op: &KvOp, now_ms: u64) -> Option<TxnOutcome> {
+        let ctx = TxnContext {
+            index: self.kv.table_index(),
+            now_ms: now_ms.max(self.last_now_ms),
+            sessions: &self.sessions,
+        };
+        let outcome = self.kv.read_txn(std::slice::from_ref(op), &ctx);
+        let TxnOutcome::RolledBack(errors) = &outcome else {
+            return None;
+        };
+        match errors.as_slice() {
+            [
+                TxnError {
+                    error: KvOpError::LockHeld(_) | KvOpError::LockDelay { .. },
+                    ..
+                },
+            ] => Some(outcome),
+            _ => None,
+        }
+    }
+
     /// Runs a transaction of read verbs; a write verb is refused rather than run and dropped.
     fn read_txn(&self, ops: &[KvOp]) -> TxnOutcome {
         let writes: Vec<TxnError> = ops

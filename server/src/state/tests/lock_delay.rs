@@ -205,3 +205,42 @@ fn lock_delay_uses_the_command_clock_clamped_monotonic() {
     committed(outcome);
     assert_eq!(sm.now_ms(), T0 + 20_000);
 }
+
+/// What the leader answers as a read instead of a raft entry: an acquire another session's
+/// hold or a lock-delay refuses is known from the state as applying it would refuse it, and
+/// nothing changes; anything else (a free key, the holder re-acquiring, an unknown session) is
+/// left to raft.
+#[test]
+fn refused_acquires_are_known_without_applying_them() {
+    let mut sm = world();
+    create_session(&mut sm, 3, session(S1, N1));
+    create_session(&mut sm, 4, session(S2, N1));
+    write(&mut sm, 5, op::lock("k", "v", S1));
+    let held = get(&sm, "k");
+
+    // Held by S1: S2's acquire is refused exactly as applying it refuses it.
+    let refused = sm.refused_acquire(&op::lock("k", "w", S2), T0);
+    let (applied, _) = kv_at(&mut sm.clone(), 6, T0, vec![op::lock("k", "w", S2)]);
+    assert_eq!(refused, Some(applied));
+    assert_eq!(get(&sm, "k"), held);
+
+    // The holder re-acquiring, a free key and an unknown session go through raft.
+    assert_eq!(sm.refused_acquire(&op::lock("k", "w", S1), T0), None);
+    assert_eq!(sm.refused_acquire(&op::lock("free", "w", S2), T0), None);
+    assert_eq!(sm.refused_acquire(&op::lock("k", "w", S3), T0), None);
+
+    // S1 destroyed at T0: its lock-delay refuses S2 until T0 + 15 s, with what remains.
+    destroy_at(&mut sm, 6, T0, S1);
+    let refused = sm.refused_acquire(&op::lock("k", "w", S2), T0 + 1);
+    assert_eq!(
+        refused.map(failures),
+        Some(vec![(
+            0,
+            "failed to lock key \"k\" due to lock delay".into()
+        )])
+    );
+    assert_eq!(
+        sm.refused_acquire(&op::lock("k", "w", S2), T0 + 15_000),
+        None
+    );
+}
