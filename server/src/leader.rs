@@ -333,7 +333,7 @@ impl LeaderDuties {
                     }
                     let (is_leader, leader_id) = {
                         let m = metrics.borrow_and_update();
-                        (m.state == ServerState::Leader, m.vote.leader_id().clone())
+                        (m.state == ServerState::Leader, *m.vote.leader_id())
                     };
                     if let Some(t) = term.as_ref().filter(|t| is_leader && t.leader_id != leader_id) {
                         t.token.cancel();
