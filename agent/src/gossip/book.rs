@@ -128,6 +128,11 @@ impl MemberBook {
                 if !self.ours(id) || self.is_stale(id) {
                     return;
                 }
+                // Force-left while alive, it refuted and is back: it never left, so a later
+                // failure is a failure.
+                if self.intent_for(id).is_some_and(|n| n.forced) {
+                    self.intents.remove(&id.addr);
+                }
                 // A node that restarted on another port: its old down row is history, once the
                 // leader had time to see it go.
                 let moved: Vec<SocketAddr> = self

@@ -937,6 +937,33 @@ mod tests {
     }
 
     #[test]
+    fn a_member_force_left_while_alive_comes_back_and_later_fails_as_failed() {
+        // Cut off by a rejecting firewall, a live member looks dead and an operator force-leaves
+        // it; healed, it refutes and is taken back under the same identity. That force-leave
+        // is then history: when it really crashes later, it is Failed, not Left.
+        let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, SEED);
+        let member = 6;
+        let generation = sim.generation(member);
+        sim.reject_inbound(member, true);
+        sim.wait_for(secs(30), CHECK, |s| s.all_see(member, MemberState::Failed))
+            .expect("the rejecting member is taken for dead");
+        sim.force_leave(0, &sim.name(member), false);
+        sim.wait_for(secs(10), CHECK, |s| s.all_see(member, MemberState::Left))
+            .expect("the force-leave spreads");
+        sim.reject_inbound(member, false);
+        sim.wait_for(secs(60), CHECK, |s| s.all_see(member, MemberState::Alive))
+            .expect("healed, it is taken back");
+        assert_eq!(
+            sim.generation(member),
+            generation,
+            "it renewed its identity"
+        );
+        sim.crash(member);
+        sim.wait_for(secs(30), CHECK, |s| s.all_see(member, MemberState::Failed))
+            .expect("its crash is a failure everywhere");
+    }
+
+    #[test]
     fn one_stray_refusal_never_kills_a_live_member() {
         let (mut sim, _) = converged_cluster(10, TimingProfile::Lan, SEED);
         let window = TimingProfile::Lan.probe_period();
