@@ -335,38 +335,28 @@ impl LeaderDuties {
                         let m = metrics.borrow_and_update();
                         (m.state == ServerState::Leader, *m.vote.leader_id())
                     };
-                    if let Some(t) = term.as_ref().filter(|t| is_leader && t.leader_id != leader_id) {
+                    // Not leading any more, or leading under another leader ID (lost and won
+                    // again between two looks): the term this loop holds is over.
+                    if let Some(t) = term.take_if(|t| !is_leader || t.leader_id != leader_id) {
                         t.token.cancel();
-                        term = None;
                         timers.clear_all();
                         lock_delays.clear_all();
                         expiring.clear();
-                        tracing::info!("leading in a new term: the old term's timers cleared");
+                        tracing::info!("lost leadership: session timers cleared");
                     }
-                    match (is_leader, &term) {
-                        (true, None) => {
-                            terms += 1;
-                            let token = self.shutdown.child_token();
-                            self.spawn_barrier(terms, token.clone(), term_tx.clone());
-                            term = Some(Term {
-                                number: terms,
-                                leader_id,
-                                token,
-                                serving: false,
-                                checkpointing: false,
-                            });
-                            telemetry::became_leader();
-                            tracing::info!("gained leadership: waiting for the barrier");
-                        }
-                        (false, Some(t)) => {
-                            t.token.cancel();
-                            term = None;
-                            timers.clear_all();
-                            lock_delays.clear_all();
-                            expiring.clear();
-                            tracing::info!("lost leadership: session timers cleared");
-                        }
-                        _ => {}
+                    if is_leader && term.is_none() {
+                        terms += 1;
+                        let token = self.shutdown.child_token();
+                        self.spawn_barrier(terms, token.clone(), term_tx.clone());
+                        term = Some(Term {
+                            number: terms,
+                            leader_id,
+                            token,
+                            serving: false,
+                            checkpointing: false,
+                        });
+                        telemetry::became_leader();
+                        tracing::info!("gained leadership: waiting for the barrier");
                     }
                 }
                 Some(event) = term_rx.recv() => match (event, &mut term) {
