@@ -408,11 +408,19 @@ impl GossipNode {
         self.local_health = self.local_health.saturating_sub(1);
     }
 
+    /// Whether foca holds any member down (cheap: the usual answer is no, and then no row
+    /// need be looked at).
+    fn holds_down_rows(&self) -> bool {
+        self.foca.iter_membership_state().len() > self.foca.num_members()
+    }
+
     /// Whether foca holds `id` down.
     fn held_down(&self, id: &Member) -> bool {
-        self.foca
-            .iter_membership_state()
-            .any(|known| known.id() == id && known.state() == State::Down)
+        self.holds_down_rows()
+            && self
+                .foca
+                .iter_membership_state()
+                .any(|known| known.id() == id && known.state() == State::Down)
     }
 
     /// The other half of memberlist's rule: a member we hold down that speaks for (or is
@@ -423,8 +431,7 @@ impl GossipNode {
     /// the member as new and alive. Without this we would answer its packets with
     /// `TurnUndead`, and it would renew its identity: its old one declared down everywhere.
     fn resurrect_refuted(&mut self, id: &Member, incarnation: Incarnation) {
-        // Cheap gate: no down rows at all (the usual case).
-        if self.foca.iter_membership_state().len() == self.foca.num_members() {
+        if !self.holds_down_rows() {
             return;
         }
         let stale = self.foca.iter_membership_state().any(|known| {
