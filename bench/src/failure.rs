@@ -31,6 +31,7 @@ use super::etcd_concurrency::{Counters, Session};
 use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Plan, Systems};
+use integration_tests::Http;
 use integration_tests::cluster::create_session;
 
 /// Longest one detection may take (`lan` needs about 5 s).
@@ -50,6 +51,18 @@ enum Death {
 
 /// Settle window after a stall ends: past the `lan` suspicion (4 s) and a reconcile.
 const SETTLE: Duration = Duration::from_secs(8);
+
+/// Waits until `node`'s `serfHealth` passes, as seen by `server`.
+async fn wait_passing(server: &Http, node: &str) -> Result<()> {
+    let passing = Instant::now() + DETECT_LIMIT;
+    while server.serf_health(node).await.as_deref() != Some("passing") {
+        if Instant::now() >= passing {
+            bail!("{node}'s serfHealth never passed");
+        }
+        sleep(POLL).await;
+    }
+    Ok(())
+}
 
 /// Fault → `serfHealth` critical and fault → lock free, per round.
 async fn vigil(
@@ -75,13 +88,7 @@ async fn vigil(
         {
             bail!("the victim could not take the lock");
         }
-        let passing = Instant::now() + DETECT_LIMIT;
-        while server.serf_health(&node).await.as_deref() != Some("passing") {
-            if Instant::now() >= passing {
-                bail!("{node}'s serfHealth never passed");
-            }
-            sleep(POLL).await;
-        }
+        wait_passing(&server, &node).await?;
 
         match death {
             Death::Kill => systems.vigil.kill9_client(c).await,
@@ -137,14 +144,7 @@ async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
         // A node whose serfHealth is critical (the other agent, after its 5 s stop) takes no
         // new session until it is back.
         for c in [holder, other] {
-            let node = systems.vigil.clients[c].name.clone();
-            let passing = Instant::now() + DETECT_LIMIT;
-            while server.serf_health(&node).await.as_deref() != Some("passing") {
-                if Instant::now() >= passing {
-                    bail!("{node}'s serfHealth never passed again");
-                }
-                sleep(POLL).await;
-            }
+            wait_passing(&server, &systems.vigil.clients[c].name).await?;
         }
         let holding = create_session(
             &systems.vigil.client(holder).http(),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use integration_tests::safety::{Plan, Report};
-use integration_tests::{Http, Reply, binary};
+use integration_tests::{Agent, Http, Reply, binary};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use reqwest::StatusCode;
 use serde_json::Value;
@@ -64,6 +64,17 @@ pub async fn unix_dev_agent(socket: &std::path::Path, node: &str) -> (Child, Str
 
 /// Blocking queries the server behind `http` holds now (`Stats.consul.blocking_queries` of
 /// `/v1/agent/self`).
+/// A dev agent with ACLs on, default deny, and `root` as its initial management token.
+pub async fn deny_dev_agent(root: &str) -> Agent {
+    Agent::dev_with(&[
+        "--acl-default-policy",
+        "deny",
+        "--acl-initial-management-token",
+        root,
+    ])
+    .await
+}
+
 pub async fn blocking_queries(http: &Http) -> usize {
     let reply = http.get("/v1/agent/self").await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());

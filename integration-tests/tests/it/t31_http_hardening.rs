@@ -13,7 +13,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
 
-use crate::common::{assert_error, assert_not_found, raise_open_files};
+use crate::common::{assert_error, assert_not_found, deny_dev_agent, raise_open_files};
 
 const GIB: u64 = 1024 * 1024 * 1024;
 /// How much the agent's resident memory may grow while it refuses a 1 GiB body.
@@ -640,13 +640,7 @@ async fn read_response(stream: &mut TcpStream) -> String {
 /// under a client that reuses it.
 #[tokio::test]
 async fn a_refused_request_leaves_its_connection_open() {
-    let agent = Agent::dev_with(&[
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        "root",
-    ])
-    .await;
+    let agent = deny_dev_agent("root").await;
     let mut stream = TcpStream::connect(addr(&agent)).await.unwrap();
     let body = r#"{"Description": "not mine to change"}"#;
     let head = format!(

@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Command;
 
-use crate::common::{assert_error, b64, unix_dev_agent};
+use crate::common::{assert_error, b64, deny_dev_agent, unix_dev_agent};
 
 /// Go writes a nil slice, map or pointer as `null`: each body here is what the Go client sends
 /// for a call made without the optional parts (`api.TestAPI_CatalogRegistration` without
@@ -22,13 +22,7 @@ use crate::common::{assert_error, b64, unix_dev_agent};
 /// `TestAPI_OperatorAutopilotGetSetConfiguration`), and each is taken as if they were absent.
 #[tokio::test]
 async fn go_nulls_read_as_absent() {
-    let acl_agent = Agent::dev_with(&[
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        "root",
-    ])
-    .await;
+    let acl_agent = deny_dev_agent("root").await;
     let agent = acl_agent.with_token("root");
 
     // A catalog registration with no checks and no tagged addresses, as `Catalog().Register`
@@ -365,13 +359,7 @@ async fn transactions_carry_catalog_ops() {
 /// (`/v1/catalog/connect/<service>`).
 #[tokio::test]
 async fn the_endpoints_go_calls_answer() {
-    let agent = Agent::dev_with(&[
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        "root",
-    ])
-    .await;
+    let agent = deny_dev_agent("root").await;
     let root = agent.with_token("root");
 
     // The host: every part read, and when.
@@ -469,13 +457,7 @@ async fn the_endpoints_go_calls_answer() {
 /// need `agent:read` as the rest of the metrics do.
 #[tokio::test]
 async fn the_runtime_gauges_go_reads() {
-    let agent = Agent::dev_with(&[
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        "root",
-    ])
-    .await;
+    let agent = deny_dev_agent("root").await;
     let root = agent.with_token("root");
     assert_eq!(
         agent.get("/v1/agent/metrics").await.status,
@@ -638,13 +620,7 @@ async fn a_json_config_file_reloads() {
 /// management token (`acl:write`); another datacenter is Consul's 500.
 #[tokio::test]
 async fn a_snapshot_needs_a_management_token() {
-    let agent = Agent::dev_with(&[
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        "root",
-    ])
-    .await;
+    let agent = deny_dev_agent("root").await;
     for token in [None, Some("anonymous")] {
         let client = token.map_or_else(|| agent.http(), |t| agent.with_token(t));
         let reply = client.get("/v1/snapshot").await;
