@@ -841,3 +841,55 @@ async fn json_ok(agent: &Http, path: &str) -> Value {
     assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.text());
     reply.json()
 }
+
+/// The new forms of a registration and a prepared query (tagged addresses, ignored checks) are
+/// authorized as the old ones: a token that may only read is refused, and nothing is stored.
+#[tokio::test]
+async fn a_token_that_may_only_read_registers_no_tagged_addresses_and_no_query() {
+    let agent = deny_dev_agent("root").await;
+    let root = agent.with_token("root");
+    eventually(
+        Duration::from_secs(30),
+        "the initial management token",
+        || async { (root.get("/v1/acl/token/self").await.status == StatusCode::OK).then_some(()) },
+    )
+    .await;
+    let rules = "node_prefix \"\" { policy = \"read\" }\nservice_prefix \"\" { policy = \"read\" }\nquery_prefix \"\" { policy = \"read\" }";
+    let policy = root
+        .put(
+            "/v1/acl/policy",
+            json!({"Name": "reader", "Rules": rules}).to_string(),
+        )
+        .await;
+    assert_eq!(policy.status, StatusCode::OK, "{}", policy.text());
+    let token = root
+        .put(
+            "/v1/acl/token",
+            json!({"Policies": [{"Name": "reader"}]}).to_string(),
+        )
+        .await;
+    assert_eq!(token.status, StatusCode::OK, "{}", token.text());
+    let reader = agent.with_token(token.json()["SecretID"].as_str().unwrap());
+
+    let registration = json!({"Node": "tagged", "Address": "10.2.2.2",
+        "Service": {"Service": "web", "Port": 80,
+                    "TaggedAddresses": {"lan": {"Address": "192.168.0.2", "Port": 80}}}});
+    let reply = reader
+        .put("/v1/catalog/register", registration.to_string())
+        .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text());
+    let nodes = json_ok(&root, "/v1/catalog/nodes").await;
+    assert!(
+        nodes
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n["Node"] != "tagged"),
+        "{nodes}"
+    );
+
+    let query = json!({"Name": "q", "Service": {"Service": "web", "IgnoreCheckIDs": ["c1"]}});
+    let reply = reader.post_json("/v1/query", query).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text());
+    assert_eq!(json_ok(&root, "/v1/query").await, json!([]));
+}
