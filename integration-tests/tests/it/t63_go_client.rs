@@ -1,8 +1,9 @@
 //! What HashiCorp's Go `api` package needs beyond locks, sessions and KV, each test mirroring
 //! one of that package's own tests (named in its doc) through the HTTP API: Go's `null`s, the
 //! `consul` service, `SkipNodeUpdate`, node IDs, catalog ops in a transaction, the smaller
-//! endpoints the client calls, tagged service addresses, the runtime gauges, and an agent that stops on SIGTERM
-//! or SIGINT when the pipe its logs go to has been closed.
+//! endpoints the client calls, tagged service addresses, the runtime gauges, an agent service's
+//! `ContentHash` as Consul 1.8.7 computes it, deregistering an unknown service ID, and an agent
+//! that stops on SIGTERM or SIGINT when the pipe its logs go to has been closed.
 
 use std::process::Stdio;
 use std::time::Duration;
