@@ -5,13 +5,16 @@
 #
 #   scripts/go-api-tests.sh              # every test; one process per test, two at a time
 #   scripts/go-api-tests.sh 'Catalog'    # only tests whose name matches the regex
+#   CONSUL=/path/to/consul scripts/go-api-tests.sh   # the same tests against a real Consul
 #
 # Needs root once (apt-get): Debian's golang-go and the Go libraries the tests import, and the
 # source package from bullseye (added as an apt source pinned below every other, so nothing
 # else comes from it). Results go to target/go-api/results.txt, one line per test, and each
 # test's output to target/go-api/logs/. Tests of what Vigil does not build (Connect, gateways,
 # intentions, config entries, the legacy ACL API, Docker checks, WAN federation, the debug
-# endpoints) are listed as out of scope and not run.
+# endpoints) are listed as out of scope and not run. Two tests are run but expected to fail
+# (EXPECTED-FAIL, not counted as failures; docs/consul-compatibility.md, "HashiCorp's Go api
+# tests", says why).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,6 +28,12 @@ FILTER=${1:-.}
 # endpoints; WAN federation (a WAN join, the WAN keyring pool); the agent cache; coordinate
 # updates.
 OUT_OF_SCOPE='Connect|Gateway|Ingress|Intention|ConfigEntr|DiscoveryChain|SidecarService|UnmanagedProxy|ExposeChecks|ExternalConnectProxy|TestAPI_ACLCreateDestroy|TestAPI_ACLCloneDestroy|TestAPI_ACLInfo|TestAPI_ACLList|TestAPI_RulesTranslate|TestAPI_AgentChecks_Docker|TestAPI_Debug|TestAPI_CatalogNode$|TestAPI_CatalogNodeServiceList|TestAPI_AgentMembersOpts|TestAPI_OperatorKeyringInstallListPutRemove|TestAPI_CatalogServiceCached|TestAPI_CoordinateUpdate'
+
+# Tests expected to fail: TestAPI_AgentServiceAddress deregisters a service ID it never
+# registered, which Consul 1.8.7 answered 200 and later Consul, as Vigil, answers 404;
+# TestAPI_ClientTLSOptions's certificates expired on 2022-03-19 and name their host only in the
+# Common Name, so Go's own client refuses them against any server, Consul 1.8.7 included.
+EXPECTED_FAIL='^(TestAPI_AgentServiceAddress|TestAPI_ClientTLSOptions)$'
 
 if ! command -v go >/dev/null || [ ! -d /usr/share/gocode/src/github.com/hashicorp/serf ]; then
     apt-get update -qq
@@ -59,12 +68,19 @@ fi
 
 export GOPATH=$GOPATH_DIR:/usr/share/gocode GO111MODULE=off GOFLAGS= GOCACHE=$OUT/gocache
 (cd "$API" && go test -c -o "$OUT/api.test" .)
-# VIGIL names the binary to test; by default the one `cargo build` makes.
-if [ -z "${VIGIL:-}" ]; then
-    (cd "$ROOT" && cargo build -q --bin vigil)
-    VIGIL=$ROOT/target/debug/vigil
+# CONSUL names a real `consul` binary to run the same tests against instead, for comparison
+# (Debian bullseye's is `apt-get download consul=1.8.7+dfsg1-2+b3`). Otherwise VIGIL names the
+# binary to test; by default the one `cargo build` makes.
+if [ -n "${CONSUL:-}" ]; then
+    [ "$(basename "$CONSUL")" = consul ] || { echo "CONSUL must name a file called consul" >&2; exit 2; }
+    export PATH=$(cd "$(dirname "$CONSUL")" && pwd):$PATH
+else
+    if [ -z "${VIGIL:-}" ]; then
+        (cd "$ROOT" && cargo build -q --bin vigil)
+        VIGIL=$ROOT/target/debug/vigil
+    fi
+    export VIGIL PATH=$ROOT/integration-tests/go:$PATH
 fi
-export VIGIL PATH=$ROOT/integration-tests/go:$PATH
 mkdir -p "$OUT/logs"
 : > "$OUT/results.txt"
 "$OUT/api.test" -test.list "$FILTER" | while read -r name; do
@@ -75,12 +91,15 @@ mkdir -p "$OUT/logs"
     fi
 done | xargs -P 2 -I{} sh -c '
     cd "$0" && if timeout 180 "$1/api.test" -test.run "^{}\$" -test.v > "$1/logs/{}.log" 2>&1; then
-        echo "PASS {}"; else echo "FAIL {}"; fi >> "$1/results.txt"' "$API" "$OUT"
+        echo "PASS {}"; elif echo "{}" | grep -Eq "$2"; then echo "EXPECTED-FAIL {}";
+        else echo "FAIL {}"; fi >> "$1/results.txt"' "$API" "$OUT" "$EXPECTED_FAIL"
 
 sort -k2 "$OUT/results.txt" -o "$OUT/results.txt"
 grep -v '^PASS' "$OUT/results.txt" || true
 passed=$(grep -c '^PASS' "$OUT/results.txt" || true)
 failed=$(grep -c '^FAIL' "$OUT/results.txt" || true)
+expected=$(grep -c '^EXPECTED-FAIL' "$OUT/results.txt" || true)
 skipped=$(grep -c '^OUT-OF-SCOPE' "$OUT/results.txt" || true)
-echo "go api: $passed passed, $failed failed, $skipped out of scope (logs: $OUT/logs)"
+echo "go api: $passed passed, $failed failed, $expected failed as expected," \
+    "$skipped out of scope (logs: $OUT/logs)"
 [ "$failed" -eq 0 ]

@@ -3,7 +3,6 @@
 //! change is synced to the catalog before the reply.
 
 use std::collections::BTreeMap;
-use std::hash::{Hash as _, Hasher as _};
 use std::time::Duration;
 
 use axum::extract::Path;
@@ -14,6 +13,7 @@ use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
 use vigil_shared::go::duration::parse_go_duration;
+use vigil_shared::go::hashstructure as go_hash;
 
 use super::acl::Authz;
 use super::agent_check::enable_param;
@@ -29,7 +29,7 @@ use crate::local::definition::parse_service_body;
 const MAX_WAIT: Duration = Duration::from_secs(600);
 const DEFAULT_WAIT: Duration = Duration::from_secs(300);
 
-#[derive(Serialize, Hash)]
+#[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 struct WeightsJson {
     passing: i64,
@@ -37,7 +37,7 @@ struct WeightsJson {
 }
 
 /// Consul's `api.AgentService` as `/v1/agent/services` returns it.
-#[derive(Serialize, Hash)]
+#[derive(Serialize)]
 #[serde(rename_all = "PascalCase")]
 pub(super) struct AgentServiceJson<'a> {
     #[serde(rename = "ID")]
@@ -79,11 +79,58 @@ impl<'a> AgentServiceJson<'a> {
         }
     }
 
-    /// With `ContentHash` set: a hash of everything else, which a blocking read compares.
+    /// With `ContentHash` set as Consul 1.8.7's agent sets it (HashiCorp's Go tests pin its
+    /// value): hashstructure's hash of the reply as 1.8.7's `api.AgentService`, whose fields
+    /// are these without `Datacenter`, plus `Kind` (`""`), `CreateIndex` and `ModifyIndex` (0
+    /// in an agent's own state), `ContentHash` itself (still `""`) and the nil pointers `Proxy`
+    /// and `Connect` (`Namespace` is tagged `hash:"ignore"`). Printed as Go's `%x`: no leading
+    /// zeros, so it may be shorter than 16 digits.
     fn with_hash(mut self) -> AgentServiceJson<'a> {
-        let mut hasher = std::hash::DefaultHasher::new();
-        self.hash(&mut hasher);
-        self.content_hash = format!("{:016x}", hasher.finish());
+        let weights = go_hash::structure(
+            "AgentWeights",
+            [
+                ("Passing", go_hash::int(self.weights.passing)),
+                ("Warning", go_hash::int(self.weights.warning)),
+            ],
+        );
+        let hash = go_hash::structure(
+            "AgentService",
+            [
+                ("Kind", go_hash::string("")),
+                ("ID", go_hash::string(self.id)),
+                ("Service", go_hash::string(self.service)),
+                (
+                    "Tags",
+                    go_hash::slice(self.tags.iter().map(|t| go_hash::string(t))),
+                ),
+                (
+                    "Meta",
+                    go_hash::map(
+                        self.meta
+                            .iter()
+                            .map(|(k, v)| (go_hash::string(k), go_hash::string(v))),
+                    ),
+                ),
+                ("Port", go_hash::int(self.port.into())),
+                ("Address", go_hash::string(self.address)),
+                (
+                    "TaggedAddresses",
+                    go_hash::map(
+                        self.tagged_addresses
+                            .iter()
+                            .map(|(tag, a)| (go_hash::string(tag), a.go_hash())),
+                    ),
+                ),
+                ("Weights", weights),
+                ("EnableTagOverride", go_hash::bool(self.enable_tag_override)),
+                ("CreateIndex", go_hash::uint(0)),
+                ("ModifyIndex", go_hash::uint(0)),
+                ("ContentHash", go_hash::string("")),
+                ("Proxy", go_hash::nil()),
+                ("Connect", go_hash::nil()),
+            ],
+        );
+        self.content_hash = format!("{hash:x}");
         self
     }
 }
@@ -273,14 +320,38 @@ mod tests {
         );
     }
 
+    /// Expected values are what Consul 1.8.7 computes for the same `api.AgentService`
+    /// (hashstructure 1.0.0 under Go 1.19); the first is `TestAPI_AgentService`'s.
     #[test]
-    fn content_hash_follows_content() {
-        let a = service("");
-        let mut b = service("");
+    fn content_hash_is_consul_187s() {
         let hash = |s: &Service| AgentServiceJson::new(s).with_hash().content_hash;
-        assert_eq!(hash(&a), hash(&b));
-        assert_eq!(hash(&a).len(), 16);
-        b.tags.push("v2".into());
-        assert_ne!(hash(&a), hash(&b));
+        let mut foo = service("");
+        (foo.id, foo.name, foo.port) = ("foo".into(), "foo".into(), 8000);
+        foo.tags = vec!["bar".into(), "baz".into()];
+        foo.meta.clear();
+        assert_eq!(hash(&foo), "6b13684bfe179e67");
+
+        let mut web = service("");
+        web.meta.insert("team".into(), "a".into());
+        assert_eq!(hash(&web), "b6b441edef19a840");
+
+        // The lan_ipv4/wan_ipv4 pair derived from the address is hashed too.
+        let mut tagged = web.clone();
+        tagged.address = "10.0.0.5".into();
+        assert_eq!(hash(&tagged), "8c93e17b96669183");
+
+        let mut changed = web.clone();
+        changed.enable_tag_override = true;
+        changed.weights = Weights {
+            passing: 3,
+            warning: 0,
+        };
+        changed.tags.clear();
+        assert_eq!(hash(&changed), "cd66d8a2f8791550");
+
+        // `%x`: a hash below 2^60 has 15 digits, not a leading zero.
+        let mut short = foo.clone();
+        short.id = "s11".into();
+        assert_eq!(hash(&short), "febf1d0744cf469");
     }
 }

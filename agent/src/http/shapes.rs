@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use vigil_shared::catalog::{Check, Node, Service, ServiceHealth, Weights};
+use vigil_shared::go::hashstructure;
 
 use super::error::ApiError;
 use super::params::Params;
@@ -121,12 +122,25 @@ pub struct ServiceJson<'a> {
 }
 
 /// One of a service's tagged addresses.
-#[derive(Serialize, Hash)]
+#[derive(Serialize)]
 pub struct TaggedAddress {
     #[serde(rename = "Address")]
     address: String,
     #[serde(rename = "Port")]
     port: u16,
+}
+
+impl TaggedAddress {
+    /// hashstructure's hash of it as Go's `api.ServiceAddress`, for a `ContentHash`.
+    pub fn go_hash(&self) -> u64 {
+        hashstructure::structure(
+            "ServiceAddress",
+            [
+                ("Address", hashstructure::string(&self.address)),
+                ("Port", hashstructure::int(self.port.into())),
+            ],
+        )
+    }
 }
 
 /// A service's tagged addresses: those it registered, and as Consul's agent fills them from an

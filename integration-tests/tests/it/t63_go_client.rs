@@ -1,8 +1,9 @@
 //! What HashiCorp's Go `api` package needs beyond locks, sessions and KV, each test mirroring
 //! one of that package's own tests (named in its doc) through the HTTP API: Go's `null`s, the
 //! `consul` service, `SkipNodeUpdate`, node IDs, catalog ops in a transaction, the smaller
-//! endpoints the client calls, tagged service addresses, the runtime gauges, and an agent that stops on SIGTERM
-//! or SIGINT when the pipe its logs go to has been closed.
+//! endpoints the client calls, tagged service addresses, the runtime gauges, an agent service's
+//! `ContentHash` as Consul 1.8.7 computes it, deregistering an unknown service ID, and an agent
+//! that stops on SIGTERM or SIGINT when the pipe its logs go to has been closed.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -892,4 +893,118 @@ async fn a_token_that_may_only_read_registers_no_tagged_addresses_and_no_query()
     let reply = reader.post_json("/v1/query", query).await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.text());
     assert_eq!(json_ok(&root, "/v1/query").await, json!([]));
+}
+
+/// `api.TestAPI_AgentService`: a service's `ContentHash` is the one Consul 1.8.7 computes for
+/// the same service (the Go test pins `6b13684bfe179e67`), in the body and in
+/// `X-Consul-ContentHash`, and a read blocking on it waits its whole wait. The hash follows
+/// the content only: registering the same service again keeps it; one below 2^60 is printed
+/// without a leading zero, as Go's `%x`; the tagged addresses derived from an IP address count.
+#[tokio::test]
+async fn the_agent_service_content_hash_is_consul_187s() {
+    let agent = Agent::dev().await;
+    let foo = json!({"Name": "foo", "Tags": ["bar", "baz"], "Port": 8000,
+                     "Checks": [{"TTL": "15s"}, {"TTL": "30s"}]});
+    let hashes = [
+        (foo.clone(), "foo", "6b13684bfe179e67"),
+        (foo.clone(), "foo", "6b13684bfe179e67"),
+        (
+            json!({"ID": "s11", "Name": "foo", "Tags": ["bar", "baz"], "Port": 8000}),
+            "s11",
+            "febf1d0744cf469",
+        ),
+        (
+            json!({"ID": "web1", "Name": "web", "Tags": ["v1"], "Port": 80,
+                   "Address": "10.0.0.5", "Meta": {"env": "prod", "team": "a"}}),
+            "web1",
+            "8c93e17b96669183",
+        ),
+    ];
+    for (registration, id, hash) in hashes {
+        let reply = agent
+            .put("/v1/agent/service/register", registration.to_string())
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        let one = agent.get(&format!("/v1/agent/service/{id}")).await;
+        assert_eq!(one.status, StatusCode::OK, "{}", one.text());
+        assert_eq!(one.json()["ContentHash"], json!(hash), "{registration}");
+        assert_eq!(one.header("X-Consul-ContentHash").as_deref(), Some(hash));
+    }
+
+    // Blocking on the current hash: answered once the wait is over, with the same hash.
+    let wait = Duration::from_millis(100);
+    let started = std::time::Instant::now();
+    let same = agent
+        .get("/v1/agent/service/foo?hash=6b13684bfe179e67&wait=100ms")
+        .await;
+    assert!(
+        started.elapsed() >= wait,
+        "answered before the wait ran out"
+    );
+    assert_eq!(same.json()["ContentHash"], json!("6b13684bfe179e67"));
+}
+
+/// `api.TestAPI_AgentServiceAddress` ends by deregistering `foo`, which it never registered
+/// (it registered `foo1` and `foo2`): Consul 1.8.7 answered 200 and did nothing; Consul since
+/// answers 404, as Vigil does (docs/consul-compatibility.md, "Registering checks and
+/// services"), and upstream's later version of the test deregisters `foo1` and `foo2`. A wrong
+/// ID changes nothing: the session bound to `foo1`'s check keeps its lock until `foo1` itself
+/// is deregistered; deregistering it again is 404 too.
+#[tokio::test]
+async fn deregistering_an_unknown_service_id_is_404_and_changes_nothing() {
+    let agent = Agent::dev().await;
+    let foo1 = json!({"Name": "foo1", "Port": 8000, "Address": "192.168.0.42",
+                      "Check": {"TTL": "60s", "Status": "passing"}});
+    let foo2 = json!({"Name": "foo2", "Port": 8000,
+                      "TaggedAddresses": {"lan": {"Address": "192.168.0.43", "Port": 8000},
+                                          "wan": {"Address": "198.18.0.1", "Port": 80}}});
+    for registration in [foo1, foo2] {
+        let reply = agent
+            .put("/v1/agent/service/register", registration.to_string())
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+    }
+    let session = agent
+        .session(r#"{"Checks": ["serfHealth", "service:foo1"]}"#)
+        .await;
+    agent.acquire_ok("foo1/leader", &session).await;
+
+    // The wrong ID: 404 with Consul's text, both services and the lock kept.
+    let not_found = |id: &str| {
+        format!(
+            "Unknown service ID \"{id}\". Ensure that the service ID is passed, not the service name."
+        )
+    };
+    assert_error(
+        &agent.put("/v1/agent/service/deregister/foo", "").await,
+        StatusCode::NOT_FOUND,
+        &not_found("foo"),
+    );
+    let services = json_ok(&agent, "/v1/agent/services").await;
+    assert!(
+        services.get("foo1").is_some() && services.get("foo2").is_some(),
+        "{services}"
+    );
+    assert_eq!(agent.holder("foo1/leader").await, Some(session.clone()));
+
+    // The right IDs: 200, and the session bound to foo1's check is invalidated with it.
+    for id in ["foo1", "foo2"] {
+        let reply = agent
+            .put(&format!("/v1/agent/service/deregister/{id}"), "")
+            .await;
+        assert_eq!(reply.status, StatusCode::OK, "{id}: {}", reply.text());
+    }
+    assert_eq!(json_ok(&agent, "/v1/agent/services").await, json!({}));
+    eventually(Duration::from_secs(10), "the lock released", || async {
+        agent.holder("foo1/leader").await.is_none().then_some(())
+    })
+    .await;
+    assert!(!agent.session_exists(&session).await);
+
+    // Gone now: deregistering it again is the same 404.
+    assert_error(
+        &agent.put("/v1/agent/service/deregister/foo1", "").await,
+        StatusCode::NOT_FOUND,
+        &not_found("foo1"),
+    );
 }
