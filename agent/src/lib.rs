@@ -376,7 +376,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
         config.config_file.clone(),
         config.local.clone(),
     ));
-    let router = http::router(http::AppState {
+    let router = http::router(http::AppState::from(http::HttpState {
         backend: Arc::clone(&backend),
         local: Arc::clone(&local),
         gossip: gossip.clone(),
@@ -395,7 +395,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             shutdown.clone(),
             agent_token,
         )),
-    });
+    }));
     if let Some(listener) = http_listener {
         tasks.spawn(http::serve::serve(
             listener,

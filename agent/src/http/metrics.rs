@@ -3,8 +3,8 @@
 //! `vigil_server::telemetry`.
 
 use axum::extract::{MatchedPath, Request};
+use axum::http::Method;
 use axum::http::header;
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tokio::time::Instant;
 use vigil_server::telemetry::{self, Sink};
@@ -40,42 +40,47 @@ pub async fn metrics(cx: Ctx) -> Result<Response, ApiError> {
     }
 }
 
-/// The route a request matched, carried on its response to [`observe`].
+/// The route a request matched, carried on its response to [`Timing::finish`].
 #[derive(Clone)]
 struct Route(String);
 
-/// Inside the routes: tells [`observe`] which route answered.
-pub async fn tag_route(req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| Route(p.as_str().to_owned()));
-    let mut response = next.run(req).await;
-    if let Some(route) = route {
-        response.extensions_mut().insert(route);
-    }
+/// Tells [`Timing::finish`] which route answered (the permission guard does, inside the routes).
+pub fn tag_route(response: &mut Response, route: &MatchedPath) {
     response
+        .extensions_mut()
+        .insert(Route(route.as_str().to_owned()));
 }
 
 /// Outside everything: times each request into `consul.http.<METHOD>.<route>` and logs method,
 /// path (never the query, which may carry a token), status and duration at debug level.
-pub async fn observe(req: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let response = next.run(req).await;
-    let elapsed = started.elapsed();
-    let route = response
-        .extensions()
-        .get::<Route>()
-        .map_or("/unmatched", |r| r.0.as_str());
-    telemetry::http_request(method.as_str(), route, elapsed);
-    tracing::debug!(
-        %method,
-        %path,
-        status = response.status().as_u16(),
-        duration = ?elapsed,
-        "http request"
-    );
-    response
+pub struct Timing {
+    started: Instant,
+    method: Method,
+    path: String,
+}
+
+impl Timing {
+    pub fn start(req: &Request) -> Timing {
+        Timing {
+            started: Instant::now(),
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+        }
+    }
+
+    pub fn finish(self, response: &Response) {
+        let elapsed = self.started.elapsed();
+        let route = response
+            .extensions()
+            .get::<Route>()
+            .map_or("/unmatched", |r| r.0.as_str());
+        telemetry::http_request(self.method.as_str(), route, elapsed);
+        tracing::debug!(
+            method = %self.method,
+            path = %self.path,
+            status = response.status().as_u16(),
+            duration = ?elapsed,
+            "http request"
+        );
+    }
 }

@@ -462,7 +462,8 @@ async fn refused(body: axum::body::Body, e: ApiError) -> Response {
 /// In front of every route: refuses a route with no entry in [`ROUTES`] (a method the route
 /// does not serve goes on to the router's 405), checks a
 /// [`Needs::Fixed`] permission before the handler runs, and runs the handler on behalf of the
-/// request's token, so the servers check it again ([`crate::token`]).
+/// request's token, so the servers check it again ([`crate::token`]). The answer carries the
+/// route for the request's timing ([`super::metrics::tag_route`]).
 pub async fn guard(
     State(state): State<AppState>,
     matched: Option<MatchedPath>,
@@ -473,43 +474,64 @@ pub async fn guard(
         // No route: the router's 404.
         return next.run(req).await;
     };
+    // Boxed: a request let through waits below in `next.run` (a blocking query, for minutes),
+    // and an admission inline (a token resolution, a refusal's body drained) would size this
+    // future, so every waiting request, for a state it left long ago.
+    let mut response = match Box::pin(admit(&state, &path, req)).await {
+        Admission::Run(req, token) => crate::token::scope(token, next.run(req)).await,
+        Admission::Unguarded(req) => next.run(req).await,
+        Admission::Refused(answer) => answer,
+    };
+    super::metrics::tag_route(&mut response, &path);
+    response
+}
+
+/// What [`guard`] does with a request.
+enum Admission {
+    /// Run the handler on behalf of the token.
+    Run(Request, String),
+    /// A method the route does not serve: the router's 405 with `Allow`, or its answer to
+    /// OPTIONS. The table lists exactly the methods the router serves (tested), so no handler
+    /// runs unguarded.
+    Unguarded(Request),
+    /// Refused, with this answer.
+    Refused(Response),
+}
+
+async fn admit(state: &AppState, path: &MatchedPath, req: Request) -> Admission {
     let Some(rule) = lookup(path.as_str(), req.method()) else {
         if ROUTES.iter().any(|r| r.path == path.as_str()) {
-            // A method the route does not serve: the router's 405 with `Allow`, or its answer
-            // to OPTIONS. The table lists exactly the methods the router serves (tested), so
-            // no handler runs unguarded.
-            return next.run(req).await;
+            return Admission::Unguarded(req);
         }
         tracing::error!(path = %req.uri().path(), method = %req.method(), "a route without a permission entry");
-        return ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "this route has no permission entry",
-        )
-        .into_response();
+        return Admission::Refused(
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "this route has no permission entry",
+            )
+            .into_response(),
+        );
     };
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
     let params = Params::parse(parts.uri.query());
     let token =
         super::acl::request_token(&parts, &params).unwrap_or_else(|| state.acls.default_token());
-    crate::token::scope(token, async move {
-        let mut parts = parts;
-        if let Needs::Fixed(resource, access) = rule.needs {
-            let name = if resource == Agent {
-                state.node_name.as_str()
-            } else {
-                ""
-            };
-            let checked = super::acl::Authz::resolve(&parts, &params, &state)
-                .await
-                .and_then(|authz| authz.check(resource, access, name).map(|()| authz));
-            match checked {
-                Ok(authz) => parts.extensions.insert(Resolved(authz.0)),
-                Err(e) => return refused(body, e).await,
-            };
-        }
-        next.run(Request::from_parts(parts, body)).await
-    })
-    .await
+    if let Needs::Fixed(resource, access) = rule.needs {
+        let name = if resource == Agent {
+            state.node_name.as_str()
+        } else {
+            ""
+        };
+        let resolved = super::acl::Authz::resolve(&parts, &params, state);
+        let checked = crate::token::scope(token.clone(), resolved)
+            .await
+            .and_then(|authz| authz.check(resource, access, name).map(|()| authz));
+        match checked {
+            Ok(authz) => parts.extensions.insert(Resolved(authz.0)),
+            Err(e) => return Admission::Refused(refused(body, e).await),
+        };
+    }
+    Admission::Run(Request::from_parts(parts, body), token)
 }
 
 #[cfg(test)]

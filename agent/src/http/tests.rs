@@ -20,7 +20,7 @@ use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{AclOp, writes};
 
 use super::permissions::{Needs, Rule};
-use super::{AppState, router};
+use super::{AppState, HttpState, router};
 use crate::backend::Backend;
 use crate::gossip::Gossip;
 use crate::local::{self, LocalOptions, LocalState};
@@ -110,7 +110,7 @@ impl Agent {
             shutdown.clone(),
         )
         .expect("local state");
-        let state = AppState {
+        let state = AppState::from(HttpState {
             backend: Arc::clone(&backend),
             local,
             gossip: Gossip::detached(addr, members),
@@ -129,7 +129,7 @@ impl Agent {
                 shutdown.clone(),
                 crate::token::AgentToken::default(),
             )),
-        };
+        });
         Agent {
             router: router(state),
             backend,
