@@ -344,6 +344,22 @@ impl Options {
     }
 }
 
+/// Runs the workload `name` (announced as `what`) when this run includes it, and records what
+/// it measured.
+async fn step(
+    options: &Options,
+    report: &mut Report,
+    name: &str,
+    what: &str,
+    workload: impl Future<Output = Result<Outcome>>,
+) {
+    if options.runs(name) {
+        eprintln!("vigil-bench: {what}");
+        let outcome = guarded(workload).await;
+        record(report, name, outcome);
+    }
+}
+
 fn record(report: &mut Report, name: &str, result: Result<Outcome>) {
     match result {
         Ok(outcome) => report.add(name, outcome),
@@ -373,46 +389,33 @@ async fn run(options: &Options) -> Result<bool> {
         "failure_detection",
         "leader_failover",
     ];
+    let r = &mut report;
     if shared.iter().any(|w| options.runs(w)) {
         eprintln!("vigil-bench: starting Vigil and etcd clusters");
         let mut systems = Systems::start(0).await?;
-        if options.runs("kv_put") {
-            eprintln!("vigil-bench: KV puts");
-            let outcome = guarded(kv::workload(&systems, &plan)).await;
-            record(&mut report, "kv_put", outcome);
-        }
-        if options.runs("locks") {
-            eprintln!("vigil-bench: locks");
-            let outcome = guarded(lock::workload(&systems, &plan)).await;
-            record(&mut report, "locks", outcome);
-        }
-        if options.runs("sessions") {
-            eprintln!("vigil-bench: sessions and leases");
-            let outcome = guarded(session::workload(&systems, &plan)).await;
-            record(&mut report, "sessions", outcome);
-        }
-        if options.runs("failure_detection") {
-            eprintln!("vigil-bench: failure detection");
-            let outcome = guarded(failure::workload(&mut systems, &plan)).await;
-            record(&mut report, "failure_detection", outcome);
-        }
-        if options.runs("leader_failover") {
-            eprintln!("vigil-bench: leader failover");
-            let outcome = guarded(failover::workload(&mut systems, &plan)).await;
-            record(&mut report, "leader_failover", outcome);
-        }
+        let s = &mut systems;
+        step(options, r, "kv_put", "KV puts", kv::workload(s, &plan)).await;
+        step(options, r, "locks", "locks", lock::workload(s, &plan)).await;
+        let sessions = session::workload(s, &plan);
+        step(options, r, "sessions", "sessions and leases", sessions).await;
+        let detection = failure::workload(s, &plan);
+        let what = "failure detection";
+        step(options, r, "failure_detection", what, detection).await;
+        let election = failover::workload(s, &plan);
+        step(options, r, "leader_failover", "leader failover", election).await;
         systems.stop().await;
     }
-    if options.runs("watch_fanout") {
-        eprintln!("vigil-bench: blocking-query fan-out (fresh clusters)");
-        let outcome = guarded(watch::workload(&plan)).await;
-        record(&mut report, "watch_fanout", outcome);
-    }
-    if options.runs("footprint") {
-        eprintln!("vigil-bench: footprint (fresh clusters)");
-        let outcome = guarded(footprint::workload(&plan)).await;
-        record(&mut report, "footprint", outcome);
-    }
+    let fanout = "blocking-query fan-out (fresh clusters)";
+    step(options, r, "watch_fanout", fanout, watch::workload(&plan)).await;
+    let memory = footprint::workload(&plan);
+    step(
+        options,
+        r,
+        "footprint",
+        "footprint (fresh clusters)",
+        memory,
+    )
+    .await;
 
     report.wall_seconds = started.elapsed().as_secs_f64();
     report.evaluate_targets();
