@@ -53,6 +53,17 @@ use load::Window;
 use machine::{Machine, Versions};
 use report::{Outcome, Report};
 
+/// Every workload, by its report name, in the order they run.
+const WORKLOADS: [&str; 7] = [
+    "kv_put",
+    "locks",
+    "sessions",
+    "failure_detection",
+    "leader_failover",
+    "watch_fanout",
+    "footprint",
+];
+
 /// Command-line options.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -62,10 +73,15 @@ pub struct Options {
     pub check: bool,
     /// Root under which `bench/results/` and `docs/` are written.
     pub out: PathBuf,
+    /// Run only these workloads (by their report name, e.g. `failure_detection`); all when
+    /// empty. Such a partial run never rewrites `docs/benchmarks.md`.
+    pub only: Vec<String>,
 }
 
 impl Options {
-    pub const USAGE: &str = "usage: vigil-bench [--quick] [--check] [--out DIR]";
+    pub const USAGE: &str = "usage: vigil-bench [--quick] [--check] [--out DIR] [--only WORKLOAD]...\n\
+         workloads: kv_put, locks, sessions, failure_detection, leader_failover, watch_fanout, \
+         footprint";
 
     /// Parses the arguments after the program name.
     pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
@@ -76,12 +92,20 @@ impl Options {
                 .parent()
                 .context("the workspace root")?
                 .to_path_buf(),
+            only: Vec::new(),
         };
         while let Some(arg) = args.next() {
             match arg.as_str() {
                 "--quick" => options.quick = true,
                 "--check" => options.check = true,
                 "--out" => options.out = args.next().context("--out needs a directory")?.into(),
+                "--only" => {
+                    let name = args.next().context("--only needs a workload")?;
+                    if !WORKLOADS.contains(&name.as_str()) {
+                        return Err(anyhow!("unknown workload {name:?}"));
+                    }
+                    options.only.push(name);
+                }
                 other => return Err(anyhow!("unknown argument {other:?}")),
             }
         }
@@ -102,6 +126,9 @@ pub struct Plan {
     pub watchers_distinct: usize,
     pub watchers_shared: usize,
     pub failure_rounds: usize,
+    /// Rounds of the `kill -9` failure row, which reports a tail (p90 and the maximum), not
+    /// only a median.
+    pub kill_rounds: usize,
     pub failover_rounds: usize,
     pub footprint_keys: usize,
     pub footprint_sessions: usize,
@@ -124,6 +151,7 @@ impl Plan {
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
                 failure_rounds: 3,
+                kill_rounds: 10,
                 failover_rounds: 3,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
@@ -139,6 +167,7 @@ impl Plan {
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
                 failure_rounds: 5,
+                kill_rounds: 30,
                 failover_rounds: 5,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
@@ -308,6 +337,29 @@ async fn guarded<F: Future<Output = Result<Outcome>>>(workload: F) -> Result<Out
     }
 }
 
+impl Options {
+    /// Whether this run includes the workload `name`.
+    fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
+}
+
+/// Runs the workload `name` (announced as `what`) when this run includes it, and records what
+/// it measured.
+async fn step(
+    options: &Options,
+    report: &mut Report,
+    name: &str,
+    what: &str,
+    workload: impl Future<Output = Result<Outcome>>,
+) {
+    if options.runs(name) {
+        eprintln!("vigil-bench: {what}");
+        let outcome = guarded(workload).await;
+        record(report, name, outcome);
+    }
+}
+
 fn record(report: &mut Report, name: &str, result: Result<Outcome>) {
     match result {
         Ok(outcome) => report.add(name, outcome),
@@ -330,51 +382,46 @@ async fn run(options: &Options) -> Result<bool> {
     eprintln!("vigil-bench ({mode}): {machine:?}\n{versions:?}");
     let mut report = Report::new(today(), mode, machine, versions);
 
-    eprintln!("vigil-bench: starting Vigil and etcd clusters");
-    let mut systems = Systems::start(0).await?;
-    eprintln!("vigil-bench: KV puts");
-    record(
-        &mut report,
+    let shared = [
         "kv_put",
-        guarded(kv::workload(&systems, &plan)).await,
-    );
-    eprintln!("vigil-bench: locks");
-    record(
-        &mut report,
         "locks",
-        guarded(lock::workload(&systems, &plan)).await,
-    );
-    eprintln!("vigil-bench: sessions and leases");
-    record(
-        &mut report,
         "sessions",
-        guarded(session::workload(&systems, &plan)).await,
-    );
-    eprintln!("vigil-bench: failure detection");
-    let detection = guarded(failure::workload(&mut systems, &plan)).await;
-    record(&mut report, "failure_detection", detection);
-    eprintln!("vigil-bench: leader failover");
-    let failover = guarded(failover::workload(&mut systems, &plan)).await;
-    record(&mut report, "leader_failover", failover);
-    systems.stop().await;
-    eprintln!("vigil-bench: blocking-query fan-out (fresh clusters)");
-    record(
-        &mut report,
-        "watch_fanout",
-        guarded(watch::workload(&plan)).await,
-    );
-    eprintln!("vigil-bench: footprint (fresh clusters)");
-    record(
-        &mut report,
+        "failure_detection",
+        "leader_failover",
+    ];
+    let r = &mut report;
+    if shared.iter().any(|w| options.runs(w)) {
+        eprintln!("vigil-bench: starting Vigil and etcd clusters");
+        let mut systems = Systems::start(0).await?;
+        let s = &mut systems;
+        step(options, r, "kv_put", "KV puts", kv::workload(s, &plan)).await;
+        step(options, r, "locks", "locks", lock::workload(s, &plan)).await;
+        let sessions = session::workload(s, &plan);
+        step(options, r, "sessions", "sessions and leases", sessions).await;
+        let detection = failure::workload(s, &plan);
+        let what = "failure detection";
+        step(options, r, "failure_detection", what, detection).await;
+        let election = failover::workload(s, &plan);
+        step(options, r, "leader_failover", "leader failover", election).await;
+        systems.stop().await;
+    }
+    let fanout = "blocking-query fan-out (fresh clusters)";
+    step(options, r, "watch_fanout", fanout, watch::workload(&plan)).await;
+    let memory = footprint::workload(&plan);
+    step(
+        options,
+        r,
         "footprint",
-        guarded(footprint::workload(&plan)).await,
-    );
+        "footprint (fresh clusters)",
+        memory,
+    )
+    .await;
 
     report.wall_seconds = started.elapsed().as_secs_f64();
     report.evaluate_targets();
     let markdown = report.markdown();
     println!("{markdown}");
-    write(&options.out, &report, &markdown)?;
+    write(&options.out, &report, &markdown, options.only.is_empty())?;
     eprintln!("vigil-bench: done in {:.0} s", report.wall_seconds);
     let missing = report.missing();
     if options.check && !missing.is_empty() {
@@ -384,17 +431,19 @@ async fn run(options: &Options) -> Result<bool> {
     Ok(true)
 }
 
-/// `bench/results/<date>[-quick].json`, and `docs/benchmarks.md` for a full run.
-fn write(out: &Path, report: &Report, markdown: &str) -> Result<()> {
+/// `bench/results/<date>[-quick][-partial].json`, and `docs/benchmarks.md` for a full run of
+/// every workload.
+fn write(out: &Path, report: &Report, markdown: &str, every_workload: bool) -> Result<()> {
     let results = out.join("bench/results");
     std::fs::create_dir_all(&results)?;
     let suffix = if report.mode == "quick" { "-quick" } else { "" };
-    let json_path = results.join(format!("{}{suffix}.json", report.date));
+    let partial = if every_workload { "" } else { "-partial" };
+    let json_path = results.join(format!("{}{suffix}{partial}.json", report.date));
     let mut json = serde_json::to_string_pretty(report)?;
     json.push('\n');
     std::fs::write(&json_path, json).with_context(|| format!("write {}", json_path.display()))?;
     eprintln!("vigil-bench: wrote {}", json_path.display());
-    if report.mode == "full" {
+    if report.mode == "full" && every_workload {
         let docs = out.join("docs");
         std::fs::create_dir_all(&docs)?;
         let doc_path = docs.join("benchmarks.md");
@@ -421,5 +470,11 @@ mod tests {
         assert!(options.quick && options.check);
         assert_eq!(options.out, PathBuf::from("/tmp/x"));
         assert!(Options::parse(["--fast".to_owned()].into_iter()).is_err());
+        assert!(options.runs("footprint"));
+        let only = ["--only", "failure_detection"].map(String::from);
+        let options = Options::parse(only.into_iter()).unwrap();
+        assert!(options.runs("failure_detection") && !options.runs("kv_put"));
+        let unknown = ["--only", "failures"].map(String::from);
+        assert!(Options::parse(unknown.into_iter()).is_err());
     }
 }

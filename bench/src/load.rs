@@ -58,9 +58,15 @@ impl Latency {
 }
 
 /// The middle value (the upper one of an even count); zero for none.
-pub fn median(mut values: Vec<Duration>) -> Duration {
+pub fn median(values: Vec<Duration>) -> Duration {
+    percentile(values, 50)
+}
+
+/// The `p`th percentile (nearest rank, 100 is the maximum).
+pub fn percentile(mut values: Vec<Duration>, p: usize) -> Duration {
     values.sort();
-    values.get(values.len() / 2).copied().unwrap_or_default()
+    let rank = (values.len() * p.min(100)).div_ceil(100).max(1);
+    values.get(rank - 1).copied().unwrap_or_default()
 }
 
 /// A new latency histogram: microseconds, 3 significant digits.

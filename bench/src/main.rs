@@ -1,7 +1,8 @@
 //! `vigil-bench`: Vigil and etcd side by side on this machine (see the `vigil_bench` library and
 //! `docs/benchmarks.md`).
 //!
-//! `cargo run --release -p vigil-bench --features etcd -- [--quick] [--check] [--out DIR]`
+//! `cargo run --release -p vigil-bench --features etcd -- [--quick] [--check] [--out DIR]
+//! [--only WORKLOAD]...`
 
 use std::process::ExitCode;
 

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use foca::{OwnedNotification, Timer};
+use foca::OwnedNotification;
 use futures::StreamExt as _;
 use tokio::net::UdpSocket;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -55,7 +55,7 @@ pub use profile::TimingProfile;
 
 use book::ForceLeaveRefusal;
 use event::UserEvent;
-use node::{GossipNode, Output, Refusal};
+use node::{GossipNode, NodeTimer, Output, Refusal};
 
 /// How to run this node's gossip.
 #[derive(Debug, Clone)]
@@ -416,7 +416,7 @@ struct Driver {
     commands: mpsc::Receiver<Command>,
     members: watch::Sender<Vec<MemberStatus>>,
     events: watch::Sender<Vec<UserEvent>>,
-    timers: DelayQueue<Timer<Member>>,
+    timers: DelayQueue<NodeTimer>,
     /// Origin of the node's clock.
     epoch: Instant,
     profile: TimingProfile,

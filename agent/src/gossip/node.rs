@@ -19,7 +19,7 @@
 //! suspicion went round never hears of it (each update is piggybacked a bounded number of times)
 //! and is declared down although it is back.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -51,6 +51,9 @@ pub const KIND_SWIM: u8 = 0;
 pub const KIND_SYNC: u8 = 1;
 /// First byte of a packet carrying a keyring request or answer ([`KeyMessage`]).
 pub const KIND_KEY: u8 = 2;
+/// First byte of a packet carrying a [`Nack`] (a member of the first release drops it as a
+/// packet of an unknown kind).
+pub const KIND_NACK: u8 = 3;
 
 /// Lifeguard's cap on the local health multiplier: timeouts stretch to at most 9 times
 /// (memberlist's `AwarenessMaxMultiplier`).
@@ -98,9 +101,49 @@ struct Suspicion {
     id: Member,
     incarnation: Incarnation,
     next_nudge: Duration,
-    /// When it started, and foca's suspicion timeout then (before our health stretches it).
+    /// When it started.
     since: Duration,
-    timeout: Duration,
+    /// Members that confirmed it independently: asked to probe the suspect for us, they got
+    /// no answer either (their nacks). Lifeguard's dynamic suspicion shortens it with each.
+    confirmations: BTreeSet<SocketAddr>,
+    /// foca's timer that ends it, to arm again earlier when a confirmation comes.
+    timer: Timer<Member>,
+    /// When the earliest armed copy of `timer` fires.
+    due: Duration,
+}
+
+/// "I probed `target` for you (probe `probe`) and got no answer in time": memberlist's nack,
+/// which foca's protocol lacks. Sent by a member that forwarded an indirect probe of ours.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Nack {
+    /// The member that forwarded the probe (the nack's sender).
+    from: SocketAddr,
+    target: SocketAddr,
+    probe: ProbeNumber,
+}
+
+/// An indirect probe we forward for `asker`, until `target` answers or the nack is due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Forwarded {
+    asker: SocketAddr,
+    target: SocketAddr,
+    probe: ProbeNumber,
+}
+
+/// The indirect round of our latest probe of one member: whom we asked, who nacked.
+#[derive(Debug)]
+struct ProbeRound {
+    probe: ProbeNumber,
+    asked: BTreeSet<SocketAddr>,
+    nacked: BTreeSet<SocketAddr>,
+}
+
+/// A timer the node asks its driver for: foca's, or one of the node's own.
+#[derive(Debug)]
+pub enum NodeTimer {
+    Swim(Timer<Member>),
+    /// An indirect probe we forwarded is due its answer: nack it unless the target acked.
+    Nack(Forwarded),
 }
 
 /// What one call into the node asks the caller to do.
@@ -109,7 +152,7 @@ pub struct Output {
     /// Packets (kind byte included, not yet sealed) and their destination gossip address.
     pub sends: Vec<(SocketAddr, Vec<u8>)>,
     /// Timers to hand back to [`GossipNode::handle_timer`] after the delay.
-    pub timers: Vec<(Duration, Timer<Member>)>,
+    pub timers: Vec<(Duration, NodeTimer)>,
     /// What foca reported, for logs and traces (already folded into the member list).
     pub notifications: Vec<OwnedNotification<Member>>,
     /// Keyring operations this node asked of the cluster that are over (every live member
@@ -155,6 +198,11 @@ pub struct GossipNode {
     last_acked_probe: Option<ProbeNumber>,
     /// Members we suspect, by address: nudged until refuted or declared down.
     suspecting: BTreeMap<SocketAddr, Suspicion>,
+    /// Our latest probe of each member we probed, by its address: who nacked its indirect
+    /// round.
+    probes: BTreeMap<SocketAddr, ProbeRound>,
+    /// Indirect probes we forward for others, until the target answers or we nack.
+    forwarding: BTreeSet<Forwarded>,
     /// Addresses whose first refusal (see [`GossipNode::refused`]) awaits confirmation, with
     /// when it came: a second refusal before `when + probe_period` is the confirmation.
     refused: BTreeMap<SocketAddr, Duration>,
@@ -213,6 +261,8 @@ impl GossipNode {
             local_health: 0,
             last_acked_probe: None,
             suspecting: BTreeMap::new(),
+            probes: BTreeMap::new(),
+            forwarding: BTreeSet::new(),
             refused: BTreeMap::new(),
             rng: own_rng,
             envelope: Envelope::new(None),
@@ -269,6 +319,7 @@ impl GossipNode {
             Some((&KIND_SWIM, swim)) => self.handle_swim(swim, now),
             Some((&KIND_SYNC, chunk)) => self.handle_sync(chunk, now),
             Some((&KIND_KEY, message)) => self.handle_key(message, now),
+            Some((&KIND_NACK, message)) => self.handle_nack(message, now),
             _ => {
                 tracing::debug!("gossip packet of an unknown kind");
                 Output::default()
@@ -312,6 +363,18 @@ impl GossipNode {
         let mut rest = data;
         let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
         self.note_ack(&header);
+        if let Message::IndirectAck {
+            target: asker,
+            probe_number,
+        } = &header.message
+        {
+            // The target answered an indirect probe we forward: no nack.
+            self.forwarding.remove(&Forwarded {
+                asker: asker.addr,
+                target: header.src.addr,
+                probe: *probe_number,
+            });
+        }
         // What foca will not read (addressed to another identity) resurrects nobody.
         let for_us = header.dst == *self.identity()
             || (header.message == Message::Announce && header.dst.addr == self.identity().addr);
@@ -575,24 +638,38 @@ impl GossipNode {
         chunks
     }
 
-    pub fn handle_timer(&mut self, timer: Timer<Member>, now: Duration) -> Output {
+    pub fn handle_timer(&mut self, timer: NodeTimer, now: Duration) -> Output {
         if self.left {
             return Output::default();
         }
+        let timer = match timer {
+            NodeTimer::Swim(timer) => timer,
+            NodeTimer::Nack(forwarded) => return self.nack_due(forwarded),
+        };
         let suspect = match &timer {
-            Timer::ChangeSuspectToDown { member_id, .. } => {
-                if let Some(s) = self.suspecting.get(&member_id.addr) {
+            Timer::ChangeSuspectToDown {
+                member_id,
+                incarnation,
+                ..
+            } => {
+                let ours = self
+                    .suspecting
+                    .get(&member_id.addr)
+                    .is_some_and(|s| s.id == *member_id && s.incarnation == *incarnation);
+                if ours && let Some(end) = self.suspicion_end(&member_id.addr) {
                     // Our health may have worsened since the suspicion started: its end moves
                     // with it, so a member that hears nothing does not declare everyone down.
-                    let end = s.since + self.stretched_suspicion(s.timeout);
                     if now < end {
+                        if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
+                            s.due = end;
+                        }
                         return Output {
-                            timers: vec![(end - now, timer)],
+                            timers: vec![(end - now, NodeTimer::Swim(timer))],
                             ..Output::default()
                         };
                     }
+                    self.suspecting.remove(&member_id.addr);
                 }
-                self.suspecting.remove(&member_id.addr);
                 Some(member_id.clone())
             }
             _ => None,
@@ -1009,22 +1086,8 @@ impl GossipNode {
             out.notifications.push(n);
         }
         self.book.refresh(self.foca.identity(), now);
-        while let Some((to, data)) = self.runtime.to_send() {
-            if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data)
-                && header.src == *self.identity()
-            {
-                if header.src_incarnation > self.incarnation {
-                    // We refuted a suspicion of ourselves: Lifeguard counts it against our
-                    // local health (others could not hear us in time).
-                    self.worse_health();
-                }
-                self.incarnation = header.src_incarnation;
-            }
-            let mut packet = Vec::with_capacity(1 + data.len());
-            packet.push(KIND_SWIM);
-            packet.extend_from_slice(&data);
-            out.sends.push((to.addr, packet));
-        }
+        // Timers first: a failed probe's suspicion reads that probe's nacks before a new probe
+        // of the same member (in the same batch) starts a new round.
         while let Some((after, timer)) = self.runtime.to_schedule() {
             let after = match &timer {
                 Timer::ChangeSuspectToDown {
@@ -1034,7 +1097,18 @@ impl GossipNode {
                 } => {
                     // foca schedules this only when a probe of ours failed, again for a
                     // member it already suspects: that suspicion keeps its start.
-                    self.worse_health();
+                    let nacked = self
+                        .probes
+                        .get(&member_id.addr)
+                        .map(|round| round.nacked.clone())
+                        .unwrap_or_default();
+                    // Lifeguard: a failed probe counts against our own health unless a member
+                    // we asked to probe indirectly answered that it got no answer either (the
+                    // failure is the target's, not ours). memberlist counts each missing nack;
+                    // members of the first release never nack, so only "none came" counts.
+                    if nacked.is_empty() {
+                        self.worse_health();
+                    }
                     let same = self
                         .suspecting
                         .get(&member_id.addr)
@@ -1047,18 +1121,44 @@ impl GossipNode {
                                 incarnation: *incarnation,
                                 next_nudge: now,
                                 since: now,
-                                timeout: after,
+                                confirmations: BTreeSet::new(),
+                                timer: timer.clone(),
+                                due: now + after,
                             },
                         );
                     }
-                    self.stretched_suspicion(after)
+                    if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
+                        s.confirmations.extend(nacked);
+                    }
+                    let end = self.suspicion_end(&member_id.addr).unwrap_or(now + after);
+                    if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
+                        s.due = end;
+                    }
+                    end.saturating_sub(now)
                 }
                 Timer::ProbeRandomMember(_) | Timer::SendIndirectProbe { .. } => {
                     self.stretched(after)
                 }
                 _ => after,
             };
-            out.timers.push((after, timer));
+            out.timers.push((after, NodeTimer::Swim(timer)));
+        }
+        while let Some((to, data)) = self.runtime.to_send() {
+            if let Ok((header, _)) = postcard::take_from_bytes::<Header<Member>>(&data)
+                && header.src == *self.identity()
+            {
+                if header.src_incarnation > self.incarnation {
+                    // We refuted a suspicion of ourselves: Lifeguard counts it against our
+                    // local health (others could not hear us in time).
+                    self.worse_health();
+                }
+                self.incarnation = header.src_incarnation;
+                self.note_probe_sent(&to, &header.message, &mut out);
+            }
+            let mut packet = Vec::with_capacity(1 + data.len());
+            packet.push(KIND_SWIM);
+            packet.extend_from_slice(&data);
+            out.sends.push((to.addr, packet));
         }
         debug_assert_eq!(self.runtime.backlog(), 0);
 
@@ -1115,13 +1215,121 @@ impl GossipNode {
     /// A suspicion's timeout, stretched by our local health while we suspect several members
     /// at once: one dead member (or two members, one of them dead) is declared down on time
     /// whatever our score, while a member whose probes of everyone fail holds its suspicions
-    /// up to [`MAX_LOCAL_HEALTH`] times longer (our addition to Lifeguard, whose suspicions
-    /// shrink with confirmations we cannot count: foca's gossip does not say who suspects).
+    /// up to [`MAX_LOCAL_HEALTH`] times longer (our addition to Lifeguard: such a member gets
+    /// no confirmations either, since nacks cannot reach it).
     fn stretched_suspicion(&self, timeout: Duration) -> Duration {
         if self.suspecting.len() < 2 {
             return timeout;
         }
         timeout * self.local_health.max(1)
+    }
+
+    /// When our suspicion of the member at `addr` ends: Lifeguard's dynamic timeout for its
+    /// confirmations so far ([`TimingProfile::suspicion_timeout`]), stretched by our health.
+    fn suspicion_end(&self, addr: &SocketAddr) -> Option<Duration> {
+        let s = self.suspecting.get(addr)?;
+        let size = self.foca.num_members() + 1;
+        let timeout = self.profile.suspicion_timeout(size, s.confirmations.len());
+        Some(s.since + self.stretched_suspicion(timeout))
+    }
+
+    /// Notes what our own SWIM packets start: a probe of a member (a new indirect round), a
+    /// member asked to probe it for us, or an indirect probe we forward for another member
+    /// (answered by the target, or nacked when [`NodeTimer::Nack`] fires).
+    fn note_probe_sent(&mut self, to: &Member, message: &Message<Member>, out: &mut Output) {
+        match message {
+            Message::Ping(probe) => {
+                self.probes.insert(
+                    to.addr,
+                    ProbeRound {
+                        probe: *probe,
+                        asked: BTreeSet::new(),
+                        nacked: BTreeSet::new(),
+                    },
+                );
+            }
+            Message::PingReq {
+                target,
+                probe_number,
+            } => {
+                if let Some(round) = self
+                    .probes
+                    .get_mut(&target.addr)
+                    .filter(|round| round.probe == *probe_number)
+                {
+                    round.asked.insert(to.addr);
+                }
+            }
+            Message::IndirectPing {
+                origin,
+                probe_number,
+            } => {
+                let forwarded = Forwarded {
+                    asker: origin.addr,
+                    target: to.addr,
+                    probe: *probe_number,
+                };
+                self.forwarding.insert(forwarded);
+                out.timers
+                    .push((self.profile.nack_after(), NodeTimer::Nack(forwarded)));
+            }
+            _ => {}
+        }
+    }
+
+    /// An indirect probe we forwarded got no answer in time: tell the asker.
+    fn nack_due(&mut self, forwarded: Forwarded) -> Output {
+        if !self.forwarding.remove(&forwarded) {
+            return Output::default();
+        }
+        let nack = Nack {
+            from: self.identity().addr,
+            target: forwarded.target,
+            probe: forwarded.probe,
+        };
+        let packet = postcard::to_extend(&nack, vec![KIND_NACK])
+            .expect("postcard encodes a fixed-shape struct into a Vec");
+        Output {
+            sends: vec![(forwarded.asker, packet)],
+            ..Output::default()
+        }
+    }
+
+    /// A nack for an indirect round of ours: a confirmation of our suspicion of the target
+    /// (now or once the probe is declared failed), which may end it sooner.
+    fn handle_nack(&mut self, message: &[u8], now: Duration) -> Output {
+        let Ok(nack) = postcard::from_bytes::<Nack>(message) else {
+            tracing::debug!("undecodable nack");
+            return Output::default();
+        };
+        let Some(round) = self
+            .probes
+            .get_mut(&nack.target)
+            .filter(|round| round.probe == nack.probe && round.asked.contains(&nack.from))
+        else {
+            return Output::default();
+        };
+        round.nacked.insert(nack.from);
+        let Some(s) = self.suspecting.get_mut(&nack.target) else {
+            return Output::default();
+        };
+        if !s.confirmations.insert(nack.from) {
+            return Output::default();
+        }
+        let Some(end) = self.suspicion_end(&nack.target) else {
+            return Output::default();
+        };
+        let Some(s) = self.suspecting.get_mut(&nack.target) else {
+            return Output::default();
+        };
+        if end >= s.due {
+            return Output::default();
+        }
+        s.due = end;
+        Output {
+            timers: vec![(end.saturating_sub(now), NodeTimer::Swim(s.timer.clone()))],
+            ..Output::default()
+        }
     }
 
     /// Our incarnation, as our last packet carried it.

@@ -18,6 +18,10 @@ pub const UDP_PAYLOAD_BUDGET: usize = 1400;
 /// enforces it on what it produces and on what it accepts.
 pub const MAX_PACKET: usize = UDP_PAYLOAD_BUDGET - MAX_OVERHEAD - 1;
 
+/// How many independent confirmations bring a suspicion down to its minimum (memberlist's
+/// `SuspicionMult − 2` with its default multiplier of 4).
+const SUSPICION_CONFIRMATIONS: usize = 2;
+
 /// A gossip timing profile. Both profiles scale dissemination and suspicion with the cluster size
 /// (see [`TimingProfile::foca_config`]) the way memberlist does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +101,51 @@ impl TimingProfile {
         let n = cluster_size.max(1) as f64;
         self.probe_period()
             .mul_f64(self.suspicion_mult() * n.log10().max(1.0))
+    }
+
+    /// The shortest a suspicion may last once enough members confirmed it, in probe periods:
+    /// what a member stopped right as a probe of it started (so suspected one probe period
+    /// later) must still have to refute, after the stop the profile tolerates.
+    ///
+    /// * `Lan`: **1.5** (1.5 s): a 2 s stop resumes at most 2 s after the failed probe
+    ///   started, the suspicion ends 2.5 s after it at the earliest: half a second to read the
+    ///   nudges queued while stopped and refute.
+    /// * `Local`: **5**, as the maximum: loopback tests keep a fixed suspicion.
+    fn suspicion_min_mult(self) -> f64 {
+        match self {
+            TimingProfile::Lan => 1.5,
+            TimingProfile::Local => 5.0,
+        }
+    }
+
+    /// Lifeguard's dynamic suspicion (memberlist's `suspicion.go`): a suspicion we start
+    /// lasts [`TimingProfile::suspect_to_down_after`] without confirmation and shrinks towards
+    /// `suspicion_min_mult × max(1, log10 n) × probe_period` as `confirmations` independent
+    /// members confirm it, `max − (max − min) × ln(c + 1) / ln(k + 1)`, floored at the
+    /// minimum, with `k = min(2, n − 2)` confirmations expected (memberlist's
+    /// `SuspicionMult − 2`). With nobody to confirm (`k = 0`, two members) it stays at the
+    /// maximum: memberlist's minimum is its usual timeout, ours is shorter than that.
+    pub fn suspicion_timeout(self, cluster_size: usize, confirmations: usize) -> Duration {
+        let max = self.suspect_to_down_after(cluster_size);
+        let n = cluster_size.max(1) as f64;
+        let min = self
+            .probe_period()
+            .mul_f64(self.suspicion_min_mult() * n.log10().max(1.0))
+            .min(max);
+        let k = SUSPICION_CONFIRMATIONS.min(cluster_size.saturating_sub(2));
+        if k == 0 {
+            return max;
+        }
+        let c = confirmations.min(k) as f64;
+        let frac = (c + 1.0).ln() / (k as f64 + 1.0).ln();
+        max.saturating_sub((max - min).mul_f64(frac)).max(min)
+    }
+
+    /// How long a member that forwarded an indirect probe waits for the target's answer before
+    /// it tells the asker that it got none (a nack, memberlist's `nackResp`): within the
+    /// asker's indirect window (`probe_period − probe_rtt`), with room for the way back.
+    pub fn nack_after(self) -> Duration {
+        self.probe_rtt().mul_f64(0.8)
     }
 
     /// How many times each update is piggybacked: `4 × ceil(log10(n + 1))`, memberlist's
@@ -262,6 +311,38 @@ mod tests {
         let lan = TimingProfile::Lan;
         let declared_down = lan.probe_period() + lan.suspect_to_down_after(3);
         assert!(declared_down >= Duration::from_secs(2) + Duration::from_secs(2));
+    }
+
+    #[test]
+    fn suspicion_shrinks_with_confirmations_as_memberlist_does() {
+        let lan = TimingProfile::Lan;
+        let ms = |n, c| lan.suspicion_timeout(n, c).as_millis();
+        // Unconfirmed: the full suspicion; two confirmations: the minimum; one: in between.
+        assert_eq!(
+            (ms(5, 0), ms(5, 1), ms(5, 2), ms(5, 9)),
+            (4000, 2422, 1500, 1500)
+        );
+        // Three members expect one confirmation; two expect none and never shrink.
+        assert_eq!((ms(3, 0), ms(3, 1)), (4000, 1500));
+        assert_eq!((ms(2, 0), ms(2, 5)), (4000, 4000));
+        // Both ends scale with log10 n.
+        assert_eq!((ms(100, 0), ms(100, 2)), (8000, 3000));
+        // Local keeps a fixed suspicion.
+        let local = TimingProfile::Local;
+        assert_eq!(
+            local.suspicion_timeout(5, 2),
+            local.suspect_to_down_after(5)
+        );
+    }
+
+    #[test]
+    fn lan_survives_a_two_second_stop_even_when_confirmed() {
+        // The stop begins at the failed probe's start at the latest; the confirmed suspicion
+        // ends a probe period plus the minimum after it, half a second after the stop ends.
+        let lan = TimingProfile::Lan;
+        let earliest_down = lan.probe_period() + lan.suspicion_timeout(10, 10);
+        assert_eq!(earliest_down, Duration::from_millis(2500));
+        assert!(lan.nack_after() < lan.probe_period() - lan.probe_rtt());
     }
 
     #[test]
