@@ -79,6 +79,12 @@ impl SharedState {
 
     fn publish(&self, fx: &Effects, cause: InvalidationCause) {
         self.watches.notify(fx);
+        for (name, ms) in &fx.lock_holds {
+            crate::telemetry::lock_held(name, *ms);
+        }
+        for (name, ms) in &fx.lock_waits {
+            crate::telemetry::lock_waited(name, *ms);
+        }
         if !fx.locks.changed.is_empty() {
             let state = self.read();
             for name in &fx.locks.changed {

@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
-use vigil_shared::history::{Event, LockEvent, LockHistory, LockKind};
+use vigil_shared::history::{LockEvent, LockHistory, LockKind};
 
 /// Events kept per lock unless configured otherwise.
 pub const DEFAULT_PER_LOCK: usize = 100;
@@ -115,26 +115,6 @@ impl History {
 
     pub fn is_empty(&self) -> bool {
         self.total == 0
-    }
-
-    /// Records `event` of `session` on lock `name` at `index` and leader clock `at_ms`, within
-    /// this process's bounds.
-    pub fn record(
-        &mut self,
-        name: &str,
-        kind: LockKind,
-        session: &str,
-        index: u64,
-        at_ms: u64,
-        event: Event,
-    ) {
-        let event = LockEvent {
-            index,
-            at_ms,
-            session: session.to_owned(),
-            event,
-        };
-        self.record_within(name, kind, event, Limits::configured());
     }
 
     /// Records `event` on lock `name`, then trims to `limits`.

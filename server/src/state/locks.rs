@@ -289,6 +289,8 @@ impl LockTable {
                     if lock.delay_until_ms > 0 && lock.delay_left_ms(now_ms) == 0 {
                         fx.events
                             .push((name.clone(), String::new(), QueueEvent::LockDelayEnded));
+                        // Its history changed: wake its readers.
+                        fx.changed.push(name.clone());
                     }
                     if promote(lock, &mut self.last_token, requests, index, now_ms, fx) {
                         lock.modify_index = index;

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
-use vigil_shared::history::{Cause, Event, LockKind};
+use vigil_shared::history::{Cause, Event, LockEvent, LockKind};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::lock::LockMode;
 use vigil_shared::query::PreparedQuery;
@@ -63,6 +63,10 @@ pub struct Effects {
     pub sessions_destroyed: Vec<String>,
     /// Native locks: what changed, whose standing changed, lock-delays to wake.
     pub locks: LockEffects,
+    /// `(lock, ms)`: holds that ended, how long each was held (from the lock history).
+    pub lock_holds: Vec<(String, u64)>,
+    /// `(lock, ms)`: how long each native lock's grant waited in its queue.
+    pub lock_waits: Vec<(String, u64)>,
 }
 
 impl Effects {
@@ -553,17 +557,21 @@ impl StateMachine {
         );
         if self.protocol >= HISTORY_LEVEL {
             for key in &keys {
+                let at = |event| LockEvent {
+                    index,
+                    at_ms: now_ms,
+                    session: session.id.clone(),
+                    event,
+                };
                 let lost = Event::Lost {
                     cause: cause.clone(),
                 };
-                self.history
-                    .record(key, LockKind::Key, &session.id, index, now_ms, lost);
+                self.record(key, LockKind::Key, at(lost), fx);
                 if let Some(left) = self.kv.lock_delay_remaining(key, now_ms) {
                     let armed = Event::LockDelay {
                         until_ms: now_ms + left,
                     };
-                    self.history
-                        .record(key, LockKind::Key, &session.id, index, now_ms, armed);
+                    self.record(key, LockKind::Key, at(armed), fx);
                 }
             }
         }
@@ -607,11 +615,38 @@ impl StateMachine {
                     KeyChange::Released { key, session } => (key, session, Event::Released),
                     KeyChange::Deleted { key, session } => (key, session, Event::Deleted),
                 };
-                self.history
-                    .record(&key, LockKind::Key, &session, index, now_ms, event);
+                let event = LockEvent {
+                    index,
+                    at_ms: now_ms,
+                    session,
+                    event,
+                };
+                self.record(&key, LockKind::Key, event, fx);
             }
         }
         outcome
+    }
+
+    /// Records `event` in lock `name`'s history, and its hold or wait time for the metrics.
+    fn record(&mut self, name: &str, kind: LockKind, event: LockEvent, fx: &mut Effects) {
+        match &event.event {
+            Event::Granted {
+                waited_ms: Some(waited),
+                ..
+            } => fx.lock_waits.push((name.to_owned(), *waited)),
+            Event::Released | Event::Lost { .. } | Event::Deleted => {
+                let granted = self.history.events(name, kind).rev().find(|e| {
+                    e.session == event.session && matches!(e.event, Event::Granted { .. })
+                });
+                if let Some(granted) = granted {
+                    let held = event.at_ms.saturating_sub(granted.at_ms);
+                    fx.lock_holds.push((name.to_owned(), held));
+                }
+            }
+            _ => {}
+        }
+        self.history
+            .record_within(name, kind, event, history::Limits::configured());
     }
 
     /// A grant to `session` as the history records it, with who the session is.
@@ -672,8 +707,13 @@ impl StateMachine {
                     Event::LockDelayEnded
                 }
             };
-            self.history
-                .record(&name, LockKind::Queue, &session, index, now_ms, event);
+            let event = LockEvent {
+                index,
+                at_ms: now_ms,
+                session,
+                event,
+            };
+            self.record(&name, LockKind::Queue, event, fx);
         }
     }
 

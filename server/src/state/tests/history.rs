@@ -194,7 +194,10 @@ fn a_native_locks_history_has_waits_give_ups_losses_and_the_lock_delay() {
         name: "q".into(),
         session: S1.into(),
     });
-    apply_at(&mut sm, 10, T0 + 2_000, release);
+    let (_, fx) = apply_at(&mut sm, 10, T0 + 2_000, release);
+    // For the metrics: S1 held it 2 s, S2 waited 1.8 s.
+    assert_eq!(fx.lock_holds, [("q".to_owned(), 2_000)]);
+    assert_eq!(fx.lock_waits, [("q".to_owned(), 1_800)]);
     // S3 waits again, then S2's session is destroyed: S2 loses the lock, a 15 s lock-delay is
     // armed, and S3 waits it out.
     apply_at(&mut sm, 11, T0 + 2_100, enqueue("q", S3, 4));
