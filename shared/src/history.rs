@@ -69,6 +69,19 @@ pub struct LockEvent {
     pub event: Event,
 }
 
+impl LockEvent {
+    /// `event` of `session`, caused by the op at `index` of an entry the leader proposed at
+    /// `at_ms`.
+    pub fn new(index: u64, at_ms: u64, session: String, event: Event) -> LockEvent {
+        LockEvent {
+            index,
+            at_ms,
+            session,
+            event,
+        }
+    }
+}
+
 /// One lock's recorded events, oldest first.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockHistory {

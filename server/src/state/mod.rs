@@ -557,12 +557,7 @@ impl StateMachine {
         );
         if self.protocol >= HISTORY_LEVEL {
             for key in &keys {
-                let at = |event| LockEvent {
-                    index,
-                    at_ms: now_ms,
-                    session: session.id.clone(),
-                    event,
-                };
+                let at = |event| LockEvent::new(index, now_ms, session.id.clone(), event);
                 let lost = Event::Lost {
                     cause: cause.clone(),
                 };
@@ -615,12 +610,7 @@ impl StateMachine {
                     KeyChange::Released { key, session } => (key, session, Event::Released),
                     KeyChange::Deleted { key, session } => (key, session, Event::Deleted),
                 };
-                let event = LockEvent {
-                    index,
-                    at_ms: now_ms,
-                    session,
-                    event,
-                };
+                let event = LockEvent::new(index, now_ms, session, event);
                 self.record(&key, LockKind::Key, event, fx);
             }
         }
@@ -707,12 +697,7 @@ impl StateMachine {
                     Event::LockDelayEnded
                 }
             };
-            let event = LockEvent {
-                index,
-                at_ms: now_ms,
-                session,
-                event,
-            };
+            let event = LockEvent::new(index, now_ms, session, event);
             self.record(&name, LockKind::Queue, event, fx);
         }
     }
