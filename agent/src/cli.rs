@@ -149,6 +149,14 @@ pub struct AgentArgs {
     /// Consul's behaviour. At most 60s, the longest lock-delay.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub lock_delay_min: Duration,
+    /// Events of each lock's history a server keeps (servers only; set it alike on every
+    /// server): the oldest go first.
+    #[arg(long, default_value_t = vigil_server::state::history::DEFAULT_PER_LOCK, value_parser = at_least_one)]
+    pub lock_history_per_lock: usize,
+    /// Events of all locks' histories a server keeps (servers only; set it alike on every
+    /// server): the oldest of all go first, and a lock whose last event goes is forgotten.
+    #[arg(long, default_value_t = vigil_server::state::history::DEFAULT_TOTAL, value_parser = at_least_one)]
+    pub lock_history_total: usize,
     /// Allow script checks (`Args`) registered over HTTP or in the config file.
     #[arg(long)]
     pub enable_script_checks: bool,
@@ -354,6 +362,10 @@ impl AgentArgs {
             tls,
             session_ttl_min: self.session_ttl_min,
             lock_delay_min: self.lock_delay_min,
+            lock_history: vigil_server::state::history::Limits {
+                per_lock: self.lock_history_per_lock,
+                total: self.lock_history_total,
+            },
             enable_script_checks: self.enable_script_checks,
             enable_local_script_checks: self.enable_local_script_checks,
             ae_interval: self.ae_interval,
@@ -385,6 +397,14 @@ impl AgentArgs {
                 agent_token: self.acl_agent_token.clone().or(file.acl.agent_token),
             },
         })
+    }
+}
+
+/// A count of at least 1.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a whole number of at least 1")),
     }
 }
 

@@ -104,6 +104,9 @@ pub struct AgentConfig {
     pub session_ttl_min: Duration,
     /// Smallest lock-delay a session created through this server gets (`--lock-delay-min`).
     pub lock_delay_min: Duration,
+    /// How many lock-history events the server role keeps (`--lock-history-per-lock`,
+    /// `--lock-history-total`).
+    pub lock_history: vigil_server::state::history::Limits,
     /// Whether script checks may run, from the config file and over HTTP
     /// (`--enable-script-checks`).
     pub enable_script_checks: bool,
@@ -316,6 +319,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
                 election_timeout_ms = %format!("{}-{}", raft.election_min_ms, raft.election_max_ms),
                 "raft timing"
             );
+            vigil_server::state::history::set_limits(config.lock_history);
             let server = Server::start(
                 ServerConfig {
                     node_name: config.node_name.clone(),

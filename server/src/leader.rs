@@ -638,12 +638,20 @@ impl LeaderDuties {
         report: mpsc::UnboundedSender<TermEvent>,
     ) {
         let proposer = self.proposer.clone();
+        let shared = Arc::clone(&self.shared);
         self.tasks.spawn(async move {
             let mut backoff = Duration::from_secs(1);
             for attempt in 1..=INVALIDATE_ATTEMPTS {
-                let result = tokio::select! {
-                    _ = term.cancelled() => return,
-                    result = proposer.propose(Op::DestroySession { id: id.clone() }) => result,
+                // As the cluster's level takes it (a plain destroy below level 2).
+                let level = shared.read().protocol();
+                let expire = crate::protocol::downgrade(Op::ExpireSession { id: id.clone() }, level)
+                    .map(|(op, _)| op);
+                let result = match expire {
+                    Ok(op) => tokio::select! {
+                        _ = term.cancelled() => return,
+                        result = proposer.propose(op) => result,
+                    },
+                    Err(e) => Err(e),
                 };
                 match result {
                     Ok(_) => return,

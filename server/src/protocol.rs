@@ -33,6 +33,7 @@ pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
             (Op::Lock(lock.downgraded()), Reply::Enqueue(mode))
         }
         Op::Lock(lock @ LockOp::Leave { .. }) => (Op::Lock(lock.downgraded()), Reply::Leave),
+        Op::ExpireSession { id } => (Op::DestroySession { id }, Reply::AsIs),
         Op::Txn(_) => {
             return Err(ServerError::Unavailable(
                 "catalog operations in a transaction need every server to run this release"
@@ -158,6 +159,13 @@ mod tests {
             Ok((enqueue(7), Reply::AsIs))
         );
         assert!(downgrade(Op::Txn(Vec::new()), 1).is_err());
+        // A TTL expiry is a plain destroy to the first release (its history is not kept).
+        let expire = || Op::ExpireSession { id: "s".into() };
+        assert_eq!(
+            downgrade(expire(), 1),
+            Ok((Op::DestroySession { id: "s".into() }, Reply::AsIs))
+        );
+        assert_eq!(downgrade(expire(), PROTOCOL), Ok((expire(), Reply::AsIs)));
         let query = |ignore: &[&str]| PreparedQuery {
             id: "q".into(),
             service: ServiceQuery {

@@ -66,6 +66,10 @@ pub const LOCK_ACQUIRE: &str = "vigil.lock.acquire";
 pub const LOCK_HANDOFF: &str = "vigil.lock.handoff";
 /// Sessions waiting on one lock, label `lock` (gauge).
 pub const LOCK_WAITERS: &str = "vigil.lock.waiters";
+/// How long a hold lasted, from its grant to its release or loss (ms), label `prefix`.
+pub const LOCK_HOLD: &str = "vigil.lock.hold";
+/// How long a native lock's grant waited in its queue (ms), label `prefix`.
+pub const LOCK_WAIT: &str = "vigil.lock.wait";
 /// Keys whose lock-delay has not passed yet (gauge).
 pub const LOCK_DELAY_ACTIVE: &str = "vigil.lock.delay_active";
 /// Sessions invalidated, label `cause` (counter, on the leader).
@@ -184,6 +188,7 @@ impl InvalidationCause {
                 .find(|c| *c != InvalidationCause::Other)
                 .unwrap_or(InvalidationCause::Other),
             Op::DestroySession { .. } => InvalidationCause::Destroy,
+            Op::ExpireSession { .. } => InvalidationCause::Ttl,
             Op::RegisterCheck(check) if critical_serf(check) => InvalidationCause::NodeFailure,
             Op::CatalogRegister(reg) | Op::CatalogRegisterFull(reg)
                 if reg.checks.iter().any(critical_serf) =>
@@ -215,6 +220,24 @@ pub fn lock_handoff(wait: Duration) {
 /// `lock` has `waiters` sessions queued now.
 pub fn lock_waiters(lock: &str, waiters: usize) {
     gauge!(LOCK_WAITERS, "lock" => lock.to_owned()).set(waiters as f64);
+}
+
+/// A hold of lock `name` ended after `ms`.
+pub fn lock_held(name: &str, ms: u64) {
+    histogram!(LOCK_HOLD, "prefix" => lock_prefix(name)).record(ms as f64);
+}
+
+/// A grant of native lock `name` waited `ms` in its queue.
+pub fn lock_waited(name: &str, ms: u64) {
+    histogram!(LOCK_WAIT, "prefix" => lock_prefix(name)).record(ms as f64);
+}
+
+/// A lock's prefix, the label of its hold and wait times: its name up to the last `/`
+/// (`jobs/billing` for Consul's `jobs/billing/.lock`), or the whole name without one.
+pub fn lock_prefix(name: &str) -> String {
+    name.rsplit_once('/')
+        .map_or(name, |(prefix, _)| prefix)
+        .to_owned()
 }
 
 /// A session was invalidated (counted by the leader only).

@@ -10,6 +10,7 @@ pub mod catalog;
 pub mod client;
 pub mod first_release;
 pub mod go;
+pub mod history;
 pub mod kv;
 pub mod lock;
 pub mod operator;
@@ -23,7 +24,8 @@ mod wire_tests;
 
 /// The state machine's protocol this build applies. Level 2: every op gets its own index (also
 /// the ops the leader batches into one raft entry), and the lock queue knows which request
-/// holds a contender's place (`LockOp::Enqueue`, `LockOp::Leave`). A cluster applies the
+/// holds a contender's place (`LockOp::Enqueue`, `LockOp::Leave`), the state machine keeps each
+/// lock's history, and a TTL expiry is its own op (`Op::ExpireSession`). A cluster applies the
 /// previous level until every server advertises this one and the leader commits
 /// `Op::SetProtocol`, so servers of two releases never apply the same entry differently.
 pub const PROTOCOL: u32 = 2;

@@ -97,6 +97,9 @@ pub enum Op {
     /// 22: [`Op::CatalogRegister`] with every field of the registration (a service's tagged
     /// addresses too). Protocol level 2.
     CatalogRegisterFull(Registration),
+    /// 23: [`Op::DestroySession`] of a session whose TTL lapsed (leader-internal): the same
+    /// invalidation, which the lock history records as a TTL expiry. Protocol level 2.
+    ExpireSession { id: String },
 }
 
 /// A change to the ACL tables. IDs and secrets are chosen by whoever proposes it; a link names
@@ -411,6 +414,10 @@ reads! {
     HealthServiceFull { name: String } => HealthFull(Vec<ServiceHealth>);
     /// 37
     QueryExecuteFull { id_or_name: String } => ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>);
+    /// 38: the recorded history of the locks named `name` (a KV key and a native lock may
+    /// share it) or, with `prefix`, of every lock whose name starts with it; blocks on locks
+    /// and KV keys under it.
+    History { name: String, prefix: bool } => History(Vec<crate::history::LockHistory>);
 }
 
 /// A read's answer on the wire; [`Query::output`] takes it apart.
@@ -477,6 +484,8 @@ pub enum QueryResult {
     HealthFull(Vec<ServiceHealth>),
     /// 26
     ExecutedFull(Option<(PreparedQuery, Vec<ServiceHealth>)>),
+    /// 27
+    History(Vec<crate::history::LockHistory>),
 }
 
 /// How fresh a read must be (Consul's consistency modes).

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::catalog::SERF_HEALTH;
+use crate::history::{Cause, Event, LockEvent, LockHistory, LockKind};
 use crate::lock::{LockMode, LockStanding};
 use crate::session::Session;
 
@@ -257,6 +259,189 @@ pub struct FairContender {
 
 /// Golden texts: each type's exact JSON, as the agent writes it and the clients read it, so a
 /// renamed, reordered or newly omitted field fails here before it changes the wire.
+/// `GET /v1/vigil/history/<name>` (and `?prefix`): one lock's recorded events, oldest first.
+/// A KV key and a native lock of the same name are two histories.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct HistoryReport {
+    pub name: String,
+    pub kind: HistoryKind,
+    pub events: Vec<HistoryEvent>,
+}
+
+/// `"key"`: a KV key acquired with a session; `"queue"`: a native lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HistoryKind {
+    Key,
+    Queue,
+}
+
+/// What happened (`Event` of a [`HistoryEvent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistoryEventKind {
+    Granted,
+    Released,
+    /// The holder's session was invalidated: `Cause` says why.
+    Lost,
+    /// No grant until `Until`.
+    LockDelay,
+    LockDelayEnded,
+    /// A waiter left a native lock's queue: its request gave up (no `Cause`), or its session
+    /// was invalidated (`Cause`).
+    GaveUp,
+    /// The key was deleted while held.
+    Deleted,
+}
+
+/// Why a session was invalidated (`Cause` of a [`HistoryEvent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HistoryCause {
+    Destroyed,
+    /// Its TTL lapsed.
+    TtlExpired,
+    /// Its node failed: `serfHealth` went critical.
+    NodeFailed,
+    /// Another check it is bound to went critical (`CheckID`).
+    CheckCritical,
+    CheckDeregistered,
+    NodeDeregistered,
+}
+
+/// One event: the raft index of the op that caused it and the leader's wall clock of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+pub struct HistoryEvent {
+    pub index: u64,
+    /// RFC 3339, UTC, to the millisecond.
+    pub time: String,
+    /// Milliseconds since the epoch.
+    pub time_ms: u64,
+    pub event: HistoryEventKind,
+    /// The session it happened to (none for `lock-delay-ended`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub session: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_name: Option<String>,
+    /// The holder's node (`granted`), or the node the cause names (`lost`, `gave-up`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// A key's LockIndex or a native lock's fencing token (`granted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<LockMode>,
+    /// How long it waited in a native lock's queue (`granted`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<HistoryCause>,
+    /// The check of a `check-critical` or `check-deregistered` cause.
+    #[serde(default, rename = "CheckID", skip_serializing_if = "Option::is_none")]
+    pub check_id: Option<String>,
+    /// The end of a `lock-delay`, RFC 3339 and in milliseconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+}
+
+impl HistoryReport {
+    /// The report of a recorded history; `time` writes a wall clock (ms) as RFC 3339.
+    pub fn new(history: &LockHistory, time: &dyn Fn(u64) -> String) -> HistoryReport {
+        HistoryReport {
+            name: history.name.clone(),
+            kind: match history.kind {
+                LockKind::Key => HistoryKind::Key,
+                LockKind::Queue => HistoryKind::Queue,
+            },
+            events: history
+                .events
+                .iter()
+                .map(|e| HistoryEvent::new(e, time))
+                .collect(),
+        }
+    }
+}
+
+impl HistoryEvent {
+    pub fn new(recorded: &LockEvent, time: &dyn Fn(u64) -> String) -> HistoryEvent {
+        let mut event = HistoryEvent {
+            index: recorded.index,
+            time: time(recorded.at_ms),
+            time_ms: recorded.at_ms,
+            event: HistoryEventKind::Released,
+            session: recorded.session.clone(),
+            session_name: None,
+            node: None,
+            token: None,
+            mode: None,
+            waited_ms: None,
+            cause: None,
+            check_id: None,
+            until: None,
+            until_ms: None,
+        };
+        match &recorded.event {
+            Event::Granted {
+                node,
+                session_name,
+                token,
+                mode,
+                waited_ms,
+            } => {
+                event.event = HistoryEventKind::Granted;
+                event.session_name = Some(session_name.clone());
+                event.node = Some(node.clone());
+                event.token = Some(*token);
+                event.mode = Some(*mode);
+                event.waited_ms = *waited_ms;
+            }
+            Event::Released => {}
+            Event::Lost { cause } => {
+                event.event = HistoryEventKind::Lost;
+                event.set_cause(cause);
+            }
+            Event::LockDelay { until_ms } => {
+                event.event = HistoryEventKind::LockDelay;
+                event.until = Some(time(*until_ms));
+                event.until_ms = Some(*until_ms);
+            }
+            Event::LockDelayEnded => event.event = HistoryEventKind::LockDelayEnded,
+            Event::GaveUp { cause } => {
+                event.event = HistoryEventKind::GaveUp;
+                if let Some(cause) = cause {
+                    event.set_cause(cause);
+                }
+            }
+            Event::Deleted => event.event = HistoryEventKind::Deleted,
+        }
+        event
+    }
+
+    fn set_cause(&mut self, cause: &Cause) {
+        let (kind, node, check) = match cause {
+            Cause::Destroyed => (HistoryCause::Destroyed, None, None),
+            Cause::TtlExpired => (HistoryCause::TtlExpired, None, None),
+            Cause::CheckCritical { node, check_id } if check_id == SERF_HEALTH => {
+                (HistoryCause::NodeFailed, Some(node), Some(check_id))
+            }
+            Cause::CheckCritical { node, check_id } => {
+                (HistoryCause::CheckCritical, Some(node), Some(check_id))
+            }
+            Cause::CheckDeregistered { node, check_id } => {
+                (HistoryCause::CheckDeregistered, Some(node), Some(check_id))
+            }
+            Cause::NodeDeregistered { node } => (HistoryCause::NodeDeregistered, Some(node), None),
+        };
+        self.cause = Some(kind);
+        self.node = node.cloned();
+        self.check_id = check.cloned();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde::de::DeserializeOwned;
@@ -476,5 +661,78 @@ mod tests {
         ]
         .concat();
         golden(report, &text);
+    }
+
+    #[test]
+    fn history_report() {
+        let time = |ms: u64| format!("t{ms}");
+        let at = |index: u64, session: &str, event: Event| LockEvent {
+            index,
+            at_ms: 1000 + index,
+            session: session.to_owned(),
+            event,
+        };
+        let history = LockHistory {
+            name: "db".to_owned(),
+            kind: LockKind::Queue,
+            events: vec![
+                at(
+                    5,
+                    "s1",
+                    Event::Granted {
+                        node: "web-3".to_owned(),
+                        session_name: "worker".to_owned(),
+                        token: 1042,
+                        mode: LockMode::Exclusive,
+                        waited_ms: Some(1800),
+                    },
+                ),
+                at(
+                    9,
+                    "s1",
+                    Event::Lost {
+                        cause: Cause::CheckCritical {
+                            node: "web-3".to_owned(),
+                            check_id: "serfHealth".to_owned(),
+                        },
+                    },
+                ),
+                at(9, "s1", Event::LockDelay { until_ms: 16_009 }),
+                at(12, "", Event::LockDelayEnded),
+                at(
+                    13,
+                    "s2",
+                    Event::GaveUp {
+                        cause: Some(Cause::CheckCritical {
+                            node: "web-4".to_owned(),
+                            check_id: "disk".to_owned(),
+                        }),
+                    },
+                ),
+                at(14, "s3", Event::GaveUp { cause: None }),
+                at(
+                    15,
+                    "s4",
+                    Event::Lost {
+                        cause: Cause::TtlExpired,
+                    },
+                ),
+            ],
+        };
+        let report = HistoryReport::new(&history, &time);
+        golden(
+            report.clone(),
+            concat!(
+                r#"{"Name":"db","Kind":"queue","Events":["#,
+                r#"{"Index":5,"Time":"t1005","TimeMs":1005,"Event":"granted","Session":"s1","SessionName":"worker","Node":"web-3","Token":1042,"Mode":"exclusive","WaitedMs":1800},"#,
+                r#"{"Index":9,"Time":"t1009","TimeMs":1009,"Event":"lost","Session":"s1","Node":"web-3","Cause":"node-failed","CheckID":"serfHealth"},"#,
+                r#"{"Index":9,"Time":"t1009","TimeMs":1009,"Event":"lock-delay","Session":"s1","Until":"t16009","UntilMs":16009},"#,
+                r#"{"Index":12,"Time":"t1012","TimeMs":1012,"Event":"lock-delay-ended"},"#,
+                r#"{"Index":13,"Time":"t1013","TimeMs":1013,"Event":"gave-up","Session":"s2","Node":"web-4","Cause":"check-critical","CheckID":"disk"},"#,
+                r#"{"Index":14,"Time":"t1014","TimeMs":1014,"Event":"gave-up","Session":"s3"},"#,
+                r#"{"Index":15,"Time":"t1015","TimeMs":1015,"Event":"lost","Session":"s4","Cause":"ttl-expired"}"#,
+                r#"]}"#,
+            ),
+        );
     }
 }

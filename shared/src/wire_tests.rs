@@ -58,6 +58,7 @@ fn expected_op(op: &Op) -> u8 {
         Op::Txn(_) => 20,
         Op::SetQueryFull { .. } => 21,
         Op::CatalogRegisterFull(_) => 22,
+        Op::ExpireSession { .. } => 23,
     }
 }
 
@@ -124,6 +125,7 @@ fn op_variants_keep_their_indexes() {
             update: false,
         },
         Op::CatalogRegisterFull(Registration::default()),
+        Op::ExpireSession { id: s("s") },
     ];
     check(&samples, expected_op);
 }
@@ -582,6 +584,7 @@ fn expected_read(q: &ReadQuery) -> u8 {
         ReadQuery::CatalogNodeFull { .. } => 35,
         ReadQuery::HealthServiceFull { .. } => 36,
         ReadQuery::QueryExecuteFull { .. } => 37,
+        ReadQuery::History { .. } => 38,
     }
 }
 
@@ -659,6 +662,11 @@ fn read_variants_keep_their_indexes_and_bytes() {
         reads::CatalogNodeFull { node: s("n") }.into(),
         reads::HealthServiceFull { name: s("x") }.into(),
         reads::QueryExecuteFull { id_or_name: s("q") }.into(),
+        reads::History {
+            name: s("l"),
+            prefix: true,
+        }
+        .into(),
     ];
     check(&samples, expected_read);
     // Whole encodings, as older builds wrote them (fields in order, no names; a read without

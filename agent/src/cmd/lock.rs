@@ -3,7 +3,7 @@
 //! (limit 1: an `api.Lock` on `<prefix>/.lock`; limit N: an `api.Semaphore` on the prefix;
 //! `--fair`: the server-side queue named PREFIX, first come first served, with N slots;
 //! `--shared`: a shared hold of that queue, beside other shared holders), and
-//! `vigil lock status PREFIX`. On exit a KV lock's coordination key is deleted unless someone
+//! `vigil lock status PREFIX`, `vigil lock history NAME`. On exit a KV lock's coordination key is deleted unless someone
 //! else holds it (`Lock.Destroy`/`Semaphore.Destroy`), so the prefix can later be locked with
 //! another limit.
 //!
@@ -80,6 +80,8 @@ pub struct LockCommand {
 pub enum LockAction {
     /// Show who holds locks under a prefix, semaphore holders and fair-lock queues.
     Status(StatusArgs),
+    /// Show a lock's recorded history: grants, releases, losses and why, lock-delays.
+    History(super::history::HistoryArgs),
 }
 
 #[derive(Debug, Args)]
@@ -138,6 +140,7 @@ pub struct LockArgs {
 pub async fn run(cmd: LockCommand) -> anyhow::Result<i32> {
     match cmd.action {
         Some(LockAction::Status(args)) => status(args).await,
+        Some(LockAction::History(args)) => super::history::run(args).await,
         None => run_locked(cmd.run).await,
     }
 }
@@ -267,7 +270,8 @@ fn shell_command(words: &[String]) -> Vec<String> {
 /// What follows the prefix is the command: after a `--` it runs as it is (Vigil's form); without
 /// one it is Consul's form and runs through a shell unless `-shell=false` is given.
 pub fn consul_argv(argv: Vec<OsString>) -> Vec<OsString> {
-    if argv.get(1).is_none_or(|a| a != "lock") || argv.get(2).is_some_and(|a| a == "status") {
+    let subcommand = |a: &OsString| a == "status" || a == "history";
+    if argv.get(1).is_none_or(|a| a != "lock") || argv.get(2).is_some_and(subcommand) {
         return argv;
     }
     let mut out: Vec<OsString> = argv[..2].to_vec();
@@ -492,8 +496,9 @@ mod tests {
             ),
             ("lock p --grace 1s -- true", "lock p --grace 1s -- true"),
             ("lock -- p sh", "lock -- p sh"),
-            // Not ours to rewrite: `lock status`, other commands, unknown flags.
+            // Not ours to rewrite: `lock status`, `lock history`, other commands, unknown flags.
             ("lock status -n 2", "lock status -n 2"),
+            ("lock history --json db", "lock history --json db"),
             ("kv get -n x", "kv get -n x"),
             ("lock -x p true", "lock -x --shell p -- true"),
             ("lock -n", "lock --limit"),

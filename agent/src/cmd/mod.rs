@@ -8,6 +8,7 @@ pub mod acl;
 pub mod child;
 pub mod debug;
 pub mod elect;
+pub mod history;
 pub mod keyring;
 pub mod kv;
 pub mod lock;

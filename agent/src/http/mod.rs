@@ -14,6 +14,7 @@ mod event;
 #[cfg(test)]
 mod fuzz;
 mod health;
+mod history;
 mod host;
 mod keyring;
 mod kv;
@@ -359,6 +360,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/query/{id}/explain", get(query::explain))
         .route("/v1/vigil/sequencer", get(vigil::sequencer))
         .route("/v1/vigil/locks", get(vigil::locks))
+        .route("/v1/vigil/history", get(history::under))
+        .route("/v1/vigil/history/{*name}", get(history::named))
         .route(
             "/v1/vigil/lock/{*name}",
             get(lock::get).put(lock::change).delete(lock::change),

@@ -393,6 +393,12 @@ pub const ROUTES: &[Rule] = &[
         Named(Key, Read, "the key or lock"),
     ),
     rule("/v1/vigil/locks", "GET", Filtered(Key)),
+    rule("/v1/vigil/history", "GET", Filtered(Key)),
+    rule(
+        "/v1/vigil/history/{*name}",
+        "GET",
+        Named(Key, Read, "the lock's name (?prefix: filtered)"),
+    ),
     rule(
         "/v1/vigil/lock/{*name}",
         "GET",

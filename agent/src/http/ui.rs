@@ -47,6 +47,7 @@ const ASSETS: &[Asset] = &[
     asset!("dom.js", JS),
     asset!("cluster.js", JS),
     asset!("locks.js", JS),
+    asset!("lock.js", JS),
     asset!("sessions.js", JS),
     asset!("nodes.js", JS),
     asset!("kv.js", JS),

@@ -38,6 +38,7 @@ mod t59_consul_cli;
 mod t60_lock_cli;
 mod t60_recipes;
 mod t61_lock_queue;
+mod t62_lock_history;
 mod t63_go_client;
 mod t70_gossip;
 mod t71_gossip_hardening;

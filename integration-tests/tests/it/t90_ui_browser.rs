@@ -157,17 +157,32 @@ impl Browser {
         .await;
     }
 
+    /// Runs `script` with `css` as its argument: its answer.
+    async fn query(&self, script: &str, css: &str) -> Value {
+        self.driver
+            .execute(script, vec![json!(css)])
+            .await
+            .expect("run a query script")
+    }
+
     /// `[data-session, text]` of every element matching `css`, in document order, read in one
     /// round trip (so a re-render between two reads cannot mix two answers).
     async fn rows(&self, css: &str) -> Vec<(String, String)> {
         let script = "return [...document.querySelectorAll(arguments[0])]\
                       .map(e => [e.dataset.session ?? '', e.innerText]);";
-        let value = self
-            .driver
-            .execute(script, vec![json!(css)])
-            .await
-            .expect("run a query script");
-        serde_json::from_value(value).expect("rows as pairs of strings")
+        serde_json::from_value(self.query(script, css).await).expect("rows as pairs of strings")
+    }
+
+    /// How many elements match `css`.
+    async fn count(&self, css: &str) -> usize {
+        let script = "return document.querySelectorAll(arguments[0]).length;";
+        serde_json::from_value(self.query(script, css).await).expect("a count")
+    }
+
+    /// The `textContent` of the first element matching `css` (an SVG element's too).
+    async fn text_content(&self, css: &str) -> Option<String> {
+        let script = "return document.querySelector(arguments[0])?.textContent ?? null;";
+        serde_json::from_value(self.query(script, css).await).expect("text or null")
     }
 
     /// The text of the first element matching `css` (`None`: not there yet).
@@ -487,6 +502,66 @@ async fn scenario(agent: &Agent, browser: &Browser) {
         queue_shown(browser, &fair_section, &order[1..])
     })
     .await;
+
+    // Phase 12: a lock's page charts its history: the billing lock's two holders, the second
+    // lost when its session was destroyed (phase 6), and the lock-delay that followed.
+    browser.open(&format!("#/lock/{lock_key}"), "lock").await;
+    let key_chart = "section[data-kind=key] svg.timeline";
+    let parts = |part: &str| format!("{key_chart} [data-part={part}]");
+    assert_eq!(browser.count(&parts("hold")).await, 2);
+    let lost = format!(
+        "{key_chart} g[data-session=\"{}\"] path[data-cause=destroyed]",
+        second.session()
+    );
+    assert_eq!(browser.count(&lost).await, 1);
+    assert_eq!(browser.count(&parts("lock-delay")).await, 1);
+    let loss = browser
+        .text_content(&format!("{key_chart} text.cause"))
+        .await;
+    assert_eq!(loss.as_deref(), Some("session destroyed"));
+    let events: Vec<String> = browser
+        .rows("section[data-kind=key] tbody tr")
+        .await
+        .into_iter()
+        .map(|(_, text)| text.split('\t').nth(1).unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(
+        events,
+        ["granted", "released", "granted", "lost", "lock-delay"]
+    );
+    browser.screenshot("lock-history").await;
+
+    // The queue's page, reached from the locks page, follows a handover live: each holder a
+    // bar, each waiter's wait before its grant.
+    browser.open("#/locks?prefix=jobs/", "locks").await;
+    browser
+        .click(&format!("{queue_section} a.history-link"))
+        .await;
+    browser.rendered("lock").await;
+    let queue_chart = "section[data-kind=queue] svg.timeline";
+    let lanes = format!("{queue_chart} g[data-session]");
+    let holds = format!("{queue_chart} rect[data-part=hold]");
+    assert_eq!(browser.count(&lanes).await, 2);
+    assert_eq!(browser.count(&holds).await, 2);
+    let mut queue_waiters = queue_waiters;
+    let granted = eventually(SLOW, "the next in the queue granted", || async {
+        queue_waiters.iter().position(|task| task.is_finished())
+    })
+    .await;
+    let next: Held = queue_waiters
+        .remove(granted)
+        .await
+        .expect("its task")
+        .expect("its grant");
+    next.release().await.expect("release the queued lock again");
+    eventually(LIVE, "the third holder charted live", || async {
+        let shown = (browser.count(&lanes).await, browser.count(&holds).await);
+        (shown == (3, 3)).then_some(())
+    })
+    .await;
+    let waits = format!("{queue_chart} rect[data-part=wait]");
+    assert_eq!(browser.count(&waits).await, 2);
+    browser.screenshot("lock-queue-history").await;
     for task in queue_waiters.into_iter().chain(fair_waiters) {
         task.abort();
     }

@@ -207,7 +207,7 @@ async fn run_timers(
                 continue;
             }
             Some(id) = sessions.next_expired(), if !sessions.is_empty() => {
-                Op::DestroySession { id }
+                Op::ExpireSession { id }
             }
             Some(name) = lock_delays.next_due(), if !lock_delays.is_empty() => {
                 Op::Lock(LockOp::Wake { name })

@@ -79,6 +79,12 @@ impl SharedState {
 
     fn publish(&self, fx: &Effects, cause: InvalidationCause) {
         self.watches.notify(fx);
+        for (name, ms) in &fx.lock_holds {
+            crate::telemetry::lock_held(name, *ms);
+        }
+        for (name, ms) in &fx.lock_waits {
+            crate::telemetry::lock_waited(name, *ms);
+        }
         if !fx.locks.changed.is_empty() {
             let state = self.read();
             for name in &fx.locks.changed {
@@ -894,7 +900,7 @@ mod tests {
         ));
     }
 
-    /// Format 3 (the first release's) is written below protocol level 2, format 4 from it on;
+    /// Format 3 (the first release's) is written below protocol level 2, format 5 from it on;
     /// both load, and snapshot data in either installs.
     #[tokio::test]
     async fn the_file_format_follows_the_protocol_level_and_both_load() {
@@ -925,7 +931,10 @@ mod tests {
             .await
             .expect("apply");
         let second = store.build_snapshot().await.expect("build");
-        assert_eq!(fs::read(&path).expect("read")[0], 4);
+        assert_eq!(
+            fs::read(&path).expect("read")[0],
+            crate::state::format::FORMAT
+        );
         let reopened = fresh_shared();
         StateStore::open(Arc::clone(&reopened), dir.path()).expect("reopen");
         assert_eq!(*reopened.read(), *shared.read());

@@ -269,7 +269,8 @@ fn write_permission(
         | Op::RestoreSnapshot { .. }
         | Op::RestoreChunk { .. }
         | Op::SetAutopilotConfig { .. }
-        | Op::SetProtocol { .. } => servers_only(authz),
+        | Op::SetProtocol { .. }
+        | Op::ExpireSession { .. } => servers_only(authz),
     }
 }
 
@@ -331,7 +332,11 @@ pub(super) fn read_permission(
         ReadQuery::Sequencer { key: name, .. }
         | ReadQuery::LockSequencer { name, .. }
         | ReadQuery::LockStanding { name, .. }
-        | ReadQuery::LockHold { name, .. } => authz
+        | ReadQuery::LockHold { name, .. }
+        | ReadQuery::History {
+            name,
+            prefix: false,
+        } => authz
             .check(Resource::Key, Access::Read, name)
             .map_err(denied),
         ReadQuery::KvGet { .. }
@@ -360,6 +365,7 @@ pub(super) fn read_permission(
         | ReadQuery::QueryExecute { .. }
         | ReadQuery::Lock { .. }
         | ReadQuery::Locks { .. }
+        | ReadQuery::History { prefix: true, .. }
         | ReadQuery::AclPolicy { .. }
         | ReadQuery::AclPolicyList {}
         | ReadQuery::AclRole { .. }
@@ -468,6 +474,10 @@ pub(super) fn filter(authz: &Authorizer, result: QueryResult) -> QueryResult {
             }))
         }
         QueryResult::Lock(lock) => QueryResult::Lock(lock.filter(|l| read(Resource::Key, &l.name))),
+        QueryResult::History(mut histories) => {
+            histories.retain(|h| read(Resource::Key, &h.name));
+            QueryResult::History(histories)
+        }
         QueryResult::Locks(mut locks) => {
             locks.retain(|l| read(Resource::Key, &l.name));
             QueryResult::Locks(locks)

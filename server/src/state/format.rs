@@ -6,11 +6,15 @@
 //! from the bytes alone: snapshot data sent to a follower and the state an `Op::RestoreSnapshot`
 //! carries have no version byte of their own.
 //!
+//! Format 5 is format 4 followed by the lock history, and starts with [`FORMAT_5_TAG`]. Format
+//! 4 was written by development builds of level 2 before the lock history; it is still read.
+//!
 //! A state is written in format 3 while its protocol level is below 2, so a server of the first
 //! release reads every snapshot and restore a newer leader sends it (and a newer server rolled
-//! back finds a snapshot file it reads), and in format 4 from the level the leader raises once
-//! every server runs this release. Both are read always. A format-3 state decodes with the
-//! later fields empty, as the first release applied: its protocol level is 0.
+//! back finds a snapshot file it reads), and in format 5 from the level the leader raises once
+//! every server runs this release. All are read always. A format-3 state decodes with the
+//! later fields empty, as the first release applied: its protocol level is 0; a format-4 one
+//! with an empty history.
 
 use serde::{Deserialize, Serialize};
 use vigil_shared::autopilot::AutopilotConfig;
@@ -18,6 +22,7 @@ use vigil_shared::autopilot::AutopilotConfig;
 use super::StateMachine;
 use super::acl::AclStore;
 use super::catalog::Catalog;
+use super::history::{Decoded, History};
 use super::kv::KvStore;
 use super::locks::LockTable;
 use super::query::QueryStore;
@@ -26,12 +31,14 @@ use super::session::SessionStore;
 /// The snapshot format of the first release (`v0.1.0`).
 pub const FIRST_RELEASE_FORMAT: u8 = 3;
 /// The snapshot format this build writes from protocol level 2 on.
-pub const FORMAT: u8 = 4;
+pub const FORMAT: u8 = 5;
 /// The protocol level from which a state is written in [`FORMAT`].
-const FORMAT_4_LEVEL: u32 = 2;
+const FORMAT_5_LEVEL: u32 = 2;
 /// How a format-4 encoding starts. A format-3 one starts with the varint length of the KV
 /// table, and postcard writes varints canonically: never a continuation byte followed by 0.
 const FORMAT_4_TAG: [u8; 2] = [0x80, 0x00];
+/// How a format-5 encoding starts (another non-canonical varint start).
+const FORMAT_5_TAG: [u8; 2] = [0x81, 0x00];
 
 /// The first release's fields, to write (borrowed).
 #[derive(Serialize)]
@@ -66,7 +73,7 @@ struct FirstRelease {
 impl StateMachine {
     /// The snapshot format this state is written in ([`StateMachine::encode_into`]).
     pub fn format(&self) -> u8 {
-        if self.protocol >= FORMAT_4_LEVEL {
+        if self.protocol >= FORMAT_5_LEVEL {
             FORMAT
         } else {
             FIRST_RELEASE_FORMAT
@@ -77,8 +84,9 @@ impl StateMachine {
     pub fn encode_into(&self, out: Vec<u8>) -> Result<Vec<u8>, postcard::Error> {
         if self.format() == FORMAT {
             let mut out = out;
-            out.extend_from_slice(&FORMAT_4_TAG);
-            return postcard::to_extend(self, out);
+            out.extend_from_slice(&FORMAT_5_TAG);
+            let out = postcard::to_extend(self, out)?;
+            return postcard::to_extend(&self.history.encoded(), out);
         }
         let first = FirstReleaseRef {
             kv: &self.kv,
@@ -100,6 +108,12 @@ impl StateMachine {
 
     /// Decodes a state in either format from the start of `bytes`; hands back what follows it.
     pub fn decode_prefix(bytes: &[u8]) -> Result<(StateMachine, &[u8]), postcard::Error> {
+        if let Some(rest) = bytes.strip_prefix(&FORMAT_5_TAG) {
+            let (mut state, rest) = postcard::take_from_bytes::<StateMachine>(rest)?;
+            let (history, rest) = postcard::take_from_bytes::<Decoded>(rest)?;
+            state.history = History::from_decoded(history);
+            return Ok((state, rest));
+        }
         if let Some(rest) = bytes.strip_prefix(&FORMAT_4_TAG) {
             return postcard::take_from_bytes(rest);
         }
@@ -135,7 +149,7 @@ impl StateMachine {
         StateMachine::decode_prefix(bytes).map(|(state, _)| state)
     }
 
-    /// A state encoded in either format, re-encoded as a cluster applying protocol `level`
+    /// A state encoded in any format, re-encoded as a cluster applying protocol `level`
     /// carries it in a restore: the first release's format below level 2.
     pub fn encoded_at_level(bytes: &[u8], level: u32) -> Result<Vec<u8>, postcard::Error> {
         let mut state = StateMachine::decode(bytes)?;
@@ -212,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn below_level_2_a_state_is_written_in_the_first_releases_format_and_from_it_in_format_4() {
+    fn below_level_2_a_state_is_written_in_the_first_releases_format_and_from_it_in_format_5() {
         let mut sm = Archive::open(&first_release_archive().state).expect("decode");
         // The first release's ops, applied as it applies them: "one" releases, "two" is
         // granted by the same entry.
@@ -248,7 +262,7 @@ mod tests {
             }
         ));
 
-        // Once the leader raises the level, the state is written in format 4 and every field
+        // Once the leader raises the level, the state is written in format 5 and every field
         // comes back.
         assert_eq!(
             apply(&mut sm, 22, Op::SetProtocol { level: PROTOCOL }),
@@ -262,7 +276,7 @@ mod tests {
         apply(&mut sm, 23, Op::Kv(vec![set]));
         let bytes = sm.encode().expect("encode");
         assert_eq!(sm.format(), FORMAT);
-        assert_eq!(bytes[..2], FORMAT_4_TAG);
+        assert_eq!(bytes[..2], FORMAT_5_TAG);
         let back = StateMachine::decode(&bytes).expect("decode");
         assert_eq!(back, sm);
         assert_eq!(back.protocol(), PROTOCOL);
@@ -270,7 +284,7 @@ mod tests {
     }
 
     #[test]
-    fn fields_added_since_the_first_release_are_kept_in_format_4_alone() {
+    fn fields_added_since_the_first_release_are_kept_in_format_5_alone() {
         let mut sm = StateMachine::at_protocol(PROTOCOL);
         let query = PreparedQuery {
             id: "q".into(),
@@ -316,10 +330,10 @@ mod tests {
             Archive::open(&down.state).expect("decode"),
             Archive::open(&first.state).expect("decode")
         );
-        // And the first release's archive, restored at level 2, is written in format 4.
+        // And the first release's archive, restored at level 2, is written in format 5.
         let up = first.clone().at_level(PROTOCOL).expect("re-encode");
         assert_eq!(up.format, FORMAT);
-        assert_eq!(up.state[..2], FORMAT_4_TAG);
+        assert_eq!(up.state[..2], FORMAT_5_TAG);
 
         // A format-3 restore applied to a cluster at level 2 keeps its level.
         let mut current = StateMachine::at_protocol(PROTOCOL);
@@ -327,5 +341,39 @@ mod tests {
         assert_eq!(apply(&mut current, 30, restore), Response::Done);
         assert_eq!(current.protocol(), PROTOCOL);
         assert!(current.kv().get("app/config").is_some());
+    }
+
+    #[test]
+    fn a_format_4_state_decodes_with_an_empty_history() {
+        let mut sm = StateMachine::at_protocol(PROTOCOL);
+        let register = Op::RegisterNode {
+            name: "n".into(),
+            address: "127.0.0.1".into(),
+        };
+        apply(&mut sm, 1, register);
+        let session = vigil_shared::session::Session {
+            id: ONE.into(),
+            node: "n".into(),
+            ..vigil_shared::session::Session::default()
+        };
+        apply(&mut sm, 2, Op::CreateSession(session));
+        let lock = KvOp::Lock {
+            key: "k".into(),
+            value: Vec::new(),
+            flags: 0,
+            session: ONE.into(),
+        };
+        apply(&mut sm, 3, Op::Kv(vec![lock]));
+        assert_eq!(sm.history().len(), 1);
+        // What a build of level 2 before the lock history wrote: the state alone.
+        let four = postcard::to_extend(&sm, FORMAT_4_TAG.to_vec()).expect("encode");
+        let back = StateMachine::decode(&four).expect("decode");
+        assert!(back.history().is_empty());
+        assert_eq!(back.kv(), sm.kv());
+        assert_eq!(back.protocol(), PROTOCOL);
+        // Written again, it is format 5, history and all.
+        let five = sm.encode().expect("encode");
+        assert_eq!(five[..2], FORMAT_5_TAG);
+        assert_eq!(StateMachine::decode(&five).expect("decode"), sm);
     }
 }

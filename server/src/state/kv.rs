@@ -56,6 +56,29 @@ pub struct TxnContext<'a> {
     pub sessions: &'a SessionStore,
 }
 
+/// A held key changing hands in a committed transaction, for the lock history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyChange {
+    /// `session` acquired `key`, at LockIndex `lock_index`.
+    Granted {
+        key: String,
+        session: String,
+        lock_index: u64,
+    },
+    /// `session` released `key`.
+    Released { key: String, session: String },
+    /// `key` was deleted while `session` held it.
+    Deleted { key: String, session: String },
+}
+
+/// What a committed transaction changed: the keys whose entries were written or deleted, and
+/// the held keys among them that changed hands.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub touched: Vec<String>,
+    pub changes: Vec<KeyChange>,
+}
+
 /// A transaction's view: reads see earlier ops' writes; nothing reaches the table until commit.
 struct Overlay<'a> {
     base: &'a KvStore,
@@ -213,13 +236,17 @@ impl KvStore {
     }
 
     /// Runs `ops` in order. Every failing op is reported and nothing is applied; otherwise the
-    /// writes are committed at `ctx.index`. Returns the keys whose entries changed.
-    pub fn apply_txn(&mut self, ops: &[KvOp], ctx: &TxnContext<'_>) -> (TxnOutcome, Vec<String>) {
+    /// writes are committed at `ctx.index`. Returns what changed.
+    pub fn apply_txn(&mut self, ops: &[KvOp], ctx: &TxnContext<'_>) -> (TxnOutcome, Applied) {
         let (outcome, writes, tombstones) = self.execute(ops, ctx);
         if let TxnOutcome::RolledBack(_) = outcome {
-            return (outcome, Vec::new());
+            return (outcome, Applied::default());
         }
         let touched: Vec<String> = writes.keys().cloned().collect();
+        let changes = writes
+            .iter()
+            .flat_map(|(key, write)| self.changes(key, write.as_ref()))
+            .collect();
         if !writes.is_empty() || !tombstones.is_empty() {
             self.table_index = ctx.index;
         }
@@ -229,7 +256,33 @@ impl KvStore {
         for (key, lock_index) in tombstones {
             self.bury(key, ctx.index, ctx.now_ms, lock_index);
         }
-        (outcome, touched)
+        (outcome, Applied { touched, changes })
+    }
+
+    /// How writing `write` to `key` changes who holds it: the holder before lets go (a release,
+    /// or a delete) and the holder after acquires.
+    fn changes(&self, key: &str, write: Option<&KvEntry>) -> Vec<KeyChange> {
+        let before = self.entries.get(key).and_then(|e| e.session.as_deref());
+        let after = write.and_then(|e| e.session.as_deref());
+        let mut changes = Vec::new();
+        if before == after {
+            return changes;
+        }
+        if let Some(session) = before {
+            let (key, session) = (key.to_owned(), session.to_owned());
+            changes.push(match write {
+                Some(_) => KeyChange::Released { key, session },
+                None => KeyChange::Deleted { key, session },
+            });
+        }
+        if let (Some(session), Some(entry)) = (after, write) {
+            changes.push(KeyChange::Granted {
+                key: key.to_owned(),
+                session: session.to_owned(),
+                lock_index: entry.lock_index,
+            });
+        }
+        changes
     }
 
     /// Writes the tombstone of a key or prefix deleted at `index`; a LockIndex an earlier

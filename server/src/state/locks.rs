@@ -36,6 +36,32 @@ pub struct LockEffects {
     pub standings: Vec<(String, String)>,
     /// `(lock, until_ms)`: grants wait for a lock-delay ending then.
     pub delays: Vec<(String, u64)>,
+    /// What happened to whom, in order, for the lock history: `(lock, session, what)`.
+    pub events: Vec<(String, String, QueueEvent)>,
+}
+
+/// What happened on a lock, as the lock table sees it; the state machine adds who the session
+/// is and why it was invalidated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueEvent {
+    /// Granted after waiting `waited_ms` in the queue (0: at once).
+    Granted {
+        token: u64,
+        mode: LockMode,
+        waited_ms: u64,
+    },
+    /// The holder released it.
+    Released,
+    /// A waiter left the queue on its own (its request gave up).
+    GaveUp,
+    /// The holder's session was invalidated.
+    Lost,
+    /// A waiter's session was invalidated.
+    WaiterLost,
+    /// Lock-delay armed until then.
+    LockDelay { until_ms: u64 },
+    /// The leader's wake-up after the lock-delay.
+    LockDelayEnded,
 }
 
 /// Who asks for a lock, and how.
@@ -260,6 +286,12 @@ impl LockTable {
             }
             LockOp::Wake { name } => {
                 if let Some(lock) = self.locks.get_mut(&name) {
+                    if lock.delay_until_ms > 0 && lock.delay_left_ms(now_ms) == 0 {
+                        fx.events
+                            .push((name.clone(), String::new(), QueueEvent::LockDelayEnded));
+                        // Its history changed: wake its readers.
+                        fx.changed.push(name.clone());
+                    }
                     if promote(lock, &mut self.last_token, requests, index, now_ms, fx) {
                         lock.modify_index = index;
                         self.table_index = index;
@@ -316,6 +348,13 @@ impl LockTable {
                 self.table_index = index;
                 fx.changed.push(name.to_owned());
                 fx.standings.push((name.to_owned(), c.session.clone()));
+                let granted = QueueEvent::Granted {
+                    token,
+                    mode: LockMode::Exclusive,
+                    waited_ms: 0,
+                };
+                fx.events
+                    .push((name.to_owned(), c.session.clone(), granted));
                 return Ok(LockOutcome::Granted {
                     token,
                     mode: LockMode::Exclusive,
@@ -372,6 +411,13 @@ impl LockTable {
                 index,
                 now_ms,
             );
+            let granted = QueueEvent::Granted {
+                token,
+                mode: c.mode,
+                waited_ms: 0,
+            };
+            fx.events
+                .push((name.to_owned(), c.session.clone(), granted));
             LockOutcome::Granted {
                 token,
                 mode: c.mode,
@@ -430,6 +476,12 @@ impl LockTable {
             return LockOutcome::Released { held, queued };
         }
         requests.remove(&(name.to_owned(), session.to_owned()));
+        let what = if held {
+            QueueEvent::Released
+        } else {
+            QueueEvent::GaveUp
+        };
+        fx.events.push((name.to_owned(), session.to_owned(), what));
         self.after_leaving(name, session, queued, requests, index, now_ms, fx);
         self.forget(session, name);
         self.drop_if_idle(name, now_ms);
@@ -458,8 +510,19 @@ impl LockTable {
             };
             let (held, queued) = remove(lock, session);
             requests.remove(&(name.clone(), session.to_owned()));
+            if held {
+                fx.events
+                    .push((name.clone(), session.to_owned(), QueueEvent::Lost));
+            } else if queued {
+                fx.events
+                    .push((name.clone(), session.to_owned(), QueueEvent::WaiterLost));
+            }
             if held && delay_ms > 0 {
                 lock.delay_until_ms = lock.delay_until_ms.max(now_ms + delay_ms);
+                let armed = QueueEvent::LockDelay {
+                    until_ms: lock.delay_until_ms,
+                };
+                fx.events.push((name.clone(), session.to_owned(), armed));
             }
             self.after_leaving(&name, session, held || queued, requests, index, now_ms, fx);
             self.drop_if_idle(&name, now_ms);
@@ -570,7 +633,14 @@ fn promote(
     while lock.waiters.front().is_some_and(|w| lock.admits(w.mode)) {
         let w = lock.waiters.pop_front().expect("front exists");
         requests.remove(&(lock.name.clone(), w.session.clone()));
-        grant(lock, last_token, &w.session, w.mode, index, now_ms);
+        let token = grant(lock, last_token, &w.session, w.mode, index, now_ms);
+        let event = QueueEvent::Granted {
+            token,
+            mode: w.mode,
+            waited_ms: now_ms.saturating_sub(w.since_ms),
+        };
+        fx.events
+            .push((lock.name.clone(), w.session.clone(), event));
         fx.standings.push((lock.name.clone(), w.session));
         granted = true;
     }

@@ -5,6 +5,7 @@
 pub mod acl;
 pub mod catalog;
 pub mod format;
+pub mod history;
 pub mod kv;
 pub mod locks;
 pub mod query;
@@ -25,7 +26,9 @@ use serde::{Deserialize, Serialize};
 use vigil_shared::api::collapse_keys;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
+use vigil_shared::history::{Cause, Event, LockEvent, LockKind};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::lock::LockMode;
 use vigil_shared::query::PreparedQuery;
 use vigil_shared::rpc::{
     ApplyError, Command, Op, Query as _, QueryResult, ReadQuery, Response, reads,
@@ -34,11 +37,15 @@ use vigil_shared::session::Session;
 
 use acl::AclStore;
 use catalog::{Catalog, Touched};
-use kv::{KvStore, TxnContext};
-use locks::{LockEffects, LockTable, Requests};
+use history::History;
+use kv::{KeyChange, KvStore, TxnContext};
+use locks::{LockEffects, LockTable, QueueEvent, Requests};
 use query::QueryStore;
 use restore::StagedRestore;
 use session::SessionStore;
+
+/// The protocol level from which the state machine records lock history.
+const HISTORY_LEVEL: u32 = 2;
 
 /// What an applied command changed, for waking blocking queries and for leader duties.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -56,6 +63,10 @@ pub struct Effects {
     pub sessions_destroyed: Vec<String>,
     /// Native locks: what changed, whose standing changed, lock-delays to wake.
     pub locks: LockEffects,
+    /// `(lock, ms)`: holds that ended, how long each was held (from the lock history).
+    pub lock_holds: Vec<(String, u64)>,
+    /// `(lock, ms)`: how long each native lock's grant waited in its queue.
+    pub lock_waits: Vec<(String, u64)>,
 }
 
 impl Effects {
@@ -126,6 +137,8 @@ impl Interest {
             | ReadQuery::AclRoleList {} => Interest::Acl,
             ReadQuery::Lock { name } => Interest::Locks(name.clone()),
             ReadQuery::Locks { prefix } => Interest::Locks(prefix.clone()),
+            // A lock's events change its key or its native lock, under its name.
+            ReadQuery::History { name, .. } => Interest::Locks(name.clone()),
             // Session IDs are lowercase UUIDs, and a lock's effects name them so.
             ReadQuery::LockStanding { name, session } | ReadQuery::LockHold { name, session } => {
                 Interest::LockStanding {
@@ -179,6 +192,10 @@ pub struct StateMachine {
     lock_requests: Requests,
     // Fields added after the first release come last (above), so its snapshot encoding is a
     // prefix of this one's.
+    /// Each lock's recent events, recorded from protocol level 2 on. Written after the state,
+    /// in format 5 ([`format`]).
+    #[serde(skip)]
+    history: History,
 }
 
 impl StateMachine {
@@ -217,6 +234,10 @@ impl StateMachine {
 
     pub fn acl(&self) -> &AclStore {
         &self.acl
+    }
+
+    pub fn history(&self) -> &History {
+        &self.history
     }
 
     /// The leader clock of the latest applied command.
@@ -295,22 +316,17 @@ impl StateMachine {
                     .map(|op| self.apply_op(index, now_ms, op, fx))
                     .collect(),
             ),
-            Op::Kv(ops) => {
-                let ctx = TxnContext {
-                    index,
-                    now_ms,
-                    sessions: &self.sessions,
-                };
-                let (outcome, touched) = self.kv.apply_txn(&ops, &ctx);
-                fx.kv_keys.extend(touched);
-                Response::Txn(outcome)
-            }
+            Op::Kv(ops) => Response::Txn(self.apply_kv(&ops, index, now_ms, fx)),
             Op::CreateSession(session) => match self.create_session(session, index, fx) {
                 Ok(id) => Response::SessionCreated { id },
                 Err(e) => Response::Rejected(e),
             },
             Op::DestroySession { id } => {
-                self.invalidate(&id, index, now_ms, fx);
+                self.invalidate(&id, &Cause::Destroyed, index, now_ms, fx);
+                Response::Done
+            }
+            Op::ExpireSession { id } => {
+                self.invalidate(&id, &Cause::TtlExpired, index, now_ms, fx);
                 Response::Done
             }
             Op::RegisterNode { name, address } => {
@@ -348,7 +364,7 @@ impl StateMachine {
                 let mut t = Touched::default();
                 if self.catalog.remove_check(&node, &check_id, index, &mut t) {
                     fx.catalog(t);
-                    self.invalidate_on_checks(&node, &[check_id], index, now_ms, fx);
+                    self.invalidate_on_checks(&node, &[check_id], false, index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -359,7 +375,7 @@ impl StateMachine {
                     .remove_service(&node, &service_id, index, &mut t)
                 {
                     fx.catalog(t);
-                    self.invalidate_on_checks(&node, &ids, index, now_ms, fx);
+                    self.invalidate_on_checks(&node, &ids, false, index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -368,8 +384,9 @@ impl StateMachine {
                 if self.catalog.remove_node(&name, index, &mut t).is_some() {
                     fx.catalog(t);
                 }
+                let cause = Cause::NodeDeregistered { node: name.clone() };
                 for id in self.sessions.on_node(&name) {
-                    self.invalidate(&id, index, now_ms, fx);
+                    self.invalidate(&id, &cause, index, now_ms, fx);
                 }
                 Response::Done
             }
@@ -404,7 +421,7 @@ impl StateMachine {
             }
             Op::Lock(op) => {
                 let legacy = self.protocol < 2;
-                match self.locks.apply(
+                let applied = self.locks.apply(
                     op,
                     &self.sessions,
                     &mut self.lock_requests,
@@ -412,7 +429,9 @@ impl StateMachine {
                     now_ms,
                     legacy,
                     &mut fx.locks,
-                ) {
+                );
+                self.record_queue_events(None, index, now_ms, fx);
+                match applied {
                     Ok(outcome) => Response::Lock(outcome),
                     Err(e) => Response::Rejected(e),
                 }
@@ -488,28 +507,43 @@ impl StateMachine {
     fn invalidate_if_critical(&mut self, check: &Check, index: u64, now_ms: u64, fx: &mut Effects) {
         if check.status == HealthStatus::Critical {
             let ids = [check.check_id.clone()];
-            self.invalidate_on_checks(&check.node, &ids, index, now_ms, fx);
+            self.invalidate_on_checks(&check.node, &ids, true, index, now_ms, fx);
         }
     }
 
-    /// Invalidates every session bound to one of the node's `check_ids`.
+    /// Invalidates every session bound to one of the node's `check_ids`, which went critical
+    /// (`critical`) or were deregistered.
     fn invalidate_on_checks(
         &mut self,
         node: &str,
         check_ids: &[String],
+        critical: bool,
         index: u64,
         now_ms: u64,
         fx: &mut Effects,
     ) {
         for check_id in check_ids {
+            let (at, check) = (node.to_owned(), check_id.clone());
+            let cause = if critical {
+                Cause::CheckCritical {
+                    node: at,
+                    check_id: check,
+                }
+            } else {
+                Cause::CheckDeregistered {
+                    node: at,
+                    check_id: check,
+                }
+            };
             for id in self.sessions.on_check(node, check_id) {
-                self.invalidate(&id, index, now_ms, fx);
+                self.invalidate(&id, &cause, index, now_ms, fx);
             }
         }
     }
 
     /// Deletes a session and releases or deletes its keys, arming lock-delay. Idempotent.
-    fn invalidate(&mut self, id: &str, index: u64, now_ms: u64, fx: &mut Effects) {
+    /// `cause` is what the lock history records of the locks it held.
+    fn invalidate(&mut self, id: &str, cause: &Cause, index: u64, now_ms: u64, fx: &mut Effects) {
         let Some(session) = self.sessions.remove(id, index) else {
             return;
         };
@@ -521,6 +555,21 @@ impl StateMachine {
             index,
             now_ms,
         );
+        if self.protocol >= HISTORY_LEVEL {
+            for key in &keys {
+                let at = |event| LockEvent::new(index, now_ms, session.id.clone(), event);
+                let lost = Event::Lost {
+                    cause: cause.clone(),
+                };
+                self.record(key, LockKind::Key, at(lost), fx);
+                if let Some(left) = self.kv.lock_delay_remaining(key, now_ms) {
+                    let armed = Event::LockDelay {
+                        until_ms: now_ms + left,
+                    };
+                    self.record(key, LockKind::Key, at(armed), fx);
+                }
+            }
+        }
         fx.kv_keys.extend(keys);
         self.locks.invalidate_session(
             &session.id,
@@ -530,11 +579,127 @@ impl StateMachine {
             now_ms,
             &mut fx.locks,
         );
+        self.record_queue_events(Some(cause), index, now_ms, fx);
         fx.sessions_changed = true;
         if self.queries.delete_for_session(&session.id, index) {
             fx.queries_changed = true;
         }
         fx.sessions_destroyed.push(session.id);
+    }
+
+    /// Applies a KV transaction at `index`, recording the held keys that changed hands.
+    fn apply_kv(&mut self, ops: &[KvOp], index: u64, now_ms: u64, fx: &mut Effects) -> TxnOutcome {
+        let ctx = TxnContext {
+            index,
+            now_ms,
+            sessions: &self.sessions,
+        };
+        let (outcome, applied) = self.kv.apply_txn(ops, &ctx);
+        fx.kv_keys.extend(applied.touched);
+        if self.protocol >= HISTORY_LEVEL {
+            for change in applied.changes {
+                let (key, session, event) = match change {
+                    KeyChange::Granted {
+                        key,
+                        session,
+                        lock_index,
+                    } => {
+                        let granted = self.granted(&session, lock_index, LockMode::Exclusive, None);
+                        (key, session, granted)
+                    }
+                    KeyChange::Released { key, session } => (key, session, Event::Released),
+                    KeyChange::Deleted { key, session } => (key, session, Event::Deleted),
+                };
+                let event = LockEvent::new(index, now_ms, session, event);
+                self.record(&key, LockKind::Key, event, fx);
+            }
+        }
+        outcome
+    }
+
+    /// Records `event` in lock `name`'s history, and its hold or wait time for the metrics.
+    fn record(&mut self, name: &str, kind: LockKind, event: LockEvent, fx: &mut Effects) {
+        match &event.event {
+            Event::Granted {
+                waited_ms: Some(waited),
+                ..
+            } => fx.lock_waits.push((name.to_owned(), *waited)),
+            Event::Released | Event::Lost { .. } | Event::Deleted => {
+                let granted = self.history.events(name, kind).rev().find(|e| {
+                    e.session == event.session && matches!(e.event, Event::Granted { .. })
+                });
+                if let Some(granted) = granted {
+                    let held = event.at_ms.saturating_sub(granted.at_ms);
+                    fx.lock_holds.push((name.to_owned(), held));
+                }
+            }
+            _ => {}
+        }
+        self.history
+            .record_within(name, kind, event, history::Limits::configured());
+    }
+
+    /// A grant to `session` as the history records it, with who the session is.
+    fn granted(&self, session: &str, token: u64, mode: LockMode, waited_ms: Option<u64>) -> Event {
+        let found = self.sessions.get(session);
+        Event::Granted {
+            node: found.map(|s| s.node.clone()).unwrap_or_default(),
+            session_name: found.map(|s| s.name.clone()).unwrap_or_default(),
+            token,
+            mode,
+            waited_ms,
+        }
+    }
+
+    /// Records what the native lock table reported (`fx.locks.events`, taken), a loss or a
+    /// waiter's leaving for `cause` when a session was invalidated.
+    fn record_queue_events(
+        &mut self,
+        cause: Option<&Cause>,
+        index: u64,
+        now_ms: u64,
+        fx: &mut Effects,
+    ) {
+        let events = std::mem::take(&mut fx.locks.events);
+        if self.protocol < HISTORY_LEVEL {
+            return;
+        }
+        for (name, session, what) in events {
+            let event = match what {
+                QueueEvent::Granted {
+                    token,
+                    mode,
+                    waited_ms,
+                } => self.granted(&session, token, mode, Some(waited_ms)),
+                QueueEvent::Released => Event::Released,
+                QueueEvent::GaveUp => Event::GaveUp { cause: None },
+                QueueEvent::Lost => Event::Lost {
+                    cause: cause.cloned().unwrap_or(Cause::Destroyed),
+                },
+                QueueEvent::WaiterLost => Event::GaveUp {
+                    cause: cause.cloned(),
+                },
+                QueueEvent::LockDelay { until_ms } => Event::LockDelay { until_ms },
+                QueueEvent::LockDelayEnded => {
+                    // Only a lock-delay recorded as armed ends: a wake-up proposed again (a
+                    // retry, a new leader) ends nothing new.
+                    let armed = self
+                        .history
+                        .events(&name, LockKind::Queue)
+                        .rev()
+                        .find(|e| {
+                            matches!(e.event, Event::LockDelay { .. } | Event::LockDelayEnded)
+                        })
+                        .is_some_and(|e| matches!(e.event, Event::LockDelay { .. }));
+                    if !armed {
+                        continue;
+                    }
+                    Event::LockDelayEnded
+                }
+            };
+            let event = LockEvent::new(index, now_ms, session, event);
+            self.record(&name, LockKind::Queue, event, fx);
+        }
     }
 
     /// A node and its services; `None` when the node is unknown.
@@ -714,6 +879,10 @@ impl StateMachine {
                     .map_or(session.as_str(), |s| &s.id);
                 let (hold, index) = self.locks.hold(name, session);
                 (reads::LockHold::answer(hold), index)
+            }
+            ReadQuery::History { name, prefix } => {
+                let (found, index) = self.history.read(name, *prefix);
+                (reads::History::answer(found), index)
             }
             ReadQuery::LockSequencer {
                 name,

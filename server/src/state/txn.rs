@@ -13,7 +13,6 @@ use vigil_shared::txn::{
 };
 
 use super::catalog::Touched;
-use super::kv::TxnContext;
 use super::{Effects, StateMachine};
 
 /// Whether a `cas` may write over `existing` (its ModifyIndex): index 0 only creates, any other
@@ -87,14 +86,7 @@ impl StateMachine {
         op: KvOp,
         fx: &mut Effects,
     ) -> Result<Vec<TxnResult>, String> {
-        let ctx = TxnContext {
-            index,
-            now_ms,
-            sessions: &self.sessions,
-        };
-        let (outcome, touched) = self.kv.apply_txn(&[op], &ctx);
-        fx.kv_keys.extend(touched);
-        match outcome {
+        match self.apply_kv(&[op], index, now_ms, fx) {
             TxnOutcome::Committed(entries) => Ok(entries.into_iter().map(TxnResult::Kv).collect()),
             TxnOutcome::RolledBack(errors) => Err(errors
                 .into_iter()

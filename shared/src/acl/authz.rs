@@ -304,7 +304,12 @@ impl Authorizer {
             ReadQuery::KvList { prefix }
             | ReadQuery::KvKeys { prefix, .. }
             | ReadQuery::Locks { prefix } => !self.may_read_under(Resource::Key, prefix),
-            ReadQuery::Lock { name } => !read(Resource::Key, name),
+            ReadQuery::Lock { name }
+            | ReadQuery::History {
+                name,
+                prefix: false,
+            } => !read(Resource::Key, name),
+            ReadQuery::History { name, prefix: true } => !self.may_read_under(Resource::Key, name),
             ReadQuery::SessionInfo { .. } | ReadQuery::SessionList {} => {
                 !self.may_read_under(Resource::Session, "")
             }

@@ -36,7 +36,7 @@ use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
 
-use crate::vigil_api::LocksReport;
+use crate::vigil_api::{HistoryReport, LocksReport};
 
 pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
@@ -391,6 +391,27 @@ impl Client {
     /// queues.
     pub async fn locks_report(&self, prefix: &str) -> Result<LocksReport, ClientError> {
         self.vigil_locks_as(prefix).await
+    }
+
+    /// `GET /v1/vigil/history/<name>` (with `prefix`, every lock whose name starts with it):
+    /// each lock's recorded events, oldest first, blocking past `opts.index`.
+    pub async fn lock_history(
+        &self,
+        name: &str,
+        prefix: bool,
+        opts: &ReadOpts,
+    ) -> Result<(Vec<HistoryReport>, QueryMeta), ClientError> {
+        // Every lock: `?prefix=` of the bare path.
+        let path = match name {
+            "" => "/v1/vigil/history".to_owned(),
+            name => format!("/v1/vigil/history/{}", encode_path(name)),
+        };
+        let query = match prefix || name.is_empty() {
+            true => vec![("prefix", String::new())],
+            false => Vec::new(),
+        };
+        let (reply, meta) = self.read(&path, &query, opts).await?;
+        Ok((reply.ok()?.json()?, meta))
     }
 
     /// [`Client::locks_report`] as the agent wrote it (with any field a newer agent adds).

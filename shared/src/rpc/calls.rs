@@ -222,7 +222,8 @@ fn op_senders(op: &Op) -> Senders {
         | Op::RestoreChunk { .. }
         | Op::SetAutopilotConfig { .. }
         | Op::Acl(AclOp::Init { .. })
-        | Op::SetProtocol { .. } => Senders::Servers,
+        | Op::SetProtocol { .. }
+        | Op::ExpireSession { .. } => Senders::Servers,
     }
 }
 

@@ -1,5 +1,5 @@
-// The app: hash routes (`#/locks?prefix=x`, `#/sessions/<id>`, `#/nodes/<name>`,
-// `#/kv/<prefix-or-key>`) to views. Each view gets a context whose AbortSignal ends its one
+// The app: hash routes (`#/locks?prefix=x`, `#/lock/<name>`, `#/sessions/<id>`,
+// `#/nodes/<name>`, `#/kv/<prefix-or-key>`) to views. Each view gets a context whose AbortSignal ends its one
 // blocking query when the route changes (a held query costs the server next to nothing, so a
 // hidden tab keeps its own and loses no unsaved edit); a one-second ticker keeps the
 // "held for" and "lock-delay left" times current without asking the server.
@@ -8,11 +8,12 @@ import { setToken, token, watch as keepLive } from "./api.js";
 import * as cluster from "./cluster.js";
 import { tick } from "./dom.js";
 import * as kv from "./kv.js";
+import * as lock from "./lock.js";
 import * as locks from "./locks.js";
 import * as nodes from "./nodes.js";
 import * as sessions from "./sessions.js";
 
-const VIEWS = { locks, sessions, nodes, kv };
+const VIEWS = { locks, lock, sessions, nodes, kv };
 
 const main = document.getElementById("view");
 const errorBox = document.getElementById("error");
@@ -53,8 +54,10 @@ function show() {
     return;
   }
   const page = route.parts[0];
+  // A lock's page is part of the locks section.
+  const section = page === "lock" ? "locks" : page;
   for (const link of document.querySelectorAll("nav a[data-page]")) {
-    if (link.dataset.page === page) {
+    if (link.dataset.page === section) {
       link.setAttribute("aria-current", "page");
     } else {
       link.removeAttribute("aria-current");

@@ -173,6 +173,11 @@ export function keyLink(key) {
   return h("a", { href: `#/kv/${pathOf(key)}` }, h("code", {}, key));
 }
 
+/** A link to a lock's page: its history. */
+export function historyLink(name) {
+  return h("a", { href: `#/lock/${pathOf(name)}`, class: "history-link" }, "history");
+}
+
 /**
  * A session's health as a lock holder sees it: the worst status of the checks it is bound to
  * (Consul invalidates it when one goes critical). `checksByNode` maps node → its checks from

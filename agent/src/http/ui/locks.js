@@ -7,6 +7,7 @@ import {
   empty,
   groupChecks,
   h,
+  historyLink,
   indexSessions,
   keyLink,
   lockDelay,
@@ -88,7 +89,7 @@ function queues(list, look) {
     return h(
       "section",
       { class: "lock", "data-queue": q.Name, "aria-label": `Lock ${q.Name}` },
-      h("h2", {}, "Lock ", h("code", {}, q.Name)),
+      h("h2", {}, "Lock ", h("code", {}, q.Name), " ", historyLink(q.Name)),
       details([
         ["Kind", q.Limit > 1 ? `server-side, up to ${q.Limit} holders` : "server-side"],
         ["Fencing token", String(q.Token)],
@@ -149,7 +150,7 @@ function held(list, look) {
       ["Key", "Kind", "Session", "Node", "Health", "LockIndex", "Held for", "Lock-delay on loss"],
       list.map((lock) =>
         row(lock, { "data-key": lock.Key }, [
-          h("td", {}, keyLink(lock.Key)),
+          h("td", {}, keyLink(lock.Key), " ", historyLink(lock.Key)),
           h("td", {}, lock.Kind),
           ...who(lock, look),
           h("td", {}, String(lock.LockIndex)),

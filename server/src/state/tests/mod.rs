@@ -22,6 +22,7 @@ use super::{Effects, StateMachine};
 mod acl;
 mod batch;
 mod catalog_query;
+mod history;
 mod kv;
 mod lock_delay;
 mod lock_index;
