@@ -58,8 +58,9 @@ impl Latency {
 }
 
 /// The middle value (the upper one of an even count); zero for none.
-pub fn median(values: Vec<Duration>) -> Duration {
-    percentile(values, 50)
+pub fn median(mut values: Vec<Duration>) -> Duration {
+    values.sort();
+    values.get(values.len() / 2).copied().unwrap_or_default()
 }
 
 /// The `p`th percentile (nearest rank, 100 is the maximum).

@@ -388,7 +388,8 @@ impl Report {
                     }
                     Check::VigilAtMost(max) => {
                         let v = row.and_then(|r| r.vigil);
-                        (v, v.map(|v| (v * 100.0).round() / 100.0 <= *max))
+                        // The value as measured: 0.504 s does not meet "at most 0.5 s".
+                        (v, v.map(|v| v <= *max + 1e-9))
                     }
                     Check::VigilAtLeast(min) => {
                         let v = row.and_then(|r| r.vigil);

@@ -107,13 +107,15 @@ impl TimingProfile {
     /// what a member stopped right as a probe of it started (so suspected one probe period
     /// later) must still have to refute, after the stop the profile tolerates.
     ///
-    /// * `Lan`: **1.5** (1.5 s): a 2 s stop resumes at most 2 s after the failed probe
-    ///   started, the suspicion ends 2.5 s after it at the earliest: half a second to read the
-    ///   nudges queued while stopped and refute.
+    /// * `Lan`: **2** (2 s): a nack proves the target silent only from the moment the
+    ///   indirect probe reached it, up to `probe_rtt` (0.5 s) after the direct probe began (whose
+    ///   ack may have been lost, or left unread by a starved agent), so a 2 s stop resumes at
+    ///   most 2.5 s after the failed probe started; the suspicion ends 3 s after it at the
+    ///   earliest: half a second to read the nudges queued while stopped and refute.
     /// * `Local`: **5**, as the maximum: loopback tests keep a fixed suspicion.
     fn suspicion_min_mult(self) -> f64 {
         match self {
-            TimingProfile::Lan => 1.5,
+            TimingProfile::Lan => 2.0,
             TimingProfile::Local => 5.0,
         }
     }
@@ -320,13 +322,13 @@ mod tests {
         // Unconfirmed: the full suspicion; two confirmations: the minimum; one: in between.
         assert_eq!(
             (ms(5, 0), ms(5, 1), ms(5, 2), ms(5, 9)),
-            (4000, 2422, 1500, 1500)
+            (4000, 2738, 2000, 2000)
         );
         // Three members expect one confirmation; two expect none and never shrink.
-        assert_eq!((ms(3, 0), ms(3, 1)), (4000, 1500));
+        assert_eq!((ms(3, 0), ms(3, 1)), (4000, 2000));
         assert_eq!((ms(2, 0), ms(2, 5)), (4000, 4000));
         // Both ends scale with log10 n.
-        assert_eq!((ms(100, 0), ms(100, 2)), (8000, 3000));
+        assert_eq!((ms(100, 0), ms(100, 2)), (8000, 4000));
         // Local keeps a fixed suspicion.
         let local = TimingProfile::Local;
         assert_eq!(
@@ -337,11 +339,13 @@ mod tests {
 
     #[test]
     fn lan_survives_a_two_second_stop_even_when_confirmed() {
-        // The stop begins at the failed probe's start at the latest; the confirmed suspicion
-        // ends a probe period plus the minimum after it, half a second after the stop ends.
+        // The stop begins at the latest when the indirect probes reach the member, a probe
+        // round trip after the failed probe's start; the confirmed suspicion ends a probe
+        // period plus the minimum after that start, half a second after the stop ends.
         let lan = TimingProfile::Lan;
         let earliest_down = lan.probe_period() + lan.suspicion_timeout(10, 10);
-        assert_eq!(earliest_down, Duration::from_millis(2500));
+        assert_eq!(earliest_down, Duration::from_millis(3000));
+        assert!(earliest_down >= lan.probe_rtt() + Duration::from_secs(2) + lan.probe_rtt());
         assert!(lan.nack_after() < lan.probe_period() - lan.probe_rtt());
     }
 

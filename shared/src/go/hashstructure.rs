@@ -3,8 +3,9 @@
 //! struct by hand, one function per kind of Go value:
 //!
 //! - every hash is 64-bit FNV-1 (not 1a) of some bytes, the hasher reset each time;
-//! - a string hashes its bytes; any integer its value widened to 64 bits (`int` to `int64`,
-//!   `uint` to `uint64`), little-endian; a bool the one byte of an `int8` (1 or 0);
+//! - a string hashes its bytes; an `int` or `uint` its value widened to 64 bits (`int64`,
+//!   `uint64`), little-endian, while a sized integer (`int32`, `uint16`, ...) hashes at its own
+//!   width (not built here: no field hashed needs it); a bool the one byte of an `int8` (1 or 0);
 //! - a nil pointer or interface hashes as the `int` 0 (default options: `ZeroNil` off);
 //! - a slice folds its elements in order ([`ordered`], from 0), so an empty or nil one is 0;
 //! - a map XORs the [`ordered`] pair of each key's and value's hash (order does not matter),
@@ -26,7 +27,7 @@ pub fn string(s: &str) -> u64 {
     fnv1_64(s.as_bytes())
 }
 
-/// A Go signed integer of any width (`int`, `int64`, ...), written as an `int64`.
+/// A Go `int` or `int64`, written as an `int64` (a sized integer's own width is not this).
 pub fn int(i: i64) -> u64 {
     fnv1_64(&i.to_le_bytes())
 }
