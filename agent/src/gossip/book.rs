@@ -361,6 +361,11 @@ impl MemberBook {
         self.rows.keys().copied()
     }
 
+    /// Whether the book has a row for `addr` (live, or down and not yet reaped).
+    pub fn knows(&self, addr: &SocketAddr) -> bool {
+        self.rows.contains_key(addr)
+    }
+
     pub fn is_live(&self, addr: &SocketAddr) -> bool {
         self.rows.get(addr).is_some_and(|r| is_live(r.state))
     }

@@ -703,6 +703,9 @@ impl GossipNode {
             self.book.reap(now, self.profile.reap_after());
             let window = self.profile.probe_period();
             self.refused.retain(|_, first| now <= *first + window);
+            // A probe round of a member reaped from the book is no longer asked about.
+            let book = &self.book;
+            self.probes.retain(|addr, _| book.knows(addr));
         }
         let known: Vec<SocketAddr> = self.book.known_addrs().collect();
         let book = &self.book;

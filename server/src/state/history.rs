@@ -1,7 +1,7 @@
 //! The lock history: the last events of each lock (a KV key acquired with a session, or a
 //! native lock), derived in the apply of the ops that cause them, so every server holds the
 //! same history at the same index, and it travels in snapshots (format 5, from protocol
-//! level 3). Bounded per lock and in total: the oldest event of a lock over its bound goes,
+//! level 2). Bounded per lock and in total: the oldest event of a lock over its bound goes,
 //! and over the total the oldest event of all goes (a lock whose last event goes is dropped).
 //! The bounds are each server's own configuration ([`set_limits`]); set them alike on every
 //! server, since a server trims to its own bounds as it applies.
