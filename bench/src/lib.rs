@@ -79,9 +79,19 @@ pub struct Options {
 }
 
 impl Options {
-    pub const USAGE: &str = "usage: vigil-bench [--quick] [--check] [--out DIR] [--only WORKLOAD]...\n\
-         workloads: kv_put, locks, sessions, failure_detection, leader_failover, watch_fanout, \
-         footprint";
+    /// Whether this run includes the workload `name`.
+    fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
+    }
+
+    /// How to call the program, with the workloads `--only` takes.
+    pub fn usage() -> String {
+        format!(
+            "usage: vigil-bench [--quick] [--check] [--out DIR] [--only WORKLOAD]...\n\
+             workloads: {}",
+            WORKLOADS.join(", ")
+        )
+    }
 
     /// Parses the arguments after the program name.
     pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
@@ -334,13 +344,6 @@ async fn guarded<F: Future<Output = Result<Outcome>>>(workload: F) -> Result<Out
                 .unwrap_or_else(|| "unknown panic".to_owned());
             Err(anyhow!("panicked: {message}"))
         }
-    }
-}
-
-impl Options {
-    /// Whether this run includes the workload `name`.
-    fn runs(&self, name: &str) -> bool {
-        self.only.is_empty() || self.only.iter().any(|o| o == name)
     }
 }
 

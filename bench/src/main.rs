@@ -14,7 +14,7 @@ async fn main() -> ExitCode {
     match Options::parse(std::env::args().skip(1)) {
         Ok(options) => vigil_bench::main(&options).await,
         Err(e) => {
-            eprintln!("vigil-bench: {e:#}\n{}", Options::USAGE);
+            eprintln!("vigil-bench: {e:#}\n{}", Options::usage());
             ExitCode::from(2)
         }
     }
