@@ -549,6 +549,8 @@ mod tests {
                 initial_management: None,
             })),
             write(Op::ReapTombstones { before_ms: 1 }),
+            // The leader's TTL expiry: a client certificate could end any session with it.
+            write(Op::ExpireSession { id: "s".into() }),
             write(Op::RestoreChunk {
                 id: "r".into(),
                 offset: 0,
