@@ -7,12 +7,12 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
+use vigil_gossip::GossipError;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::{MemberRole, MemberStatus};
 
 use super::error::ApiError;
 use super::{AppState, Ctx};
-use crate::gossip::GossipError;
 
 /// Serf tags as Consul's agents set them (every value a string); `port` is the RPC port, which
 /// Vigil's client agents also carry.

@@ -1095,7 +1095,7 @@ mod tests {
 
     #[test]
     fn keys_rotate_across_the_cluster_and_lock_out_the_old_key() {
-        use crate::gossip::crypto::{Key, generate_key};
+        use crate::crypto::{Key, generate_key};
         let key = || Key::from_base64(&generate_key()).expect("a key");
         let raw = |k: &Key| {
             base64::Engine::decode(&base64::engine::general_purpose::STANDARD, k.to_base64())

@@ -385,7 +385,7 @@ impl Query {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gossip::crypto::generate_key;
+    use crate::crypto::generate_key;
 
     fn key() -> Key {
         Key::from_base64(&generate_key()).unwrap()

@@ -265,8 +265,8 @@ pub async fn start(
 impl Gossip {
     /// A handle with no gossip task behind it, for tests of the HTTP API: `members` is the
     /// member list for good, no event arrives, and commands fail as after a shutdown.
-    #[cfg(test)]
-    pub(crate) fn detached(addr: SocketAddr, members: Vec<MemberStatus>) -> Gossip {
+    #[cfg(any(test, feature = "test-double"))]
+    pub fn detached(addr: SocketAddr, members: Vec<MemberStatus>) -> Gossip {
         let (commands, _) = mpsc::channel(1);
         Gossip {
             commands,
