@@ -6,8 +6,6 @@ pub mod acl;
 pub mod api;
 pub mod autopilot;
 pub mod catalog;
-#[cfg(feature = "client")]
-pub mod client;
 pub mod first_release;
 pub mod go;
 pub mod history;

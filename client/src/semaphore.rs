@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::Value;
+use vigil_shared::kv::KvEntry;
+use vigil_shared::session::Behavior;
 
 use super::held::{Held, Look, MONITOR_WAIT, explain, monitor, unreachable_after};
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::recipe::{RecipeSession, contender_entry};
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
-use crate::kv::KvEntry;
-use crate::session::Behavior;
 
 /// `api.SemaphoreFlagValue` (0xe0f69a2baa414de0).
 pub const SEMAPHORE_FLAG_VALUE: u64 = 0xe0f6_9a2b_aa41_4de0;

@@ -35,8 +35,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
-
-use crate::vigil_api::{HistoryReport, LocksReport};
+use vigil_shared::vigil_api::{HistoryReport, LocksReport};
 
 pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
