@@ -40,19 +40,20 @@ use vigil_shared::vigil_api::{HistoryReport, LocksReport};
 pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
 pub use error::ClientError;
-pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step};
+pub use fair::{FairStep, KvFairMutex, KvFairOptions, fair_step};
 pub use held::{Held, HeldKind};
 pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
 use liveness::AgentWatch;
-pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
+pub use lock::{Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
 pub use queue::{FairMutex, LockQueue, QueueOptions, RwLock};
 pub use recipe::RecipeSession;
-pub use semaphore::{
-    SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,
-};
+pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use session::SessionRequest;
+pub use vigil_shared::recipe::{
+    FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
+};
 
 /// Where client commands find the agent when no environment variable says otherwise.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8500";

@@ -13,6 +13,7 @@ pub mod kv;
 pub mod lock;
 pub mod operator;
 pub mod query;
+pub mod recipe;
 pub mod rpc;
 pub mod session;
 pub mod txn;
