@@ -1,9 +1,10 @@
-//! The async HTTP client for a Vigil (or Consul) agent, behind the `client` feature: KV, sessions,
-//! txn and blocking queries over one pooled `reqwest` client, plus the recipes built on them —
-//! a session keeper, [`Lock`] (`api.Lock`), [`Semaphore`] (`api.Semaphore`), [`Election`], the
-//! server-side queue's [`LockQueue`], [`FairMutex`] and [`RwLock`], and the etcd-style
-//! [`KvFairMutex`] for a plain Consul server. Every acquisition returns a [`Held`] whose `lost()` resolves
-//! once the lock is no longer held.
+//! The async HTTP client for a Vigil (or Consul) agent: KV, sessions, txn and blocking queries
+//! over one pooled `reqwest` client, plus the recipes built on them — a session keeper, [`Lock`]
+//! (`api.Lock`), [`Semaphore`] (`api.Semaphore`), [`Election`], the server-side queue's
+//! [`LockQueue`], [`FairMutex`] and [`RwLock`], and the etcd-style [`KvFairMutex`] for a plain
+//! Consul server. Every acquisition returns a [`Held`] whose `lost()` resolves once the lock is
+//! no longer held. It speaks HTTP only and links neither the agent nor the server; the bodies it
+//! reads are `vigil_shared`'s types, and what its recipes write to KV is `vigil_shared::recipe`.
 //!
 //! Invariants: a blocking read carries the last `X-Consul-Index` forward ([`next_wait_index`]);
 //! every session a recipe creates is destroyed when its holder is released or dropped (drops

@@ -15,6 +15,10 @@
 //!
 //! On the wire a UDP datagram is `envelope version | [nonce] | kind | payload [| tag]`, at most
 //! 1400 bytes; see [`crypto`] and `node`.
+//!
+//! The crate needs nothing from the agent that runs it: [`GossipConfig`] says who this node is and
+//! whom to join, and the catalog's member vocabulary (`vigil_shared::catalog`: roles, states,
+//! [`MemberStatus`]) is what it reports.
 
 mod book;
 pub mod crypto;

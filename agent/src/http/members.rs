@@ -80,7 +80,7 @@ impl MemberJson {
 
 /// This agent's own entry of `/v1/agent/members` (`Member` in `/v1/agent/self`): the member with
 /// its name *and* its gossip address, so a node not admitted because an older process still
-/// holds its name (see `gossip::book`) is not mistaken for that process.
+/// holds its name (see `vigil_gossip`'s member book) is not mistaken for that process.
 pub(super) fn local_member(state: &AppState) -> Option<MemberJson> {
     let me = state.gossip.gossip_addr();
     state
