@@ -498,10 +498,13 @@ impl Driver {
 
     fn received(&mut self, packet: &[u8], from: SocketAddr) -> Output {
         let now = self.epoch.elapsed();
-        let out = self.node.handle_packet(packet, now).unwrap_or_else(|e| {
-            tracing::debug!(%from, error = %e, "dropped gossip packet");
-            Output::default()
-        });
+        let out = self
+            .node
+            .handle_packet(packet, from, now)
+            .unwrap_or_else(|e| {
+                tracing::debug!(%from, error = %e, "dropped gossip packet");
+                Output::default()
+            });
         self.decrypt_failures
             .store(self.node.decrypt_failures(), Ordering::Relaxed);
         self.foreign_drops

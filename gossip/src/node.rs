@@ -134,6 +134,11 @@ pub struct Forwarded {
 #[derive(Debug)]
 struct ProbeRound {
     probe: ProbeNumber,
+    /// Nacks count until then: the probe period (stretched by our health when the probe began)
+    /// and a probe RTT for the nack's way back. foca's probe number is a `u8` shared by all our
+    /// probes, so an old nack may carry the number of this round; a round ends long before
+    /// the number comes round again.
+    nacks_until: Duration,
     asked: BTreeSet<SocketAddr>,
     nacked: BTreeSet<SocketAddr>,
 }
@@ -299,10 +304,16 @@ impl GossipNode {
         self.envelope.failures()
     }
 
-    /// A received packet, still sealed; `Err` (and counted) when it does not open.
-    pub fn handle_packet(&mut self, packet: &[u8], now: Duration) -> Result<Output, OpenError> {
+    /// A received packet, still sealed, and the address it came from; `Err` (and counted) when
+    /// it does not open.
+    pub fn handle_packet(
+        &mut self,
+        packet: &[u8],
+        source: SocketAddr,
+        now: Duration,
+    ) -> Result<Output, OpenError> {
         let plain = self.envelope.open(packet)?;
-        Ok(self.handle_data(&plain, now))
+        Ok(self.handle_data(&plain, source, now))
     }
 
     /// Our current identity (its generation grows when foca renews it).
@@ -311,7 +322,7 @@ impl GossipNode {
     }
 
     /// A received packet, already opened.
-    fn handle_data(&mut self, data: &[u8], now: Duration) -> Output {
+    fn handle_data(&mut self, data: &[u8], source: SocketAddr, now: Duration) -> Output {
         if self.left {
             return Output::default();
         }
@@ -319,7 +330,7 @@ impl GossipNode {
             Some((&KIND_SWIM, swim)) => self.handle_swim(swim, now),
             Some((&KIND_SYNC, chunk)) => self.handle_sync(chunk, now),
             Some((&KIND_KEY, message)) => self.handle_key(message, now),
-            Some((&KIND_NACK, message)) => self.handle_nack(message, now),
+            Some((&KIND_NACK, message)) => self.handle_nack(message, source, now),
             _ => {
                 tracing::debug!("gossip packet of an unknown kind");
                 Output::default()
@@ -1156,7 +1167,7 @@ impl GossipNode {
                     self.worse_health();
                 }
                 self.incarnation = header.src_incarnation;
-                self.note_probe_sent(&to, &header.message, &mut out);
+                self.note_probe_sent(&to, &header.message, now, &mut out);
             }
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -1239,13 +1250,22 @@ impl GossipNode {
     /// Notes what our own SWIM packets start: a probe of a member (a new indirect round), a
     /// member asked to probe it for us, or an indirect probe we forward for another member
     /// (answered by the target, or nacked when [`NodeTimer::Nack`] fires).
-    fn note_probe_sent(&mut self, to: &Member, message: &Message<Member>, out: &mut Output) {
+    fn note_probe_sent(
+        &mut self,
+        to: &Member,
+        message: &Message<Member>,
+        now: Duration,
+        out: &mut Output,
+    ) {
         match message {
             Message::Ping(probe) => {
+                let nacks_until =
+                    now + self.stretched(self.profile.probe_period()) + self.profile.probe_rtt();
                 self.probes.insert(
                     to.addr,
                     ProbeRound {
                         probe: *probe,
+                        nacks_until,
                         asked: BTreeSet::new(),
                         nacked: BTreeSet::new(),
                     },
@@ -1299,17 +1319,22 @@ impl GossipNode {
     }
 
     /// A nack for an indirect round of ours: a confirmation of our suspicion of the target
-    /// (now or once the probe is declared failed), which may end it sooner.
-    fn handle_nack(&mut self, message: &[u8], now: Duration) -> Output {
+    /// (now or once the probe is declared failed), which may end it sooner. It counts only from
+    /// a member we asked, sent from that member's address, while the round lasts.
+    fn handle_nack(&mut self, message: &[u8], source: SocketAddr, now: Duration) -> Output {
         let Ok(nack) = postcard::from_bytes::<Nack>(message) else {
             tracing::debug!("undecodable nack");
             return Output::default();
         };
-        let Some(round) = self
-            .probes
-            .get_mut(&nack.target)
-            .filter(|round| round.probe == nack.probe && round.asked.contains(&nack.from))
-        else {
+        if !same_host_port(nack.from, source) {
+            tracing::debug!(from = %nack.from, %source, "gossip: nack from another address than its sender's");
+            return Output::default();
+        }
+        let Some(round) = self.probes.get_mut(&nack.target).filter(|round| {
+            round.probe == nack.probe
+                && now <= round.nacks_until
+                && round.asked.contains(&nack.from)
+        }) else {
             return Output::default();
         };
         round.nacked.insert(nack.from);
@@ -1365,8 +1390,17 @@ impl GossipNode {
     }
 }
 
+/// Whether two addresses are one socket, an IPv4 address and its IPv4-mapped IPv6 form alike
+/// (what a dual-stack socket reports).
+fn same_host_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical()
+}
+
 /// A keyring packet: the kind byte and the message.
 fn key_packet(message: &KeyMessage) -> Vec<u8> {
     postcard::to_extend(message, vec![KIND_KEY])
         .expect("postcard encodes a keyring message into a Vec")
 }
+
+#[cfg(test)]
+mod tests;

@@ -54,7 +54,8 @@ fn identity(i: usize, generation: u64) -> Member {
 
 enum Kind {
     Timer(NodeTimer),
-    Packet(Vec<u8>),
+    /// A sealed packet and the address it was sent from.
+    Packet(Vec<u8>, SocketAddr),
     Tick,
     /// The kernel refused a packet this node sent to that address (port unreachable).
     Refused(SocketAddr),
@@ -303,7 +304,7 @@ impl Sim {
                 continue;
             }
             let sealed = self.nodes[from].node.seal(&data);
-            self.push(self.now + latency, dst, Kind::Packet(sealed));
+            self.push(self.now + latency, dst, Kind::Packet(sealed, addr(from)));
         }
     }
 
@@ -328,12 +329,12 @@ impl Sim {
         let now = self.now;
         let out = match *event.kind {
             Kind::Timer(timer) => self.nodes[i].node.handle_timer(timer, now),
-            Kind::Packet(data) => {
+            Kind::Packet(data, source) => {
                 self.packets += 1;
                 // A packet that does not open is dropped (and counted by the node).
                 self.nodes[i]
                     .node
-                    .handle_packet(&data, now)
+                    .handle_packet(&data, source, now)
                     .unwrap_or_default()
             }
             Kind::Refused(to) => self.nodes[i].node.refused(to, now),
