@@ -141,6 +141,11 @@ struct ProbeRound {
     nacks_until: Duration,
     asked: BTreeSet<SocketAddr>,
     nacked: BTreeSet<SocketAddr>,
+    /// The target answered this probe (directly or through a member we asked): its nacks say
+    /// nothing against the target.
+    acked: bool,
+    /// The nackers this round added to our suspicion of the target, taken back if it acks.
+    confirmed: BTreeSet<SocketAddr>,
 }
 
 /// A timer the node asks its driver for: foca's, or one of the node's own.
@@ -353,7 +358,7 @@ impl GossipNode {
                 return Output::default();
             }
         }
-        let filtered = self.screen_swim(data);
+        let filtered = self.screen_swim(data, now);
         let result = match filtered {
             Some(filtered) => self.foca.handle_data(&filtered, &mut self.runtime),
             None => self.foca.handle_data(data, &mut self.runtime),
@@ -369,11 +374,11 @@ impl GossipNode {
     /// notices that are stale ([`GossipNode::is_stale_death`]). Returns the packet rebuilt
     /// without the stale notices, or `None` to hand it to foca as it is (nothing stale, or
     /// nothing foca would decode either).
-    fn screen_swim(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+    fn screen_swim(&mut self, data: &[u8], now: Duration) -> Option<Vec<u8>> {
         let mut codec = PostcardCodec;
         let mut rest = data;
         let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
-        self.note_ack(&header);
+        self.note_ack(&header, now);
         if let Message::IndirectAck {
             target: asker,
             probe_number,
@@ -465,17 +470,33 @@ impl GossipNode {
     }
 
     /// Lifeguard: an ack for one of our probes, direct or forwarded by an indirect prober, is
-    /// a probe that succeeded, and our local health improves (once per probe).
-    fn note_ack(&mut self, header: &Header<Member>) {
-        let probe = match &header.message {
-            Message::Ack(probe)
-            | Message::ForwardedAck {
-                probe_number: probe,
-                ..
-            } => *probe,
+    /// a probe that succeeded, and our local health improves (once per probe). The target
+    /// answered that round, so its nacks confirm no suspicion of the target.
+    fn note_ack(&mut self, header: &Header<Member>, now: Duration) {
+        let (target, probe) = match &header.message {
+            Message::Ack(probe) => (header.src.addr, *probe),
+            Message::ForwardedAck {
+                origin,
+                probe_number,
+            } => (origin.addr, *probe_number),
             _ => return,
         };
-        if header.dst != *self.identity() || self.last_acked_probe == Some(probe) {
+        if header.dst != *self.identity() {
+            return;
+        }
+        if let Some(round) = self
+            .probes
+            .get_mut(&target)
+            .filter(|round| round.probe == probe && now <= round.nacks_until)
+        {
+            round.acked = true;
+            if let Some(s) = self.suspecting.get_mut(&target) {
+                for nacker in std::mem::take(&mut round.confirmed) {
+                    s.confirmations.remove(&nacker);
+                }
+            }
+        }
+        if self.last_acked_probe == Some(probe) {
             return;
         }
         self.last_acked_probe = Some(probe);
@@ -1142,7 +1163,13 @@ impl GossipNode {
                         );
                     }
                     if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
-                        s.confirmations.extend(nacked);
+                        let added: Vec<SocketAddr> = nacked
+                            .into_iter()
+                            .filter(|nacker| s.confirmations.insert(*nacker))
+                            .collect();
+                        if let Some(round) = self.probes.get_mut(&member_id.addr) {
+                            round.confirmed.extend(added);
+                        }
                     }
                     let end = self.suspicion_end(&member_id.addr).unwrap_or(now + after);
                     if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
@@ -1268,6 +1295,8 @@ impl GossipNode {
                         nacks_until,
                         asked: BTreeSet::new(),
                         nacked: BTreeSet::new(),
+                        acked: false,
+                        confirmed: BTreeSet::new(),
                     },
                 );
             }
@@ -1333,6 +1362,7 @@ impl GossipNode {
         let Some(round) = self.probes.get_mut(&nack.target).filter(|round| {
             round.probe == nack.probe
                 && now <= round.nacks_until
+                && !round.acked
                 && round.asked.contains(&nack.from)
         }) else {
             return Output::default();
@@ -1344,6 +1374,7 @@ impl GossipNode {
         if !s.confirmations.insert(nack.from) {
             return Output::default();
         }
+        round.confirmed.insert(nack.from);
         let Some(end) = self.suspicion_end(&nack.target) else {
             return Output::default();
         };

@@ -4,6 +4,7 @@
 
 use std::net::IpAddr;
 
+use foca::Runtime as _;
 use vigil_shared::catalog::MemberRole;
 
 use super::*;
@@ -24,7 +25,7 @@ fn member(i: u8) -> Member {
     )
 }
 
-/// Node 0, which probes node 3 and asks nodes 1 and 2 to probe it indirectly.
+/// Node 0, which probes node 3 and asks nodes 1, 2 and 4 to probe it indirectly.
 struct Asker {
     node: GossipNode,
 }
@@ -36,27 +37,69 @@ impl Asker {
         }
     }
 
-    /// Our probe `PROBE` of node 3 begins at `now`, and nodes 1 and 2 are asked to help.
-    fn probe(&mut self, now: Duration) {
+    /// Our probe `probe` of node 3 begins at `now`, and nodes 1, 2 and 4 are asked to help.
+    fn probe_numbered(&mut self, probe: ProbeNumber, now: Duration) {
         let mut out = Output::default();
         self.node
-            .note_probe_sent(&member(3), &Message::Ping(PROBE), now, &mut out);
-        for forwarder in [1, 2] {
+            .note_probe_sent(&member(3), &Message::Ping(probe), now, &mut out);
+        for forwarder in [1, 2, 4] {
             let ask = Message::PingReq {
                 target: member(3),
-                probe_number: PROBE,
+                probe_number: probe,
             };
             self.node
                 .note_probe_sent(&member(forwarder), &ask, now, &mut out);
         }
     }
 
+    fn probe(&mut self, now: Duration) {
+        self.probe_numbered(PROBE, now);
+    }
+
+    /// foca declares our probe of node 3 failed: the suspicion timer it schedules.
+    fn fail(&mut self, now: Duration) {
+        let timer = Timer::ChangeSuspectToDown {
+            member_id: member(3),
+            incarnation: Incarnation::default(),
+            token: 0,
+        };
+        let after = self.node.profile.suspicion_timeout(5, 0);
+        self.node.runtime.submit_after(timer, after);
+        self.node.settle(now);
+    }
+
+    /// Node 3's answer to probe `probe`, forwarded by `via`.
+    fn forwarded_ack(&mut self, via: u8, probe: ProbeNumber, now: Duration) {
+        let header = Header {
+            src: member(via),
+            src_incarnation: Incarnation::default(),
+            dst: self.node.identity().clone(),
+            message: Message::ForwardedAck {
+                origin: member(3),
+                probe_number: probe,
+            },
+        };
+        let mut packet = postcard::to_extend(&header, vec![KIND_SWIM]).unwrap();
+        packet.extend_from_slice(&0u16.to_be_bytes());
+        let sealed = self.node.seal(&packet);
+        self.node.handle_packet(&sealed, addr(via), now).unwrap();
+    }
+
+    /// The members confirming our suspicion of node 3.
+    fn confirmations(&self) -> BTreeSet<SocketAddr> {
+        self.node.suspecting[&addr(3)].confirmations.clone()
+    }
+
     /// A nack from `from` about node 3, arriving from `source`.
     fn nack(&mut self, from: u8, source: SocketAddr, now: Duration) {
+        self.nack_numbered(from, PROBE, source, now);
+    }
+
+    fn nack_numbered(&mut self, from: u8, probe: ProbeNumber, source: SocketAddr, now: Duration) {
         let nack = Nack {
             from: addr(from),
             target: addr(3),
-            probe: PROBE,
+            probe,
         };
         let packet = postcard::to_extend(&nack, vec![KIND_NACK]).unwrap();
         let sealed = self.node.seal(&packet);
@@ -104,4 +147,28 @@ fn a_nack_after_its_round_is_over_does_not_count() {
     // Phase 2: within the round it counts.
     asker.nack(2, addr(2), Duration::from_millis(900));
     assert_eq!(asker.nacked(), BTreeSet::from([addr(2)]));
+}
+
+#[test]
+fn nacks_of_a_round_the_target_answered_confirm_nothing() {
+    let mut asker = Asker::new();
+    let period = Duration::from_secs(1);
+
+    // Phase 1: our first probe fails, nobody nacks: a suspicion nobody confirms.
+    asker.probe_numbered(PROBE, Duration::ZERO);
+    asker.fail(period);
+    assert!(asker.confirmations().is_empty());
+
+    // Phase 2: in the next probe of the suspect, node 1 nacks before node 2's forwarded ack
+    // comes: the target answered this round, so node 1's nack is taken back.
+    let next = PROBE + 1;
+    asker.probe_numbered(next, period * 2);
+    asker.nack_numbered(1, next, addr(1), period * 2 + Duration::from_millis(900));
+    assert_eq!(asker.confirmations(), BTreeSet::from([addr(1)]));
+    asker.forwarded_ack(2, next, period * 2 + Duration::from_millis(910));
+    assert!(asker.confirmations().is_empty());
+
+    // Phase 3: node 4's nack, after the ack, counts neither.
+    asker.nack_numbered(4, next, addr(4), period * 2 + Duration::from_millis(920));
+    assert!(asker.confirmations().is_empty());
 }
