@@ -211,8 +211,9 @@ pub struct GossipNode {
     /// Our latest probe of each member we probed, by its address: who nacked its indirect
     /// round.
     probes: BTreeMap<SocketAddr, ProbeRound>,
-    /// Indirect probes we forward for others, until the target answers or we nack.
-    forwarding: BTreeSet<Forwarded>,
+    /// Indirect probes we forward for others, until the target answers or we nack, with when
+    /// the nack is due.
+    forwarding: BTreeMap<Forwarded, Duration>,
     /// Addresses whose first refusal (see [`GossipNode::refused`]) awaits confirmation, with
     /// when it came: a second refusal before `when + probe_period` is the confirmation.
     refused: BTreeMap<SocketAddr, Duration>,
@@ -272,7 +273,7 @@ impl GossipNode {
             last_acked_probe: None,
             suspecting: BTreeMap::new(),
             probes: BTreeMap::new(),
-            forwarding: BTreeSet::new(),
+            forwarding: BTreeMap::new(),
             refused: BTreeMap::new(),
             rng: own_rng,
             envelope: Envelope::new(None),
@@ -676,7 +677,7 @@ impl GossipNode {
         }
         let timer = match timer {
             NodeTimer::Swim(timer) => timer,
-            NodeTimer::Nack(forwarded) => return self.nack_due(forwarded),
+            NodeTimer::Nack(forwarded) => return self.nack_due(forwarded, now),
         };
         let suspect = match &timer {
             Timer::ChangeSuspectToDown {
@@ -1321,17 +1322,26 @@ impl GossipNode {
                     target: to.addr,
                     probe: *probe_number,
                 };
-                self.forwarding.insert(forwarded);
-                out.timers
-                    .push((self.profile.nack_after(), NodeTimer::Nack(forwarded)));
+                let after = self.profile.nack_after();
+                self.forwarding.insert(forwarded, now + after);
+                out.timers.push((after, NodeTimer::Nack(forwarded)));
             }
             _ => {}
         }
     }
 
-    /// An indirect probe we forwarded got no answer in time: tell the asker.
-    fn nack_due(&mut self, forwarded: Forwarded) -> Output {
-        if !self.forwarding.remove(&forwarded) {
+    /// An indirect probe we forwarded got no answer in time: tell the asker. Unless the timer
+    /// fires late (beyond the slack the asker's indirect window leaves a nack): then we were
+    /// stalled (stopped, or starved of CPU), the target's answer may be waiting unread in our
+    /// socket, and our silence says nothing about the target.
+    fn nack_due(&mut self, forwarded: Forwarded, now: Duration) -> Output {
+        let Some(due) = self.forwarding.remove(&forwarded) else {
+            return Output::default();
+        };
+        let slack = self.profile.probe_rtt() - self.profile.nack_after();
+        if now > due + slack {
+            tracing::debug!(target = %forwarded.target, late = ?(now - due),
+                "gossip: no nack from a stalled forwarder");
             return Output::default();
         }
         let nack = Nack {

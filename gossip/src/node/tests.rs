@@ -172,3 +172,64 @@ fn nacks_of_a_round_the_target_answered_confirm_nothing() {
     asker.nack_numbered(4, next, addr(4), period * 2 + Duration::from_millis(920));
     assert!(asker.confirmations().is_empty());
 }
+
+/// A SWIM packet from `from` to `node`, sealed as `node` opens it.
+fn swim(node: &GossipNode, from: u8, message: Message<Member>) -> Vec<u8> {
+    let header = Header {
+        src: member(from),
+        src_incarnation: Incarnation::default(),
+        dst: node.identity().clone(),
+        message,
+    };
+    let mut packet = postcard::to_extend(&header, vec![KIND_SWIM]).unwrap();
+    packet.extend_from_slice(&0u16.to_be_bytes());
+    node.seal(&packet)
+}
+
+/// Node 0 asks `forwarder` to probe node 3 (probe `probe`) at `now`; the nack timer it arms.
+fn ask_to_forward(forwarder: &mut GossipNode, probe: ProbeNumber, now: Duration) -> NodeTimer {
+    let ask = Message::PingReq {
+        target: member(3),
+        probe_number: probe,
+    };
+    let packet = swim(forwarder, 0, ask);
+    let out = forwarder.handle_packet(&packet, addr(0), now).unwrap();
+    assert!(
+        out.sends.iter().any(|(to, _)| *to == addr(3)),
+        "probes node 3"
+    );
+    let (after, timer) = out
+        .timers
+        .into_iter()
+        .find(|(_, timer)| matches!(timer, NodeTimer::Nack(_)))
+        .expect("a nack timer");
+    assert_eq!(after, TimingProfile::Lan.nack_after());
+    timer
+}
+
+fn nacks_sent(out: &Output) -> usize {
+    out.sends
+        .iter()
+        .filter(|(to, packet)| *to == addr(0) && packet.first() == Some(&KIND_NACK))
+        .count()
+}
+
+#[test]
+fn a_forwarder_resumed_after_a_stall_does_not_nack_for_it() {
+    let mut forwarder =
+        GossipNode::new(member(1), &[], TimingProfile::Lan, StdRng::seed_from_u64(1));
+    let nack_after = TimingProfile::Lan.nack_after();
+
+    // Phase 1: the target stays silent and the timer fires on time: a nack.
+    let start = Duration::from_secs(1);
+    let timer = ask_to_forward(&mut forwarder, PROBE, start);
+    let out = forwarder.handle_timer(timer, start + nack_after);
+    assert_eq!(nacks_sent(&out), 1);
+
+    // Phase 2: stopped for 2 s right after forwarding, the forwarder resumes with the overdue
+    // timer first and the target's answer still unread: no nack.
+    let start = Duration::from_secs(5);
+    let timer = ask_to_forward(&mut forwarder, PROBE + 1, start);
+    let out = forwarder.handle_timer(timer, start + Duration::from_secs(2));
+    assert_eq!(nacks_sent(&out), 0);
+}
