@@ -146,6 +146,9 @@ struct ProbeRound {
     acked: bool,
     /// The nackers this round added to our suspicion of the target, taken back if it acks.
     confirmed: BTreeSet<SocketAddr>,
+    /// The round failed before any nack came, and that worsened our local health: a nack
+    /// arriving after the verdict (late, or read late because we were stalled) takes it back.
+    penalized: bool,
 }
 
 /// A timer the node asks its driver for: foca's, or one of the node's own.
@@ -1142,8 +1145,11 @@ impl GossipNode {
                     // we asked to probe indirectly answered that it got no answer either (the
                     // failure is the target's, not ours). memberlist counts each missing nack;
                     // members of the first release never nack, so only "none came" counts.
-                    if nacked.is_empty() {
-                        self.worse_health();
+                    if nacked.is_empty()
+                        && self.worse_health()
+                        && let Some(round) = self.probes.get_mut(&member_id.addr)
+                    {
+                        round.penalized = true;
                     }
                     let same = self
                         .suspecting
@@ -1242,9 +1248,11 @@ impl GossipNode {
     }
 
     /// A member notification naming our own address (an identity of ours from before a renew).
-    /// Lifeguard: a probe of ours failed, or we had to refute a suspicion of ourselves.
-    fn worse_health(&mut self) {
-        self.local_health = (self.local_health + 1).min(MAX_LOCAL_HEALTH);
+    /// Lifeguard: a probe of ours failed, or we had to refute a suspicion of ourselves. Returns
+    /// whether the score grew (it stops at [`MAX_LOCAL_HEALTH`]).
+    fn worse_health(&mut self) -> bool {
+        let worse = (self.local_health + 1).min(MAX_LOCAL_HEALTH);
+        std::mem::replace(&mut self.local_health, worse) < worse
     }
 
     /// A probe timeout or period stretched by our local health (memberlist's `ScaleTimeout`):
@@ -1298,6 +1306,7 @@ impl GossipNode {
                         nacked: BTreeSet::new(),
                         acked: false,
                         confirmed: BTreeSet::new(),
+                        penalized: false,
                     },
                 );
             }
@@ -1378,6 +1387,11 @@ impl GossipNode {
             return Output::default();
         };
         round.nacked.insert(nack.from);
+        if std::mem::take(&mut round.penalized) {
+            // Lifeguard's exemption, for a nack that came after foca's verdict: the failure
+            // was the target's, not ours.
+            self.local_health = self.local_health.saturating_sub(1);
+        }
         let Some(s) = self.suspecting.get_mut(&nack.target) else {
             return Output::default();
         };

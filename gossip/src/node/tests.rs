@@ -233,3 +233,28 @@ fn a_forwarder_resumed_after_a_stall_does_not_nack_for_it() {
     let out = forwarder.handle_timer(timer, start + Duration::from_secs(2));
     assert_eq!(nacks_sent(&out), 0);
 }
+
+#[test]
+fn a_nack_read_after_the_verdict_still_spares_our_health() {
+    let mut asker = Asker::new();
+    let period = Duration::from_secs(1);
+
+    // Phase 1: a nack before foca's verdict: the failure is the target's, our health holds.
+    asker.probe_numbered(PROBE, Duration::ZERO);
+    asker.nack_numbered(1, PROBE, addr(1), Duration::from_millis(900));
+    asker.fail(period);
+    assert_eq!(asker.node.local_health(), 0);
+
+    // Phase 2: with our health already down to 3, the next round's verdict comes before its
+    // nack (sent late, or read late by a stalled asker): the point it cost comes back when the
+    // nack is read, and only once.
+    asker.node.local_health = 3;
+    let next = PROBE + 1;
+    asker.probe_numbered(next, period * 2);
+    asker.fail(period * 3);
+    assert_eq!(asker.node.local_health(), 4);
+    asker.nack_numbered(1, next, addr(1), period * 3 + Duration::from_millis(10));
+    assert_eq!(asker.node.local_health(), 3);
+    asker.nack_numbered(2, next, addr(2), period * 3 + Duration::from_millis(20));
+    assert_eq!(asker.node.local_health(), 3);
+}
