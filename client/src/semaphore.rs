@@ -275,21 +275,16 @@ async fn monitor_slot(
 mod tests {
     use super::*;
 
-    fn pair(key: &str, session: Option<&str>) -> KvEntry {
-        KvEntry {
-            key: key.into(),
-            value: Vec::new(),
-            flags: SEMAPHORE_FLAG_VALUE,
-            session: session.map(str::to_owned),
-            lock_index: 1,
-            create_index: 1,
-            modify_index: 1,
-        }
-    }
-
     #[test]
     fn missing_coordination_key_is_an_empty_semaphore_entry() {
-        let found = find_lock(&[pair("p/s1", Some("s1"))], "p/.lock");
+        // A listing of one contender's key (held by its session) and no `.lock`.
+        let contender = KvEntry {
+            session: Some("s1".into()),
+            create_index: 7,
+            ..find_lock(&[], "p/s1")
+        };
+        let found = find_lock(&[contender], "p/.lock");
+        assert_eq!(found.key, "p/.lock");
         assert_eq!(found.flags, SEMAPHORE_FLAG_VALUE);
         assert_eq!(found.modify_index, 0);
     }
