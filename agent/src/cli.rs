@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use vigil_gossip::{Key, KeyringFile, TimingProfile};
 use vigil_shared::acl::authz::DefaultPolicy;
 use vigil_shared::go::duration::parse_go_duration;
 
 use crate::acl::AclConfig;
-use crate::gossip::{Key, KeyringFile, TimingProfile};
 use crate::local::config::LocalDefinitions;
 use crate::{AgentConfig, AgentMode, HttpsConfig, TlsSource};
 
@@ -518,10 +518,8 @@ mod tests {
 
     #[test]
     fn the_gossip_key_comes_from_the_flag_or_else_the_config_file() {
-        let (_dir, path) = config_file(&format!(
-            "encrypt = \"{}\"\n",
-            crate::gossip::generate_key()
-        ));
+        let (_dir, path) =
+            config_file(&format!("encrypt = \"{}\"\n", vigil_gossip::generate_key()));
         let path = path.as_str();
         assert!(
             agent(&["--config", path])

@@ -8,7 +8,6 @@ pub mod backend;
 pub mod cli;
 pub mod cmd;
 pub mod fds;
-pub mod gossip;
 pub mod http;
 pub mod local;
 pub mod monitor;
@@ -29,6 +28,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use vigil_gossip::{Gossip, GossipConfig, Key, Keyring, KeyringFile, TimingProfile};
 use vigil_server::{RaftTiming, Server, ServerConfig, ServerMode};
 use vigil_shared::catalog::{HealthStatus, MemberRole, SERF_HEALTH};
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
@@ -36,7 +36,6 @@ use vigil_wire::tls::TlsMaterial;
 use vigil_wire::transport::RpcClient;
 
 use backend::{Backend, RemoteServers};
-use gossip::{Gossip, GossipConfig, Key, Keyring, KeyringFile, TimingProfile};
 
 /// The only datacenter a Vigil cluster has.
 pub const DATACENTER: &str = "dc1";
@@ -259,7 +258,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
     };
 
     let tasks = TaskTracker::new();
-    let gossip = gossip::start(
+    let gossip = vigil_gossip::start(
         GossipConfig {
             name: config.node_name.clone(),
             bind_addr: config.serf_addr,

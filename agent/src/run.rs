@@ -112,7 +112,7 @@ pub async fn main() -> anyhow::Result<()> {
         Command::Session(cmd) => session::run(cmd).await,
         Command::Keyring(args) => keyring::run(args).await,
         Command::Keygen => {
-            println!("{}", crate::gossip::generate_key());
+            println!("{}", vigil_gossip::generate_key());
             return Ok(());
         }
         Command::Members(args) => members::members(args).await,

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};
-use vigil_shared::client::Client;
+use vigil_client::Client;
 
 use super::etcd::connect;
 use super::load::median;

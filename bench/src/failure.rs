@@ -26,7 +26,7 @@ use anyhow::{Context, Result, bail};
 use etcd_client::{EventType, LockOptions, WatchOptions};
 use serde_json::json;
 use tokio::time::{Instant, sleep, sleep_until};
-use vigil_shared::client::Client;
+use vigil_client::Client;
 
 use super::etcd::connect;
 use super::etcd_concurrency::{Counters, Session};

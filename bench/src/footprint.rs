@@ -12,7 +12,7 @@ use futures::{StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::{Instant, sleep};
-use vigil_shared::client::{Client, SessionRequest};
+use vigil_client::{Client, SessionRequest};
 use vigil_shared::kv::KvOp;
 
 use super::etcd::connect;

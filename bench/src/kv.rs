@@ -5,7 +5,7 @@
 
 use anyhow::{Result, ensure};
 use serde_json::json;
-use vigil_shared::client::Client;
+use vigil_client::Client;
 
 use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};

@@ -23,7 +23,7 @@ use etcd_client::LockOptions as EtcdLockOptions;
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
-use vigil_shared::client::{
+use vigil_client::{
     Client, FairMutex, Held, Lock, LockOptions, QueueOptions, RwLock, SessionRequest,
 };
 

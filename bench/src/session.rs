@@ -12,7 +12,7 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use futures::{StreamExt, TryStreamExt};
 use parking_lot::Mutex;
 use serde_json::json;
-use vigil_shared::client::{Client, SessionRequest};
+use vigil_client::{Client, SessionRequest};
 
 use super::etcd::connect_each;
 use super::load::{Percentile, Throughput, closed_loop};

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
-use vigil_shared::client::{Client, ReadOpts};
+use vigil_client::{Client, ReadOpts};
 
 use super::etcd::connect;
 use super::load::{Latency, histogram};

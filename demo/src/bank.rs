@@ -226,7 +226,7 @@ async fn bank_status(State(bank): State<SharedBank>) -> axum::Json<Value> {
 /// A worker's connection to the bank: one HTTP request per write, each on a new connection (no
 /// idle pool) and bounded by [`WRITE_TIMEOUT`], so a worker that was frozen or cut off finds no
 /// half-dead connection when it resumes. The bank is not an agent, so this is plain `reqwest`,
-/// the HTTP stack under `vigil_shared::client`.
+/// the HTTP stack under `vigil_client`.
 pub struct BankClient {
     http: reqwest::Client,
     /// `http://IP:port/write`.

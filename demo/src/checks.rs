@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use vigil_shared::client::Client;
+use vigil_client::Client;
 
 use crate::ChecksArgs;
 

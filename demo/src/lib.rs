@@ -10,7 +10,7 @@
 //! the order never goes backwards from one holder to the next. The [`bank`] accepts only writes
 //! whose token is not older than the newest it has accepted; the [`worker`] runs under `vigil
 //! lock` and writes its token to the bank. Both talk HTTP: to the agent through
-//! `vigil_shared::client`, between worker and bank through `reqwest`.
+//! `vigil_client`, between worker and bank through `reqwest`.
 
 pub mod bank;
 pub mod checks;
@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
-use vigil_shared::client::Client;
+use vigil_client::Client;
 use vigil_shared::go::duration::parse_go_duration;
 
 pub use bank::{Bank, BankWrite, Decision, Token};
@@ -120,12 +120,12 @@ pub struct AgentAddr {
     pub http_addr: Option<String>,
     /// ACL token sent as `X-Consul-Token` [default: $VIGIL_HTTP_TOKEN, $CONSUL_HTTP_TOKEN]
     #[arg(long)]
-    pub token: Option<vigil_shared::client::Token>,
+    pub token: Option<vigil_client::Token>,
 }
 
 impl AgentAddr {
     pub fn client(&self) -> anyhow::Result<Client> {
-        let config = vigil_shared::client::ClientConfig {
+        let config = vigil_client::ClientConfig {
             addr: self.http_addr.clone(),
             token: self.token.clone(),
             ..Default::default()

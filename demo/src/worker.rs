@@ -8,9 +8,7 @@
 use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 use tokio::signal::unix::{SignalKind, signal};
-use vigil_shared::client::{
-    Client, ClientError, FAIR_FLAG_VALUE, FairStep, ReadOpts, fair_step, path,
-};
+use vigil_client::{Client, ClientError, FAIR_FLAG_VALUE, FairStep, ReadOpts, fair_step, path};
 use vigil_shared::kv::KvEntry;
 
 use crate::bank::{BankClient, BankWrite, Token};
@@ -298,7 +296,7 @@ async fn hold(
 #[cfg(test)]
 mod tests {
     use serde_json::json;
-    use vigil_shared::client::LOCK_FLAG_VALUE;
+    use vigil_client::LOCK_FLAG_VALUE;
 
     use super::*;
 

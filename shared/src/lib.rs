@@ -6,8 +6,6 @@ pub mod acl;
 pub mod api;
 pub mod autopilot;
 pub mod catalog;
-#[cfg(feature = "client")]
-pub mod client;
 pub mod first_release;
 pub mod go;
 pub mod history;
@@ -15,6 +13,7 @@ pub mod kv;
 pub mod lock;
 pub mod operator;
 pub mod query;
+pub mod recipe;
 pub mod rpc;
 pub mod session;
 pub mod txn;

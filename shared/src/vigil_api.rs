@@ -1,6 +1,5 @@
 //! Vigil's own HTTP contract: the JSON bodies the `/v1/vigil/*` endpoints answer, for the agent
-//! that writes them and the clients and CLI that read them. Plain serde types, without the
-//! `client` feature.
+//! that writes them and the clients and CLI that read them. Plain serde types.
 
 use serde::{Deserialize, Serialize};
 

@@ -14,7 +14,7 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
-use vigil_shared::client::Held;
+use vigil_client::Held;
 
 /// Exit status when the lock was lost while the child ran (and the child was terminated).
 /// Consul's `consul lock` exits 0 here; a distinct status lets a supervisor tell "work cut short,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::Args;
 use futures::StreamExt as _;
-use vigil_shared::client::{Election, LockOptions};
+use vigil_client::{Election, LockOptions};
 
 use super::child::{Signals, run_while_held};
 use super::lock::acquire_or_give_up;

@@ -11,7 +11,7 @@
 //! A lost holder's lock-delay is shown on its line; `--json` prints the endpoint's answer.
 
 use clap::Args;
-use vigil_shared::client::ReadOpts;
+use vigil_client::ReadOpts;
 use vigil_shared::vigil_api::{
     HistoryCause, HistoryEvent, HistoryEventKind, HistoryKind, HistoryReport,
 };

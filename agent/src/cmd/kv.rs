@@ -9,8 +9,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
+use vigil_client::ReadOpts;
 use vigil_shared::api::DirEntry;
-use vigil_shared::client::ReadOpts;
 
 use super::AgentAddr;
 

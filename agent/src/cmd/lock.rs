@@ -22,7 +22,7 @@ use std::ffi::OsString;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use vigil_shared::client::{
+use vigil_client::{
     Client, ClientError, Held, Lock, LockOptions, LockQueue, QueueOptions, SEMAPHORE_KEY,
     Semaphore, SemaphoreOptions, path,
 };

@@ -1,7 +1,7 @@
 //! Client commands: `vigil lock`, `vigil elect`, `vigil kv`, `vigil session`, `vigil keyring`
 //! and the rest. Each talks to the local agent's HTTP(S) API (`--http-addr`, else
 //! `VIGIL_HTTP_ADDR`, else `CONSUL_HTTP_ADDR`, else 127.0.0.1:8500; TLS files and the token
-//! likewise, see [`AgentAddr`]) through the `vigil_shared::client` library and returns an exit
+//! likewise, see [`AgentAddr`]) through the `vigil_client` library and returns an exit
 //! status.
 
 pub mod acl;
@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use vigil_shared::client::{Client, ClientConfig, RecipeSession, Token};
+use vigil_client::{Client, ClientConfig, RecipeSession, Token};
 use vigil_shared::go::duration::parse_go_duration;
 
 /// Exit status for errors of `vigil` itself (agent unreachable, conflicting key, bad input).
@@ -33,7 +33,7 @@ pub const EXIT_ERROR: i32 = 1;
 
 /// Where the agent is and how to reach it: every command that talks to an agent flattens
 /// these flags, and [`AgentAddr::client`] is the one place they (and the `VIGIL_`/`CONSUL_`
-/// environment, see `vigil_shared::client::ClientConfig`) become a client.
+/// environment, see `vigil_client::ClientConfig`) become a client.
 #[derive(Debug, Clone, Args)]
 pub struct AgentAddr {
     /// Address of the local agent, `host:port`, `http://…`, `https://…` or `unix:///path` [default:

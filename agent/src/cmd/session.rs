@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use vigil_shared::client::{ReadOpts, SessionRequest};
+use vigil_client::{ReadOpts, SessionRequest};
 use vigil_shared::session::Behavior;
 
 use super::{AgentAddr, parse_duration};

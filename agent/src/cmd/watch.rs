@@ -17,7 +17,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt as _;
-use vigil_shared::client::{ReadOpts, next_wait_index};
+use vigil_client::{ReadOpts, next_wait_index};
 
 use super::{AgentAddr, GoArg, clap_flag, go_arg};
 

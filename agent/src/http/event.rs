@@ -11,13 +11,13 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use regex_lite::Regex;
 use serde::Serialize;
 use tokio::time::Instant;
+use vigil_gossip::event::{EVENT_SIZE_LIMIT, UserEvent, event_index};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::catalog::Service;
 
 use super::Ctx;
 use super::body::RequestBody;
 use super::error::ApiError;
-use crate::gossip::event::{EVENT_SIZE_LIMIT, UserEvent, event_index};
 
 /// Consul's `UserEvent` JSON.
 #[derive(Serialize)]

@@ -1,6 +1,6 @@
 //! `/v1/operator/keyring`: Consul's gossip key rotation. `GET` lists the keys every live member
 //! holds, `POST` installs a key on every member, `PUT` makes it their primary, `DELETE` removes
-//! it; the work is in [`crate::gossip::keyring`]. One pool is reported, the LAN pool of our one
+//! it; the work is in [`vigil_gossip::keyring`]. One pool is reported, the LAN pool of our one
 //! datacenter. A refusal or a member that did not answer is Consul's 500 with Go's multierror
 //! text: the pool's verdict, then each refusing member's message.
 
@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Deserialize;
+use vigil_gossip::{KeyOp, KeyResponse};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::agent::KeyringPoolJson;
 use vigil_shared::api::decode_case_insensitive;
@@ -21,7 +22,6 @@ use super::body::RequestBody;
 use super::error::ApiError;
 use super::params::Params;
 use crate::DATACENTER;
-use crate::gossip::{KeyOp, KeyResponse};
 
 /// Consul's largest `?relay-factor`.
 const MAX_RELAY_FACTOR: i64 = 5;

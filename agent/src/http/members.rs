@@ -6,13 +6,13 @@ use std::net::SocketAddr;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use vigil_gossip::GossipError;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::agent::{MemberJson, MemberTagsJson};
 use vigil_shared::catalog::{MemberRole, MemberStatus};
 
 use super::error::ApiError;
 use super::{AppState, Ctx};
-use crate::gossip::GossipError;
 
 /// A gossip member in Consul's shape.
 fn member_json(m: &MemberStatus) -> MemberJson {
@@ -47,7 +47,7 @@ fn member_json(m: &MemberStatus) -> MemberJson {
 
 /// This agent's own entry of `/v1/agent/members` (`Member` in `/v1/agent/self`): the member with
 /// its name *and* its gossip address, so a node not admitted because an older process still
-/// holds its name (see `gossip::book`) is not mistaken for that process.
+/// holds its name (see `vigil_gossip`'s member book) is not mistaken for that process.
 pub(super) fn local_member(state: &AppState) -> Option<MemberJson> {
     let me = state.gossip.gossip_addr();
     state

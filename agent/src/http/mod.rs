@@ -49,12 +49,12 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::Serialize;
+use vigil_gossip::Gossip;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::acl::{Policy, Role};
 use vigil_shared::rpc::{QueryMeta, QueryOptions};
 
 use crate::backend::Backend;
-use crate::gossip::Gossip;
 use params::Params;
 
 /// What every handler needs: one `Arc`, so the copies that every request's middleware and

@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use axum::response::Response;
 use vigil_shared::acl::authz::{Access, Resource};
-use vigil_shared::client::{
-    FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
-};
 use vigil_shared::go::strconv::parse_uint;
 use vigil_shared::kv::KvEntry;
+use vigil_shared::recipe::{
+    FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
+};
 use vigil_shared::rpc::{Consistency, QueryOptions, reads};
 use vigil_shared::session::Session;
 use vigil_shared::vigil_api::{

@@ -40,12 +40,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use serde_json::Value;
+use vigil_gossip::Key;
 
 use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
 use vigil_shared::acl::authz::DefaultPolicy;
 
 use crate::acl::AclConfig;
-use crate::gossip::Key;
 
 /// Everything a config file sets.
 #[derive(Debug, Clone, Default)]
@@ -411,7 +411,7 @@ mod tests {
 
     #[test]
     fn the_gossip_key_and_the_script_switches() {
-        let key = crate::gossip::generate_key();
+        let key = vigil_gossip::generate_key();
         let file = parse(&format!(
             "encrypt = \"{key}\"\nenable_local_script_checks = true\n"
         ))
@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn errors_never_quote_the_gossip_key() {
-        let key = crate::gossip::generate_key();
+        let key = vigil_gossip::generate_key();
         for text in [
             format!("encrypt = \"{key}"),
             format!("encrypt = \"{key}\" x"),

@@ -15,7 +15,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
-use vigil_shared::client::{Client, ClientConfig, QueueOptions, ReadOpts, SessionRequest};
+use vigil_client::{Client, ClientConfig, QueueOptions, ReadOpts, SessionRequest};
 use vigil_shared::lock::LockMode;
 use vigil_shared::vigil_api::NotAcquired;
 

@@ -31,7 +31,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
-use vigil_shared::client::{ClientConfig, ReadOpts};
+use vigil_client::{ClientConfig, ReadOpts};
 
 use crate::cluster::Cluster;
 use crate::safety::register::AgentBoard;

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::time::Instant;
+use vigil_client::{Client, ClientConfig, ReadOpts, Token};
 use vigil_demo::{BANK_CHECK, WORKER_CHECK, WorkerLine};
-use vigil_shared::client::{Client, ClientConfig, ReadOpts, Token};
 
 use super::register::{AgentBoard, client};
 use super::schedule::FaultKind;

@@ -18,8 +18,8 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
+use vigil_client::ClientConfig;
 use vigil_demo::{WorkerEvent, WorkerLine};
-use vigil_shared::client::ClientConfig;
 
 use super::register::AgentBoard;
 use super::schedule::FaultKind;

@@ -25,8 +25,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::Context as _;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use vigil_client::ClientConfig;
 use vigil_demo::{Decision, WorkerLine};
-use vigil_shared::client::ClientConfig;
 
 use check::Violation;
 pub use docker::{DockerStatus, docker_status};

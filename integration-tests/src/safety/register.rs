@@ -12,7 +12,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
-use vigil_shared::client::{Client, ClientConfig, ReadOpts};
+use vigil_client::{Client, ClientConfig, ReadOpts};
 
 /// Where the register keys live.
 pub const PREFIX: &str = "safety/register/";

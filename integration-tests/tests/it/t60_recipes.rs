@@ -16,7 +16,7 @@ use futures::{FutureExt as _, StreamExt as _};
 use integration_tests::cluster::Cluster;
 use integration_tests::{Agent, Http, eventually};
 use serde_json::{Value, json};
-use vigil_shared::client::{
+use vigil_client::{
     Client, ClientError, Election, FairMutex, Held, KvFairMutex, KvFairOptions, LOCK_FLAG_VALUE,
     Leader, Lock, LockOptions, LossReason, QueueOptions, ReadOpts, SEMAPHORE_FLAG_VALUE, Semaphore,
     SemaphoreLock, SemaphoreOptions, SessionKeeper, SessionRequest,

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::process::{Child, Command};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use vigil_shared::client::{
+use vigil_client::{
     Client, ClientError, FairMutex, Held, KvFairMutex, KvFairOptions, Lock, LockOptions,
     QueueOptions,
 };

@@ -15,7 +15,7 @@ use integration_tests::cluster::{Cluster, create_session};
 use integration_tests::{Agent, Http, binary, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use vigil_agent::gossip::generate_key;
+use vigil_gossip::generate_key;
 
 use crate::common::{assert_error, assert_error_containing, assert_error_prefix, config_file};
 

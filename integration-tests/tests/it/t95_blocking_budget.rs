@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use vigil_shared::client::{Client, FairMutex, QueueOptions};
+use vigil_client::{Client, FairMutex, QueueOptions};
 
 use crate::common::blocking_queries;
 

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use reqwest::Method;
 use serde_json::Value;
+use vigil_shared::api::SessionJson;
+use vigil_shared::go::duration::format_go_duration;
+use vigil_shared::session::Behavior;
 
 use super::{Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, encode_path};
-use crate::api::SessionJson;
-use crate::go::duration::format_go_duration;
-use crate::session::Behavior;
 
 /// What to create. Unset fields take the agent's defaults (this node, `serfHealth`, 15 s
 /// lock-delay, `release`, no TTL).

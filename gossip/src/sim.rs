@@ -54,7 +54,8 @@ fn identity(i: usize, generation: u64) -> Member {
 
 enum Kind {
     Timer(NodeTimer),
-    Packet(Vec<u8>),
+    /// A sealed packet and the address it was sent from.
+    Packet(Vec<u8>, SocketAddr),
     Tick,
     /// The kernel refused a packet this node sent to that address (port unreachable).
     Refused(SocketAddr),
@@ -303,7 +304,7 @@ impl Sim {
                 continue;
             }
             let sealed = self.nodes[from].node.seal(&data);
-            self.push(self.now + latency, dst, Kind::Packet(sealed));
+            self.push(self.now + latency, dst, Kind::Packet(sealed, addr(from)));
         }
     }
 
@@ -328,12 +329,12 @@ impl Sim {
         let now = self.now;
         let out = match *event.kind {
             Kind::Timer(timer) => self.nodes[i].node.handle_timer(timer, now),
-            Kind::Packet(data) => {
+            Kind::Packet(data, source) => {
                 self.packets += 1;
                 // A packet that does not open is dropped (and counted by the node).
                 self.nodes[i]
                     .node
-                    .handle_packet(&data, now)
+                    .handle_packet(&data, source, now)
                     .unwrap_or_default()
             }
             Kind::Refused(to) => self.nodes[i].node.refused(to, now),
@@ -1095,7 +1096,7 @@ mod tests {
 
     #[test]
     fn keys_rotate_across_the_cluster_and_lock_out_the_old_key() {
-        use crate::gossip::crypto::{Key, generate_key};
+        use crate::crypto::{Key, generate_key};
         let key = || Key::from_base64(&generate_key()).expect("a key");
         let raw = |k: &Key| {
             base64::Engine::decode(&base64::engine::general_purpose::STANDARD, k.to_base64())

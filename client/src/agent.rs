@@ -3,7 +3,7 @@
 
 use reqwest::Method;
 
-use crate::api::agent::{MemberJson, RaftConfigurationJson};
+use vigil_shared::api::agent::{MemberJson, RaftConfigurationJson};
 
 use super::{Client, ClientError, REQUEST_TIMEOUT, encode_path, with_query};
 

@@ -1,9 +1,10 @@
-//! The async HTTP client for a Vigil (or Consul) agent, behind the `client` feature: KV, sessions,
-//! txn and blocking queries over one pooled `reqwest` client, plus the recipes built on them —
-//! a session keeper, [`Lock`] (`api.Lock`), [`Semaphore`] (`api.Semaphore`), [`Election`], the
-//! server-side queue's [`LockQueue`], [`FairMutex`] and [`RwLock`], and the etcd-style
-//! [`KvFairMutex`] for a plain Consul server. Every acquisition returns a [`Held`] whose `lost()` resolves
-//! once the lock is no longer held.
+//! The async HTTP client for a Vigil (or Consul) agent: KV, sessions, txn and blocking queries
+//! over one pooled `reqwest` client, plus the recipes built on them — a session keeper, [`Lock`]
+//! (`api.Lock`), [`Semaphore`] (`api.Semaphore`), [`Election`], the server-side queue's
+//! [`LockQueue`], [`FairMutex`] and [`RwLock`], and the etcd-style [`KvFairMutex`] for a plain
+//! Consul server. Every acquisition returns a [`Held`] whose `lost()` resolves once the lock is
+//! no longer held. It speaks HTTP only and links neither the agent nor the server; the bodies it
+//! reads are `vigil_shared`'s types, and what its recipes write to KV is `vigil_shared::recipe`.
 //!
 //! Invariants: a blocking read carries the last `X-Consul-Index` forward ([`next_wait_index`]);
 //! every session a recipe creates is destroyed when its holder is released or dropped (drops
@@ -35,25 +36,25 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use reqwest::Method;
 use reqwest::header::HeaderMap;
-
-use crate::vigil_api::{HistoryReport, LocksReport};
+use vigil_shared::vigil_api::{HistoryReport, LocksReport};
 
 pub use config::{ClientConfig, Token};
 pub use election::{Election, Leader};
 pub use error::ClientError;
-pub use fair::{FAIR_FLAG_VALUE, FairStep, KvFairMutex, KvFairOptions, fair_step};
+pub use fair::{FairStep, KvFairMutex, KvFairOptions, fair_step};
 pub use held::{Held, HeldKind};
 pub use keeper::SessionKeeper;
 pub use kv::{Acquired, TxnReply};
 use liveness::AgentWatch;
-pub use lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
+pub use lock::{Lock, LockOptions};
 pub use lost::{LossReason, LostSignal};
 pub use queue::{FairMutex, LockQueue, QueueOptions, RwLock};
 pub use recipe::RecipeSession;
-pub use semaphore::{
-    SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, Semaphore, SemaphoreLock, SemaphoreOptions,
-};
+pub use semaphore::{Semaphore, SemaphoreOptions};
 pub use session::SessionRequest;
+pub use vigil_shared::recipe::{
+    FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE, SEMAPHORE_KEY, SemaphoreLock,
+};
 
 /// Where client commands find the agent when no environment variable says otherwise.
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8500";

@@ -17,17 +17,16 @@
 
 use std::time::Duration;
 
+use vigil_shared::kv::{KvEntry, KvOp};
+use vigil_shared::recipe::{FAIR_FLAG_VALUE, LOCK_FLAG_VALUE, SEMAPHORE_FLAG_VALUE};
+use vigil_shared::session::Behavior;
+
 use super::held::{Held, monitor_key};
-use super::lock::{DEFAULT_LOCK_RETRY_TIME, LOCK_FLAG_VALUE};
+use super::lock::DEFAULT_LOCK_RETRY_TIME;
 use super::lost::{LostSignal, LostTrigger};
 use super::recipe::{RecipeSession, contender_entry};
-use super::semaphore::SEMAPHORE_FLAG_VALUE;
 use super::{Client, ClientError, ReadOpts, next_wait_index, path};
-use crate::kv::{KvEntry, KvOp};
-use crate::session::Behavior;
 
-/// Marks a fair-mutex contender key (ASCII "VigilFai").
-pub const FAIR_FLAG_VALUE: u64 = 0x5669_6769_6c46_6169;
 pub const DEFAULT_FAIR_SESSION_NAME: &str = "Vigil Fair Lock";
 /// How long each wait on the predecessor blocks on the server.
 const PREDECESSOR_WAIT: Duration = Duration::from_secs(300);

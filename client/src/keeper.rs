@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_shared::go::duration::parse_go_duration;
 
 use super::liveness::lose_on_refusal;
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::{Client, ClientError, SessionRequest};
-use crate::go::duration::parse_go_duration;
 
 /// Pause between failed renew attempts.
 const RENEW_RETRY: Duration = Duration::from_secs(1);

@@ -15,6 +15,10 @@
 //!
 //! On the wire a UDP datagram is `envelope version | [nonce] | kind | payload [| tag]`, at most
 //! 1400 bytes; see [`crypto`] and `node`.
+//!
+//! The crate needs nothing from the agent that runs it: [`GossipConfig`] says who this node is and
+//! whom to join, and the catalog's member vocabulary (`vigil_shared::catalog`: roles, states,
+//! [`MemberStatus`]) is what it reports.
 
 mod book;
 pub mod crypto;
@@ -265,8 +269,8 @@ pub async fn start(
 impl Gossip {
     /// A handle with no gossip task behind it, for tests of the HTTP API: `members` is the
     /// member list for good, no event arrives, and commands fail as after a shutdown.
-    #[cfg(test)]
-    pub(crate) fn detached(addr: SocketAddr, members: Vec<MemberStatus>) -> Gossip {
+    #[cfg(any(test, feature = "test-double"))]
+    pub fn detached(addr: SocketAddr, members: Vec<MemberStatus>) -> Gossip {
         let (commands, _) = mpsc::channel(1);
         Gossip {
             commands,
@@ -494,10 +498,13 @@ impl Driver {
 
     fn received(&mut self, packet: &[u8], from: SocketAddr) -> Output {
         let now = self.epoch.elapsed();
-        let out = self.node.handle_packet(packet, now).unwrap_or_else(|e| {
-            tracing::debug!(%from, error = %e, "dropped gossip packet");
-            Output::default()
-        });
+        let out = self
+            .node
+            .handle_packet(packet, from, now)
+            .unwrap_or_else(|e| {
+                tracing::debug!(%from, error = %e, "dropped gossip packet");
+                Output::default()
+            });
         self.decrypt_failures
             .store(self.node.decrypt_failures(), Ordering::Relaxed);
         self.foreign_drops

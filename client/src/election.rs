@@ -5,11 +5,12 @@
 use std::time::Duration;
 
 use futures::stream::{self, BoxStream, StreamExt};
+use vigil_shared::kv::KvEntry;
+use vigil_shared::recipe::LOCK_FLAG_VALUE;
 
 use super::held::{Held, MONITOR_RETRY};
-use super::lock::{LOCK_FLAG_VALUE, Lock, LockOptions};
+use super::lock::{Lock, LockOptions};
 use super::{Client, ClientError, ReadOpts, next_wait_index};
-use crate::kv::KvEntry;
 
 /// How long each observe read blocks on the server.
 const OBSERVE_WAIT: Duration = Duration::from_secs(300);

@@ -3,7 +3,7 @@
 //! keyring and answers, and the asking member adds the answers up: which keys how many members
 //! hold, which they use as primary, who refused and why.
 //!
-//! Requests and answers travel in [`super::node::KIND_KEY`] packets on the gossip socket, sealed
+//! Requests and answers travel in `KIND_KEY` packets (kind byte 2) on the gossip socket, sealed
 //! like every packet. The asker sends each member the request directly and repeats it every
 //! [`TimingProfile::key_query_retry`] to those that have not answered, until all have or
 //! [`TimingProfile::key_query_timeout`] passed; a member applies a request once (it remembers
@@ -385,7 +385,7 @@ impl Query {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gossip::crypto::generate_key;
+    use crate::crypto::generate_key;
 
     fn key() -> Key {
         Key::from_base64(&generate_key()).unwrap()

@@ -134,8 +134,21 @@ pub struct Forwarded {
 #[derive(Debug)]
 struct ProbeRound {
     probe: ProbeNumber,
+    /// Nacks count until then: the probe period (stretched by our health when the probe began)
+    /// and a probe RTT for the nack's way back. foca's probe number is a `u8` shared by all our
+    /// probes, so an old nack may carry the number of this round; a round ends long before
+    /// the number comes round again.
+    nacks_until: Duration,
     asked: BTreeSet<SocketAddr>,
     nacked: BTreeSet<SocketAddr>,
+    /// The target answered this probe (directly or through a member we asked): its nacks say
+    /// nothing against the target.
+    acked: bool,
+    /// The nackers this round added to our suspicion of the target, taken back if it acks.
+    confirmed: BTreeSet<SocketAddr>,
+    /// The round failed before any nack came, and that worsened our local health: a nack
+    /// arriving after the verdict (late, or read late because we were stalled) takes it back.
+    penalized: bool,
 }
 
 /// A timer the node asks its driver for: foca's, or one of the node's own.
@@ -201,8 +214,9 @@ pub struct GossipNode {
     /// Our latest probe of each member we probed, by its address: who nacked its indirect
     /// round.
     probes: BTreeMap<SocketAddr, ProbeRound>,
-    /// Indirect probes we forward for others, until the target answers or we nack.
-    forwarding: BTreeSet<Forwarded>,
+    /// Indirect probes we forward for others, until the target answers or we nack, with when
+    /// the nack is due.
+    forwarding: BTreeMap<Forwarded, Duration>,
     /// Addresses whose first refusal (see [`GossipNode::refused`]) awaits confirmation, with
     /// when it came: a second refusal before `when + probe_period` is the confirmation.
     refused: BTreeMap<SocketAddr, Duration>,
@@ -262,7 +276,7 @@ impl GossipNode {
             last_acked_probe: None,
             suspecting: BTreeMap::new(),
             probes: BTreeMap::new(),
-            forwarding: BTreeSet::new(),
+            forwarding: BTreeMap::new(),
             refused: BTreeMap::new(),
             rng: own_rng,
             envelope: Envelope::new(None),
@@ -299,10 +313,16 @@ impl GossipNode {
         self.envelope.failures()
     }
 
-    /// A received packet, still sealed; `Err` (and counted) when it does not open.
-    pub fn handle_packet(&mut self, packet: &[u8], now: Duration) -> Result<Output, OpenError> {
+    /// A received packet, still sealed, and the address it came from; `Err` (and counted) when
+    /// it does not open.
+    pub fn handle_packet(
+        &mut self,
+        packet: &[u8],
+        source: SocketAddr,
+        now: Duration,
+    ) -> Result<Output, OpenError> {
         let plain = self.envelope.open(packet)?;
-        Ok(self.handle_data(&plain, now))
+        Ok(self.handle_data(&plain, source, now))
     }
 
     /// Our current identity (its generation grows when foca renews it).
@@ -311,7 +331,7 @@ impl GossipNode {
     }
 
     /// A received packet, already opened.
-    fn handle_data(&mut self, data: &[u8], now: Duration) -> Output {
+    fn handle_data(&mut self, data: &[u8], source: SocketAddr, now: Duration) -> Output {
         if self.left {
             return Output::default();
         }
@@ -319,7 +339,7 @@ impl GossipNode {
             Some((&KIND_SWIM, swim)) => self.handle_swim(swim, now),
             Some((&KIND_SYNC, chunk)) => self.handle_sync(chunk, now),
             Some((&KIND_KEY, message)) => self.handle_key(message, now),
-            Some((&KIND_NACK, message)) => self.handle_nack(message, now),
+            Some((&KIND_NACK, message)) => self.handle_nack(message, source, now),
             _ => {
                 tracing::debug!("gossip packet of an unknown kind");
                 Output::default()
@@ -342,7 +362,7 @@ impl GossipNode {
                 return Output::default();
             }
         }
-        let filtered = self.screen_swim(data);
+        let filtered = self.screen_swim(data, now);
         let result = match filtered {
             Some(filtered) => self.foca.handle_data(&filtered, &mut self.runtime),
             None => self.foca.handle_data(data, &mut self.runtime),
@@ -358,11 +378,11 @@ impl GossipNode {
     /// notices that are stale ([`GossipNode::is_stale_death`]). Returns the packet rebuilt
     /// without the stale notices, or `None` to hand it to foca as it is (nothing stale, or
     /// nothing foca would decode either).
-    fn screen_swim(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+    fn screen_swim(&mut self, data: &[u8], now: Duration) -> Option<Vec<u8>> {
         let mut codec = PostcardCodec;
         let mut rest = data;
         let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
-        self.note_ack(&header);
+        self.note_ack(&header, now);
         if let Message::IndirectAck {
             target: asker,
             probe_number,
@@ -454,17 +474,33 @@ impl GossipNode {
     }
 
     /// Lifeguard: an ack for one of our probes, direct or forwarded by an indirect prober, is
-    /// a probe that succeeded, and our local health improves (once per probe).
-    fn note_ack(&mut self, header: &Header<Member>) {
-        let probe = match &header.message {
-            Message::Ack(probe)
-            | Message::ForwardedAck {
-                probe_number: probe,
-                ..
-            } => *probe,
+    /// a probe that succeeded, and our local health improves (once per probe). The target
+    /// answered that round, so its nacks confirm no suspicion of the target.
+    fn note_ack(&mut self, header: &Header<Member>, now: Duration) {
+        let (target, probe) = match &header.message {
+            Message::Ack(probe) => (header.src.addr, *probe),
+            Message::ForwardedAck {
+                origin,
+                probe_number,
+            } => (origin.addr, *probe_number),
             _ => return,
         };
-        if header.dst != *self.identity() || self.last_acked_probe == Some(probe) {
+        if header.dst != *self.identity() {
+            return;
+        }
+        if let Some(round) = self
+            .probes
+            .get_mut(&target)
+            .filter(|round| round.probe == probe && now <= round.nacks_until)
+        {
+            round.acked = true;
+            if let Some(s) = self.suspecting.get_mut(&target) {
+                for nacker in std::mem::take(&mut round.confirmed) {
+                    s.confirmations.remove(&nacker);
+                }
+            }
+        }
+        if self.last_acked_probe == Some(probe) {
             return;
         }
         self.last_acked_probe = Some(probe);
@@ -644,7 +680,7 @@ impl GossipNode {
         }
         let timer = match timer {
             NodeTimer::Swim(timer) => timer,
-            NodeTimer::Nack(forwarded) => return self.nack_due(forwarded),
+            NodeTimer::Nack(forwarded) => return self.nack_due(forwarded, now),
         };
         let suspect = match &timer {
             Timer::ChangeSuspectToDown {
@@ -1109,8 +1145,11 @@ impl GossipNode {
                     // we asked to probe indirectly answered that it got no answer either (the
                     // failure is the target's, not ours). memberlist counts each missing nack;
                     // members of the first release never nack, so only "none came" counts.
-                    if nacked.is_empty() {
-                        self.worse_health();
+                    if nacked.is_empty()
+                        && self.worse_health()
+                        && let Some(round) = self.probes.get_mut(&member_id.addr)
+                    {
+                        round.penalized = true;
                     }
                     let same = self
                         .suspecting
@@ -1131,7 +1170,13 @@ impl GossipNode {
                         );
                     }
                     if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
-                        s.confirmations.extend(nacked);
+                        let added: Vec<SocketAddr> = nacked
+                            .into_iter()
+                            .filter(|nacker| s.confirmations.insert(*nacker))
+                            .collect();
+                        if let Some(round) = self.probes.get_mut(&member_id.addr) {
+                            round.confirmed.extend(added);
+                        }
                     }
                     let end = self.suspicion_end(&member_id.addr).unwrap_or(now + after);
                     if let Some(s) = self.suspecting.get_mut(&member_id.addr) {
@@ -1156,7 +1201,7 @@ impl GossipNode {
                     self.worse_health();
                 }
                 self.incarnation = header.src_incarnation;
-                self.note_probe_sent(&to, &header.message, &mut out);
+                self.note_probe_sent(&to, &header.message, now, &mut out);
             }
             let mut packet = Vec::with_capacity(1 + data.len());
             packet.push(KIND_SWIM);
@@ -1203,9 +1248,11 @@ impl GossipNode {
     }
 
     /// A member notification naming our own address (an identity of ours from before a renew).
-    /// Lifeguard: a probe of ours failed, or we had to refute a suspicion of ourselves.
-    fn worse_health(&mut self) {
-        self.local_health = (self.local_health + 1).min(MAX_LOCAL_HEALTH);
+    /// Lifeguard: a probe of ours failed, or we had to refute a suspicion of ourselves. Returns
+    /// whether the score grew (it stops at [`MAX_LOCAL_HEALTH`]).
+    fn worse_health(&mut self) -> bool {
+        let worse = (self.local_health + 1).min(MAX_LOCAL_HEALTH);
+        std::mem::replace(&mut self.local_health, worse) < worse
     }
 
     /// A probe timeout or period stretched by our local health (memberlist's `ScaleTimeout`):
@@ -1239,15 +1286,27 @@ impl GossipNode {
     /// Notes what our own SWIM packets start: a probe of a member (a new indirect round), a
     /// member asked to probe it for us, or an indirect probe we forward for another member
     /// (answered by the target, or nacked when [`NodeTimer::Nack`] fires).
-    fn note_probe_sent(&mut self, to: &Member, message: &Message<Member>, out: &mut Output) {
+    fn note_probe_sent(
+        &mut self,
+        to: &Member,
+        message: &Message<Member>,
+        now: Duration,
+        out: &mut Output,
+    ) {
         match message {
             Message::Ping(probe) => {
+                let nacks_until =
+                    now + self.stretched(self.profile.probe_period()) + self.profile.probe_rtt();
                 self.probes.insert(
                     to.addr,
                     ProbeRound {
                         probe: *probe,
+                        nacks_until,
                         asked: BTreeSet::new(),
                         nacked: BTreeSet::new(),
+                        acked: false,
+                        confirmed: BTreeSet::new(),
+                        penalized: false,
                     },
                 );
             }
@@ -1272,17 +1331,26 @@ impl GossipNode {
                     target: to.addr,
                     probe: *probe_number,
                 };
-                self.forwarding.insert(forwarded);
-                out.timers
-                    .push((self.profile.nack_after(), NodeTimer::Nack(forwarded)));
+                let after = self.profile.nack_after();
+                self.forwarding.insert(forwarded, now + after);
+                out.timers.push((after, NodeTimer::Nack(forwarded)));
             }
             _ => {}
         }
     }
 
-    /// An indirect probe we forwarded got no answer in time: tell the asker.
-    fn nack_due(&mut self, forwarded: Forwarded) -> Output {
-        if !self.forwarding.remove(&forwarded) {
+    /// An indirect probe we forwarded got no answer in time: tell the asker. Unless the timer
+    /// fires late (beyond the slack the asker's indirect window leaves a nack): then we were
+    /// stalled (stopped, or starved of CPU), the target's answer may be waiting unread in our
+    /// socket, and our silence says nothing about the target.
+    fn nack_due(&mut self, forwarded: Forwarded, now: Duration) -> Output {
+        let Some(due) = self.forwarding.remove(&forwarded) else {
+            return Output::default();
+        };
+        let slack = self.profile.probe_rtt() - self.profile.nack_after();
+        if now > due + slack {
+            tracing::debug!(target = %forwarded.target, late = ?(now - due),
+                "gossip: no nack from a stalled forwarder");
             return Output::default();
         }
         let nack = Nack {
@@ -1299,26 +1367,38 @@ impl GossipNode {
     }
 
     /// A nack for an indirect round of ours: a confirmation of our suspicion of the target
-    /// (now or once the probe is declared failed), which may end it sooner.
-    fn handle_nack(&mut self, message: &[u8], now: Duration) -> Output {
+    /// (now or once the probe is declared failed), which may end it sooner. It counts only from
+    /// a member we asked, sent from that member's address, while the round lasts.
+    fn handle_nack(&mut self, message: &[u8], source: SocketAddr, now: Duration) -> Output {
         let Ok(nack) = postcard::from_bytes::<Nack>(message) else {
             tracing::debug!("undecodable nack");
             return Output::default();
         };
-        let Some(round) = self
-            .probes
-            .get_mut(&nack.target)
-            .filter(|round| round.probe == nack.probe && round.asked.contains(&nack.from))
-        else {
+        if !same_host_port(nack.from, source) {
+            tracing::debug!(from = %nack.from, %source, "gossip: nack from another address than its sender's");
+            return Output::default();
+        }
+        let Some(round) = self.probes.get_mut(&nack.target).filter(|round| {
+            round.probe == nack.probe
+                && now <= round.nacks_until
+                && !round.acked
+                && round.asked.contains(&nack.from)
+        }) else {
             return Output::default();
         };
         round.nacked.insert(nack.from);
+        if std::mem::take(&mut round.penalized) {
+            // Lifeguard's exemption, for a nack that came after foca's verdict: the failure
+            // was the target's, not ours.
+            self.local_health = self.local_health.saturating_sub(1);
+        }
         let Some(s) = self.suspecting.get_mut(&nack.target) else {
             return Output::default();
         };
         if !s.confirmations.insert(nack.from) {
             return Output::default();
         }
+        round.confirmed.insert(nack.from);
         let Some(end) = self.suspicion_end(&nack.target) else {
             return Output::default();
         };
@@ -1365,8 +1445,17 @@ impl GossipNode {
     }
 }
 
+/// Whether two addresses are one socket, an IPv4 address and its IPv4-mapped IPv6 form alike
+/// (what a dual-stack socket reports).
+fn same_host_port(a: SocketAddr, b: SocketAddr) -> bool {
+    a.port() == b.port() && a.ip().to_canonical() == b.ip().to_canonical()
+}
+
 /// A keyring packet: the kind byte and the message.
 fn key_packet(message: &KeyMessage) -> Vec<u8> {
     postcard::to_extend(message, vec![KIND_KEY])
         .expect("postcard encodes a keyring message into a Vec")
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,14 +7,14 @@
 
 use std::time::Duration;
 
+use vigil_shared::recipe::LOCK_FLAG_VALUE;
+use vigil_shared::session::Behavior;
+
 use super::held::{Held, monitor_key, unreachable_after};
 use super::lost::{LossReason, LostTrigger};
 use super::recipe::RecipeSession;
 use super::{Client, ClientError, ReadOpts, next_wait_index};
-use crate::session::Behavior;
 
-/// `api.LockFlagValue` (0x2ddccbc058a50c18): marks a key used as a lock.
-pub const LOCK_FLAG_VALUE: u64 = 0x2ddc_cbc0_58a5_0c18;
 /// `api.DefaultLockSessionName`.
 pub const DEFAULT_LOCK_SESSION_NAME: &str = "Consul API Lock";
 /// `api.DefaultLockSessionTTL`.

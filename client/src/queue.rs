@@ -3,12 +3,15 @@
 //! no writer starvation). An acquisition is one request (enqueue and wait for the grant) and a
 //! release one more; the holder's fencing token is [`Held::lock_index`], larger than any token
 //! the lock granted before. These need a Vigil agent: against Consul, use [`KvFairMutex`]
-//! (crate::client::KvFairMutex) or [`Lock`](crate::client::Lock).
+//! (crate::KvFairMutex) or [`Lock`](crate::Lock).
 
 use std::time::Duration;
 
 use reqwest::Method;
 use tokio::time::Instant;
+use vigil_shared::lock::LockMode;
+use vigil_shared::session::Behavior;
+use vigil_shared::vigil_api::{AcquireReply, LockReport, NotAcquired, StandingReply};
 
 use super::held::{Held, Look, MONITOR_WAIT, monitor};
 use super::lost::{LossReason, LostSignal, LostTrigger};
@@ -16,9 +19,6 @@ use super::recipe::RecipeSession;
 use super::{
     Client, ClientError, REQUEST_TIMEOUT, ReadOpts, encode_path, next_wait_index, with_query,
 };
-use crate::lock::LockMode;
-use crate::session::Behavior;
-use crate::vigil_api::{AcquireReply, LockReport, NotAcquired, StandingReply};
 
 /// Session name of a queue contender that brings no session of its own.
 pub const DEFAULT_QUEUE_SESSION_NAME: &str = "Vigil lock queue";

@@ -77,7 +77,7 @@ fn env(name: &str) -> Option<String> {
 /// Go's `strconv.ParseBool`, as Consul reads `CONSUL_HTTP_SSL`.
 fn parse_bool(name: &str, value: &str) -> Result<bool, ClientError> {
     let value = value.trim();
-    crate::go::strconv::parse_bool(value)
+    vigil_shared::go::strconv::parse_bool(value)
         .ok_or_else(|| ClientError::BadConfig(format!("{name}: {value:?} is not a boolean")))
 }
 

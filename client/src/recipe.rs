@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
+use vigil_shared::session::Behavior;
+
 use super::keeper::SessionKeeper;
 use super::lock::DEFAULT_LOCK_SESSION_TTL;
 use super::session::SessionRequest;
 use super::{Client, ClientError, path};
-use crate::session::Behavior;
 
 /// The check every session is bound to unless told otherwise: the node's gossip health.
 const SERF_HEALTH: &str = "serfHealth";

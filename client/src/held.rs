@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use vigil_shared::kv::KvEntry;
 
 use super::keeper::SessionKeeper;
 use super::lost::{LossReason, LostSignal, LostTrigger};
 use super::{Client, ClientError, ReadOpts, next_wait_index};
-use crate::kv::KvEntry;
 
 /// How long each monitor read blocks on the server.
 pub(crate) const MONITOR_WAIT: Duration = Duration::from_secs(300);

@@ -7,13 +7,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use reqwest::Method;
 use serde_json::{Value, json};
+use vigil_shared::api::DirEntry;
+use vigil_shared::go::duration::parse_go_duration;
+use vigil_shared::kv::{KvEntry, KvOp};
 
 use super::{
     Client, ClientError, QueryMeta, REQUEST_TIMEOUT, ReadOpts, Reply, encode_path, with_query,
 };
-use crate::api::DirEntry;
-use crate::go::duration::parse_go_duration;
-use crate::kv::{KvEntry, KvOp};
 
 /// Header with which Vigil says an acquire was refused by lock-delay, and for how long.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
