@@ -37,27 +37,8 @@ pub(super) fn check_sender(peer: &PeerIdentity, request: &RpcRequest) -> Result<
         (Role::Cli, _) => Err("a CLI or HTTPS certificate cannot call the RPC endpoint; \
              agents use a client agent certificate"
             .to_owned()),
-        (Role::Client, Senders::Servers) => {
-            Err(format!("{} needs a server certificate", describe(request)))
-        }
+        (Role::Client, Senders::Servers(what)) => Err(format!("{what} needs a server certificate")),
         (Role::Server, _) | (Role::Client, Senders::Agents) => Ok(()),
-    }
-}
-
-/// The refusal's name for what a client certificate asked; who may send it is decided in
-/// [`RpcRequest::senders`] alone.
-fn describe(request: &RpcRequest) -> &'static str {
-    match request {
-        RpcRequest::Join { .. } => "a join",
-        RpcRequest::Write { forwarded, .. }
-        | RpcRequest::Query { forwarded, .. }
-        | RpcRequest::Renew { forwarded, .. }
-        | RpcRequest::Operator { forwarded, .. }
-            if *forwarded =>
-        {
-            "forwarding"
-        }
-        _ => "this operation",
     }
 }
 
@@ -516,6 +497,7 @@ mod tests {
     use super::*;
     use vigil_shared::acl::authz::DefaultPolicy;
     use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Policy};
+    use vigil_shared::rpc::calls::Forwarded;
 
     fn peer(role: Role) -> PeerIdentity {
         PeerIdentity { role, node: None }
@@ -539,12 +521,8 @@ mod tests {
             RpcRequest::Join {
                 node_id: 2,
                 node: Default::default(),
-                forwarded: false,
             },
-            RpcRequest::Renew {
-                id: "s".into(),
-                forwarded: true,
-            },
+            RpcRequest::Forwarded(Forwarded::Renew(calls::Renew { id: "s".into() })),
             write(Op::Acl(AclOp::Init {
                 initial_management: None,
             })),

@@ -1,7 +1,137 @@
-//! Forwarding a request to the leader on behalf of a caller, and telling a lost leader from a
-//! failed request.
+//! Where a request runs: [`Server::at_leader`] is the one place deciding "here or at the
+//! leader" (Consul's `forwardRPC`), from what each request says of itself ([`AtLeader`]).
+//! Forwarding it to the leader on behalf of a caller, and telling a lost leader from a failed
+//! request.
+
+use std::future::Future;
+
+use vigil_shared::operator::{OperatorError, OperatorReply};
+use vigil_shared::rpc::calls::Forwarded;
 
 use super::*;
+
+/// How a request reached this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hop {
+    /// From its caller (an agent, this server's own API, another server's own request).
+    Caller,
+    /// Forwarded by a server that is not the leader: served here, or refused, never forwarded
+    /// again.
+    Forwarded,
+}
+
+/// What a request that runs at the leader says about where it may run (Consul's `RPCInfo`).
+/// Every request [`Server::at_leader`] routes answers these, so a new one does not compile
+/// until someone decides.
+pub(crate) trait AtLeader: Call + Into<Forwarded> {
+    /// Whether a caller's request waits out an election under way before it is routed, so it
+    /// reaches the new leader instead of failing (see [`Server::await_leader`]).
+    fn awaits_election(&self) -> bool;
+    /// Whether any server may answer it from its own state (a stale read).
+    fn any_server(&self) -> bool;
+    /// How long the leader may hold it: a blocking read's wait.
+    fn hold(&self) -> Duration;
+    /// The answer of a request that failed before it was served.
+    fn failed(error: ServerError) -> Self::Output;
+}
+
+impl AtLeader for calls::Write {
+    fn awaits_election(&self) -> bool {
+        true
+    }
+
+    fn any_server(&self) -> bool {
+        false
+    }
+
+    fn hold(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn failed(error: ServerError) -> Result<Response, ServerError> {
+        Err(error)
+    }
+}
+
+impl AtLeader for calls::Query {
+    /// A stale read is answered wherever it is asked, leader or not.
+    fn awaits_election(&self) -> bool {
+        self.opts.consistency != Consistency::Stale
+    }
+
+    fn any_server(&self) -> bool {
+        self.opts.consistency == Consistency::Stale
+    }
+
+    /// Only a query with an index blocks.
+    fn hold(&self) -> Duration {
+        if self.opts.min_index == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.opts.wait_ms)
+        }
+    }
+
+    fn failed(error: ServerError) -> Result<(QueryResult, QueryMeta), ServerError> {
+        Err(error)
+    }
+}
+
+impl AtLeader for calls::Renew {
+    fn awaits_election(&self) -> bool {
+        true
+    }
+
+    fn any_server(&self) -> bool {
+        false
+    }
+
+    fn hold(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn failed(error: ServerError) -> Result<Session, ServerError> {
+        Err(error)
+    }
+}
+
+/// Membership and operator requests go to whoever leads now: a joiner and an operator ask
+/// again themselves.
+impl AtLeader for calls::Join {
+    fn awaits_election(&self) -> bool {
+        false
+    }
+
+    fn any_server(&self) -> bool {
+        false
+    }
+
+    fn hold(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn failed(error: ServerError) -> Result<(), ServerError> {
+        Err(error)
+    }
+}
+
+impl AtLeader for calls::Operator {
+    fn awaits_election(&self) -> bool {
+        false
+    }
+
+    fn any_server(&self) -> bool {
+        false
+    }
+
+    fn hold(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn failed(error: ServerError) -> Result<OperatorReply, OperatorError> {
+        Err(error.into())
+    }
+}
 
 /// Time allowed for a forwarded request beyond its own blocking wait.
 const FORWARD_SLACK: Duration = Duration::from_secs(30);
@@ -13,13 +143,43 @@ impl Server {
             .ok_or(ServerError::NoLeader)
     }
 
-    /// Sends a request to the leader on behalf of a caller.
-    pub(crate) async fn forward<C: Call>(
+    /// Runs `call` at the leader: `serve` runs it here when this server leads (or when any
+    /// server may answer it); otherwise a caller's request is forwarded, once, to the leader,
+    /// and a forwarded one is refused with [`ServerError::NoLeader`]: the leader that
+    /// forwarded it lost its place meanwhile, and answering from this server's own state could
+    /// go back in time. The caller retries on the new leader.
+    pub(crate) async fn at_leader<C, F>(
+        &self,
+        call: C,
+        hop: Hop,
+        serve: impl FnOnce(C) -> F,
+    ) -> C::Output
+    where
+        C: AtLeader,
+        F: Future<Output = C::Output>,
+    {
+        if hop == Hop::Caller && call.awaits_election() {
+            self.await_leader().await;
+        }
+        if self.is_leader() || call.any_server() {
+            return serve(call).await;
+        }
+        match hop {
+            Hop::Forwarded => C::failed(ServerError::NoLeader),
+            Hop::Caller => {
+                let hold = call.hold();
+                self.forward(call, hold).await.unwrap_or_else(C::failed)
+            }
+        }
+    }
+
+    /// Sends a request to the leader on behalf of a caller, in the forwarded envelope.
+    async fn forward<C: AtLeader>(
         &self,
         call: C,
         wait: Duration,
-    ) -> Result<C::Reply, ServerError> {
-        let request: RpcRequest = call.into();
+    ) -> Result<C::Output, ServerError> {
+        let request = RpcRequest::Forwarded(call.into());
         // Server metrics: they change with the leader, not with every entry.
         let mut metrics = self.raft.server_metrics();
         let leader_id = metrics.borrow_and_update().current_leader;
@@ -29,7 +189,7 @@ impl Server {
         if self.leader_gone().await {
             return Err(ServerError::NoLeader);
         }
-        let is_write = matches!(request, RpcRequest::Write { .. });
+        let is_write = matches!(request, RpcRequest::Forwarded(Forwarded::Write(_)));
         let kind = if wait.is_zero() {
             CallKind::Prompt
         } else {

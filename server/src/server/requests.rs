@@ -1,50 +1,43 @@
-//! Writes, reads (blocking and in every consistency mode) and session renewals: answered here
-//! when this server leads (or for a stale read), forwarded to the leader otherwise.
+//! Writes, reads (blocking and in every consistency mode) and session renewals: each served
+//! here when this server leads (or for a stale read), forwarded to the leader otherwise, as
+//! [`Server::at_leader`] decides.
 
 use super::acquire::Decided;
+use super::forward::Hop;
 use super::*;
 
 impl Server {
     /// Commits a state change, forwarding to the leader from a follower.
     pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
-        self.write_inner(op, false).await
+        self.write_from(op, Hop::Caller).await
     }
 
-    pub(super) async fn write_inner(
-        &self,
-        op: Op,
-        forwarded: bool,
-    ) -> Result<Response, ServerError> {
-        if !forwarded {
-            self.await_leader().await;
-        }
+    /// A state change, proposed at the leader. The leader may run the previous release, which
+    /// cannot decode a newer op: it goes in the form the cluster's level applies, here or
+    /// forwarded.
+    pub(super) async fn write_from(&self, op: Op, hop: Hop) -> Result<Response, ServerError> {
+        let level = self.shared.read().protocol();
+        let (op, reply) = crate::protocol::downgrade(op, level)?;
+        self.at_leader(calls::Write { op }, hop, |calls::Write { op }| {
+            self.propose_here(op)
+        })
+        .await
+        .map(|response| reply.restore(response))
+    }
+
+    /// Proposes a change on this server, the leader.
+    async fn propose_here(&self, mut op: Op) -> Result<Response, ServerError> {
         let _turn = match self.decide_acquire(&op).await? {
             Decided::Refused(response) => return Ok(response),
             Decided::Propose(turn) => turn,
         };
-        let level = self.shared.read().protocol();
-        if self.is_leader() || forwarded {
-            let mut op = op;
-            if let Op::CreateSession(session) = &mut op {
-                check_ttl(&session.ttl, self.config.session_ttl_min)
-                    .map_err(ServerError::InvalidSessionTtl)?;
-                let floor =
-                    u64::try_from(self.config.lock_delay_min.as_nanos()).unwrap_or(u64::MAX);
-                session.lock_delay_ns = session.lock_delay_ns.max(floor);
-            }
-            let (op, reply) = crate::protocol::downgrade(op, level)?;
-            return self.proposer.propose(op).await.map(|r| reply.restore(r));
+        if let Op::CreateSession(session) = &mut op {
+            check_ttl(&session.ttl, self.config.session_ttl_min)
+                .map_err(ServerError::InvalidSessionTtl)?;
+            let floor = u64::try_from(self.config.lock_delay_min.as_nanos()).unwrap_or(u64::MAX);
+            session.lock_delay_ns = session.lock_delay_ns.max(floor);
         }
-        // The leader may run the previous release, which cannot decode a newer op: forward it
-        // in the form the cluster's level applies.
-        let (op, reply) = crate::protocol::downgrade(op, level)?;
-        let forwarded = calls::Write {
-            op,
-            forwarded: true,
-        };
-        self.forward(forwarded, Duration::ZERO)
-            .await?
-            .map(|r| reply.restore(r))
+        self.proposer.propose(op).await
     }
 
     pub(super) fn meta(&self, index: u64) -> QueryMeta {
@@ -72,38 +65,28 @@ impl Server {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        self.query_inner(opts, query, false).await
+        self.query_from(opts, query, Hop::Caller).await
     }
 
-    pub(super) async fn query_inner(
+    pub(super) async fn query_from(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
-        forwarded: bool,
+        hop: Hop,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        if opts.consistency != Consistency::Stale && !forwarded {
-            self.await_leader().await;
-        }
-        let local = opts.consistency == Consistency::Stale || self.is_leader();
-        if !local && forwarded {
-            // The leader that forwarded this lost its place meanwhile: answering from this
-            // server's own state could go back in time. The caller retries on the new leader.
-            return Err(ServerError::NoLeader);
-        }
-        if !local {
-            // Only a query with an index blocks.
-            let wait = if opts.min_index == 0 {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(opts.wait_ms)
-            };
-            let request = calls::Query {
-                opts,
-                query,
-                forwarded: true,
-            };
-            return self.forward(request, wait).await?;
-        }
+        let read = calls::Query { opts, query };
+        self.at_leader(read, hop, |calls::Query { opts, query }| {
+            self.read_here(opts, query)
+        })
+        .await
+    }
+
+    /// Answers a read from this server's state, once the consistency mode's checks pass.
+    async fn read_here(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
         match opts.consistency {
             Consistency::Stale => {}
             Consistency::Default => self.confirmed_leader().await?,
@@ -217,27 +200,17 @@ impl Server {
     /// paused past its lease) must not acknowledge renewals while the others elect a leader
     /// that has never heard of them and expires the session on its checkpointed deadline.
     pub async fn renew_session(&self, id: &str) -> Result<Session, ServerError> {
-        self.renew_inner(id.to_owned(), false).await
+        self.renew_from(id.to_owned(), Hop::Caller).await
     }
 
-    pub(super) async fn renew_inner(
-        &self,
-        id: String,
-        forwarded: bool,
-    ) -> Result<Session, ServerError> {
-        if !forwarded {
-            self.await_leader().await;
-        }
-        if !self.is_leader() {
-            if forwarded {
-                return Err(ServerError::NoLeader);
-            }
-            let request = calls::Renew {
-                id,
-                forwarded: true,
-            };
-            return self.forward(request, Duration::ZERO).await?;
-        }
+    pub(super) async fn renew_from(&self, id: String, hop: Hop) -> Result<Session, ServerError> {
+        self.at_leader(calls::Renew { id }, hop, |calls::Renew { id }| {
+            self.renew_here(id)
+        })
+        .await
+    }
+
+    async fn renew_here(&self, id: String) -> Result<Session, ServerError> {
         self.confirmed_leader().await?;
         let session = self
             .shared
