@@ -278,7 +278,8 @@ pub trait Query: Request<Answer = QueryResult> + Into<ReadQuery> + Clone {
 
 /// Declares every read once: the wire enum [`ReadQuery`] (a struct variant per read, in wire
 /// order: append only) and, in [`reads`], a struct per read implementing [`Query`] with the
-/// [`QueryResult`] variant that answers it.
+/// [`QueryResult`] variant that answers it; [`ReadQuery::into_typed`] turns the one into the
+/// other.
 macro_rules! reads {
     ($(
         $(#[$doc:meta])*
@@ -289,6 +290,20 @@ macro_rules! reads {
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum ReadQuery {
             $($(#[$doc])* $name { $($field: $ty),* },)*
+        }
+
+        impl ReadQuery {
+            /// The read as its type, turned into an `R` that every read type turns into: the
+            /// one place a [`ReadQuery`] is taken apart, so a server holds any read as one
+            /// type and the compiler asks for each read's behaviour on it.
+            pub fn into_typed<R>(self) -> R
+            where
+                $(reads::$name: Into<R>,)*
+            {
+                match self {
+                    $(ReadQuery::$name { $($field),* } => reads::$name { $($field),* }.into(),)*
+                }
+            }
         }
 
         /// The reads as types, each naming its answer.

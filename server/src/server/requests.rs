@@ -5,6 +5,7 @@
 use super::acquire::Decided;
 use super::forward::Hop;
 use super::*;
+use crate::state::reads::{AnyRead, Found};
 
 impl Server {
     /// Commits a state change, forwarding to the leader from a follower.
@@ -97,14 +98,17 @@ impl Server {
                     .map_err(|_| ServerError::NoLeader)?;
             }
         }
-        let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
-            Some(self.blocking_slot(&query)?)
-        } else {
-            None
-        };
-        let answer = self.local_query(opts, query).await;
-        crate::telemetry::read_answered(&answer.0);
-        Ok(answer)
+        let read = AnyRead::from(query);
+        let (result, index) = crate::watch::blocking_read(
+            &self.shared.watches,
+            opts,
+            || read.read(&self.shared.read()),
+            |found| self.blocking_slot(found),
+            &self.shutdown,
+        )
+        .await?;
+        crate::telemetry::read_answered(&result);
+        Ok((result, self.meta(index)))
     }
 
     /// Checks that this server leads under a valid read lease: a quorum acknowledged a message
@@ -152,9 +156,9 @@ impl Server {
     /// of the rest.
     fn blocking_slot(
         &self,
-        query: &ReadQuery,
+        found: &Found<QueryResult>,
     ) -> Result<tokio::sync::SemaphorePermit<'_>, ServerError> {
-        let reserved = if self.is_lock_wait(query) {
+        let reserved = if is_lock_wait(found) {
             self.lock_waits.try_acquire().ok()
         } else {
             None
@@ -166,33 +170,6 @@ impl Server {
                 .try_acquire()
                 .map_err(|_| ServerError::TooManyBlockingQueries),
         }
-    }
-
-    /// Whether `query` waits on a lock: a native lock's grant or holder's standing, or a KV
-    /// key a session holds (a Consul-style lock, watched by its waiters and its holder).
-    fn is_lock_wait(&self, query: &ReadQuery) -> bool {
-        match query {
-            ReadQuery::LockHold { .. } | ReadQuery::LockStanding { .. } => true,
-            ReadQuery::KvGet { key } => self
-                .shared
-                .read()
-                .kv()
-                .get(key)
-                .is_some_and(|entry| entry.session.is_some()),
-            _ => false,
-        }
-    }
-
-    pub(super) async fn local_query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> (QueryResult, QueryMeta) {
-        let read = |q: &ReadQuery| self.shared.read().query(q);
-        let (result, index) =
-            crate::watch::blocking_read(&self.shared.watches, opts, &query, read, &self.shutdown)
-                .await;
-        (result, self.meta(index))
     }
 
     /// Renews a session: resets its TTL timer on the leader. No raft write, but the leader
@@ -236,5 +213,17 @@ impl Server {
             }
         }
         Ok(session)
+    }
+}
+
+/// Whether a read waits on a lock: a native lock's grant or holder's standing, or a KV key a
+/// session holds (a Consul-style lock, watched by its waiters and its holder).
+fn is_lock_wait(found: &Found<QueryResult>) -> bool {
+    match (&found.interest, &found.output) {
+        (Interest::LockStanding { .. }, _) => true,
+        (Interest::Key(_), QueryResult::Entries(entries)) => {
+            entries.iter().any(|entry| entry.session.is_some())
+        }
+        _ => false,
     }
 }
