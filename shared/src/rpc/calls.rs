@@ -7,10 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    AclOp, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Request, Response, ServerError,
-};
-use crate::lock::LockOp;
+use super::{Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Request, Response, ServerError};
 use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
 use crate::session::Session;
 
@@ -128,37 +125,7 @@ macro_rules! forwarded {
 
 forwarded!(Write, Query, Renew, Join, Operator);
 
-/// Which certificates may send a request at all (what the token it carries may do is the
-/// server's second question).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Senders {
-    /// Servers only: raft membership, forwarding between servers, leader-internal writes. The
-    /// name of what was asked, for the refusal of anyone else.
-    Servers(&'static str),
-    /// Servers and client agents.
-    Agents,
-}
-
 impl RpcRequest {
-    /// Who may send this request: decided here for every request and every op, with no
-    /// wildcard arm, so a new request or op does not compile until someone decides. A
-    /// certificate for the HTTPS API and the CLI may send none (the server refuses it before
-    /// asking).
-    pub fn senders(&self) -> Senders {
-        match self {
-            RpcRequest::Hello {} | RpcRequest::Status {} => Senders::Agents,
-            RpcRequest::Join { .. } => Senders::Servers("a join"),
-            RpcRequest::Forwarded(_) => Senders::Servers("forwarding"),
-            RpcRequest::Write { op } | RpcRequest::WriteAs { op, .. } => op_senders(op),
-            RpcRequest::Query { .. }
-            | RpcRequest::QueryAs { .. }
-            | RpcRequest::Renew { .. }
-            | RpcRequest::RenewAs { .. }
-            | RpcRequest::Operator { .. }
-            | RpcRequest::OperatorAs { .. } => Senders::Agents,
-        }
-    }
-
     /// The token the request is made with: its own for the `*As` requests, none (the
     /// anonymous token, for a client agent) for the others.
     pub fn token(&self) -> Option<&str> {
@@ -176,52 +143,6 @@ impl RpcRequest {
             | RpcRequest::Operator { .. }
             | RpcRequest::Forwarded(_) => None,
         }
-    }
-}
-
-/// Who may propose `op`: the leader's own bookkeeping and whole-state replacements (a restore
-/// goes through the operator path, which checks the archive) are for servers only.
-fn op_senders(op: &Op) -> Senders {
-    match op {
-        Op::Kv(_)
-        | Op::CreateSession(_)
-        | Op::DestroySession { .. }
-        | Op::RegisterNode { .. }
-        | Op::RegisterCheck(_)
-        | Op::DeregisterCheck { .. }
-        | Op::DeregisterNode { .. }
-        | Op::CatalogRegister(_)
-        | Op::CatalogRegisterFull(_)
-        | Op::DeregisterService { .. }
-        | Op::SetQuery { .. }
-        | Op::SetQueryFull { .. }
-        | Op::DeleteQuery { .. }
-        | Op::Lock(
-            LockOp::Acquire { .. }
-            | LockOp::Release { .. }
-            | LockOp::Enqueue { .. }
-            | LockOp::Leave { .. },
-        )
-        | Op::Acl(
-            AclOp::Bootstrap(_)
-            | AclOp::SetToken { .. }
-            | AclOp::DeleteToken { .. }
-            | AclOp::SetPolicy { .. }
-            | AclOp::DeletePolicy { .. }
-            | AclOp::SetRole { .. }
-            | AclOp::DeleteRole { .. },
-        )
-        | Op::Txn(_) => Senders::Agents,
-        Op::ReapTombstones { .. }
-        | Op::CheckpointTtls { .. }
-        | Op::Lock(LockOp::Wake { .. })
-        | Op::Batch(_)
-        | Op::RestoreSnapshot { .. }
-        | Op::RestoreChunk { .. }
-        | Op::SetAutopilotConfig { .. }
-        | Op::Acl(AclOp::Init { .. })
-        | Op::SetProtocol { .. }
-        | Op::ExpireSession { .. } => Senders::Servers("this operation"),
     }
 }
 
