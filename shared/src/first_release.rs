@@ -421,12 +421,13 @@ mod tests {
     }
 
     /// The first release's requests to servers, as it encodes them (`rpc::calls`): a request
-    /// a server forwards to the leader is its own variant with `forwarded: true`.
+    /// a server forwards to the leader is its own variant with `forwarded: true`. (A box
+    /// encodes as what it holds.)
     #[derive(Debug, Serialize, Deserialize)]
     enum RequestV1 {
         Hello {},
         Write {
-            op: crate::rpc::Op,
+            op: Box<crate::rpc::Op>,
             forwarded: bool,
         },
         Query {
@@ -479,11 +480,11 @@ mod tests {
             [
                 (
                     hop(
-                        Forwarded::Write(calls::Write { op: op() }),
+                        calls::Write { op: op() }.into(),
                         RpcRequest::Write { op: op() },
                     ),
                     RequestV1::Write {
-                        op: op(),
+                        op: Box::new(op()),
                         forwarded,
                     },
                 ),

@@ -19,7 +19,7 @@ use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair}
 use serde_json::Value;
 use vigil_server::raft::network::{PeerRequest, PeerResponse};
 use vigil_shared::rpc::Op;
-use vigil_shared::rpc::calls::{self, Forwarded, RpcRequest, RpcResponse, ServerNode};
+use vigil_shared::rpc::calls::{self, RpcRequest, RpcResponse, ServerNode};
 use vigil_wire::tls::{Role, TlsMaterial};
 use vigil_wire::transport::{RpcClient, TransportError, client_endpoint};
 
@@ -111,11 +111,14 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
                 before_ms: u64::MAX,
             },
         },
-        RpcRequest::Forwarded(Forwarded::Write(calls::Write {
-            op: Op::DestroySession {
-                id: "00000000-0000-0000-0000-000000000000".to_owned(),
-            },
-        })),
+        RpcRequest::Forwarded(
+            calls::Write {
+                op: Op::DestroySession {
+                    id: "00000000-0000-0000-0000-000000000000".to_owned(),
+                },
+            }
+            .into(),
+        ),
     ];
     for request in &requests {
         match call(&rpc, addr, request).await {

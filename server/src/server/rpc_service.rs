@@ -54,9 +54,7 @@ impl Server {
                 self.answer_operator(authz, request, Hop::Caller).await
             }
             RpcRequest::Forwarded(forwarded) => match forwarded {
-                Forwarded::Write(calls::Write { op }) => {
-                    self.answer_write(authz, op, Hop::Forwarded).await
-                }
+                Forwarded::Write(write) => self.answer_write(authz, write.op, Hop::Forwarded).await,
                 Forwarded::Query(calls::Query { opts, query }) => {
                     self.answer_query(authz, &token, opts, query, Hop::Forwarded)
                         .await

@@ -106,7 +106,8 @@ calls! {
 /// ([`RpcRequest::Forwarded`]): the token's checks were made by the server that forwarded it.
 #[derive(Debug, Clone)]
 pub enum Forwarded {
-    Write(Write),
+    /// Boxed: a change is several times the size of the others.
+    Write(Box<Write>),
     Query(Query),
     Renew(Renew),
     Join(Join),
@@ -123,7 +124,13 @@ macro_rules! forwarded {
     )*};
 }
 
-forwarded!(Write, Query, Renew, Join, Operator);
+forwarded!(Query, Renew, Join, Operator);
+
+impl From<Write> for Forwarded {
+    fn from(call: Write) -> Forwarded {
+        Forwarded::Write(Box::new(call))
+    }
+}
 
 impl RpcRequest {
     /// The token the request is made with: its own for the `*As` requests, none (the
@@ -250,10 +257,11 @@ mod wire {
             match request {
                 RpcRequest::Hello {} => Out::Hello {},
                 RpcRequest::Status {} => Out::Status {},
-                RpcRequest::Write { op }
-                | RpcRequest::Forwarded(Forwarded::Write(Write { op })) => {
-                    Out::Write { op, forwarded }
-                }
+                RpcRequest::Write { op } => Out::Write { op, forwarded },
+                RpcRequest::Forwarded(Forwarded::Write(write)) => Out::Write {
+                    op: &write.op,
+                    forwarded,
+                },
                 RpcRequest::Query { opts, query }
                 | RpcRequest::Forwarded(Forwarded::Query(Query { opts, query })) => Out::Query {
                     opts,
