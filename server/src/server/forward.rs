@@ -1,5 +1,5 @@
 //! Where a request runs: [`Server::at_leader`] is the one place deciding "here or at the
-//! leader" (Consul's `forwardRPC`), from what each request says of itself ([`AtLeader`]).
+//! leader" (Consul's `forwardRPC`), from what each request says of itself ([`Route`]).
 //! Forwarding it to the leader on behalf of a caller, and telling a lost leader from a failed
 //! request.
 
@@ -20,116 +20,94 @@ pub(crate) enum Hop {
     Forwarded,
 }
 
-/// What a request that runs at the leader says about where it may run (Consul's `RPCInfo`).
-/// Every request [`Server::at_leader`] routes answers these, so a new one does not compile
-/// until someone decides.
-pub(crate) trait AtLeader: Call + Into<Forwarded> {
+/// Where a request may run, and how (Consul's `RPCInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
     /// Whether a caller's request waits out an election under way before it is routed, so it
     /// reaches the new leader instead of failing (see [`Server::await_leader`]).
-    fn awaits_election(&self) -> bool;
+    awaits_election: bool,
     /// Whether any server may answer it from its own state (a stale read).
-    fn any_server(&self) -> bool;
+    any_server: bool,
     /// How long the leader may hold it: a blocking read's wait.
-    fn hold(&self) -> Duration;
-    /// The answer of a request that failed before it was served.
-    fn failed(error: ServerError) -> Self::Output;
+    hold: Duration,
+}
+
+impl Route {
+    /// At the leader, once an election under way has one.
+    const LEADER: Route = Route {
+        awaits_election: true,
+        any_server: false,
+        hold: Duration::ZERO,
+    };
+    /// At whoever leads now: membership and operator requests, whose callers ask again
+    /// themselves.
+    const LEADER_NOW: Route = Route {
+        awaits_election: false,
+        ..Route::LEADER
+    };
+}
+
+/// A request that runs at the leader says how ([`Route`]). Every request [`Server::at_leader`]
+/// routes has one, so a new one does not compile until someone decides.
+pub(crate) trait AtLeader: Call<Output: Failed> + Into<Forwarded> {
+    fn route(&self) -> Route;
+}
+
+/// The answer of a request that failed before it was served.
+pub(crate) trait Failed {
+    fn failed(error: ServerError) -> Self;
+}
+
+impl<T> Failed for Result<T, ServerError> {
+    fn failed(error: ServerError) -> Self {
+        Err(error)
+    }
+}
+
+impl Failed for Result<OperatorReply, OperatorError> {
+    fn failed(error: ServerError) -> Self {
+        Err(error.into())
+    }
 }
 
 impl AtLeader for calls::Write {
-    fn awaits_election(&self) -> bool {
-        true
-    }
-
-    fn any_server(&self) -> bool {
-        false
-    }
-
-    fn hold(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn failed(error: ServerError) -> Result<Response, ServerError> {
-        Err(error)
-    }
-}
-
-impl AtLeader for calls::Query {
-    /// A stale read is answered wherever it is asked, leader or not.
-    fn awaits_election(&self) -> bool {
-        self.opts.consistency != Consistency::Stale
-    }
-
-    fn any_server(&self) -> bool {
-        self.opts.consistency == Consistency::Stale
-    }
-
-    /// Only a query with an index blocks.
-    fn hold(&self) -> Duration {
-        if self.opts.min_index == 0 {
-            Duration::ZERO
-        } else {
-            Duration::from_millis(self.opts.wait_ms)
-        }
-    }
-
-    fn failed(error: ServerError) -> Result<(QueryResult, QueryMeta), ServerError> {
-        Err(error)
+    fn route(&self) -> Route {
+        Route::LEADER
     }
 }
 
 impl AtLeader for calls::Renew {
-    fn awaits_election(&self) -> bool {
-        true
-    }
-
-    fn any_server(&self) -> bool {
-        false
-    }
-
-    fn hold(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn failed(error: ServerError) -> Result<Session, ServerError> {
-        Err(error)
+    fn route(&self) -> Route {
+        Route::LEADER
     }
 }
 
-/// Membership and operator requests go to whoever leads now: a joiner and an operator ask
-/// again themselves.
+impl AtLeader for calls::Query {
+    /// A stale read is answered wherever it is asked; only a read with an index blocks.
+    fn route(&self) -> Route {
+        let stale = self.opts.consistency == Consistency::Stale;
+        let hold = if self.opts.min_index == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.opts.wait_ms)
+        };
+        Route {
+            awaits_election: !stale,
+            any_server: stale,
+            hold,
+        }
+    }
+}
+
 impl AtLeader for calls::Join {
-    fn awaits_election(&self) -> bool {
-        false
-    }
-
-    fn any_server(&self) -> bool {
-        false
-    }
-
-    fn hold(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn failed(error: ServerError) -> Result<(), ServerError> {
-        Err(error)
+    fn route(&self) -> Route {
+        Route::LEADER_NOW
     }
 }
 
 impl AtLeader for calls::Operator {
-    fn awaits_election(&self) -> bool {
-        false
-    }
-
-    fn any_server(&self) -> bool {
-        false
-    }
-
-    fn hold(&self) -> Duration {
-        Duration::ZERO
-    }
-
-    fn failed(error: ServerError) -> Result<OperatorReply, OperatorError> {
-        Err(error.into())
+    fn route(&self) -> Route {
+        Route::LEADER_NOW
     }
 }
 
@@ -158,18 +136,19 @@ impl Server {
         C: AtLeader,
         F: Future<Output = C::Output>,
     {
-        if hop == Hop::Caller && call.awaits_election() {
+        let route = call.route();
+        if hop == Hop::Caller && route.awaits_election {
             self.await_leader().await;
         }
-        if self.is_leader() || call.any_server() {
+        if self.is_leader() || route.any_server {
             return serve(call).await;
         }
         match hop {
-            Hop::Forwarded => C::failed(ServerError::NoLeader),
-            Hop::Caller => {
-                let hold = call.hold();
-                self.forward(call, hold).await.unwrap_or_else(C::failed)
-            }
+            Hop::Forwarded => C::Output::failed(ServerError::NoLeader),
+            Hop::Caller => self
+                .forward(call, route.hold)
+                .await
+                .unwrap_or_else(C::Output::failed),
         }
     }
 
