@@ -38,7 +38,7 @@ pub async fn send<C: Call>(
     addr: SocketAddr,
     request: &Prepared<C>,
     timeout: Duration,
-) -> Result<Result<C::Reply, ServerError>, TransportError> {
+) -> Result<Result<C::Output, ServerError>, TransportError> {
     let response = rpc
         .call_typed_as::<RpcRequest, RpcResponse>(kind, addr, request.request(), timeout)
         .await?;

@@ -34,7 +34,7 @@ use vigil_shared::kv::{KvEntry, KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::operator::{OperatorReply, OperatorRequest, PeerRef};
 use vigil_shared::query::{PreparedQuery, ServiceQuery};
 use vigil_shared::rpc::calls::{
-    HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo,
+    self, Forwarded, HelloInfo, PeerInfo, RpcRequest, RpcResponse, ServerNode, StatusInfo,
 };
 use vigil_shared::rpc::{
     Command, Consistency, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Registration,
@@ -358,21 +358,14 @@ fn peer_responses() -> Vec<PeerResponse> {
 fn requests() -> Vec<RpcRequest> {
     let mut requests = vec![
         RpcRequest::Hello {},
-        RpcRequest::Renew {
-            id: session().id,
-            forwarded: false,
-        },
-        RpcRequest::Join {
+        RpcRequest::Renew { id: session().id },
+        RpcRequest::Forwarded(Forwarded::Join(calls::Join {
             node_id: 4,
             node: server("s4"),
-            forwarded: true,
-        },
+        })),
         RpcRequest::Status {},
     ];
-    requests.extend(ops().into_iter().map(|op| RpcRequest::Write {
-        op,
-        forwarded: false,
-    }));
+    requests.extend(ops().into_iter().map(|op| RpcRequest::Write { op }));
     let queries = [
         ReadQuery::KvGet {
             key: "a/lock".to_owned(),
@@ -394,18 +387,18 @@ fn requests() -> Vec<RpcRequest> {
             id_or_name: "web".to_owned(),
         },
     ];
-    requests.extend(queries.into_iter().map(|query| RpcRequest::Query {
-        opts: QueryOptions {
-            consistency: Consistency::Consistent,
-            min_index: 1_000_000,
-            wait_ms: 300_000,
-        },
-        query,
-        forwarded: true,
+    requests.extend(queries.into_iter().map(|query| {
+        RpcRequest::Forwarded(Forwarded::Query(calls::Query {
+            opts: QueryOptions {
+                consistency: Consistency::Consistent,
+                min_index: 1_000_000,
+                wait_ms: 300_000,
+            },
+            query,
+        }))
     }));
     requests.push(RpcRequest::Operator {
         request: OperatorRequest::TransferLeader { to: Some(2) },
-        forwarded: false,
     });
     let token = || "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001".to_owned();
     requests.extend([
@@ -659,12 +652,12 @@ fn messages_keep_their_variant_indexes() {
         &REQUESTS,
         |request| match request {
             RpcRequest::Hello {} => 0,
-            RpcRequest::Write { .. } => 1,
-            RpcRequest::Query { .. } => 2,
-            RpcRequest::Renew { .. } => 3,
-            RpcRequest::Join { .. } => 4,
+            RpcRequest::Write { .. } | RpcRequest::Forwarded(Forwarded::Write(_)) => 1,
+            RpcRequest::Query { .. } | RpcRequest::Forwarded(Forwarded::Query(_)) => 2,
+            RpcRequest::Renew { .. } | RpcRequest::Forwarded(Forwarded::Renew(_)) => 3,
+            RpcRequest::Join { .. } | RpcRequest::Forwarded(Forwarded::Join(_)) => 4,
             RpcRequest::Status {} => 5,
-            RpcRequest::Operator { .. } => 6,
+            RpcRequest::Operator { .. } | RpcRequest::Forwarded(Forwarded::Operator(_)) => 6,
             RpcRequest::WriteAs { .. } => 7,
             RpcRequest::QueryAs { .. } => 8,
             RpcRequest::RenewAs { .. } => 9,

@@ -34,7 +34,7 @@ use vigil_shared::rpc::{ApplyError, Op, Response, ServerError};
 
 use crate::raft::network::{PeerRequest, PeerResponse};
 use crate::raft::{NodeId, Raft};
-use crate::server::Server;
+use crate::server::{Hop, Server};
 use crate::snapshot::{Archive, RESTORE_CHUNK};
 
 /// How long a membership change may take to commit before the operator hears it failed.
@@ -49,21 +49,21 @@ pub const DEAD_SERVER_AFTER: Duration = Duration::from_secs(30);
 const CLEANUP_EVERY: Duration = Duration::from_secs(5);
 
 /// Runs an operator request on the leader, forwarding it from a follower.
-pub async fn handle(
+pub(crate) async fn handle(
     server: &Server,
     request: OperatorRequest,
-    forwarded: bool,
+    hop: Hop,
 ) -> Result<OperatorReply, OperatorError> {
-    if !server.is_leader() {
-        if forwarded {
-            return Err(ServerError::NoLeader.into());
-        }
-        let request = calls::Operator {
-            request,
-            forwarded: true,
-        };
-        return server.forward(request, Duration::ZERO).await?;
-    }
+    let call = calls::Operator { request };
+    server
+        .at_leader(call, hop, |calls::Operator { request }| {
+            run(server, request)
+        })
+        .await
+}
+
+/// Runs an operator request on this server, the leader.
+async fn run(server: &Server, request: OperatorRequest) -> Result<OperatorReply, OperatorError> {
     match request {
         OperatorRequest::RemovePeer(peer) => remove_peer(server, peer).await,
         OperatorRequest::TransferLeader { to } => transfer_leader(server, to).await,

@@ -8,7 +8,7 @@ use vigil_shared::PROTOCOL;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome};
 use vigil_shared::rpc::calls::ServerNode;
-use vigil_shared::rpc::{Op, Response, ServerError};
+use vigil_shared::rpc::{AclOp, Op, Response, ServerError};
 
 /// How to read back the answer of an op proposed in an older form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,7 +61,38 @@ pub fn downgrade(op: Op, level: u32) -> Result<(Op, Reply), ServerError> {
             }
             (Op::SetQuery { query, update }, Reply::AsIs)
         }
-        op => (op, Reply::AsIs),
+        // The first release's ops, and the level, which the leader raises only once every
+        // server applies it: no other form. Decided for every op, so a new one does not
+        // compile until someone says which release can apply it.
+        op @ (Op::Kv(_)
+        | Op::CreateSession(_)
+        | Op::DestroySession { .. }
+        | Op::RegisterNode { .. }
+        | Op::RegisterCheck(_)
+        | Op::DeregisterCheck { .. }
+        | Op::DeregisterNode { .. }
+        | Op::ReapTombstones { .. }
+        | Op::CatalogRegister(_)
+        | Op::DeregisterService { .. }
+        | Op::SetQuery { .. }
+        | Op::DeleteQuery { .. }
+        | Op::CheckpointTtls { .. }
+        | Op::Lock(LockOp::Acquire { .. } | LockOp::Release { .. } | LockOp::Wake { .. })
+        | Op::Batch(_)
+        | Op::RestoreSnapshot { .. }
+        | Op::SetAutopilotConfig { .. }
+        | Op::RestoreChunk { .. }
+        | Op::Acl(
+            AclOp::Init { .. }
+            | AclOp::Bootstrap(_)
+            | AclOp::SetToken { .. }
+            | AclOp::DeleteToken { .. }
+            | AclOp::SetPolicy { .. }
+            | AclOp::DeletePolicy { .. }
+            | AclOp::SetRole { .. }
+            | AclOp::DeleteRole { .. },
+        )
+        | Op::SetProtocol { .. }) => (op, Reply::AsIs),
     })
 }
 

@@ -9,8 +9,9 @@ use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
-use vigil_shared::rpc::{QueryOptions, QueryResult, ReadQuery};
+use vigil_shared::rpc::{QueryOptions, QueryResult, ServerError};
 
+use crate::state::reads::Found;
 use crate::state::{Effects, Interest};
 
 type Waiters = HashMap<u64, oneshot::Sender<()>>;
@@ -250,54 +251,57 @@ impl Watches {
     }
 }
 
-/// Answers `query` with `read` (one look at the state: its answer and the index it stands at),
-/// blocking while that index is not above `opts.min_index`, for `opts.wait_ms` at most or until
-/// `stop`. Only a query with an index and something to wait on blocks. Consul's rule for a
-/// result that is missing: still missing after it was missing, it blocks on, rather than
-/// waking for unrelated index movement. The server and the in-memory test double both block
-/// here, each on its own state and watches.
-pub async fn blocking_read(
+/// Answers a read with `read` (one look at the state: what it found), blocking while the
+/// index found is not above `opts.min_index`, for `opts.wait_ms` at most or until `stop`. Only a
+/// query with an index and something to wait on (the interest the read names) blocks, and
+/// only once `admit` lets it: it is asked when the query first has to wait, and what it
+/// returns is held until the query is answered. Consul's rule for a result that is missing:
+/// still missing after it was missing, it blocks on, rather than waking for unrelated index
+/// movement. The server and the in-memory test double both block here, each on its own state
+/// and watches.
+pub async fn blocking_read<P>(
     watches: &Arc<Watches>,
     opts: QueryOptions,
-    query: &ReadQuery,
-    read: impl Fn(&ReadQuery) -> (QueryResult, u64),
+    read: impl Fn() -> Found<QueryResult>,
+    admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
     stop: &CancellationToken,
-) -> (QueryResult, u64) {
-    let interest = Interest::of(query);
-    if opts.min_index == 0 || interest == Interest::None {
-        return read(query);
-    }
+) -> Result<(QueryResult, u64), ServerError> {
     let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
+    let first = read();
+    if opts.min_index == 0
+        || first.interest == Interest::None
+        || first.index > opts.min_index
+        || Instant::now() >= deadline
+    {
+        return Ok((first.output, first.index));
+    }
+    let _admitted = admit(&first)?;
+    let interest = first.interest;
+    drop(first.output);
     let mut min_index = opts.min_index;
     let mut was_missing = false;
     loop {
         // Registered before the read, so no write can slip between the two.
         let mut guard = watches.register(interest.clone());
-        let (result, index) = read(query);
-        let missing = is_missing(query, &result);
-        if missing && was_missing {
-            min_index = min_index.max(index);
+        let found = read();
+        if found.missing && was_missing {
+            min_index = min_index.max(found.index);
         }
-        if index > min_index || Instant::now() >= deadline {
-            return (result, index);
+        if found.index > min_index || Instant::now() >= deadline {
+            return Ok((found.output, found.index));
         }
         // Not kept across the wait: a waiter holds its registration, not a copy of the answer
         // (a service's health, a prefix's entries), which is read again when it wakes.
-        drop(result);
-        was_missing = missing;
+        was_missing = found.missing;
+        drop(found);
         tokio::select! {
             _ = guard.fired() => {}
             _ = tokio::time::sleep_until(deadline) => {}
-            _ = stop.cancelled() => return read(query),
+            _ = stop.cancelled() => {
+                let found = read();
+                return Ok((found.output, found.index));
+            }
         }
-    }
-}
-
-fn is_missing(query: &ReadQuery, result: &QueryResult) -> bool {
-    match (query, result) {
-        (ReadQuery::KvGet { .. }, QueryResult::Entries(e)) => e.is_empty(),
-        (ReadQuery::SessionInfo { .. }, QueryResult::Sessions(s)) => s.is_empty(),
-        _ => false,
     }
 }
 
@@ -368,10 +372,12 @@ mod tests {
     fn a_lock_standing_wakes_only_its_own_session_whatever_the_case_it_was_asked_in() {
         let w = Arc::new(Watches::default());
         let standing = |session: &str| {
-            Interest::of(&vigil_shared::rpc::ReadQuery::LockStanding {
+            use crate::state::reads::StateRead as _;
+            let read = vigil_shared::rpc::reads::LockStanding {
                 name: "l".into(),
                 session: session.into(),
-            })
+            };
+            read.read(&crate::state::StateMachine::default()).interest
         };
         let mut mine = w.register(standing("5B0A-AA"));
         let mut other = w.register(standing("5b0a-bb"));

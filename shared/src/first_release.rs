@@ -419,4 +419,152 @@ mod tests {
         expected.service.ignore_check_ids.clear();
         assert_eq!(back, expected);
     }
+
+    /// The first release's requests to servers, as it encodes them (`rpc::calls`): a request
+    /// a server forwards to the leader is its own variant with `forwarded: true`. (A box
+    /// encodes as what it holds.)
+    #[derive(Debug, Serialize, Deserialize)]
+    enum RequestV1 {
+        Hello {},
+        Write {
+            op: Box<crate::rpc::Op>,
+            forwarded: bool,
+        },
+        Query {
+            opts: crate::rpc::QueryOptions,
+            query: crate::rpc::ReadQuery,
+            forwarded: bool,
+        },
+        Renew {
+            id: String,
+            forwarded: bool,
+        },
+        Join {
+            node_id: u64,
+            node: crate::rpc::calls::ServerNode,
+            forwarded: bool,
+        },
+        Status {},
+        Operator {
+            request: crate::operator::OperatorRequest,
+            forwarded: bool,
+        },
+    }
+
+    #[test]
+    fn requests_and_their_forwarded_envelope_encode_as_the_first_release() {
+        use crate::operator::OperatorRequest;
+        use crate::rpc::calls::{self, Forwarded, RpcRequest, ServerNode};
+        use crate::rpc::{Consistency, Op, QueryOptions, ReadQuery};
+
+        let op = || Op::DestroySession { id: "s".into() };
+        let opts = QueryOptions {
+            consistency: Consistency::Consistent,
+            min_index: 7,
+            wait_ms: 1000,
+        };
+        let query = || ReadQuery::KvGet { key: "k".into() };
+        let node = || ServerNode {
+            name: "s2".into(),
+            rpc_addr: "127.0.0.1:8300".into(),
+        };
+        let operator = || OperatorRequest::TransferLeader { to: Some(2) };
+        let pairs = |forwarded: bool| {
+            let hop = |request: Forwarded, direct: RpcRequest| {
+                if forwarded {
+                    RpcRequest::Forwarded(request)
+                } else {
+                    direct
+                }
+            };
+            [
+                (
+                    hop(
+                        calls::Write { op: op() }.into(),
+                        RpcRequest::Write { op: op() },
+                    ),
+                    RequestV1::Write {
+                        op: Box::new(op()),
+                        forwarded,
+                    },
+                ),
+                (
+                    hop(
+                        Forwarded::Query(calls::Query {
+                            opts,
+                            query: query(),
+                        }),
+                        RpcRequest::Query {
+                            opts,
+                            query: query(),
+                        },
+                    ),
+                    RequestV1::Query {
+                        opts,
+                        query: query(),
+                        forwarded,
+                    },
+                ),
+                (
+                    hop(
+                        Forwarded::Renew(calls::Renew { id: "s".into() }),
+                        RpcRequest::Renew { id: "s".into() },
+                    ),
+                    RequestV1::Renew {
+                        id: "s".into(),
+                        forwarded,
+                    },
+                ),
+                (
+                    hop(
+                        Forwarded::Join(calls::Join {
+                            node_id: 2,
+                            node: node(),
+                        }),
+                        RpcRequest::Join {
+                            node_id: 2,
+                            node: node(),
+                        },
+                    ),
+                    RequestV1::Join {
+                        node_id: 2,
+                        node: node(),
+                        forwarded,
+                    },
+                ),
+                (
+                    hop(
+                        Forwarded::Operator(calls::Operator {
+                            request: operator(),
+                        }),
+                        RpcRequest::Operator {
+                            request: operator(),
+                        },
+                    ),
+                    RequestV1::Operator {
+                        request: operator(),
+                        forwarded,
+                    },
+                ),
+            ]
+        };
+        let always = [
+            (RpcRequest::Hello {}, RequestV1::Hello {}),
+            (RpcRequest::Status {}, RequestV1::Status {}),
+        ];
+        for (request, v1) in pairs(false).into_iter().chain(pairs(true)).chain(always) {
+            let bytes = postcard::to_allocvec(&request).expect("encodes");
+            let v1_bytes = postcard::to_allocvec(&v1).expect("encodes");
+            assert_eq!(bytes, v1_bytes, "{request:?}");
+            // What the first release sends reads back as the same request, envelope and all.
+            let back: RpcRequest = postcard::from_bytes(&v1_bytes).expect("decodes");
+            assert_eq!(
+                matches!(back, RpcRequest::Forwarded(_)),
+                matches!(request, RpcRequest::Forwarded(_)),
+                "{request:?}"
+            );
+            assert_eq!(postcard::to_allocvec(&back).expect("encodes"), v1_bytes);
+            let _: RequestV1 = postcard::from_bytes(&bytes).expect("the first release decodes it");
+        }
+    }
 }

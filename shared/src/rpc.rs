@@ -243,16 +243,26 @@ pub enum Response {
     CatalogTxn(crate::txn::CatalogTxnOutcome),
 }
 
+/// The one convention of every request type, reads ([`Query`]), writes ([`Write`]), the
+/// requests sent to servers ([`calls::Call`]) and the operator's (the server crate's
+/// `Operation`): a request names the answer a caller gets, `Output`, and takes it out of the
+/// wire enum that carries it, `Answer`, getting that back when it answers another request (a
+/// protocol bug: a server of another build). Each kind of request is declared in one list by
+/// a macro named after it (`reads!`, `writes!`, `calls!`, `operations!`) as `Name { fields }`
+/// and the answer it names.
+pub trait Request {
+    /// The wire enum the answer travels in.
+    type Answer;
+    /// What the caller gets.
+    type Output;
+    fn output(answer: Self::Answer) -> Result<Self::Output, Self::Answer>;
+}
+
 /// A state change that names its answer: a caller gets `W::Output` from `Backend::write::<W>`
 /// (a change the state machine may refuse answers `Result<_, ApplyError>`), so no caller
 /// matches a [`Response`]. On the wire the change travels as an [`Op`] and its answer as a
 /// [`Response`]; the types are in [`writes`].
-pub trait Write: Into<Op> {
-    type Output;
-    /// The answer out of its wire form, or the response back when it answers another change (a
-    /// protocol bug: a server of another build).
-    fn output(response: Response) -> Result<Self::Output, Response>;
-}
+pub trait Write: Request<Answer = Response> + Into<Op> {}
 
 pub mod writes;
 
@@ -261,18 +271,15 @@ pub mod calls;
 /// A read that names its answer: a caller gets `Q::Output` from `Backend::read::<Q>`, and the
 /// state machine builds the answer with `Q::answer`, so the compiler pairs every request with
 /// its answer. On the wire both travel as [`ReadQuery`] and [`QueryResult`].
-pub trait Query: Into<ReadQuery> + Clone {
-    type Output;
+pub trait Query: Request<Answer = QueryResult> + Into<ReadQuery> + Clone {
     /// The answer in its wire form.
     fn answer(output: Self::Output) -> QueryResult;
-    /// The answer out of its wire form, or the result back when it answers another query (a
-    /// protocol bug: a server of another build).
-    fn output(result: QueryResult) -> Result<Self::Output, QueryResult>;
 }
 
 /// Declares every read once: the wire enum [`ReadQuery`] (a struct variant per read, in wire
 /// order: append only) and, in [`reads`], a struct per read implementing [`Query`] with the
-/// [`QueryResult`] variant that answers it.
+/// [`QueryResult`] variant that answers it; [`ReadQuery::into_typed`] turns the one into the
+/// other.
 macro_rules! reads {
     ($(
         $(#[$doc:meta])*
@@ -283,6 +290,20 @@ macro_rules! reads {
         #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
         pub enum ReadQuery {
             $($(#[$doc])* $name { $($field: $ty),* },)*
+        }
+
+        impl ReadQuery {
+            /// The read as its type, turned into an `R` that every read type turns into: the
+            /// one place a [`ReadQuery`] is taken apart, so a server holds any read as one
+            /// type and the compiler asks for each read's behaviour on it.
+            pub fn into_typed<R>(self) -> R
+            where
+                $(reads::$name: Into<R>,)*
+            {
+                match self {
+                    $(ReadQuery::$name { $($field),* } => reads::$name { $($field),* }.into(),)*
+                }
+            }
         }
 
         /// The reads as types, each naming its answer.
@@ -301,18 +322,21 @@ macro_rules! reads {
                     }
                 }
 
-                impl Query for $name {
+                impl Request for $name {
+                    type Answer = QueryResult;
                     type Output = $out;
-
-                    fn answer(output: $out) -> QueryResult {
-                        QueryResult::$answer(output)
-                    }
 
                     fn output(result: QueryResult) -> Result<$out, QueryResult> {
                         match result {
                             QueryResult::$answer(output) => Ok(output),
                             other => Err(other),
                         }
+                    }
+                }
+
+                impl Query for $name {
+                    fn answer(output: $out) -> QueryResult {
+                        QueryResult::$answer(output)
                     }
                 }
             )*

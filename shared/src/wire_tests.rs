@@ -14,7 +14,8 @@ use crate::kv::{KvEntry, KvOp, TxnOutcome};
 use crate::lock::{LockHold, LockMode, LockOp, LockOutcome, LockStanding};
 use crate::query::PreparedQuery;
 use crate::rpc::{
-    AclOp, ApplyError, Op, Query as _, ReadQuery, Registration, Response, ServerError, reads,
+    AclOp, ApplyError, Op, Query as _, ReadQuery, Registration, Request as _, Response,
+    ServerError, reads,
 };
 use crate::session::{Behavior, Session};
 use crate::txn::{CatalogTxnOutcome, CatalogVerb, TxnOp, TxnResult};

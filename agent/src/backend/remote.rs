@@ -24,7 +24,7 @@ use vigil_shared::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_shared::rpc::calls::{self, Call, RpcRequest, RpcResponse, StatusInfo, reply};
 
 use crate::token::AgentToken;
-use vigil_shared::rpc::{Consistency, Op, QueryOptions, ReadQuery, Response, ServerError};
+use vigil_shared::rpc::{Consistency, Op, QueryOptions, ReadQuery, Request, Response, ServerError};
 use vigil_shared::session::Session;
 use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 
@@ -219,7 +219,7 @@ impl RemoteServers {
         &self,
         request: &Prepared<C>,
         timeout: Duration,
-    ) -> Result<C::Reply, ServerError> {
+    ) -> Result<C::Output, ServerError> {
         let response = self.call_any(request.request(), timeout).await?;
         reply::<C>(response)
     }
@@ -291,11 +291,7 @@ fn knows_no_leader(response: &RpcResponse) -> bool {
 fn query_request(opts: QueryOptions, query: ReadQuery, token: Option<String>) -> AnyQuery {
     match token {
         Some(token) => AnyQuery(RpcRequest::QueryAs { opts, query, token }),
-        None => AnyQuery(RpcRequest::Query {
-            opts,
-            query,
-            forwarded: false,
-        }),
+        None => AnyQuery(RpcRequest::Query { opts, query }),
     }
 }
 
@@ -308,15 +304,18 @@ impl From<AnyQuery> for RpcRequest {
     }
 }
 
-impl Call for AnyQuery {
-    type Reply = <calls::Query as Call>::Reply;
+impl Request for AnyQuery {
+    type Answer = RpcResponse;
+    type Output = <calls::Query as Request>::Output;
 
-    fn answer(reply: Self::Reply) -> RpcResponse {
-        calls::Query::answer(reply)
+    fn output(response: RpcResponse) -> Result<Self::Output, RpcResponse> {
+        calls::Query::output(response)
     }
+}
 
-    fn reply(response: RpcResponse) -> Result<Self::Reply, RpcResponse> {
-        calls::Query::reply(response)
+impl Call for AnyQuery {
+    fn answer(output: Self::Output) -> RpcResponse {
+        calls::Query::answer(output)
     }
 }
 
@@ -342,8 +341,7 @@ impl ServerApi for RemoteServers {
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let forwarded = false;
-                    let request = Prepared::new(calls::Write { op, forwarded });
+                    let request = Prepared::new(calls::Write { op });
                     self.call(&request, CALL_SLACK).await?
                 }
             }
@@ -400,8 +398,7 @@ impl ServerApi for RemoteServers {
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let forwarded = false;
-                    let request = Prepared::new(calls::Renew { id, forwarded });
+                    let request = Prepared::new(calls::Renew { id });
                     self.call(&request, CALL_SLACK).await?
                 }
             }
@@ -420,8 +417,7 @@ impl ServerApi for RemoteServers {
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let forwarded = false;
-                    let request = Prepared::new(calls::Operator { request, forwarded });
+                    let request = Prepared::new(calls::Operator { request });
                     self.call(&request, CALL_SLACK).await?
                 }
             }

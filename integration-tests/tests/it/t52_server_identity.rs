@@ -19,7 +19,7 @@ use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair}
 use serde_json::Value;
 use vigil_server::raft::network::{PeerRequest, PeerResponse};
 use vigil_shared::rpc::Op;
-use vigil_shared::rpc::calls::{RpcRequest, RpcResponse, ServerNode};
+use vigil_shared::rpc::calls::{self, RpcRequest, RpcResponse, ServerNode};
 use vigil_wire::tls::{Role, TlsMaterial};
 use vigil_wire::transport::{RpcClient, TransportError, client_endpoint};
 
@@ -61,7 +61,6 @@ fn join(node_id: u64, name: &str, rpc_addr: SocketAddr) -> RpcRequest {
             name: name.to_owned(),
             rpc_addr: rpc_addr.to_string(),
         },
-        forwarded: false,
     }
 }
 
@@ -111,14 +110,15 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
             op: Op::ReapTombstones {
                 before_ms: u64::MAX,
             },
-            forwarded: false,
         },
-        RpcRequest::Write {
-            op: Op::DestroySession {
-                id: "00000000-0000-0000-0000-000000000000".to_owned(),
-            },
-            forwarded: true,
-        },
+        RpcRequest::Forwarded(
+            calls::Write {
+                op: Op::DestroySession {
+                    id: "00000000-0000-0000-0000-000000000000".to_owned(),
+                },
+            }
+            .into(),
+        ),
     ];
     for request in &requests {
         match call(&rpc, addr, request).await {

@@ -68,7 +68,6 @@ async fn oversized_changes_are_refused_without_an_election() {
             value: vec![b'x'; OVERSIZED],
             flags: 0,
         }]),
-        forwarded: false,
     };
     let response = rpc
         .call_typed::<RpcRequest, RpcResponse>(

@@ -658,7 +658,7 @@ async fn the_cli_prints_roles_policies_and_tokens_it_reads() {
 async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants() {
     use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
     use vigil_shared::operator::{OperatorReply, OperatorRequest, PeerRef};
-    use vigil_shared::rpc::calls::{RpcRequest, RpcResponse};
+    use vigil_shared::rpc::calls::{self, Forwarded, RpcRequest, RpcResponse};
     use vigil_shared::rpc::{AclOp, Op, QueryOptions, QueryResult, ReadQuery};
     use vigil_wire::tls::Role;
 
@@ -728,18 +728,16 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
     let old_list = RpcRequest::Query {
         opts: QueryOptions::default(),
         query: ReadQuery::AclTokenList {},
-        forwarded: false,
     };
     refused(&ask(old_list).await, "acl:read");
     let resolve = ReadQuery::AclResolve {
         secret_id: ROOT.to_owned(),
     };
     refused(&ask(query(resolve, "")).await, "acl:write");
-    let forwarded = RpcRequest::Query {
+    let forwarded = RpcRequest::Forwarded(Forwarded::Query(calls::Query {
         opts: QueryOptions::default(),
         query: ReadQuery::AclTokenList {},
-        forwarded: true,
-    };
+    }));
     refused(&ask(forwarded).await, "server certificate");
 
     // No working token: not by the ACL write agents make, not by the leader's own.
@@ -759,11 +757,7 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
         initial_management: Some(minted.clone()),
     });
     refused(
-        &ask(RpcRequest::Write {
-            op: init,
-            forwarded: false,
-        })
-        .await,
+        &ask(RpcRequest::Write { op: init }).await,
         "server certificate",
     );
     let reply = cluster

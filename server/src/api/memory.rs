@@ -36,6 +36,7 @@ use crate::operator;
 use crate::raft::NodeId;
 use crate::snapshot::Archive;
 use crate::state::StateMachine;
+use crate::state::reads::AnyRead;
 use crate::watch::{Watches, blocking_read};
 
 /// The double's one server, as status and operator requests name it.
@@ -231,13 +232,11 @@ impl ServerApi for MemoryServer {
 
     fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         Box::pin(async move {
-            let read = |q: &ReadQuery| {
-                let state = self.core.state.lock();
-                let (result, index) = state.machine.query(q);
-                (result, index)
-            };
+            let read = AnyRead::from(query);
+            let look = || read.read(&self.core.state.lock().machine);
+            let admit = |_: &_| Ok::<(), ServerError>(());
             let (result, index) =
-                blocking_read(&self.core.watches, opts, &query, read, &self.stop).await;
+                blocking_read(&self.core.watches, opts, look, admit, &self.stop).await?;
             Ok((result, Core::meta(index)))
         })
     }

@@ -22,6 +22,7 @@ use vigil_shared::session::Session;
 
 use crate::Server;
 use crate::operator;
+use crate::server::Hop;
 
 /// A read's answer: the result, and the index and leader it was read at.
 pub type QueryFuture<'a> = BoxFuture<'a, Result<(QueryResult, QueryMeta), ServerError>>;
@@ -80,7 +81,7 @@ impl ServerApi for Server {
         &self,
         request: OperatorRequest,
     ) -> BoxFuture<'_, Result<OperatorReply, OperatorError>> {
-        Box::pin(operator::handle(self, request, false))
+        Box::pin(operator::handle(self, request, Hop::Caller))
     }
 
     fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {

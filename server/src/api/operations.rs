@@ -5,17 +5,13 @@
 
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::operator::{AutopilotHealth, OperatorReply, OperatorRequest, PeerRef};
+use vigil_shared::rpc::Request;
 
 use crate::raft::NodeId;
 
-/// An operator request that names its answer: a caller gets `O::Output` from the agent's
-/// `Backend::operate::<O>`, never an [`OperatorReply`] to match.
-pub trait Operation: Into<OperatorRequest> {
-    type Output;
-    /// The answer out of its wire form, or the reply back when it answers another request (a
-    /// protocol bug: a server of another build).
-    fn output(reply: OperatorReply) -> Result<Self::Output, OperatorReply>;
-}
+/// An operator request that names its answer (the [`Request`] convention): a caller gets
+/// `O::Output` from the agent's `Backend::operate::<O>`, never an [`OperatorReply`] to match.
+pub trait Operation: Request<Answer = OperatorReply> + Into<OperatorRequest> {}
 
 /// For each operation: the request it travels as, and the reply that answers it (`Done` for
 /// a request that only succeeds or fails).
@@ -30,7 +26,10 @@ macro_rules! operations {
             }
         }
 
-        impl Operation for $name {
+        impl Operation for $name {}
+
+        impl Request for $name {
+            type Answer = OperatorReply;
             type Output = $output;
 
             fn output(reply: OperatorReply) -> Result<$output, OperatorReply> {

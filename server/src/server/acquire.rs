@@ -99,7 +99,7 @@ impl Server {
         if refused().is_none() {
             return Ok(Decided::Propose(Some(turn)));
         }
-        // No longer leading: the write path forwards it to whoever leads now.
+        // No longer leading: the proposer answers it `NotLeader`, which the caller retries.
         if self.confirmed_leader().await.is_err() {
             return Ok(Decided::Propose(None));
         }

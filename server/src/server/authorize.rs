@@ -1,7 +1,7 @@
 //! Who may ask this server what. Two questions, in order:
 //!
 //! 1. May this certificate send the request at all? A server certificate may send anything; a
-//!    client agent's what [`RpcRequest::senders`] allows it; a CLI/HTTPS certificate nothing.
+//!    client agent's what [`senders`] allows it; a CLI/HTTPS certificate nothing.
 //! 2. May the token the request carries do it? A client agent's request is made on behalf of
 //!    a token (the `*As` requests carry it; the older ones are the anonymous token's), which
 //!    this server resolves against its own ACL tables and checks with the same
@@ -18,7 +18,6 @@ use vigil_shared::acl::{ANONYMOUS_TOKEN_ACCESSOR_ID, ANONYMOUS_TOKEN_SECRET, Res
 use vigil_shared::catalog::{Node, Service};
 use vigil_shared::kv::KvOp;
 use vigil_shared::operator::OperatorRequest;
-use vigil_shared::rpc::calls::Senders;
 use vigil_shared::rpc::{AclOp, QueryResult};
 use vigil_shared::txn::TxnOp;
 
@@ -33,31 +32,88 @@ pub(super) type Refusal = String;
 
 /// Refuses a request the certificate may not send.
 pub(super) fn check_sender(peer: &PeerIdentity, request: &RpcRequest) -> Result<(), Refusal> {
-    match (peer.role, request.senders()) {
+    match (peer.role, senders(request)) {
         (Role::Cli, _) => Err("a CLI or HTTPS certificate cannot call the RPC endpoint; \
              agents use a client agent certificate"
             .to_owned()),
-        (Role::Client, Senders::Servers) => {
-            Err(format!("{} needs a server certificate", describe(request)))
-        }
+        (Role::Client, Senders::Servers(what)) => Err(format!("{what} needs a server certificate")),
         (Role::Server, _) | (Role::Client, Senders::Agents) => Ok(()),
     }
 }
 
-/// The refusal's name for what a client certificate asked; who may send it is decided in
-/// [`RpcRequest::senders`] alone.
-fn describe(request: &RpcRequest) -> &'static str {
+/// Which certificates may send a request at all (what the token it carries may do is the
+/// server's second question).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Senders {
+    /// Servers only: raft membership, forwarding between servers, leader-internal writes. The
+    /// name of what was asked, for the refusal of anyone else.
+    Servers(&'static str),
+    /// Servers and client agents.
+    Agents,
+}
+
+/// Who may send this request: decided here for every request and every op, with no
+/// wildcard arm, so a new request or op does not compile until someone decides. A
+/// certificate for the HTTPS API and the CLI may send none (the server refuses it before
+/// asking).
+fn senders(request: &RpcRequest) -> Senders {
     match request {
-        RpcRequest::Join { .. } => "a join",
-        RpcRequest::Write { forwarded, .. }
-        | RpcRequest::Query { forwarded, .. }
-        | RpcRequest::Renew { forwarded, .. }
-        | RpcRequest::Operator { forwarded, .. }
-            if *forwarded =>
-        {
-            "forwarding"
-        }
-        _ => "this operation",
+        RpcRequest::Hello {} | RpcRequest::Status {} => Senders::Agents,
+        RpcRequest::Join { .. } => Senders::Servers("a join"),
+        RpcRequest::Forwarded(_) => Senders::Servers("forwarding"),
+        RpcRequest::Write { op } | RpcRequest::WriteAs { op, .. } => op_senders(op),
+        RpcRequest::Query { .. }
+        | RpcRequest::QueryAs { .. }
+        | RpcRequest::Renew { .. }
+        | RpcRequest::RenewAs { .. }
+        | RpcRequest::Operator { .. }
+        | RpcRequest::OperatorAs { .. } => Senders::Agents,
+    }
+}
+
+/// Who may propose `op`: the leader's own bookkeeping and whole-state replacements (a restore
+/// goes through the operator path, which checks the archive) are for servers only.
+fn op_senders(op: &Op) -> Senders {
+    match op {
+        Op::Kv(_)
+        | Op::CreateSession(_)
+        | Op::DestroySession { .. }
+        | Op::RegisterNode { .. }
+        | Op::RegisterCheck(_)
+        | Op::DeregisterCheck { .. }
+        | Op::DeregisterNode { .. }
+        | Op::CatalogRegister(_)
+        | Op::CatalogRegisterFull(_)
+        | Op::DeregisterService { .. }
+        | Op::SetQuery { .. }
+        | Op::SetQueryFull { .. }
+        | Op::DeleteQuery { .. }
+        | Op::Lock(
+            LockOp::Acquire { .. }
+            | LockOp::Release { .. }
+            | LockOp::Enqueue { .. }
+            | LockOp::Leave { .. },
+        )
+        | Op::Acl(
+            AclOp::Bootstrap(_)
+            | AclOp::SetToken { .. }
+            | AclOp::DeleteToken { .. }
+            | AclOp::SetPolicy { .. }
+            | AclOp::DeletePolicy { .. }
+            | AclOp::SetRole { .. }
+            | AclOp::DeleteRole { .. },
+        )
+        | Op::Txn(_) => Senders::Agents,
+        Op::ReapTombstones { .. }
+        | Op::CheckpointTtls { .. }
+        | Op::Lock(LockOp::Wake { .. })
+        | Op::Batch(_)
+        | Op::RestoreSnapshot { .. }
+        | Op::RestoreChunk { .. }
+        | Op::SetAutopilotConfig { .. }
+        | Op::Acl(AclOp::Init { .. })
+        | Op::SetProtocol { .. }
+        | Op::ExpireSession { .. } => Senders::Servers("this operation"),
     }
 }
 
@@ -516,6 +572,7 @@ mod tests {
     use super::*;
     use vigil_shared::acl::authz::DefaultPolicy;
     use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Policy};
+    use vigil_shared::rpc::calls::Forwarded;
 
     fn peer(role: Role) -> PeerIdentity {
         PeerIdentity { role, node: None }
@@ -539,12 +596,8 @@ mod tests {
             RpcRequest::Join {
                 node_id: 2,
                 node: Default::default(),
-                forwarded: false,
             },
-            RpcRequest::Renew {
-                id: "s".into(),
-                forwarded: true,
-            },
+            RpcRequest::Forwarded(Forwarded::Renew(calls::Renew { id: "s".into() })),
             write(Op::Acl(AclOp::Init {
                 initial_management: None,
             })),

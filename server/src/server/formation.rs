@@ -2,6 +2,7 @@
 //! once with `bootstrap_expect` of them or joining the cluster they form, and adding a server
 //! (a learner first, a voter once it has the log).
 
+use super::forward::Hop;
 use super::*;
 
 /// How long a joining server has, as a learner, to receive the log before it would become a
@@ -122,7 +123,6 @@ impl Server {
         let join = Prepared::new(calls::Join {
             node_id: self.node_id,
             node: self.self_node(),
-            forwarded: false,
         });
         let timeout = Duration::from_secs(30);
         match dial::send(&self.rpc, CallKind::Prompt, addr, &join, timeout).await {
@@ -209,25 +209,23 @@ impl Server {
     }
 
     /// Adds a server to the cluster: as a learner, then as a voter once it has the log
-    /// (leader only; followers forward). Refused while gossip reports a server of that name
+    /// (at the leader). Refused while gossip reports a server of that name
     /// failed or left, and when [`admission`] refuses it.
     pub(super) async fn join(
         &self,
         node_id: NodeId,
         node: ServerNode,
-        forwarded: bool,
+        hop: Hop,
     ) -> Result<(), ServerError> {
-        if !self.is_leader() {
-            if forwarded {
-                return Err(ServerError::NoLeader);
-            }
-            let request = calls::Join {
-                node_id,
-                node,
-                forwarded: true,
-            };
-            return self.forward(request, Duration::ZERO).await?;
-        }
+        self.at_leader(
+            calls::Join { node_id, node },
+            hop,
+            |calls::Join { node_id, node }| self.join_here(node_id, node),
+        )
+        .await
+    }
+
+    async fn join_here(&self, node_id: NodeId, node: ServerNode) -> Result<(), ServerError> {
         let admission = {
             let metrics = self.raft.metrics();
             let m = metrics.borrow_watched();

@@ -1,7 +1,115 @@
-//! Forwarding a request to the leader on behalf of a caller, and telling a lost leader from a
-//! failed request.
+//! Where a request runs: [`Server::at_leader`] is the one place deciding "here or at the
+//! leader" (Consul's `forwardRPC`), from what each request says of itself ([`Route`]).
+//! Forwarding it to the leader on behalf of a caller, and telling a lost leader from a failed
+//! request.
+
+use std::future::Future;
+
+use vigil_shared::operator::{OperatorError, OperatorReply};
+use vigil_shared::rpc::calls::Forwarded;
 
 use super::*;
+
+/// How a request reached this server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hop {
+    /// From its caller (an agent, this server's own API, another server's own request).
+    Caller,
+    /// Forwarded by a server that is not the leader: served here, or refused, never forwarded
+    /// again.
+    Forwarded,
+}
+
+/// Where a request may run, and how (Consul's `RPCInfo`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Route {
+    /// Whether a caller's request waits out an election under way before it is routed, so it
+    /// reaches the new leader instead of failing (see [`Server::await_leader`]).
+    awaits_election: bool,
+    /// Whether any server may answer it from its own state (a stale read).
+    any_server: bool,
+    /// How long the leader may hold it: a blocking read's wait.
+    hold: Duration,
+}
+
+impl Route {
+    /// At the leader, once an election under way has one.
+    const LEADER: Route = Route {
+        awaits_election: true,
+        any_server: false,
+        hold: Duration::ZERO,
+    };
+    /// At whoever leads now: membership and operator requests, whose callers ask again
+    /// themselves.
+    const LEADER_NOW: Route = Route {
+        awaits_election: false,
+        ..Route::LEADER
+    };
+}
+
+/// A request that runs at the leader says how ([`Route`]). Every request [`Server::at_leader`]
+/// routes has one, so a new one does not compile until someone decides.
+pub(crate) trait AtLeader: Call<Output: Failed> + Into<Forwarded> {
+    fn route(&self) -> Route;
+}
+
+/// The answer of a request that failed before it was served.
+pub(crate) trait Failed {
+    fn failed(error: ServerError) -> Self;
+}
+
+impl<T> Failed for Result<T, ServerError> {
+    fn failed(error: ServerError) -> Self {
+        Err(error)
+    }
+}
+
+impl Failed for Result<OperatorReply, OperatorError> {
+    fn failed(error: ServerError) -> Self {
+        Err(error.into())
+    }
+}
+
+impl AtLeader for calls::Write {
+    fn route(&self) -> Route {
+        Route::LEADER
+    }
+}
+
+impl AtLeader for calls::Renew {
+    fn route(&self) -> Route {
+        Route::LEADER
+    }
+}
+
+impl AtLeader for calls::Query {
+    /// A stale read is answered wherever it is asked; only a read with an index blocks.
+    fn route(&self) -> Route {
+        let stale = self.opts.consistency == Consistency::Stale;
+        let hold = if self.opts.min_index == 0 {
+            Duration::ZERO
+        } else {
+            Duration::from_millis(self.opts.wait_ms)
+        };
+        Route {
+            awaits_election: !stale,
+            any_server: stale,
+            hold,
+        }
+    }
+}
+
+impl AtLeader for calls::Join {
+    fn route(&self) -> Route {
+        Route::LEADER_NOW
+    }
+}
+
+impl AtLeader for calls::Operator {
+    fn route(&self) -> Route {
+        Route::LEADER_NOW
+    }
+}
 
 /// Time allowed for a forwarded request beyond its own blocking wait.
 const FORWARD_SLACK: Duration = Duration::from_secs(30);
@@ -13,13 +121,44 @@ impl Server {
             .ok_or(ServerError::NoLeader)
     }
 
-    /// Sends a request to the leader on behalf of a caller.
-    pub(crate) async fn forward<C: Call>(
+    /// Runs `call` at the leader: `serve` runs it here when this server leads (or when any
+    /// server may answer it); otherwise a caller's request is forwarded, once, to the leader,
+    /// and a forwarded one is refused with [`ServerError::NoLeader`]: the leader that
+    /// forwarded it lost its place meanwhile, and answering from this server's own state could
+    /// go back in time. The caller retries on the new leader.
+    pub(crate) async fn at_leader<C, F>(
+        &self,
+        call: C,
+        hop: Hop,
+        serve: impl FnOnce(C) -> F,
+    ) -> C::Output
+    where
+        C: AtLeader,
+        F: Future<Output = C::Output>,
+    {
+        let route = call.route();
+        if hop == Hop::Caller && route.awaits_election {
+            self.await_leader().await;
+        }
+        if self.is_leader() || route.any_server {
+            return serve(call).await;
+        }
+        match hop {
+            Hop::Forwarded => C::Output::failed(ServerError::NoLeader),
+            Hop::Caller => self
+                .forward(call, route.hold)
+                .await
+                .unwrap_or_else(C::Output::failed),
+        }
+    }
+
+    /// Sends a request to the leader on behalf of a caller, in the forwarded envelope.
+    async fn forward<C: AtLeader>(
         &self,
         call: C,
         wait: Duration,
-    ) -> Result<C::Reply, ServerError> {
-        let request: RpcRequest = call.into();
+    ) -> Result<C::Output, ServerError> {
+        let request = RpcRequest::Forwarded(call.into());
         // Server metrics: they change with the leader, not with every entry.
         let mut metrics = self.raft.server_metrics();
         let leader_id = metrics.borrow_and_update().current_leader;
@@ -29,7 +168,7 @@ impl Server {
         if self.leader_gone().await {
             return Err(ServerError::NoLeader);
         }
-        let is_write = matches!(request, RpcRequest::Write { .. });
+        let is_write = matches!(request, RpcRequest::Forwarded(Forwarded::Write(_)));
         let kind = if wait.is_zero() {
             CallKind::Prompt
         } else {

@@ -17,6 +17,7 @@ mod status;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use forward::Hop;
 pub use status::RaftStats;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -1,50 +1,44 @@
-//! Writes, reads (blocking and in every consistency mode) and session renewals: answered here
-//! when this server leads (or for a stale read), forwarded to the leader otherwise.
+//! Writes, reads (blocking and in every consistency mode) and session renewals: each served
+//! here when this server leads (or for a stale read), forwarded to the leader otherwise, as
+//! [`Server::at_leader`] decides.
 
 use super::acquire::Decided;
+use super::forward::Hop;
 use super::*;
+use crate::state::reads::{AnyRead, Found};
 
 impl Server {
     /// Commits a state change, forwarding to the leader from a follower.
     pub async fn write(&self, op: Op) -> Result<Response, ServerError> {
-        self.write_inner(op, false).await
+        self.write_from(op, Hop::Caller).await
     }
 
-    pub(super) async fn write_inner(
-        &self,
-        op: Op,
-        forwarded: bool,
-    ) -> Result<Response, ServerError> {
-        if !forwarded {
-            self.await_leader().await;
-        }
+    /// A state change, proposed at the leader. The leader may run the previous release, which
+    /// cannot decode a newer op: it goes in the form the cluster's level applies, here or
+    /// forwarded.
+    pub(super) async fn write_from(&self, op: Op, hop: Hop) -> Result<Response, ServerError> {
+        let level = self.shared.read().protocol();
+        let (op, reply) = crate::protocol::downgrade(op, level)?;
+        self.at_leader(calls::Write { op }, hop, |calls::Write { op }| {
+            self.propose_here(op)
+        })
+        .await
+        .map(|response| reply.restore(response))
+    }
+
+    /// Proposes a change on this server, the leader.
+    async fn propose_here(&self, mut op: Op) -> Result<Response, ServerError> {
         let _turn = match self.decide_acquire(&op).await? {
             Decided::Refused(response) => return Ok(response),
             Decided::Propose(turn) => turn,
         };
-        let level = self.shared.read().protocol();
-        if self.is_leader() || forwarded {
-            let mut op = op;
-            if let Op::CreateSession(session) = &mut op {
-                check_ttl(&session.ttl, self.config.session_ttl_min)
-                    .map_err(ServerError::InvalidSessionTtl)?;
-                let floor =
-                    u64::try_from(self.config.lock_delay_min.as_nanos()).unwrap_or(u64::MAX);
-                session.lock_delay_ns = session.lock_delay_ns.max(floor);
-            }
-            let (op, reply) = crate::protocol::downgrade(op, level)?;
-            return self.proposer.propose(op).await.map(|r| reply.restore(r));
+        if let Op::CreateSession(session) = &mut op {
+            check_ttl(&session.ttl, self.config.session_ttl_min)
+                .map_err(ServerError::InvalidSessionTtl)?;
+            let floor = u64::try_from(self.config.lock_delay_min.as_nanos()).unwrap_or(u64::MAX);
+            session.lock_delay_ns = session.lock_delay_ns.max(floor);
         }
-        // The leader may run the previous release, which cannot decode a newer op: forward it
-        // in the form the cluster's level applies.
-        let (op, reply) = crate::protocol::downgrade(op, level)?;
-        let forwarded = calls::Write {
-            op,
-            forwarded: true,
-        };
-        self.forward(forwarded, Duration::ZERO)
-            .await?
-            .map(|r| reply.restore(r))
+        self.proposer.propose(op).await
     }
 
     pub(super) fn meta(&self, index: u64) -> QueryMeta {
@@ -72,38 +66,28 @@ impl Server {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        self.query_inner(opts, query, false).await
+        self.query_from(opts, query, Hop::Caller).await
     }
 
-    pub(super) async fn query_inner(
+    pub(super) async fn query_from(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
-        forwarded: bool,
+        hop: Hop,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        if opts.consistency != Consistency::Stale && !forwarded {
-            self.await_leader().await;
-        }
-        let local = opts.consistency == Consistency::Stale || self.is_leader();
-        if !local && forwarded {
-            // The leader that forwarded this lost its place meanwhile: answering from this
-            // server's own state could go back in time. The caller retries on the new leader.
-            return Err(ServerError::NoLeader);
-        }
-        if !local {
-            // Only a query with an index blocks.
-            let wait = if opts.min_index == 0 {
-                Duration::ZERO
-            } else {
-                Duration::from_millis(opts.wait_ms)
-            };
-            let request = calls::Query {
-                opts,
-                query,
-                forwarded: true,
-            };
-            return self.forward(request, wait).await?;
-        }
+        let read = calls::Query { opts, query };
+        self.at_leader(read, hop, |calls::Query { opts, query }| {
+            self.read_here(opts, query)
+        })
+        .await
+    }
+
+    /// Answers a read from this server's state, once the consistency mode's checks pass.
+    async fn read_here(
+        &self,
+        opts: QueryOptions,
+        query: ReadQuery,
+    ) -> Result<(QueryResult, QueryMeta), ServerError> {
         match opts.consistency {
             Consistency::Stale => {}
             Consistency::Default => self.confirmed_leader().await?,
@@ -114,14 +98,17 @@ impl Server {
                     .map_err(|_| ServerError::NoLeader)?;
             }
         }
-        let _permit = if opts.min_index > 0 && Interest::of(&query) != Interest::None {
-            Some(self.blocking_slot(&query)?)
-        } else {
-            None
-        };
-        let answer = self.local_query(opts, query).await;
-        crate::telemetry::read_answered(&answer.0);
-        Ok(answer)
+        let read = AnyRead::from(query);
+        let (result, index) = crate::watch::blocking_read(
+            &self.shared.watches,
+            opts,
+            || read.read(&self.shared.read()),
+            |found| self.blocking_slot(found),
+            &self.shutdown,
+        )
+        .await?;
+        crate::telemetry::read_answered(&result);
+        Ok((result, self.meta(index)))
     }
 
     /// Checks that this server leads under a valid read lease: a quorum acknowledged a message
@@ -169,9 +156,9 @@ impl Server {
     /// of the rest.
     fn blocking_slot(
         &self,
-        query: &ReadQuery,
+        found: &Found<QueryResult>,
     ) -> Result<tokio::sync::SemaphorePermit<'_>, ServerError> {
-        let reserved = if self.is_lock_wait(query) {
+        let reserved = if is_lock_wait(found) {
             self.lock_waits.try_acquire().ok()
         } else {
             None
@@ -185,59 +172,22 @@ impl Server {
         }
     }
 
-    /// Whether `query` waits on a lock: a native lock's grant or holder's standing, or a KV
-    /// key a session holds (a Consul-style lock, watched by its waiters and its holder).
-    fn is_lock_wait(&self, query: &ReadQuery) -> bool {
-        match query {
-            ReadQuery::LockHold { .. } | ReadQuery::LockStanding { .. } => true,
-            ReadQuery::KvGet { key } => self
-                .shared
-                .read()
-                .kv()
-                .get(key)
-                .is_some_and(|entry| entry.session.is_some()),
-            _ => false,
-        }
-    }
-
-    pub(super) async fn local_query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> (QueryResult, QueryMeta) {
-        let read = |q: &ReadQuery| self.shared.read().query(q);
-        let (result, index) =
-            crate::watch::blocking_read(&self.shared.watches, opts, &query, read, &self.shutdown)
-                .await;
-        (result, self.meta(index))
-    }
-
     /// Renews a session: resets its TTL timer on the leader. No raft write, but the leader
     /// confirms its lease first, as for a default read: a leader cut off from the quorum (or
     /// paused past its lease) must not acknowledge renewals while the others elect a leader
     /// that has never heard of them and expires the session on its checkpointed deadline.
     pub async fn renew_session(&self, id: &str) -> Result<Session, ServerError> {
-        self.renew_inner(id.to_owned(), false).await
+        self.renew_from(id.to_owned(), Hop::Caller).await
     }
 
-    pub(super) async fn renew_inner(
-        &self,
-        id: String,
-        forwarded: bool,
-    ) -> Result<Session, ServerError> {
-        if !forwarded {
-            self.await_leader().await;
-        }
-        if !self.is_leader() {
-            if forwarded {
-                return Err(ServerError::NoLeader);
-            }
-            let request = calls::Renew {
-                id,
-                forwarded: true,
-            };
-            return self.forward(request, Duration::ZERO).await?;
-        }
+    pub(super) async fn renew_from(&self, id: String, hop: Hop) -> Result<Session, ServerError> {
+        self.at_leader(calls::Renew { id }, hop, |calls::Renew { id }| {
+            self.renew_here(id)
+        })
+        .await
+    }
+
+    async fn renew_here(&self, id: String) -> Result<Session, ServerError> {
         self.confirmed_leader().await?;
         let session = self
             .shared
@@ -263,5 +213,17 @@ impl Server {
             }
         }
         Ok(session)
+    }
+}
+
+/// Whether a read waits on a lock: a native lock's grant or holder's standing, or a KV key a
+/// session holds (a Consul-style lock, watched by its waiters and its holder).
+fn is_lock_wait(found: &Found<QueryResult>) -> bool {
+    match (&found.interest, &found.output) {
+        (Interest::LockStanding { .. }, _) => true,
+        (Interest::Key(_), QueryResult::Entries(entries)) => {
+            entries.iter().any(|entry| entry.session.is_some())
+        }
+        _ => false,
     }
 }

@@ -8,8 +8,10 @@ use openraft_legacy::network_v1::ChunkedSnapshotReceiver as _;
 
 use vigil_shared::acl::authz::Authorizer;
 use vigil_shared::operator::OperatorRequest;
+use vigil_shared::rpc::calls::Forwarded;
 
 use super::authorize;
+use super::forward::Hop;
 use super::*;
 use crate::raft::TypeConfig;
 use crate::raft::network::{PeerRequest, PeerResponse, StreamAppendReply};
@@ -34,49 +36,50 @@ impl Server {
                 initialized: self.is_initialized(),
                 leader: self.leader_addr(),
             }),
-            RpcRequest::Write { op, forwarded } => self.answer_write(authz, op, forwarded).await,
-            RpcRequest::WriteAs { op, .. } => self.answer_write(authz, op, false).await,
-            RpcRequest::Query {
-                opts,
-                query,
-                forwarded,
-            } => {
-                self.answer_query(authz, &token, opts, query, forwarded)
+            RpcRequest::Status {} => calls::Status::answer(self.status()),
+            RpcRequest::Write { op } | RpcRequest::WriteAs { op, .. } => {
+                self.answer_write(authz, op, Hop::Caller).await
+            }
+            RpcRequest::Query { opts, query } | RpcRequest::QueryAs { opts, query, .. } => {
+                self.answer_query(authz, &token, opts, query, Hop::Caller)
                     .await
             }
-            RpcRequest::QueryAs { opts, query, .. } => {
-                self.answer_query(authz, &token, opts, query, false).await
+            RpcRequest::Renew { id } | RpcRequest::RenewAs { id, .. } => {
+                self.answer_renew(authz, id, Hop::Caller).await
             }
-            RpcRequest::Renew { id, forwarded } => self.answer_renew(authz, id, forwarded).await,
-            RpcRequest::RenewAs { id, .. } => self.answer_renew(authz, id, false).await,
-            RpcRequest::Join {
-                node_id,
-                node,
-                forwarded,
-            } => calls::Join::answer(self.join(node_id, node, forwarded).await),
-            RpcRequest::Status {} => calls::Status::answer(self.status()),
-            RpcRequest::Operator { request, forwarded } => {
-                self.answer_operator(authz, request, forwarded).await
+            RpcRequest::Join { node_id, node } => {
+                calls::Join::answer(self.join(node_id, node, Hop::Caller).await)
             }
-            RpcRequest::OperatorAs { request, .. } => {
-                self.answer_operator(authz, request, false).await
+            RpcRequest::Operator { request } | RpcRequest::OperatorAs { request, .. } => {
+                self.answer_operator(authz, request, Hop::Caller).await
             }
+            RpcRequest::Forwarded(forwarded) => match forwarded {
+                Forwarded::Write(write) => self.answer_write(authz, write.op, Hop::Forwarded).await,
+                Forwarded::Query(calls::Query { opts, query }) => {
+                    self.answer_query(authz, &token, opts, query, Hop::Forwarded)
+                        .await
+                }
+                Forwarded::Renew(calls::Renew { id }) => {
+                    self.answer_renew(authz, id, Hop::Forwarded).await
+                }
+                Forwarded::Join(calls::Join { node_id, node }) => {
+                    calls::Join::answer(self.join(node_id, node, Hop::Forwarded).await)
+                }
+                Forwarded::Operator(calls::Operator { request }) => {
+                    self.answer_operator(authz, request, Hop::Forwarded).await
+                }
+            },
         }
     }
 
     /// A write, if the caller's token (`None`: not asked) may make it.
-    async fn answer_write(
-        &self,
-        authz: Option<Authorizer>,
-        op: Op,
-        forwarded: bool,
-    ) -> RpcResponse {
+    async fn answer_write(&self, authz: Option<Authorizer>, op: Op, hop: Hop) -> RpcResponse {
         if let Some(authz) = &authz
             && let Err(why) = self.authorize_write(authz, &op)
         {
             return RpcResponse::Refused(why);
         }
-        calls::Write::answer(self.write_inner(op, forwarded).await)
+        calls::Write::answer(self.write_from(op, hop).await)
     }
 
     /// A read, if the caller's token may make it, cut down to what the token may read.
@@ -86,7 +89,7 @@ impl Server {
         token: &str,
         opts: QueryOptions,
         query: ReadQuery,
-        forwarded: bool,
+        hop: Hop,
     ) -> RpcResponse {
         if let Some(authz) = &authz
             && let Err(why) = authorize::read_permission(authz, token, &query)
@@ -102,39 +105,34 @@ impl Server {
             },
             _ => opts,
         };
-        let answer = self.query_inner(opts, query, forwarded).await;
+        let answer = self.query_from(opts, query, hop).await;
         calls::Query::answer(answer.map(|(result, meta)| match &authz {
             Some(authz) => (authorize::filter(authz, result), meta),
             None => (result, meta),
         }))
     }
 
-    async fn answer_renew(
-        &self,
-        authz: Option<Authorizer>,
-        id: String,
-        forwarded: bool,
-    ) -> RpcResponse {
+    async fn answer_renew(&self, authz: Option<Authorizer>, id: String, hop: Hop) -> RpcResponse {
         if let Some(authz) = &authz
             && let Err(why) = self.authorize_renew(authz, &id)
         {
             return RpcResponse::Refused(why);
         }
-        calls::Renew::answer(self.renew_inner(id, forwarded).await)
+        calls::Renew::answer(self.renew_from(id, hop).await)
     }
 
     async fn answer_operator(
         &self,
         authz: Option<Authorizer>,
         request: OperatorRequest,
-        forwarded: bool,
+        hop: Hop,
     ) -> RpcResponse {
         if let Some(authz) = &authz
             && let Err(why) = authorize::operator_permission(authz, &request)
         {
             return RpcResponse::Refused(why);
         }
-        calls::Operator::answer(crate::operator::handle(self, request, forwarded).await)
+        calls::Operator::answer(crate::operator::handle(self, request, hop).await)
     }
 
     /// Hands a raft message to raft; the transport lets only servers send them.
@@ -246,17 +244,12 @@ fn encode_response(response: &impl serde::Serialize) -> Vec<u8> {
 /// all is [`authorize::check_sender`]'s).
 fn join_refusal(peer: &PeerIdentity, request: &RpcRequest) -> Option<String> {
     match (request, &peer.node) {
-        (
-            RpcRequest::Join {
-                node,
-                forwarded: false,
-                ..
-            },
-            Some(certified),
-        ) if *certified != node.name => Some(format!(
-            "the certificate is for server {certified:?}; it cannot join as {:?}",
-            node.name
-        )),
+        (RpcRequest::Join { node, .. }, Some(certified)) if *certified != node.name => {
+            Some(format!(
+                "the certificate is for server {certified:?}; it cannot join as {:?}",
+                node.name
+            ))
+        }
         _ => None,
     }
 }

@@ -9,6 +9,7 @@ pub mod history;
 pub mod kv;
 pub mod locks;
 pub mod query;
+pub mod reads;
 pub mod restore;
 pub mod session;
 mod txn;
@@ -23,16 +24,13 @@ mod tests;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use vigil_shared::api::collapse_keys;
 use vigil_shared::autopilot::AutopilotConfig;
 use vigil_shared::catalog::{Check, HealthStatus, Node, Service, ServiceHealth};
 use vigil_shared::history::{Cause, Event, LockEvent, LockKind};
 use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
 use vigil_shared::lock::LockMode;
 use vigil_shared::query::PreparedQuery;
-use vigil_shared::rpc::{
-    ApplyError, Command, Op, Query as _, QueryResult, ReadQuery, Response, reads,
-};
+use vigil_shared::rpc::{ApplyError, Command, Op, Response};
 use vigil_shared::session::Session;
 
 use acl::AclStore;
@@ -76,7 +74,7 @@ impl Effects {
     }
 }
 
-/// What a blocking read waits on.
+/// What a blocking read waits on (each read says which, in [`reads`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Interest {
     /// Exactly this key.
@@ -100,59 +98,6 @@ pub enum Interest {
     Locks(String),
     /// Not blockable.
     None,
-}
-
-impl Interest {
-    pub fn of(query: &ReadQuery) -> Interest {
-        match query {
-            ReadQuery::KvGet { key } => Interest::Key(key.clone()),
-            ReadQuery::KvList { prefix } | ReadQuery::KvKeys { prefix, .. } => {
-                Interest::Prefix(prefix.clone())
-            }
-            ReadQuery::SessionInfo { .. }
-            | ReadQuery::SessionList {}
-            | ReadQuery::SessionNode { .. } => Interest::Sessions,
-            ReadQuery::CatalogNodes {}
-            | ReadQuery::NodeChecks { .. }
-            | ReadQuery::CatalogServices {}
-            | ReadQuery::CatalogServicesFull {}
-            | ReadQuery::CatalogNode { .. }
-            | ReadQuery::CatalogNodeFull { .. }
-            | ReadQuery::ChecksInState { .. } => Interest::Catalog,
-            ReadQuery::CatalogService { name }
-            | ReadQuery::CatalogServiceFull { name }
-            | ReadQuery::ServiceChecks { name }
-            | ReadQuery::HealthService { name }
-            | ReadQuery::HealthServiceFull { name } => Interest::Service(name.clone()),
-            ReadQuery::QueryList {}
-            | ReadQuery::QueryGet { .. }
-            | ReadQuery::QueryListFull {}
-            | ReadQuery::QueryGetFull { .. } => Interest::Queries,
-            ReadQuery::AclResolve { .. }
-            | ReadQuery::AclToken { .. }
-            | ReadQuery::AclTokenList {}
-            | ReadQuery::AclPolicy { .. }
-            | ReadQuery::AclPolicyList {}
-            | ReadQuery::AclRole { .. }
-            | ReadQuery::AclRoleList {} => Interest::Acl,
-            ReadQuery::Lock { name } => Interest::Locks(name.clone()),
-            ReadQuery::Locks { prefix } => Interest::Locks(prefix.clone()),
-            // A lock's events change its key or its native lock, under its name.
-            ReadQuery::History { name, .. } => Interest::Locks(name.clone()),
-            // Session IDs are lowercase UUIDs, and a lock's effects name them so.
-            ReadQuery::LockStanding { name, session } | ReadQuery::LockHold { name, session } => {
-                Interest::LockStanding {
-                    name: name.clone(),
-                    session: session.to_ascii_lowercase(),
-                }
-            }
-            ReadQuery::Txn { .. }
-            | ReadQuery::Sequencer { .. }
-            | ReadQuery::QueryExecute { .. }
-            | ReadQuery::QueryExecuteFull { .. }
-            | ReadQuery::LockSequencer { .. } => Interest::None,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -720,207 +665,14 @@ impl StateMachine {
 
     /// Answers a read; returns the result and its `X-Consul-Index` (before the floor to 1),
     /// never below the latest restore's index.
-    pub fn query(&self, query: &ReadQuery) -> (QueryResult, u64) {
-        let (result, index) = self.answer(query);
-        (result, index.max(self.restored_at))
-    }
-
-    fn answer(&self, query: &ReadQuery) -> (QueryResult, u64) {
-        match query {
-            ReadQuery::KvGet { key } => (
-                reads::KvGet::answer(self.kv.get(key).cloned().into_iter().collect()),
-                self.kv.key_index(key),
-            ),
-            ReadQuery::KvList { prefix } => (
-                reads::KvList::answer(self.kv.list(prefix).cloned().collect()),
-                self.kv.prefix_index(prefix),
-            ),
-            ReadQuery::KvKeys { prefix, separator } => {
-                let keys: Vec<&str> = self.kv.list(prefix).map(|e| e.key.as_str()).collect();
-                (
-                    reads::KvKeys::answer(collapse_keys(prefix, &keys, separator.as_deref())),
-                    self.kv.prefix_index(prefix),
-                )
-            }
-            ReadQuery::SessionInfo { id } => (
-                reads::SessionInfo::answer(self.sessions.get(id).cloned().into_iter().collect()),
-                self.sessions.table_index(),
-            ),
-            ReadQuery::SessionList {} => (
-                reads::SessionList::answer(self.sessions.list().cloned().collect()),
-                self.sessions.table_index(),
-            ),
-            ReadQuery::SessionNode { node } => (
-                reads::SessionNode::answer(
-                    self.sessions
-                        .on_node(node)
-                        .iter()
-                        .filter_map(|id| self.sessions.get(id).cloned())
-                        .collect(),
-                ),
-                self.sessions.table_index(),
-            ),
-            ReadQuery::Txn { ops } => (
-                reads::Txn::answer(self.read_txn(ops)),
-                self.kv.table_index(),
-            ),
-            ReadQuery::Sequencer {
-                key,
-                lock_index,
-                session,
-            } => (
-                reads::Sequencer::answer(self.check_sequencer(key, *lock_index, session)),
-                self.kv.key_index(key),
-            ),
-            ReadQuery::CatalogNodes {} => (
-                reads::CatalogNodes::answer(self.catalog.nodes().cloned().collect()),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::NodeChecks { node } => (
-                reads::NodeChecks::answer(self.catalog.node_checks(node)),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::CatalogServices {} => (
-                reads::CatalogServices::answer(self.catalog.services().cloned().collect()),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::CatalogServicesFull {} => (
-                reads::CatalogServicesFull::answer(self.catalog.services().cloned().collect()),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::CatalogService { name } => (
-                reads::CatalogService::answer(self.catalog.instances(name)),
-                self.catalog.service_index(name),
-            ),
-            ReadQuery::CatalogServiceFull { name } => (
-                reads::CatalogServiceFull::answer(self.catalog.instances(name)),
-                self.catalog.service_index(name),
-            ),
-            ReadQuery::CatalogNode { node } => (
-                reads::CatalogNode::answer(self.node_services(node)),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::CatalogNodeFull { node } => (
-                reads::CatalogNodeFull::answer(self.node_services(node)),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::ServiceChecks { name } => (
-                reads::ServiceChecks::answer(self.catalog.service_checks(name)),
-                self.catalog.service_index(name),
-            ),
-            ReadQuery::ChecksInState { state } => (
-                reads::ChecksInState::answer(self.catalog.checks_in_state(*state)),
-                self.catalog.table_index(),
-            ),
-            ReadQuery::HealthService { name } => (
-                reads::HealthService::answer(self.catalog.health(name)),
-                self.catalog.service_index(name),
-            ),
-            ReadQuery::HealthServiceFull { name } => (
-                reads::HealthServiceFull::answer(self.catalog.health(name)),
-                self.catalog.service_index(name),
-            ),
-            ReadQuery::QueryList {} => (
-                reads::QueryList::answer(self.queries.list().cloned().collect()),
-                self.queries.table_index(),
-            ),
-            ReadQuery::QueryGet { id_or_name } => (
-                reads::QueryGet::answer(
-                    self.queries
-                        .lookup(id_or_name)
-                        .cloned()
-                        .into_iter()
-                        .collect(),
-                ),
-                self.queries.table_index(),
-            ),
-            ReadQuery::QueryListFull {} => (
-                reads::QueryListFull::answer(self.queries.list().cloned().collect()),
-                self.queries.table_index(),
-            ),
-            ReadQuery::QueryGetFull { id_or_name } => (
-                reads::QueryGetFull::answer(
-                    self.queries
-                        .lookup(id_or_name)
-                        .cloned()
-                        .into_iter()
-                        .collect(),
-                ),
-                self.queries.table_index(),
-            ),
-            ReadQuery::QueryExecute { id_or_name } => (
-                reads::QueryExecute::answer(self.execute_query(id_or_name)),
-                self.catalog.table_index().max(self.queries.table_index()),
-            ),
-            ReadQuery::QueryExecuteFull { id_or_name } => (
-                reads::QueryExecuteFull::answer(self.execute_query(id_or_name)),
-                self.catalog.table_index().max(self.queries.table_index()),
-            ),
-            ReadQuery::Lock { name } => (
-                reads::Lock::answer(self.locks.get(name).cloned()),
-                self.locks.table_index(),
-            ),
-            ReadQuery::Locks { prefix } => (
-                reads::Locks::answer(self.locks.under(prefix).cloned().collect()),
-                self.locks.table_index().max(self.kv.prefix_index(prefix)),
-            ),
-            ReadQuery::LockStanding { name, session } => {
-                let session = self
-                    .sessions
-                    .get(session)
-                    .map_or(session.as_str(), |s| &s.id);
-                let (standing, index) = self.locks.standing(name, session);
-                (reads::LockStanding::answer(standing), index)
-            }
-            ReadQuery::LockHold { name, session } => {
-                let session = self
-                    .sessions
-                    .get(session)
-                    .map_or(session.as_str(), |s| &s.id);
-                let (hold, index) = self.locks.hold(name, session);
-                (reads::LockHold::answer(hold), index)
-            }
-            ReadQuery::History { name, prefix } => {
-                let (found, index) = self.history.read(name, *prefix);
-                (reads::History::answer(found), index)
-            }
-            ReadQuery::LockSequencer {
-                name,
-                token,
-                session,
-            } => (
-                reads::LockSequencer::answer(self.locks.check_sequencer(name, *token, session)),
-                self.locks.table_index(),
-            ),
-            ReadQuery::AclResolve { secret_id } => (
-                reads::AclResolve::answer(self.acl.resolve(secret_id)),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclToken { accessor_id } => (
-                reads::AclToken::answer(self.acl.token(accessor_id).into_iter().collect()),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclTokenList {} => (
-                reads::AclTokenList::answer(self.acl.tokens()),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclPolicy { id, by_name } => (
-                reads::AclPolicy::answer(self.acl.policy(id, *by_name).into_iter().collect()),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclPolicyList {} => (
-                reads::AclPolicyList::answer(self.acl.policies()),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclRole { id, by_name } => (
-                reads::AclRole::answer(self.acl.role(id, *by_name).into_iter().collect()),
-                self.acl.table_index(),
-            ),
-            ReadQuery::AclRoleList {} => (
-                reads::AclRoleList::answer(self.acl.roles()),
-                self.acl.table_index(),
-            ),
-        }
+    /// A read's answer and index (see [`reads`] for what each read looks at).
+    #[cfg(test)]
+    pub fn query(
+        &self,
+        query: &vigil_shared::rpc::ReadQuery,
+    ) -> (vigil_shared::rpc::QueryResult, u64) {
+        let found = reads::AnyRead::from(query.clone()).read(self);
+        (found.output, found.index)
     }
 
     /// What a KV acquire (`op`, a [`KvOp::Lock`]) would be answered now if another session

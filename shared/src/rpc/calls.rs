@@ -1,39 +1,38 @@
 //! The requests agents (and servers) send to servers over the transport's client protocol
 //! (`vigil_wire::tls::ALPN_RPC`), and their answers; raft's own messages have their own enum and
 //! protocol (the server's `raft::network`). Both enums are append-only (postcard encodes the
-//! variant index); each request names its reply (see [`Call`]). Sending one over QUIC is the
+//! variant index); each request names its answer (see [`Call`]). A request a server forwards to
+//! the leader travels in the one envelope [`RpcRequest::Forwarded`]. Sending one over QUIC is the
 //! server crate's (`vigil_server::dial`).
 
 use serde::{Deserialize, Serialize};
 
-use super::{AclOp, Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Response, ServerError};
-use crate::lock::LockOp;
+use super::{Op, QueryMeta, QueryOptions, QueryResult, ReadQuery, Request, Response, ServerError};
 use crate::operator::{OperatorError, OperatorReply, OperatorRequest};
 use crate::session::Session;
 
-/// A request that names its answer: `Self::Reply` is what the [`RpcResponse`] variant that
-/// answers it carries. The server builds the answer with [`Call::answer`] and a caller takes it
-/// out with [`reply`], so the compiler pairs every request with its answer.
-pub trait Call: Into<RpcRequest> {
-    type Reply;
-    fn answer(reply: Self::Reply) -> RpcResponse;
-    /// The reply out of its response, or the response back when it answers something else.
-    fn reply(response: RpcResponse) -> Result<Self::Reply, RpcResponse>;
+/// A request that names its answer (the [`Request`] convention): the [`RpcResponse`] variant
+/// that answers it carries `Self::Output`. The server builds the answer with [`Call::answer`]
+/// and a caller takes it out with [`reply`], so the compiler pairs every request with its
+/// answer.
+pub trait Call: Request<Answer = RpcResponse> + Into<RpcRequest> {
+    fn answer(output: Self::Output) -> RpcResponse;
 }
 
-/// Declares every request once: the wire enum [`RpcRequest`] (a struct variant each, in wire
-/// order: append only) and, beside it, a struct per request implementing [`Call`]. It has the
-/// shape of `reads!` in [`super`] but stays apart: `reads!` puts its structs in a module of their
-/// own beside the enum and its trait names the answer `Output`, so one macro for both would
-/// need a switch for each difference.
+/// Declares every request once: the in-process enum [`RpcRequest`] (a struct variant each, and
+/// [`RpcRequest::Forwarded`]) and, beside it, a struct per request implementing [`Call`], as
+/// `reads!` in [`super`] declares the reads. What travels on the wire is [`wire`]'s.
 macro_rules! calls {
     ($(
         $(#[$doc:meta])*
         $name:ident { $($field:ident: $ty:ty),* $(,)? } => $answer:ident($out:ty);
     )*) => {
-        #[derive(Debug, Clone, Serialize, Deserialize)]
+        #[derive(Debug, Clone)]
         pub enum RpcRequest {
             $($(#[$doc])* $name { $($field: $ty),* },)*
+            /// A request a server forwarded to the leader on behalf of its caller (who was
+            /// authorized there): served by a leader, or refused, never forwarded again.
+            Forwarded(Forwarded),
         }
 
         $(
@@ -48,18 +47,21 @@ macro_rules! calls {
                 }
             }
 
-            impl Call for $name {
-                type Reply = $out;
+            impl Request for $name {
+                type Answer = RpcResponse;
+                type Output = $out;
 
-                fn answer(reply: $out) -> RpcResponse {
-                    RpcResponse::$answer(reply)
-                }
-
-                fn reply(response: RpcResponse) -> Result<$out, RpcResponse> {
+                fn output(response: RpcResponse) -> Result<$out, RpcResponse> {
                     match response {
-                        RpcResponse::$answer(reply) => Ok(reply),
+                        RpcResponse::$answer(output) => Ok(output),
                         other => Err(other),
                     }
+                }
+            }
+
+            impl Call for $name {
+                fn answer(output: $out) -> RpcResponse {
+                    RpcResponse::$answer(output)
                 }
             }
         )*
@@ -67,101 +69,70 @@ macro_rules! calls {
 }
 
 calls! {
-    /// 0: who are you? (cluster formation)
+    /// Who are you? (cluster formation)
     Hello {} => Hello(HelloInfo);
-    /// 1: commit a state change; `forwarded` stops a second hop.
-    Write { op: Op, forwarded: bool } => Write(Result<Response, ServerError>);
-    /// 2: a read, possibly blocking.
-    Query {
-        opts: QueryOptions,
-        query: ReadQuery,
-        forwarded: bool,
-    } => Query(Result<(QueryResult, QueryMeta), ServerError>);
-    /// 3: renew a session's TTL (leader only).
-    Renew { id: String, forwarded: bool } => Renew(Result<Session, ServerError>);
-    /// 4: add this server to an existing cluster as a voter (servers only).
-    Join {
-        node_id: u64,
-        node: ServerNode,
-        forwarded: bool,
-    } => Join(Result<(), ServerError>);
-    /// 5: leader, peers and raft figures.
+    /// Commit a state change (the anonymous token's, from a client agent).
+    Write { op: Op } => Write(Result<Response, ServerError>);
+    /// A read, possibly blocking.
+    Query { opts: QueryOptions, query: ReadQuery } => Query(Result<(QueryResult, QueryMeta), ServerError>);
+    /// Renew a session's TTL (leader only).
+    Renew { id: String } => Renew(Result<Session, ServerError>);
+    /// Add this server to an existing cluster as a voter (servers only).
+    Join { node_id: u64, node: ServerNode } => Join(Result<(), ServerError>);
+    /// Leader, peers and raft figures.
     Status {} => Status(StatusInfo);
-    /// 6: operate the server set (`/v1/operator/*`); `forwarded` stops a second hop.
-    Operator {
-        request: OperatorRequest,
-        forwarded: bool,
-    } => Operator(Result<OperatorReply, OperatorError>);
-    /// 7: [`Write`] on behalf of the holder of `token` (an ACL secret; empty: the anonymous
+    /// Operate the server set (`/v1/operator/*`).
+    Operator { request: OperatorRequest } => Operator(Result<OperatorReply, OperatorError>);
+    /// [`Write`] on behalf of the holder of `token` (an ACL secret; empty: the anonymous
     /// token), which the server authorizes against its own ACL tables. What agents send.
     WriteAs { op: Op, token: String } => Write(Result<Response, ServerError>);
-    /// 8: [`Query`] on behalf of the holder of `token`; the answer is cut down to what the
+    /// [`Query`] on behalf of the holder of `token`; the answer is cut down to what the
     /// token may read.
     QueryAs {
         opts: QueryOptions,
         query: ReadQuery,
         token: String,
     } => Query(Result<(QueryResult, QueryMeta), ServerError>);
-    /// 9: [`Renew`] on behalf of the holder of `token`.
+    /// [`Renew`] on behalf of the holder of `token`.
     RenewAs { id: String, token: String } => Renew(Result<Session, ServerError>);
-    /// 10: [`Operator`] on behalf of the holder of `token`.
+    /// [`Operator`] on behalf of the holder of `token`.
     OperatorAs {
         request: OperatorRequest,
         token: String,
     } => Operator(Result<OperatorReply, OperatorError>);
 }
 
-/// Which certificates may send a request at all (what the token it carries may do is the
-/// server's second question).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Senders {
-    /// Servers only: raft membership, forwarding between servers, leader-internal writes.
-    Servers,
-    /// Servers and client agents.
-    Agents,
+/// The requests that run at the leader, as a server forwards them there
+/// ([`RpcRequest::Forwarded`]): the token's checks were made by the server that forwarded it.
+#[derive(Debug, Clone)]
+pub enum Forwarded {
+    /// Boxed: a change is several times the size of the others.
+    Write(Box<Write>),
+    Query(Query),
+    Renew(Renew),
+    Join(Join),
+    Operator(Operator),
+}
+
+macro_rules! forwarded {
+    ($($name:ident),*) => {$(
+        impl From<$name> for Forwarded {
+            fn from(call: $name) -> Forwarded {
+                Forwarded::$name(call)
+            }
+        }
+    )*};
+}
+
+forwarded!(Query, Renew, Join, Operator);
+
+impl From<Write> for Forwarded {
+    fn from(call: Write) -> Forwarded {
+        Forwarded::Write(Box::new(call))
+    }
 }
 
 impl RpcRequest {
-    /// Who may send this request: decided here for every request and every op, with no
-    /// wildcard arm, so a new request or op does not compile until someone decides. A
-    /// certificate for the HTTPS API and the CLI may send none (the server refuses it before
-    /// asking).
-    pub fn senders(&self) -> Senders {
-        match self {
-            RpcRequest::Hello {} | RpcRequest::Status {} => Senders::Agents,
-            RpcRequest::Join { .. }
-            | RpcRequest::Write {
-                forwarded: true, ..
-            }
-            | RpcRequest::Query {
-                forwarded: true, ..
-            }
-            | RpcRequest::Renew {
-                forwarded: true, ..
-            }
-            | RpcRequest::Operator {
-                forwarded: true, ..
-            } => Senders::Servers,
-            RpcRequest::Write {
-                op,
-                forwarded: false,
-            }
-            | RpcRequest::WriteAs { op, .. } => op_senders(op),
-            RpcRequest::Query {
-                forwarded: false, ..
-            }
-            | RpcRequest::QueryAs { .. }
-            | RpcRequest::Renew {
-                forwarded: false, ..
-            }
-            | RpcRequest::RenewAs { .. }
-            | RpcRequest::Operator {
-                forwarded: false, ..
-            }
-            | RpcRequest::OperatorAs { .. } => Senders::Agents,
-        }
-    }
-
     /// The token the request is made with: its own for the `*As` requests, none (the
     /// anonymous token, for a client agent) for the others.
     pub fn token(&self) -> Option<&str> {
@@ -176,54 +147,194 @@ impl RpcRequest {
             | RpcRequest::Renew { .. }
             | RpcRequest::Join { .. }
             | RpcRequest::Status {}
-            | RpcRequest::Operator { .. } => None,
+            | RpcRequest::Operator { .. }
+            | RpcRequest::Forwarded(_) => None,
         }
     }
 }
 
-/// Who may propose `op`: the leader's own bookkeeping and whole-state replacements (a restore
-/// goes through the operator path, which checks the archive) are for servers only.
-fn op_senders(op: &Op) -> Senders {
-    match op {
-        Op::Kv(_)
-        | Op::CreateSession(_)
-        | Op::DestroySession { .. }
-        | Op::RegisterNode { .. }
-        | Op::RegisterCheck(_)
-        | Op::DeregisterCheck { .. }
-        | Op::DeregisterNode { .. }
-        | Op::CatalogRegister(_)
-        | Op::CatalogRegisterFull(_)
-        | Op::DeregisterService { .. }
-        | Op::SetQuery { .. }
-        | Op::SetQueryFull { .. }
-        | Op::DeleteQuery { .. }
-        | Op::Lock(
-            LockOp::Acquire { .. }
-            | LockOp::Release { .. }
-            | LockOp::Enqueue { .. }
-            | LockOp::Leave { .. },
-        )
-        | Op::Acl(
-            AclOp::Bootstrap(_)
-            | AclOp::SetToken { .. }
-            | AclOp::DeleteToken { .. }
-            | AclOp::SetPolicy { .. }
-            | AclOp::DeletePolicy { .. }
-            | AclOp::SetRole { .. }
-            | AclOp::DeleteRole { .. },
-        )
-        | Op::Txn(_) => Senders::Agents,
-        Op::ReapTombstones { .. }
-        | Op::CheckpointTtls { .. }
-        | Op::Lock(LockOp::Wake { .. })
-        | Op::Batch(_)
-        | Op::RestoreSnapshot { .. }
-        | Op::RestoreChunk { .. }
-        | Op::SetAutopilotConfig { .. }
-        | Op::Acl(AclOp::Init { .. })
-        | Op::SetProtocol { .. }
-        | Op::ExpireSession { .. } => Senders::Servers,
+/// [`RpcRequest`] as the wire carries it: the first release's enum, appended to since (postcard
+/// encodes the variant index: append only). A forwarded request is its own variant with
+/// `forwarded: true`, so a server of the first release, while the cluster still runs protocol
+/// level 1, understands what a server of this release forwards to it.
+mod wire {
+    use super::*;
+
+    /// Encoding: borrows the request.
+    #[derive(Serialize)]
+    pub(super) enum Out<'a> {
+        /// 0
+        Hello {},
+        /// 1
+        Write { op: &'a Op, forwarded: bool },
+        /// 2
+        Query {
+            opts: &'a QueryOptions,
+            query: &'a ReadQuery,
+            forwarded: bool,
+        },
+        /// 3
+        Renew { id: &'a str, forwarded: bool },
+        /// 4
+        Join {
+            node_id: u64,
+            node: &'a ServerNode,
+            forwarded: bool,
+        },
+        /// 5
+        Status {},
+        /// 6
+        Operator {
+            request: &'a OperatorRequest,
+            forwarded: bool,
+        },
+        /// 7
+        WriteAs { op: &'a Op, token: &'a str },
+        /// 8
+        QueryAs {
+            opts: &'a QueryOptions,
+            query: &'a ReadQuery,
+            token: &'a str,
+        },
+        /// 9
+        RenewAs { id: &'a str, token: &'a str },
+        /// 10
+        OperatorAs {
+            request: &'a OperatorRequest,
+            token: &'a str,
+        },
+    }
+
+    /// Decoding: the same variants, owned.
+    #[derive(Deserialize)]
+    pub(super) enum In {
+        Hello {},
+        Write {
+            op: Op,
+            forwarded: bool,
+        },
+        Query {
+            opts: QueryOptions,
+            query: ReadQuery,
+            forwarded: bool,
+        },
+        Renew {
+            id: String,
+            forwarded: bool,
+        },
+        Join {
+            node_id: u64,
+            node: ServerNode,
+            forwarded: bool,
+        },
+        Status {},
+        Operator {
+            request: OperatorRequest,
+            forwarded: bool,
+        },
+        WriteAs {
+            op: Op,
+            token: String,
+        },
+        QueryAs {
+            opts: QueryOptions,
+            query: ReadQuery,
+            token: String,
+        },
+        RenewAs {
+            id: String,
+            token: String,
+        },
+        OperatorAs {
+            request: OperatorRequest,
+            token: String,
+        },
+    }
+
+    impl<'a> From<&'a RpcRequest> for Out<'a> {
+        fn from(request: &'a RpcRequest) -> Out<'a> {
+            let forwarded = matches!(request, RpcRequest::Forwarded(_));
+            match request {
+                RpcRequest::Hello {} => Out::Hello {},
+                RpcRequest::Status {} => Out::Status {},
+                RpcRequest::Write { op } => Out::Write { op, forwarded },
+                RpcRequest::Forwarded(Forwarded::Write(write)) => Out::Write {
+                    op: &write.op,
+                    forwarded,
+                },
+                RpcRequest::Query { opts, query }
+                | RpcRequest::Forwarded(Forwarded::Query(Query { opts, query })) => Out::Query {
+                    opts,
+                    query,
+                    forwarded,
+                },
+                RpcRequest::Renew { id }
+                | RpcRequest::Forwarded(Forwarded::Renew(Renew { id })) => {
+                    Out::Renew { id, forwarded }
+                }
+                RpcRequest::Join { node_id, node }
+                | RpcRequest::Forwarded(Forwarded::Join(Join { node_id, node })) => Out::Join {
+                    node_id: *node_id,
+                    node,
+                    forwarded,
+                },
+                RpcRequest::Operator { request }
+                | RpcRequest::Forwarded(Forwarded::Operator(Operator { request })) => {
+                    Out::Operator { request, forwarded }
+                }
+                RpcRequest::WriteAs { op, token } => Out::WriteAs { op, token },
+                RpcRequest::QueryAs { opts, query, token } => Out::QueryAs { opts, query, token },
+                RpcRequest::RenewAs { id, token } => Out::RenewAs { id, token },
+                RpcRequest::OperatorAs { request, token } => Out::OperatorAs { request, token },
+            }
+        }
+    }
+
+    /// `call` as it came: from its caller, or forwarded by a server.
+    fn hop(call: impl Into<Forwarded> + Into<RpcRequest>, forwarded: bool) -> RpcRequest {
+        if forwarded {
+            RpcRequest::Forwarded(call.into())
+        } else {
+            call.into()
+        }
+    }
+
+    impl From<In> for RpcRequest {
+        fn from(request: In) -> RpcRequest {
+            match request {
+                In::Hello {} => RpcRequest::Hello {},
+                In::Status {} => RpcRequest::Status {},
+                In::Write { op, forwarded } => hop(Write { op }, forwarded),
+                In::Query {
+                    opts,
+                    query,
+                    forwarded,
+                } => hop(Query { opts, query }, forwarded),
+                In::Renew { id, forwarded } => hop(Renew { id }, forwarded),
+                In::Join {
+                    node_id,
+                    node,
+                    forwarded,
+                } => hop(Join { node_id, node }, forwarded),
+                In::Operator { request, forwarded } => hop(Operator { request }, forwarded),
+                In::WriteAs { op, token } => RpcRequest::WriteAs { op, token },
+                In::QueryAs { opts, query, token } => RpcRequest::QueryAs { opts, query, token },
+                In::RenewAs { id, token } => RpcRequest::RenewAs { id, token },
+                In::OperatorAs { request, token } => RpcRequest::OperatorAs { request, token },
+            }
+        }
+    }
+}
+
+impl Serialize for RpcRequest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        wire::Out::from(self).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RpcRequest {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<RpcRequest, D::Error> {
+        wire::In::deserialize(deserializer).map(RpcRequest::from)
     }
 }
 
@@ -292,8 +403,8 @@ pub struct StatusInfo {
 /// The reply to a `C` out of its response. A refusal is the server's word on why (a request
 /// this peer may not make; one its token may not make is [`ServerError::PermissionDenied`]);
 /// an answer of another kind is a protocol bug. Neither is retried.
-pub fn reply<C: Call>(response: RpcResponse) -> Result<C::Reply, ServerError> {
-    C::reply(response).map_err(|other| match other {
+pub fn reply<C: Call>(response: RpcResponse) -> Result<C::Output, ServerError> {
+    C::output(response).map_err(|other| match other {
         RpcResponse::Refused(why) if why.starts_with("Permission denied") => {
             ServerError::PermissionDenied(why)
         }

@@ -9,7 +9,7 @@ use crate::query::PreparedQuery;
 use crate::session::Session;
 use crate::txn::{CatalogTxnOutcome, TxnOp};
 
-use super::{AclOp, ApplyError, Op, Registration, Response, Write};
+use super::{AclOp, ApplyError, Op, Registration, Request, Response, Write};
 
 /// `Done`, the answer of a change that only succeeds.
 fn done(response: Response) -> Result<(), Response> {
@@ -66,7 +66,10 @@ macro_rules! writes {
         writes!(@answer $name $answer);
     };
     (@answer $name:ident done) => {
-        impl Write for $name {
+        impl Write for $name {}
+
+        impl Request for $name {
+            type Answer = Response;
             type Output = ();
 
             fn output(response: Response) -> Result<(), Response> {
@@ -75,7 +78,10 @@ macro_rules! writes {
         }
     };
     (@answer $name:ident refusable) => {
-        impl Write for $name {
+        impl Write for $name {}
+
+        impl Request for $name {
+            type Answer = Response;
             type Output = Result<(), ApplyError>;
 
             fn output(response: Response) -> Result<Self::Output, Response> {
@@ -130,7 +136,10 @@ impl From<CatalogRegister> for Op {
     }
 }
 
-impl Write for CatalogRegister {
+impl Write for CatalogRegister {}
+
+impl Request for CatalogRegister {
+    type Answer = Response;
     type Output = Result<(), ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
@@ -156,7 +165,10 @@ impl From<SetQuery> for Op {
     }
 }
 
-impl Write for SetQuery {
+impl Write for SetQuery {}
+
+impl Request for SetQuery {
+    type Answer = Response;
     type Output = Result<(), ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
@@ -164,7 +176,10 @@ impl Write for SetQuery {
     }
 }
 
-impl Write for Txn {
+impl Write for Txn {}
+
+impl Request for Txn {
+    type Answer = Response;
     type Output = CatalogTxnOutcome;
 
     fn output(response: Response) -> Result<CatalogTxnOutcome, Response> {
@@ -175,7 +190,10 @@ impl Write for Txn {
     }
 }
 
-impl Write for Kv {
+impl Write for Kv {}
+
+impl Request for Kv {
+    type Answer = Response;
     type Output = TxnOutcome;
 
     fn output(response: Response) -> Result<TxnOutcome, Response> {
@@ -186,7 +204,10 @@ impl Write for Kv {
     }
 }
 
-impl Write for CreateSession {
+impl Write for CreateSession {}
+
+impl Request for CreateSession {
+    type Answer = Response;
     type Output = Result<String, ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
@@ -246,7 +267,10 @@ impl From<LockEnqueue> for Op {
     }
 }
 
-impl Write for LockEnqueue {
+impl Write for LockEnqueue {}
+
+impl Request for LockEnqueue {
+    type Answer = Response;
     type Output = Result<Acquired, ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
@@ -304,7 +328,10 @@ impl From<LockLeave> for Op {
     }
 }
 
-impl Write for LockLeave {
+impl Write for LockLeave {}
+
+impl Request for LockLeave {
+    type Answer = Response;
     type Output = Result<Leave, ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
@@ -336,7 +363,10 @@ impl From<LockRelease> for Op {
     }
 }
 
-impl Write for LockRelease {
+impl Write for LockRelease {}
+
+impl Request for LockRelease {
+    type Answer = Response;
     type Output = Result<Released, ApplyError>;
 
     fn output(response: Response) -> Result<Self::Output, Response> {
