@@ -10,7 +10,7 @@ use vigil_shared::go::duration::parse_go_duration;
 
 use crate::acl::AclConfig;
 use crate::gossip::{Key, KeyringFile, TimingProfile};
-use crate::local::config::LocalDefinitions;
+use crate::config::LocalDefinitions;
 use crate::{AgentConfig, AgentMode, HttpsConfig, TlsSource};
 
 #[derive(Debug, Parser)]
@@ -227,7 +227,7 @@ fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
     match s.trim().strip_prefix("unix://") {
         Some("") => Err(format!("{s:?} names no socket path")),
         Some(path) => Ok(ListenAddr::Unix(PathBuf::from(path))),
-        None => crate::local::config::parse_listen_addr(s).map(ListenAddr::Tcp),
+        None => crate::config::parse_listen_addr(s).map(ListenAddr::Tcp),
     }
 }
 
@@ -288,8 +288,8 @@ impl AgentArgs {
             AgentMode::Client
         };
         let file = match &self.config {
-            Some(path) => crate::local::config::load(path)?,
-            None => crate::local::config::ConfigFile::default(),
+            Some(path) => crate::config::load(path)?,
+            None => crate::config::ConfigFile::default(),
         };
         // A flag wins over the config file, as in Consul.
         let encrypt = match self.encrypt.as_deref() {

@@ -6,6 +6,7 @@
 pub mod acl;
 pub mod backend;
 pub mod cli;
+pub mod config;
 pub mod cmd;
 pub mod fds;
 pub mod gossip;
@@ -119,7 +120,7 @@ pub struct AgentConfig {
     /// The part of `max_blocking_queries` only lock waits may take.
     pub lock_wait_reserve: usize,
     /// Services and checks declared in the config file (`--config`).
-    pub local: local::config::LocalDefinitions,
+    pub local: config::LocalDefinitions,
     /// The config file, re-read by `PUT /v1/agent/reload`.
     pub config_file: Option<PathBuf>,
     /// Per-client connection cap and header timeout of the HTTP API.

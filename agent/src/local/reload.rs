@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::config::{self, ConfigError, LocalDefinitions};
+use crate::config::{self, ConfigError, LocalDefinitions};
 use super::{LocalError, LocalState, Source};
 
 #[derive(Debug, thiserror::Error)]

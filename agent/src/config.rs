@@ -41,7 +41,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use super::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
+use crate::local::definition::{CheckDefinition, ServiceDefinition, parse_check, parse_service};
 use vigil_shared::acl::authz::DefaultPolicy;
 
 use crate::acl::AclConfig;
@@ -317,7 +317,7 @@ mod tests {
 
     #[test]
     fn the_shipped_example_config_parses() {
-        let defs = parse(include_str!("../../../docs/vigil.example.toml"))
+        let defs = parse(include_str!("../../docs/vigil.example.toml"))
             .unwrap()
             .local;
         assert!(!defs.enable_script_checks);
