@@ -5,16 +5,14 @@
 
 pub mod acl;
 pub mod backend;
-pub mod cli;
-pub mod config;
 pub mod cmd;
+pub mod config;
 pub mod fds;
 pub mod gossip;
 pub mod http;
 pub mod local;
 pub mod monitor;
 pub mod node_id;
-pub mod run;
 #[cfg(test)]
 mod testing;
 pub mod tls_cmd;
@@ -504,6 +502,23 @@ async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_test_agent_starts_on_free_ports_and_stops() {
+        let config = config::Config::for_test()
+            .agent_config(None)
+            .expect("a runnable config");
+        let shutdown = CancellationToken::new();
+        let handle = start(config, shutdown.clone()).await.expect("started");
+        let bound = [
+            handle.http_addr.expect("plain HTTP"),
+            handle.serf_addr,
+            handle.rpc_addr,
+        ];
+        assert!(bound.iter().all(|addr| addr.port() != 0), "{bound:?}");
+        shutdown.cancel();
+        handle.wait().await.expect("a clean stop");
+    }
 
     #[test]
     fn the_timing_profile_sets_raft_timing_too() {

@@ -1,17 +1,18 @@
-//! The command line: `vigil agent --dev` and its flags, turned into an [`AgentConfig`].
+//! The command line: the subcommands, and `vigil agent`'s flags turned into the top layer of the
+//! agent's [`Config`] (the same keys as the config file; a flag not given leaves its key to the
+//! file and the environment).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand};
-use vigil_shared::acl::authz::DefaultPolicy;
+use serde::{Serialize, Serializer};
+use serde_json::Value;
+use vigil_agent::cmd;
+use vigil_agent::config::{Config, ListenAddr};
+use vigil_agent::gossip::Key;
 use vigil_shared::go::duration::parse_go_duration;
-
-use crate::acl::AclConfig;
-use crate::gossip::{Key, KeyringFile, TimingProfile};
-use crate::config::LocalDefinitions;
-use crate::{AgentConfig, AgentMode, HttpsConfig, TlsSource};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,50 +30,52 @@ pub enum Command {
     /// Run an agent.
     Agent(AgentArgs),
     /// Create the cluster CA and the certificates it signs.
-    Tls(crate::tls_cmd::TlsCommand),
+    Tls(vigil_agent::tls_cmd::TlsCommand),
     /// Run a command while holding a lock on a KV prefix; `lock status PREFIX` shows holders.
-    Lock(crate::cmd::lock::LockCommand),
+    Lock(cmd::lock::LockCommand),
     /// Run a command while leader of an election.
-    Elect(crate::cmd::elect::ElectArgs),
+    Elect(cmd::elect::ElectArgs),
     /// Read and write the KV store.
-    Kv(crate::cmd::kv::KvCommand),
+    Kv(cmd::kv::KvCommand),
     /// Watch a key, a prefix, services, nodes, a service or checks, running a handler on every
     /// change (`consul watch`).
-    Watch(crate::cmd::watch::WatchArgs),
+    Watch(cmd::watch::WatchArgs),
     /// List, create, destroy and renew sessions.
-    Session(crate::cmd::session::SessionCommand),
+    Session(cmd::session::SessionCommand),
     /// Print a new gossip encryption key for `--encrypt`.
     Keygen,
     /// List, install, use (make primary) and remove gossip encryption keys on every member
     /// (`consul keyring`).
-    Keyring(crate::cmd::keyring::KeyringArgs),
+    Keyring(cmd::keyring::KeyringArgs),
     /// List the gossip members the local agent knows.
-    Members(crate::cmd::members::MembersArgs),
+    Members(cmd::members::MembersArgs),
     /// Ask the local agent to join a member's gossip address.
-    Join(crate::cmd::members::JoinArgs),
+    Join(cmd::members::JoinArgs),
     /// Make the local agent leave the cluster gracefully and stop.
-    Leave(crate::cmd::AgentAddr),
+    Leave(cmd::AgentAddr),
     /// Mark a failed member as left (the leader then deregisters it).
-    ForceLeave(crate::cmd::members::ForceLeaveArgs),
+    ForceLeave(cmd::members::ForceLeaveArgs),
     /// Cluster operations (`operator raft list-peers|remove-peer|transfer-leader`, `operator autopilot get-config|set-config|state`).
     #[command(subcommand)]
-    Operator(crate::cmd::members::OperatorCommand),
+    Operator(cmd::members::OperatorCommand),
     /// Gather the agent's log, metrics and cluster view for a bug report into `<output>.tar.gz`.
-    Debug(crate::cmd::debug::DebugArgs),
+    Debug(cmd::debug::DebugArgs),
     /// Follow the local agent's log.
-    Monitor(crate::cmd::monitor::MonitorArgs),
+    Monitor(cmd::monitor::MonitorArgs),
     /// Print the local agent's figures (raft, agent, consul sections).
-    Info(crate::cmd::AgentAddr),
+    Info(cmd::AgentAddr),
     /// Re-read the local agent's config file (its services and checks).
-    Reload(crate::cmd::AgentAddr),
+    Reload(cmd::AgentAddr),
     /// Bootstrap ACLs and manage tokens, policies and roles (`consul acl`).
-    Acl(crate::cmd::acl::AclCommand),
+    Acl(cmd::acl::AclCommand),
     /// Save, restore and inspect snapshots of the cluster's state.
     #[command(subcommand)]
-    Snapshot(crate::cmd::snapshot::SnapshotCommand),
+    Snapshot(cmd::snapshot::SnapshotCommand),
 }
 
-#[derive(Debug, Args)]
+/// `vigil agent`'s flags. Each is serialized under its config key (`--node` is `node_name`,
+/// `--join` is `retry_join`, `--acl-*` are in `acl`, the connection limits in `limits`).
+#[derive(Debug, Args, Serialize)]
 pub struct AgentArgs {
     /// Single node with the server role, everything in memory, throwaway certificates.
     #[arg(long, conflicts_with_all = ["server", "data_dir", "bootstrap_expect"])]
@@ -90,10 +93,11 @@ pub struct AgentArgs {
     pub data_dir: Option<PathBuf>,
     /// Gossip address of a member to join (repeatable); retried until connected.
     #[arg(long = "join")]
+    #[serde(rename = "retry_join")]
     pub join: Vec<SocketAddr>,
-    /// Gossip (Serf) address, UDP (port 0 picks a free port).
-    #[arg(long, default_value = "127.0.0.1:8301")]
-    pub serf_addr: SocketAddr,
+    /// Gossip (Serf) address, UDP (port 0 picks a free port) [default: 127.0.0.1:8301].
+    #[arg(long)]
+    pub serf_addr: Option<SocketAddr>,
     /// Gossip encryption key from `vigil keygen` (base64, 32 bytes; Consul's 16 and 24 too). Every local user can read
     /// a command line: prefer `encrypt` in the --config file.
     #[arg(long)]
@@ -101,8 +105,8 @@ pub struct AgentArgs {
     /// Timing of gossip and raft: `lan` (default; tolerates multi-second pauses and slow
     /// heartbeats) or `local` (fast failure detection and elections on one machine, for tests).
     /// `--gossip-profile` is the old spelling.
-    #[arg(long, alias = "gossip-profile", default_value = "lan", value_parser = parse_profile)]
-    pub timing_profile: TimingProfile,
+    #[arg(long, alias = "gossip-profile", value_parser = ["lan", "local"])]
+    pub timing_profile: Option<String>,
     /// CA certificate (PEM) that signs every agent's certificate.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
@@ -114,14 +118,16 @@ pub struct AgentArgs {
     pub key_file: Option<PathBuf>,
     /// Node name (default: the hostname).
     #[arg(long)]
+    #[serde(rename = "node_name")]
     pub node: Option<String>,
     /// This node's UUID in the catalog (Consul's `-node-id`) [default: kept in --data-dir,
     /// else a new one at every start].
-    #[arg(long, value_parser = crate::node_id::parse)]
+    #[arg(long, value_parser = vigil_agent::node_id::parse)]
     pub node_id: Option<String>,
     /// Plain-HTTP API address, or `off` to serve the API over HTTPS only (Consul's
-    /// `ports.http = -1`) [default: the config file's `http_addr`, else 127.0.0.1:8500].
-    #[arg(long, value_parser = parse_listen_addr)]
+    /// `ports.http = -1`), or `unix:///path` for a Unix socket [default: the config file's
+    /// `http_addr`, else 127.0.0.1:8500].
+    #[arg(long)]
     pub http_addr: Option<ListenAddr>,
     /// HTTPS API address: the same API over TLS with this agent's certificate (--cert-file)
     /// [default: the config file's `https_addr`, else none].
@@ -132,103 +138,146 @@ pub struct AgentArgs {
     #[arg(long)]
     pub verify_incoming_https: bool,
     /// RPC address of a server (port 0 picks a free port); a client agent serves no RPC and
-    /// ignores it.
-    #[arg(long, default_value = "127.0.0.1:8300")]
-    pub rpc_addr: SocketAddr,
-    /// Log level filter (e.g. info, debug, vigil_server=debug).
-    #[arg(long, default_value = "info")]
-    pub log_level: String,
+    /// ignores it [default: 127.0.0.1:8300].
+    #[arg(long)]
+    pub rpc_addr: Option<SocketAddr>,
+    /// Log level filter (e.g. info, debug, vigil_server=debug) [default: info].
+    #[arg(long)]
+    pub log_level: Option<String>,
     /// Log as JSON lines.
     #[arg(long)]
     pub log_json: bool,
-    /// Smallest session TTL accepted (Consul's session_ttl_min); lower it only for tests.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub session_ttl_min: Duration,
     /// Smallest lock-delay a new session gets (servers only): a session asking for less (a
     /// client that waives it, Patroni's 1 ms) is raised to this. 0s, the default, keeps
     /// Consul's behaviour. At most 60s, the longest lock-delay.
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
-    pub lock_delay_min: Duration,
+    #[arg(long, value_parser = duration)]
+    pub lock_delay_min: Option<String>,
     /// Events of each lock's history a server keeps (servers only; set it alike on every
-    /// server): the oldest go first.
-    #[arg(long, default_value_t = vigil_server::state::history::DEFAULT_PER_LOCK, value_parser = at_least_one)]
-    pub lock_history_per_lock: usize,
+    /// server): the oldest go first [default: 100].
+    #[arg(long, value_parser = at_least_one)]
+    pub lock_history_per_lock: Option<usize>,
     /// Events of all locks' histories a server keeps (servers only; set it alike on every
-    /// server): the oldest of all go first, and a lock whose last event goes is forgotten.
-    #[arg(long, default_value_t = vigil_server::state::history::DEFAULT_TOTAL, value_parser = at_least_one)]
-    pub lock_history_total: usize,
+    /// server): the oldest of all go first, and a lock whose last event goes is forgotten
+    /// [default: 50000].
+    #[arg(long, value_parser = at_least_one)]
+    pub lock_history_total: Option<usize>,
     /// Allow script checks (`Args`) registered over HTTP or in the config file.
     #[arg(long)]
     pub enable_script_checks: bool,
-    /// Config file (TOML) declaring services and checks to register at start.
+    /// Config file (TOML; JSON for a name ending in `.json`): every setting these flags have,
+    /// under Consul's keys, and services and checks to register at start.
     #[arg(long)]
+    #[serde(skip)]
     pub config: Option<PathBuf>,
-    /// Full anti-entropy sync period (Consul's ae_interval); lowered only by tests.
-    #[arg(long, default_value = "1m", value_parser = parse_duration, hide = true)]
-    pub ae_interval: Duration,
     /// Blocking queries a server holds at once at most (its own clients' and forwarded ones);
-    /// beyond it a blocking query answers 429 at once.
-    #[arg(long, default_value_t = 16384)]
-    pub max_blocking_queries: usize,
+    /// beyond it a blocking query answers 429 at once [default: 16384].
+    #[arg(long)]
+    pub max_blocking_queries: Option<usize>,
     /// The part of --max-blocking-queries kept for lock waits (a native lock's waiters and
     /// holders, blocking reads of a KV key a session holds): other blocking queries answer 429
     /// once they hold the rest. Default: an eighth of --max-blocking-queries.
     #[arg(long)]
     pub lock_wait_reserve: Option<usize>,
-    /// Most open HTTP connections one client IP may have (Consul's
-    /// limits.http_max_conns_per_client); more are answered 429 and closed. 0: no cap.
-    #[arg(long, default_value_t = 200)]
-    pub http_max_conns_per_client: usize,
-    /// How long an HTTP connection may take to send a request's headers, counted from its
-    /// opening or its previous response (so also how long it may sit idle).
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
-    pub http_header_timeout: Duration,
+    #[command(flatten)]
+    pub limits: LimitArgs,
     /// Allow script checks declared in the config file, not those registered over HTTP.
     #[arg(long)]
     pub enable_local_script_checks: bool,
     /// This node's metadata in the catalog, `key:value` (repeatable; over the config file's
     /// `node_meta`), as Consul's `-node-meta`.
     #[arg(long = "node-meta", value_parser = parse_meta_pair)]
+    #[serde(serialize_with = "as_table")]
     pub node_meta: Vec<(String, String)>,
+    #[command(flatten)]
+    pub acl: AclArgs,
+}
+
+/// The HTTP API's connection limits (the config file's `limits` table).
+#[derive(Debug, Args, Serialize)]
+pub struct LimitArgs {
+    /// Most open HTTP connections one client IP may have (Consul's
+    /// limits.http_max_conns_per_client); more are answered 429 and closed. 0: no cap
+    /// [default: 200].
+    #[arg(long)]
+    pub http_max_conns_per_client: Option<usize>,
+    /// How long an HTTP connection may take to send a request's headers, counted from its
+    /// opening or its previous response (so also how long it may sit idle) [default: 60s].
+    #[arg(long, value_parser = duration)]
+    pub http_header_timeout: Option<String>,
+}
+
+/// The config file's `acl` table.
+#[derive(Debug, Args, Serialize)]
+pub struct AclArgs {
     /// Enables ACLs with this default policy for what no rule covers (Consul's
     /// `acl.default_policy`; `acl.enabled` in the config file enables them with `allow`).
-    #[arg(long, value_parser = parse_default_policy)]
-    pub acl_default_policy: Option<DefaultPolicy>,
+    #[arg(long, value_parser = ["allow", "deny"])]
+    #[serde(rename = "default_policy")]
+    pub acl_default_policy: Option<String>,
+    #[command(flatten)]
+    pub tokens: AclTokenArgs,
+}
+
+/// The config file's `acl.tokens` table.
+#[derive(Debug, Args, Serialize)]
+pub struct AclTokenArgs {
     /// The management token that exists from the first start (Consul's
     /// `acl.tokens.initial_management`); it also ends `acl bootstrap`.
     #[arg(long)]
+    #[serde(rename = "initial_management")]
     pub acl_initial_management_token: Option<String>,
     /// The token this agent's own requests use (Consul's `acl.tokens.agent`).
     #[arg(long)]
+    #[serde(rename = "agent")]
     pub acl_agent_token: Option<String>,
 }
 
-fn parse_default_policy(s: &str) -> Result<DefaultPolicy, String> {
-    match s {
-        "allow" => Ok(DefaultPolicy::Allow),
-        "deny" => Ok(DefaultPolicy::Deny),
-        _ => Err(format!("must be allow or deny, not {s:?}")),
+impl AgentArgs {
+    /// The flags given, as a config layer: a flag not given (an absent value, a switch off, a
+    /// repeatable flag never repeated) is left out.
+    pub fn layer(&self) -> anyhow::Result<Value> {
+        if let Some(key) = &self.encrypt {
+            Key::from_base64(key).map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?;
+        }
+        Ok(given(serde_json::to_value(self)?))
+    }
+
+    /// The config file, then the `VIGIL_AGENT_*` variables among `env`, then these flags.
+    pub fn load(&self, env: impl IntoIterator<Item = (String, String)>) -> anyhow::Result<Config> {
+        Ok(Config::load(self.config.as_deref(), env, self.layer()?)?)
+    }
+
+    /// The config file named by `--config`, if any.
+    pub fn config_file(&self) -> Option<&Path> {
+        self.config.as_deref()
     }
 }
 
-/// The default plain-HTTP API address (Consul's).
-const DEFAULT_HTTP_ADDR: SocketAddr =
-    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8500);
-
-/// The plain-HTTP API's listener: a TCP address or off (`None`), or a Unix socket
-/// (`unix:///path`, as Consul's `addresses.http`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListenAddr {
-    Tcp(Option<SocketAddr>),
-    Unix(PathBuf),
+/// `value` without what no flag set: nulls, `false`, and empty lists and tables.
+fn given(value: Value) -> Value {
+    match value {
+        Value::Object(table) => Value::Object(
+            table
+                .into_iter()
+                .map(|(key, value)| (key, given(value)))
+                .filter(|(_, value)| match value {
+                    Value::Null | Value::Bool(false) => false,
+                    Value::Array(items) => !items.is_empty(),
+                    Value::Object(table) => !table.is_empty(),
+                    _ => true,
+                })
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
-fn parse_listen_addr(s: &str) -> Result<ListenAddr, String> {
-    match s.trim().strip_prefix("unix://") {
-        Some("") => Err(format!("{s:?} names no socket path")),
-        Some(path) => Ok(ListenAddr::Unix(PathBuf::from(path))),
-        None => crate::config::parse_listen_addr(s).map(ListenAddr::Tcp),
-    }
+fn as_table<S: Serializer>(pairs: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+    pairs
+        .iter()
+        .cloned()
+        .collect::<BTreeMap<_, _>>()
+        .serialize(s)
 }
 
 /// Consul's `-node-meta key:value` (no `:`: an empty value).
@@ -240,14 +289,6 @@ fn parse_meta_pair(s: &str) -> Result<(String, String), String> {
     Ok((key.to_owned(), value.to_owned()))
 }
 
-fn parse_profile(s: &str) -> Result<TimingProfile, String> {
-    match s {
-        "lan" => Ok(TimingProfile::Lan),
-        "local" => Ok(TimingProfile::Local),
-        _ => Err(format!("must be lan or local, not {s:?}")),
-    }
-}
-
 fn parse_bootstrap_expect(s: &str) -> Result<usize, String> {
     match s.parse::<usize>() {
         Ok(n @ (1 | 3 | 5)) => Ok(n),
@@ -255,149 +296,11 @@ fn parse_bootstrap_expect(s: &str) -> Result<usize, String> {
     }
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    parse_go_duration(s).map_err(|e| e.to_string())
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
-        .map(|h| h.trim().to_owned())
-        .ok()
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "vigil".to_owned())
-}
-
-impl AgentArgs {
-    /// Checks the flag combination and builds the agent's configuration.
-    pub fn config(&self) -> anyhow::Result<AgentConfig> {
-        let mode = if self.dev {
-            AgentMode::Dev
-        } else if self.server {
-            AgentMode::Server {
-                data_dir: self.data_dir.clone().expect("clap requires --data-dir"),
-                bootstrap_expect: self
-                    .bootstrap_expect
-                    .expect("clap requires --bootstrap-expect"),
-            }
-        } else if self.join.is_empty() {
-            anyhow::bail!(
-                "a client agent needs at least one --join (a member's gossip address), or use --dev or --server"
-            );
-        } else {
-            AgentMode::Client
-        };
-        let file = match &self.config {
-            Some(path) => crate::config::load(path)?,
-            None => crate::config::ConfigFile::default(),
-        };
-        // A flag wins over the config file, as in Consul.
-        let encrypt = match self.encrypt.as_deref() {
-            Some(key) => {
-                Some(Key::from_base64(key).map_err(|e| anyhow::anyhow!("--encrypt: {e}"))?)
-            }
-            None => file.encrypt,
-        };
-        let tls = match (&self.ca_file, &self.cert_file, &self.key_file) {
-            (Some(ca), Some(cert), Some(key)) => TlsSource::Files {
-                ca: ca.clone(),
-                cert: cert.clone(),
-                key: key.clone(),
-            },
-            (None, None, None) if self.dev => TlsSource::Throwaway,
-            _ => anyhow::bail!(
-                "--ca-file, --cert-file and --key-file are required together (only --dev generates throwaway certificates)"
-            ),
-        };
-        // A flag wins over the config file.
-        let (http_addr, http_unix) = match &self.http_addr {
-            Some(ListenAddr::Tcp(addr)) => (*addr, None),
-            Some(ListenAddr::Unix(path)) => (None, Some(path.clone())),
-            None => (file.http_addr.unwrap_or(Some(DEFAULT_HTTP_ADDR)), None),
-        };
-        let verify_incoming_https = self.verify_incoming_https || file.verify_incoming_https;
-        let https = match self.https_addr.or(file.https_addr) {
-            Some(addr) => Some(HttpsConfig {
-                addr,
-                verify_incoming: verify_incoming_https,
-            }),
-            None => {
-                anyhow::ensure!(
-                    !verify_incoming_https,
-                    "--verify-incoming-https needs an HTTPS address (--https-addr)"
-                );
-                None
-            }
-        };
-        anyhow::ensure!(
-            http_addr.is_some() || http_unix.is_some() || https.is_some(),
-            "--http-addr off needs --https-addr: the agent must serve its API somewhere"
-        );
-        anyhow::ensure!(
-            self.lock_delay_min <= Duration::from_millis(vigil_shared::MAX_LOCK_DELAY_MS),
-            "--lock-delay-min must be at most 60s (the longest lock-delay)"
-        );
-        anyhow::ensure!(
-            !self.ae_interval.is_zero(),
-            "--ae-interval must be greater than 0"
-        );
-        anyhow::ensure!(
-            !self.http_header_timeout.is_zero(),
-            "--http-header-timeout must be greater than 0"
-        );
-        Ok(AgentConfig {
-            node_name: self.node.clone().unwrap_or_else(hostname),
-            node_id: self.node_id.clone(),
-            data_dir: self.data_dir.clone(),
-            http_addr,
-            http_unix,
-            https,
-            rpc_addr: self.rpc_addr,
-            serf_addr: self.serf_addr,
-            join: self.join.clone(),
-            encrypt,
-            keyring_file: self.data_dir.as_deref().map(KeyringFile::in_data_dir),
-            profile: self.timing_profile,
-            mode,
-            tls,
-            session_ttl_min: self.session_ttl_min,
-            lock_delay_min: self.lock_delay_min,
-            lock_history: vigil_server::state::history::Limits {
-                per_lock: self.lock_history_per_lock,
-                total: self.lock_history_total,
-            },
-            enable_script_checks: self.enable_script_checks,
-            enable_local_script_checks: self.enable_local_script_checks,
-            ae_interval: self.ae_interval,
-            max_blocking_queries: self.max_blocking_queries,
-            lock_wait_reserve: self
-                .lock_wait_reserve
-                .unwrap_or(self.max_blocking_queries / 8)
-                .min(self.max_blocking_queries),
-            local: LocalDefinitions {
-                node_meta: file
-                    .local
-                    .node_meta
-                    .into_iter()
-                    .chain(self.node_meta.iter().cloned())
-                    .collect(),
-                ..file.local
-            },
-            config_file: self.config.clone(),
-            http_limits: crate::http::serve::ConnLimits {
-                max_conns_per_client: self.http_max_conns_per_client,
-                header_timeout: self.http_header_timeout,
-            },
-            acl: AclConfig {
-                default_policy: self.acl_default_policy.or(file.acl.default_policy),
-                initial_management: self
-                    .acl_initial_management_token
-                    .clone()
-                    .or(file.acl.initial_management),
-                agent_token: self.acl_agent_token.clone().or(file.acl.agent_token),
-            },
-        })
-    }
+/// A Go duration, kept as written (the config decodes it).
+fn duration(s: &str) -> Result<String, String> {
+    parse_go_duration(s)
+        .map(|_| s.to_owned())
+        .map_err(|e| e.to_string())
 }
 
 /// A count of at least 1.
@@ -410,6 +313,15 @@ fn at_least_one(s: &str) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsString;
+    use std::time::Duration;
+
+    use vigil_agent::cmd::go_flags_argv;
+    use vigil_agent::cmd::lock::{LockCommand, consul_argv};
+    use vigil_agent::gossip::TimingProfile;
+    use vigil_agent::{AgentConfig, HttpsConfig};
+    use vigil_shared::acl::authz::DefaultPolicy;
+
     use super::*;
 
     fn agent(args: &[&str]) -> AgentArgs {
@@ -423,6 +335,18 @@ mod tests {
         }
     }
 
+    /// What a dev agent started with `args` (after `--dev`) and the environment `env` runs.
+    fn config_with(args: &[&str], env: &[(&str, &str)]) -> anyhow::Result<AgentConfig> {
+        let args = agent(args);
+        let env = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned()));
+        let config = args.load(env)?;
+        Ok(config.agent_config(args.config_file().map(Into::into))?)
+    }
+
+    fn config(args: &[&str]) -> anyhow::Result<AgentConfig> {
+        config_with(args, &[])
+    }
+
     /// A config file holding `text`, in a directory that lives as long as the guard.
     fn config_file(text: &str) -> (tempfile::TempDir, String) {
         let dir = tempfile::tempdir().unwrap();
@@ -432,11 +356,15 @@ mod tests {
         (dir, path)
     }
 
+    fn parse(args: &[&str]) -> Command {
+        let argv = std::iter::once("vigil").chain(args.iter().copied());
+        let argv = go_flags_argv(argv.map(OsString::from).collect());
+        Cli::try_parse_from(argv).expect("valid").command
+    }
+
     #[test]
     fn the_http_api_may_listen_on_a_unix_socket() {
-        let config = agent(&["--http-addr", "unix:///tmp/vigil.sock"])
-            .config()
-            .expect("valid");
+        let config = config(&["--http-addr", "unix:///tmp/vigil.sock"]).expect("valid");
         assert_eq!(config.http_addr, None);
         assert_eq!(
             config.http_unix.as_deref(),
@@ -448,15 +376,17 @@ mod tests {
 
     #[test]
     fn node_meta_flags_repeat_and_split_at_the_first_colon() {
-        let args = agent(&[
+        let meta = config(&[
             "--node-meta",
             "rack:r1",
             "--node-meta",
             "url:http://x",
             "--node-meta",
             "bare",
-        ]);
-        let meta = args.config().expect("valid").local.node_meta;
+        ])
+        .expect("valid")
+        .local
+        .node_meta;
         let pairs: Vec<(&str, &str)> = meta.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
         assert_eq!(pairs, [("bare", ""), ("rack", "r1"), ("url", "http://x")]);
         let refused = Cli::try_parse_from(["vigil", "agent", "--dev", "--node-meta", ":v"]);
@@ -465,10 +395,13 @@ mod tests {
 
     #[test]
     fn one_timing_profile_flag_with_the_old_spelling_kept() {
-        assert_eq!(agent(&[]).timing_profile, TimingProfile::Lan);
+        assert_eq!(config(&[]).unwrap().profile, TimingProfile::Lan);
         for flag in ["--timing-profile", "--gossip-profile"] {
-            assert_eq!(agent(&[flag, "local"]).timing_profile, TimingProfile::Local);
-            assert_eq!(agent(&[flag, "lan"]).timing_profile, TimingProfile::Lan);
+            assert_eq!(
+                config(&[flag, "local"]).unwrap().profile,
+                TimingProfile::Local
+            );
+            assert_eq!(config(&[flag, "lan"]).unwrap().profile, TimingProfile::Lan);
         }
         assert!(Cli::try_parse_from(["vigil", "agent", "--timing-profile", "wan"]).is_err());
     }
@@ -481,15 +414,15 @@ mod tests {
         let path = path.as_str();
 
         // Defaults: plain HTTP on Consul's port, no HTTPS.
-        let config = agent(&[]).config().unwrap();
-        assert_eq!(config.http_addr, Some("127.0.0.1:8500".parse().unwrap()));
-        assert_eq!(config.https, None);
+        let defaults = config(&[]).unwrap();
+        assert_eq!(defaults.http_addr, Some("127.0.0.1:8500".parse().unwrap()));
+        assert_eq!(defaults.https, None);
 
         // The file alone: HTTPS only, client certificates required.
-        let config = agent(&["--config", path]).config().unwrap();
-        assert_eq!(config.http_addr, None);
+        let from_file = config(&["--config", path]).unwrap();
+        assert_eq!(from_file.http_addr, None);
         assert_eq!(
-            config.https,
+            from_file.https,
             Some(HttpsConfig {
                 addr: "127.0.0.1:8501".parse().unwrap(),
                 verify_incoming: true
@@ -497,19 +430,15 @@ mod tests {
         );
 
         // Flags win.
-        let config = agent(&["--config", path, "--http-addr", "127.0.0.1:1"])
-            .config()
-            .unwrap();
-        assert_eq!(config.http_addr, Some("127.0.0.1:1".parse().unwrap()));
-        let config = agent(&["--config", path, "--https-addr", "127.0.0.1:2"])
-            .config()
-            .unwrap();
-        assert_eq!(config.https.unwrap().addr, "127.0.0.1:2".parse().unwrap());
+        let http = config(&["--config", path, "--http-addr", "127.0.0.1:1"]).unwrap();
+        assert_eq!(http.http_addr, Some("127.0.0.1:1".parse().unwrap()));
+        let https = config(&["--config", path, "--https-addr", "127.0.0.1:2"]).unwrap();
+        assert_eq!(https.https.unwrap().addr, "127.0.0.1:2".parse().unwrap());
 
         // Nothing to serve on, or client verification without HTTPS: refused.
-        let err = agent(&["--http-addr", "off"]).config().unwrap_err();
+        let err = config(&["--http-addr", "off"]).unwrap_err();
         assert!(err.to_string().contains("--https-addr"), "{err}");
-        let err = agent(&["--verify-incoming-https"]).config().unwrap_err();
+        let err = config(&["--verify-incoming-https"]).unwrap_err();
         assert!(err.to_string().contains("--https-addr"), "{err}");
         assert!(
             Cli::try_parse_from(["vigil", "agent", "--dev", "--http-addr", "nowhere"]).is_err()
@@ -520,21 +449,270 @@ mod tests {
     fn the_gossip_key_comes_from_the_flag_or_else_the_config_file() {
         let (_dir, path) = config_file(&format!(
             "encrypt = \"{}\"\n",
-            crate::gossip::generate_key()
+            vigil_agent::gossip::generate_key()
         ));
         let path = path.as_str();
-        assert!(
-            agent(&["--config", path])
-                .config()
-                .unwrap()
-                .encrypt
-                .is_some()
-        );
-        assert!(agent(&[]).config().unwrap().encrypt.is_none());
+        assert!(config(&["--config", path]).unwrap().encrypt.is_some());
+        assert!(config(&[]).unwrap().encrypt.is_none());
         // The flag wins: a bad flag is an error even with a good key in the file.
-        let err = agent(&["--config", path, "--encrypt", "c2hvcnQ="])
-            .config()
-            .unwrap_err();
+        let err = config(&["--config", path, "--encrypt", "c2hvcnQ="]).unwrap_err();
         assert!(err.to_string().starts_with("--encrypt: "), "{err}");
+    }
+
+    #[test]
+    fn the_file_then_the_environment_then_the_flags() {
+        let (_dir, path) = config_file(
+            "node_name = \"file\"\nlog_level = \"debug\"\nsession_ttl_min = \"5s\"\n\
+             node_meta = { a = \"file\", b = \"file\" }\n[acl]\nenabled = true\n",
+        );
+        let path = path.as_str();
+        let env = [
+            ("VIGIL_AGENT_NODE_NAME", "env"),
+            ("VIGIL_AGENT_SESSION_TTL_MIN", "2s"),
+            ("VIGIL_AGENT_NODE_META", "{ b = \"env\", c = \"env\" }"),
+            ("VIGIL_AGENT_ACL__DEFAULT_POLICY", "deny"),
+        ];
+
+        // The file alone.
+        let file = config(&["--config", path]).unwrap();
+        assert_eq!(file.node_name, "file");
+        assert_eq!(file.session_ttl_min, Duration::from_secs(5));
+        assert_eq!(file.acl.default_policy, Some(DefaultPolicy::Allow));
+
+        // The environment over it: a key it sets wins, a table merges key by key.
+        let env_over_file = config_with(&["--config", path], &env).unwrap();
+        assert_eq!(env_over_file.node_name, "env");
+        assert_eq!(env_over_file.session_ttl_min, Duration::from_secs(2));
+        assert_eq!(env_over_file.acl.default_policy, Some(DefaultPolicy::Deny));
+        let meta = |c: &AgentConfig| -> Vec<(String, String)> {
+            c.local.node_meta.clone().into_iter().collect()
+        };
+        let pairs = |p: &[(&str, &str)]| -> Vec<(String, String)> {
+            p.iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        assert_eq!(
+            meta(&env_over_file),
+            pairs(&[("a", "file"), ("b", "env"), ("c", "env")])
+        );
+
+        // The flags over both.
+        let flags = config_with(
+            &["--config", path, "--node", "flag", "--node-meta", "c:flag"],
+            &env,
+        )
+        .unwrap();
+        assert_eq!(flags.node_name, "flag");
+        assert_eq!(
+            meta(&flags),
+            pairs(&[("a", "file"), ("b", "env"), ("c", "flag")])
+        );
+        // What no flag set stays the environment's.
+        assert_eq!(flags.session_ttl_min, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn unknown_keys_are_refused_and_other_variables_ignored() {
+        let (_dir, path) = config_file("servce = 1\n");
+        let err = config(&["--config", path.as_str()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown key `servce`"), "{err}");
+
+        let err = config_with(&[], &[("VIGIL_AGENT_SERVCE", "1")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("VIGIL_AGENT_") && err.contains("unknown key `servce`"),
+            "{err}"
+        );
+        let err = config_with(&[], &[("VIGIL_AGENT_LOG_JSON", "yes")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`log_json` must be true or false"), "{err}");
+
+        // The client commands' variables (an agent's URL here) are not the agent's settings.
+        let config = config_with(
+            &[],
+            &[
+                ("VIGIL_HTTP_ADDR", "https://127.0.0.1:8501"),
+                ("CONSUL_HTTP_ADDR", "https://127.0.0.1:8501"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(config.http_addr, Some("127.0.0.1:8500".parse().unwrap()));
+    }
+
+    #[test]
+    fn every_flag_still_parses() {
+        let (_dir, path) = config_file("");
+        let argv = [
+            "vigil",
+            "agent",
+            "--server",
+            "--bootstrap-expect",
+            "3",
+            "--data-dir",
+            "/d",
+            "--join",
+            "127.0.0.1:1",
+            "--join",
+            "127.0.0.1:2",
+            "--serf-addr",
+            "127.0.0.1:3",
+            "--encrypt",
+            "cg8StVXbQJ0gPvMd9o7yrg1Ttd/ZCXtSFKgSbtXaV2k=",
+            "--timing-profile",
+            "local",
+            "--ca-file",
+            "ca",
+            "--cert-file",
+            "cert",
+            "--key-file",
+            "key",
+            "--node",
+            "n1",
+            "--node-id",
+            "5f2a9c1e-3b7d-4e8f-9a06-1c2d3e4f5a6b",
+            "--http-addr",
+            "127.0.0.1:4",
+            "--https-addr",
+            "127.0.0.1:5",
+            "--verify-incoming-https",
+            "--rpc-addr",
+            "127.0.0.1:6",
+            "--log-level",
+            "debug",
+            "--log-json",
+            "--lock-delay-min",
+            "2s",
+            "--lock-history-per-lock",
+            "7",
+            "--lock-history-total",
+            "70",
+            "--enable-script-checks",
+            "--config",
+            &path,
+            "--max-blocking-queries",
+            "80",
+            "--lock-wait-reserve",
+            "9",
+            "--http-max-conns-per-client",
+            "11",
+            "--http-header-timeout",
+            "12s",
+            "--enable-local-script-checks",
+            "--node-meta",
+            "k:v",
+            "--acl-default-policy",
+            "deny",
+            "--acl-initial-management-token",
+            "root",
+            "--acl-agent-token",
+            "agent",
+        ];
+        let Command::Agent(args) = Cli::try_parse_from(argv).expect("parses").command else {
+            panic!("not an agent command");
+        };
+        let config = args.load(std::iter::empty()).unwrap();
+        assert_eq!(
+            (config.log_level.as_str(), config.log_json),
+            ("debug", true)
+        );
+        let c = config.agent_config(Some(path.into())).unwrap();
+        assert!(matches!(
+            c.mode,
+            vigil_agent::AgentMode::Server { bootstrap_expect: 3, ref data_dir } if data_dir == std::path::Path::new("/d")
+        ));
+        let addr = |port: u16| std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        assert_eq!(c.join, [addr(1), addr(2)]);
+        assert_eq!(
+            (c.serf_addr, c.http_addr, c.rpc_addr),
+            (addr(3), Some(addr(4)), addr(6))
+        );
+        assert_eq!(
+            c.https,
+            Some(HttpsConfig {
+                addr: addr(5),
+                verify_incoming: true
+            })
+        );
+        assert!(c.encrypt.is_some());
+        assert_eq!(c.profile, TimingProfile::Local);
+        assert!(matches!(c.tls, vigil_agent::TlsSource::Files { .. }));
+        assert_eq!(c.node_name, "n1");
+        assert_eq!(
+            c.node_id.as_deref(),
+            Some("5f2a9c1e-3b7d-4e8f-9a06-1c2d3e4f5a6b")
+        );
+        assert_eq!(c.lock_delay_min, Duration::from_secs(2));
+        assert_eq!((c.lock_history.per_lock, c.lock_history.total), (7, 70));
+        assert!(c.enable_script_checks && c.enable_local_script_checks);
+        assert_eq!((c.max_blocking_queries, c.lock_wait_reserve), (80, 9));
+        assert_eq!(c.http_limits.max_conns_per_client, 11);
+        assert_eq!(c.http_limits.header_timeout, Duration::from_secs(12));
+        assert_eq!(c.local.node_meta["k"], "v");
+        assert_eq!(c.acl.default_policy, Some(DefaultPolicy::Deny));
+        assert_eq!(c.acl.initial_management.as_deref(), Some("root"));
+        assert_eq!(c.acl.agent_token.as_deref(), Some("agent"));
+
+        // The test knobs are config keys now, not flags.
+        for knob in ["--session-ttl-min", "--ae-interval"] {
+            assert!(
+                Cli::try_parse_from(["vigil", "agent", "--dev", knob, "1s"]).is_err(),
+                "{knob}"
+            );
+        }
+    }
+
+    #[test]
+    fn debug_and_keyring_take_go_style_flags() {
+        let Command::Debug(debug) = parse(&["debug", "-archive=false", "-output", "out"]) else {
+            panic!("not debug");
+        };
+        assert!(!debug.archive);
+        assert_eq!(debug.output.as_deref(), Some(std::path::Path::new("out")));
+        for archive in [
+            &["debug"][..],
+            &["debug", "--archive"],
+            &["debug", "-archive=true"],
+        ] {
+            let Command::Debug(debug) = parse(archive) else {
+                panic!("not debug");
+            };
+            assert!(debug.archive, "{archive:?}");
+        }
+        let Command::Keyring(keyring) = parse(&["keyring", "-install", "a2V5", "-relay-factor=2"])
+        else {
+            panic!("not keyring");
+        };
+        assert_eq!(
+            (keyring.install.as_deref(), keyring.relay_factor),
+            (Some("a2V5"), 2)
+        );
+        // Other commands' arguments pass unchanged.
+        let argv: Vec<OsString> = ["vigil", "kv", "put", "-x"].map(OsString::from).to_vec();
+        assert_eq!(go_flags_argv(argv.clone()), argv);
+    }
+
+    #[test]
+    fn consuls_lock_flags_parse() {
+        let argv = consul_argv(
+            "vigil lock -n=2 -timeout=1m -shell=false -child-exit-code -monitor-retry=4 p a b"
+                .split(' ')
+                .map(OsString::from)
+                .collect(),
+        );
+        let cli = Cli::try_parse_from(argv).expect("parses");
+        let Command::Lock(LockCommand { run: args, .. }) = cli.command else {
+            panic!("not lock: {:?}", cli.command);
+        };
+        assert_eq!(args.limit, 2);
+        assert_eq!(args.hold.timeout, Some(Duration::from_secs(60)));
+        assert!(!args.shell && args.child_exit_code && !args.pass_stdin);
+        assert_eq!(args.monitor_retry, Some(4));
+        assert_eq!(args.prefix.as_deref(), Some("p"));
+        assert_eq!(args.command, ["a", "b"]);
     }
 }
