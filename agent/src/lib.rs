@@ -1,5 +1,5 @@
-//! The `vigil` agent: parses its configuration, joins the gossip cluster, runs the server role
-//! in-process when asked, and serves the Consul-compatible HTTP API. `start` returns a [`Handle`]
+//! The `vigil` agent: its configuration ([`config`]), the gossip cluster, the server role run
+//! in-process when asked, and the Consul-compatible HTTP API. `start` returns a [`Handle`]
 //! that knows the bound addresses, so tests start agents on port 0 through the same code path as
 //! `main`.
 
