@@ -1,6 +1,9 @@
 //! Consul's JSON shapes: responses in PascalCase with Consul's field order and omissions,
 //! and request decoding that matches field names case-insensitively, as Go's `encoding/json` does.
 
+pub mod acl;
+pub mod agent;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::de::DeserializeOwned;

@@ -4,7 +4,12 @@
 
 use clap::{Args, Subcommand, ValueEnum};
 use reqwest::Method;
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use vigil_shared::api::acl::{
+    GrantsJson, LinkJson, NodeIdentityJson, PolicyJson, PolicyRequest, RoleJson, RoleRequest,
+    ServiceIdentityJson, TokenJson, TokenRequest,
+};
 
 use super::AgentAddr;
 use super::operator::call_with;
@@ -63,51 +68,55 @@ pub struct Grants {
 }
 
 impl Grants {
-    /// A token or role body with the links and identities added.
-    fn into_body(self, mut body: Value, with_roles: bool) -> anyhow::Result<Value> {
-        let links = |ids: Vec<String>, names: Vec<String>| -> Vec<Value> {
+    /// The links and identities the flags name.
+    fn into_json(self, with_roles: bool) -> anyhow::Result<GrantsJson> {
+        let links = |ids: Vec<String>, names: Vec<String>| -> Vec<LinkJson> {
             ids.into_iter()
-                .map(|id| json!({ "ID": id }))
-                .chain(names.into_iter().map(|name| json!({ "Name": name })))
+                .map(|id| LinkJson {
+                    id,
+                    name: String::new(),
+                })
+                .chain(names.into_iter().map(|name| LinkJson {
+                    id: String::new(),
+                    name,
+                }))
                 .collect()
         };
-        let policies = links(self.policy_ids, self.policy_names);
-        if !policies.is_empty() {
-            body["Policies"] = policies.into();
-        }
         let roles = links(self.role_ids, self.role_names);
-        if !roles.is_empty() {
-            anyhow::ensure!(with_roles, "a role cannot link roles");
-            body["Roles"] = roles.into();
-        }
-        let services: Vec<Value> = self
+        anyhow::ensure!(with_roles || roles.is_empty(), "a role cannot link roles");
+        let service_identities = self
             .service_identities
             .iter()
             .map(|s| match s.split_once(':') {
-                Some((name, dcs)) => json!({
-                    "ServiceName": name,
-                    "Datacenters": dcs.split(',').collect::<Vec<_>>(),
-                }),
-                None => json!({ "ServiceName": s }),
+                Some((name, dcs)) => ServiceIdentityJson {
+                    service_name: name.to_owned(),
+                    datacenters: dcs.split(',').map(str::to_owned).collect(),
+                },
+                None => ServiceIdentityJson {
+                    service_name: s.clone(),
+                    datacenters: Vec::new(),
+                },
             })
             .collect();
-        if !services.is_empty() {
-            body["ServiceIdentities"] = services.into();
-        }
-        let nodes = self
+        let node_identities = self
             .node_identities
             .iter()
             .map(|n| {
                 let (node, dc) = n
                     .split_once(':')
                     .ok_or_else(|| anyhow::anyhow!("--node-identity must be NODE:DC, not {n:?}"))?;
-                Ok(json!({ "NodeName": node, "Datacenter": dc }))
+                Ok(NodeIdentityJson {
+                    node_name: node.to_owned(),
+                    datacenter: dc.to_owned(),
+                })
             })
-            .collect::<anyhow::Result<Vec<Value>>>()?;
-        if !nodes.is_empty() {
-            body["NodeIdentities"] = nodes.into();
-        }
-        Ok(body)
+            .collect::<anyhow::Result<_>>()?;
+        Ok(GrantsJson {
+            policies: links(self.policy_ids, self.policy_names),
+            roles,
+            service_identities,
+            node_identities,
+        })
     }
 }
 
@@ -130,16 +139,14 @@ pub struct NewToken {
 }
 
 impl NewToken {
-    fn into_body(self) -> anyhow::Result<Value> {
-        let body = json!({ "Description": self.description, "Local": self.local });
-        let mut body = self.grants.into_body(body, true)?;
-        if let Some(ttl) = self.expires_ttl {
-            body["ExpirationTTL"] = ttl.into();
-        }
-        if let Some(secret) = self.secret {
-            body["SecretID"] = secret.into();
-        }
-        Ok(body)
+    fn into_request(self) -> anyhow::Result<TokenRequest> {
+        Ok(TokenRequest {
+            description: self.description,
+            local: self.local,
+            grants: self.grants.into_json(true)?,
+            expiration_ttl: self.expires_ttl,
+            secret_id: self.secret,
+        })
     }
 }
 
@@ -201,13 +208,17 @@ pub struct PolicyFields {
 
 impl PolicyFields {
     /// The policy body; `--rules @FILE` reads the rules from the file, as Consul's CLI does.
-    fn into_body(self) -> anyhow::Result<Value> {
+    fn into_request(self) -> anyhow::Result<PolicyRequest> {
         let rules = match self.rules.strip_prefix('@') {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading rules from {path}: {e}"))?,
             None => self.rules,
         };
-        Ok(json!({ "Name": self.name, "Description": self.description, "Rules": rules }))
+        Ok(PolicyRequest {
+            name: self.name,
+            description: self.description,
+            rules,
+        })
     }
 }
 
@@ -249,144 +260,163 @@ pub enum RoleAction {
     List,
 }
 
-async fn send(
+async fn send<T: DeserializeOwned>(
     agent: &AgentAddr,
     method: Method,
     path: &str,
-    body: Option<Value>,
-) -> anyhow::Result<Value> {
-    let response = call_with(agent, method, path, body.map(|b| b.to_string())).await?;
+    body: Option<String>,
+) -> anyhow::Result<T> {
+    let response = call_with(agent, method, path, body).await?;
     Ok(response.json().await?)
 }
 
-async fn get(agent: &AgentAddr, path: &str) -> anyhow::Result<Value> {
+async fn get<T: DeserializeOwned>(agent: &AgentAddr, path: &str) -> anyhow::Result<T> {
     send(agent, Method::GET, path, None).await
 }
 
-async fn put(agent: &AgentAddr, path: &str, body: Value) -> anyhow::Result<Value> {
-    send(agent, Method::PUT, path, Some(body)).await
+async fn put<T: DeserializeOwned>(
+    agent: &AgentAddr,
+    path: &str,
+    body: &impl Serialize,
+) -> anyhow::Result<T> {
+    send(agent, Method::PUT, path, Some(serde_json::to_string(body)?)).await
 }
 
-/// The ID given, or the ID of the policy or role (`kind`) with the name given.
-async fn id_of(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<String> {
+/// A policy or role, by what both have.
+trait Named: DeserializeOwned {
+    /// `policy` or `role`, as the API's paths and Consul's texts say it.
+    const KIND: &'static str;
+    fn id(&self) -> &str;
+}
+
+impl Named for PolicyJson {
+    const KIND: &'static str = "policy";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+impl Named for RoleJson {
+    const KIND: &'static str = "role";
+    fn id(&self) -> &str {
+        &self.id
+    }
+}
+
+/// The ID given, or the ID of the policy or role with the name given.
+async fn id_of<T: Named>(agent: &AgentAddr, which: IdOrName) -> anyhow::Result<String> {
     match (which.id, which.name) {
         (Some(id), _) => Ok(id),
         (None, Some(name)) => {
-            let found = get(agent, &format!("/v1/acl/{kind}/name/{name}")).await?;
-            Ok(found["ID"].as_str().unwrap_or_default().to_owned())
+            let found: T = get(agent, &format!("/v1/acl/{}/name/{name}", T::KIND)).await?;
+            Ok(found.id().to_owned())
         }
         (None, None) => anyhow::bail!("give --id or --name"),
     }
 }
 
-/// The policy or role (`kind`) by ID or name.
-async fn read(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<Value> {
-    let id = id_of(agent, kind, which).await?;
-    get(agent, &format!("/v1/acl/{kind}/{id}")).await
+/// The policy or role by ID or name.
+async fn read<T: Named>(agent: &AgentAddr, which: IdOrName) -> anyhow::Result<T> {
+    let id = id_of::<T>(agent, which).await?;
+    get(agent, &format!("/v1/acl/{}/{id}", T::KIND)).await
 }
 
-/// Deletes the policy or role (`kind`) by ID or name.
-async fn delete_named(agent: &AgentAddr, kind: &str, which: IdOrName) -> anyhow::Result<()> {
-    let id = id_of(agent, kind, which).await?;
-    delete(agent, kind, &id).await
+/// Deletes the policy or role by ID or name.
+async fn delete_named<T: Named>(agent: &AgentAddr, which: IdOrName) -> anyhow::Result<()> {
+    let id = id_of::<T>(agent, which).await?;
+    delete(agent, T::KIND, &id).await
 }
 
 /// Deletes the token, policy or role `id` (`kind`) and says so, as Consul's CLI does.
 async fn delete(agent: &AgentAddr, kind: &str, id: &str) -> anyhow::Result<()> {
-    send(agent, Method::DELETE, &format!("/v1/acl/{kind}/{id}"), None).await?;
+    call_with(agent, Method::DELETE, &format!("/v1/acl/{kind}/{id}"), None).await?;
     let mut title = kind.to_owned();
     title[..1].make_ascii_uppercase();
     println!("{title} \"{id}\" deleted successfully");
     Ok(())
 }
 
-fn text(v: &Value) -> &str {
-    v.as_str().unwrap_or_default()
-}
-
-/// The `Datacenters` list of a policy or service identity.
-fn datacenters(v: &Value) -> Vec<&str> {
-    v["Datacenters"]
-        .as_array()
-        .map(|d| d.iter().map(text).collect())
-        .unwrap_or_default()
-}
-
 /// The first lines of a policy or role.
-fn print_named(v: &Value) {
-    println!("ID:           {}", text(&v["ID"]));
-    println!("Name:         {}", text(&v["Name"]));
-    println!("Description:  {}", text(&v["Description"]));
+fn print_named(id: &str, name: &str, description: &str) {
+    println!("ID:           {id}");
+    println!("Name:         {name}");
+    println!("Description:  {description}");
 }
 
-fn print_links(title: &str, links: &Value) {
-    if let Some(links) = links.as_array().filter(|l| !l.is_empty()) {
+fn print_links(title: &str, links: &[LinkJson]) {
+    if !links.is_empty() {
         println!("{title}:");
         for l in links {
-            println!("   {} - {}", text(&l["ID"]), text(&l["Name"]));
+            println!("   {} - {}", l.id, l.name);
         }
     }
 }
 
-fn print_identities(v: &Value) {
-    if let Some(ids) = v["ServiceIdentities"].as_array() {
+fn print_grants(grants: &GrantsJson) {
+    print_links("Policies", &grants.policies);
+    print_links("Roles", &grants.roles);
+    if !grants.service_identities.is_empty() {
         println!("Service Identities:");
-        for s in ids {
-            let dcs = datacenters(s);
-            let dcs = if dcs.is_empty() {
+        for s in &grants.service_identities {
+            let dcs = if s.datacenters.is_empty() {
                 "all".to_owned()
             } else {
-                dcs.join(", ")
+                s.datacenters.join(", ")
             };
-            println!("   {} (Datacenters: {dcs})", text(&s["ServiceName"]));
+            println!("   {} (Datacenters: {dcs})", s.service_name);
         }
     }
-    if let Some(ids) = v["NodeIdentities"].as_array() {
+    if !grants.node_identities.is_empty() {
         println!("Node Identities:");
-        for n in ids {
-            println!(
-                "   {} (Datacenter: {})",
-                text(&n["NodeName"]),
-                text(&n["Datacenter"])
-            );
+        for n in &grants.node_identities {
+            println!("   {} (Datacenter: {})", n.node_name, n.datacenter);
         }
     }
 }
 
-fn print_token(t: &Value) {
-    println!("AccessorID:       {}", text(&t["AccessorID"]));
-    println!("SecretID:         {}", text(&t["SecretID"]));
-    println!("Description:      {}", text(&t["Description"]));
-    println!("Local:            {}", t["Local"]);
-    println!("Create Time:      {}", text(&t["CreateTime"]));
-    if let Some(at) = t["ExpirationTime"].as_str() {
+fn print_token(t: &TokenJson) {
+    println!("AccessorID:       {}", t.accessor_id);
+    println!("SecretID:         {}", t.secret_id);
+    println!("Description:      {}", t.description);
+    println!("Local:            {}", t.local);
+    println!("Create Time:      {}", t.create_time);
+    if let Some(at) = &t.expiration_time {
         println!("Expiration Time:  {at}");
     }
-    print_links("Policies", &t["Policies"]);
-    print_links("Roles", &t["Roles"]);
-    print_identities(t);
+    print_grants(&t.grants);
 }
 
-fn print_policy(p: &Value) {
-    print_named(p);
-    println!("Datacenters:  {}", datacenters(p).join(", "));
-    if let Some(rules) = p["Rules"].as_str() {
+fn print_policy(p: &PolicyJson) {
+    print_named(&p.id, &p.name, &p.description);
+    println!("Datacenters:  {}", p.datacenters.join(", "));
+    if let Some(rules) = &p.rules {
         println!("Rules:");
         println!("{rules}");
     }
 }
 
-fn print_role(r: &Value) {
-    print_named(r);
-    print_links("Policies", &r["Policies"]);
-    print_identities(r);
+fn print_role(r: &RoleJson) {
+    print_named(&r.id, &r.name, &r.description);
+    print_grants(&r.grants);
 }
 
-/// Prints one result, or a list (blank line between items), in the chosen format.
-fn output(format: Format, value: &Value, print: fn(&Value)) -> anyhow::Result<()> {
-    match (format, value.as_array()) {
-        (Format::Json, _) => println!("{}", serde_json::to_string_pretty(value)?),
-        (Format::Pretty, Some(items)) => {
+/// What a command answered: one item or a list.
+enum Answer<T> {
+    One(T),
+    List(Vec<T>),
+}
+
+/// Prints an answer in the chosen format; a list's items with a blank line between them.
+fn output<T: Serialize>(format: Format, answer: Answer<T>, print: fn(&T)) -> anyhow::Result<()> {
+    match (format, answer) {
+        (Format::Json, Answer::One(item)) => {
+            println!("{}", serde_json::to_string_pretty(&item)?)
+        }
+        (Format::Json, Answer::List(items)) => {
+            println!("{}", serde_json::to_string_pretty(&items)?)
+        }
+        (Format::Pretty, Answer::One(item)) => print(&item),
+        (Format::Pretty, Answer::List(items)) => {
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     println!();
@@ -394,7 +424,6 @@ fn output(format: Format, value: &Value, print: fn(&Value)) -> anyhow::Result<()
                 print(item);
             }
         }
-        (Format::Pretty, None) => print(value),
     }
     Ok(())
 }
@@ -405,7 +434,7 @@ pub async fn run(cmd: AclCommand) -> anyhow::Result<i32> {
     match cmd.action {
         AclAction::Bootstrap => {
             let token = send(agent, Method::PUT, "/v1/acl/bootstrap", None).await?;
-            output(format, &token, print_token)?;
+            output(format, Answer::One(token), print_token)?;
         }
         AclAction::Token(action) => token(agent, format, action).await?,
         AclAction::Policy(action) => policy(agent, format, action).await?,
@@ -415,60 +444,79 @@ pub async fn run(cmd: AclCommand) -> anyhow::Result<i32> {
 }
 
 async fn token(agent: &AgentAddr, format: Format, action: TokenAction) -> anyhow::Result<()> {
-    let result = match action {
-        TokenAction::Create(new) => put(agent, "/v1/acl/token", new.into_body()?).await?,
+    let answer = match action {
+        TokenAction::Create(new) => {
+            Answer::One(put(agent, "/v1/acl/token", &new.into_request()?).await?)
+        }
         TokenAction::Read { id, self_ } => {
             let path = match id.filter(|_| !self_) {
                 Some(id) => format!("/v1/acl/token/{id}"),
                 None => "/v1/acl/token/self".to_owned(),
             };
-            get(agent, &path).await?
+            Answer::One(get(agent, &path).await?)
         }
         TokenAction::Update {
             id,
             description,
             grants,
         } => {
-            let body = grants.into_body(json!({ "Description": description }), true)?;
-            put(agent, &format!("/v1/acl/token/{id}"), body).await?
+            let body = TokenRequest {
+                description,
+                grants: grants.into_json(true)?,
+                ..TokenRequest::default()
+            };
+            Answer::One(put(agent, &format!("/v1/acl/token/{id}"), &body).await?)
         }
         TokenAction::Clone { id, description } => {
-            let body = json!({ "Description": description });
-            put(agent, &format!("/v1/acl/token/{id}/clone"), body).await?
+            let body = TokenRequest {
+                description,
+                ..TokenRequest::default()
+            };
+            Answer::One(put(agent, &format!("/v1/acl/token/{id}/clone"), &body).await?)
         }
         TokenAction::Delete { id } => return delete(agent, "token", &id).await,
-        TokenAction::List => get(agent, "/v1/acl/tokens").await?,
+        TokenAction::List => Answer::List(get(agent, "/v1/acl/tokens").await?),
     };
-    output(format, &result, print_token)
+    output(format, answer, print_token)
 }
 
 async fn policy(agent: &AgentAddr, format: Format, action: PolicyAction) -> anyhow::Result<()> {
-    let result = match action {
-        PolicyAction::Create(fields) => put(agent, "/v1/acl/policy", fields.into_body()?).await?,
-        PolicyAction::Read(which) => read(agent, "policy", which).await?,
-        PolicyAction::Update { id, fields } => {
-            put(agent, &format!("/v1/acl/policy/{id}"), fields.into_body()?).await?
+    let answer = match action {
+        PolicyAction::Create(fields) => {
+            Answer::One(put(agent, "/v1/acl/policy", &fields.into_request()?).await?)
         }
-        PolicyAction::Delete(which) => return delete_named(agent, "policy", which).await,
-        PolicyAction::List => get(agent, "/v1/acl/policies").await?,
+        PolicyAction::Read(which) => Answer::One(read::<PolicyJson>(agent, which).await?),
+        PolicyAction::Update { id, fields } => Answer::One(
+            put(
+                agent,
+                &format!("/v1/acl/policy/{id}"),
+                &fields.into_request()?,
+            )
+            .await?,
+        ),
+        PolicyAction::Delete(which) => return delete_named::<PolicyJson>(agent, which).await,
+        PolicyAction::List => Answer::List(get(agent, "/v1/acl/policies").await?),
     };
-    output(format, &result, print_policy)
+    output(format, answer, print_policy)
 }
 
 async fn role(agent: &AgentAddr, format: Format, action: RoleAction) -> anyhow::Result<()> {
-    let result = match action {
+    let answer = match action {
         RoleAction::Create {
             name,
             description,
             grants,
         } => {
-            let body =
-                grants.into_body(json!({ "Name": name, "Description": description }), false)?;
-            put(agent, "/v1/acl/role", body).await?
+            let body = RoleRequest {
+                name,
+                description,
+                grants: grants.into_json(false)?,
+            };
+            Answer::One(put(agent, "/v1/acl/role", &body).await?)
         }
-        RoleAction::Read(which) => read(agent, "role", which).await?,
-        RoleAction::Delete(which) => return delete_named(agent, "role", which).await,
-        RoleAction::List => get(agent, "/v1/acl/roles").await?,
+        RoleAction::Read(which) => Answer::One(read::<RoleJson>(agent, which).await?),
+        RoleAction::Delete(which) => return delete_named::<RoleJson>(agent, which).await,
+        RoleAction::List => Answer::List(get(agent, "/v1/acl/roles").await?),
     };
-    output(format, &result, print_role)
+    output(format, answer, print_role)
 }

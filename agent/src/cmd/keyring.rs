@@ -6,7 +6,7 @@
 //! Rotating the cluster's key: `-install NEW`, then `-use NEW`, then `-remove OLD`.
 
 use clap::Args;
-use serde_json::Value;
+use vigil_shared::api::agent::{KeyringPoolJson, KeyringRequest};
 
 use super::AgentAddr;
 
@@ -50,20 +50,17 @@ pub struct KeyringArgs {
 
 /// Prints a list answer as `consul keyring -list` does: per pool, each key and on how many of
 /// the pool's members it is installed.
-fn print_list(pools: &Value) {
-    for pool in pools.as_array().map(Vec::as_slice).unwrap_or_default() {
-        let name = if pool["WAN"] == true {
+fn print_list(pools: &[KeyringPoolJson]) {
+    for pool in pools {
+        let name = if pool.wan {
             "WAN".to_owned()
         } else {
-            format!("{} (LAN)", pool["Datacenter"].as_str().unwrap_or_default())
+            format!("{} (LAN)", pool.datacenter)
         };
         println!();
         println!("{name}:");
-        let nodes = &pool["NumNodes"];
-        if let Some(keys) = pool["Keys"].as_object() {
-            for (key, count) in keys {
-                println!("  {key} [{count}/{nodes}]");
-            }
+        for (key, count) in &pool.keys {
+            println!("  {key} [{count}/{}]", pool.num_nodes);
         }
     }
 }
@@ -127,7 +124,8 @@ pub async fn run(args: KeyringArgs) -> anyhow::Result<i32> {
     println!("==> {doing}");
     let mut request = client.request(method, &path);
     if let Some(key) = key {
-        request = request.body(serde_json::json!({ "Key": key }).to_string());
+        let body = KeyringRequest { key: key.clone() };
+        request = request.body(serde_json::to_string(&body)?);
     }
     let response = request.send().await?;
     let status = response.status();
@@ -141,7 +139,7 @@ pub async fn run(args: KeyringArgs) -> anyhow::Result<i32> {
         return Ok(1);
     }
     if key.is_none() {
-        print_list(&serde_json::from_str(&text)?);
+        print_list(&serde_json::from_str::<Vec<KeyringPoolJson>>(&text)?);
     }
     Ok(0)
 }

@@ -2,7 +2,7 @@
 //! the local agent; and `vigil operator raft list-peers`, the raft servers.
 
 use clap::Args;
-use serde_json::Value;
+use vigil_shared::api::agent::{MemberJson, RaftServerJson};
 
 use super::AgentAddr;
 
@@ -62,7 +62,7 @@ pub struct ForceLeaveArgs {
     pub prune: bool,
 }
 
-fn status_name(code: u64) -> &'static str {
+fn status_name(code: u8) -> &'static str {
     match code {
         1 => "alive",
         2 => "leaving",
@@ -72,18 +72,8 @@ fn status_name(code: u64) -> &'static str {
     }
 }
 
-fn text(v: &Value) -> String {
-    v.as_str().unwrap_or_default().to_owned()
-}
-
-/// Prints a `row` for each element of the JSON array `items` (none when it is not an array), as
-/// left-aligned columns under a header.
-fn print_table<const N: usize>(
-    header: [&str; N],
-    items: &Value,
-    row: impl Fn(&Value) -> [String; N],
-) {
-    let items = items.as_array().map(Vec::as_slice).unwrap_or_default();
+/// Prints a `row` for each of `items`, as left-aligned columns under a header.
+fn print_table<T, const N: usize>(header: [&str; N], items: &[T], row: impl Fn(&T) -> [String; N]) {
     let rows: Vec<[String; N]> = items.iter().map(row).collect();
     let header = header.map(str::to_owned);
     let mut widths = header.clone().map(|h| h.len());
@@ -105,18 +95,19 @@ fn print_table<const N: usize>(
 /// Prints a table like `consul members`.
 pub async fn members(args: MembersArgs) -> anyhow::Result<i32> {
     let members = args.agent.client()?.agent_members().await?;
-    print_table(["Node", "Address", "Status", "Type", "DC"], &members, |m| {
-        let role = if m["Tags"]["role"] == "consul" {
+    let header = ["Node", "Address", "Status", "Type", "DC"];
+    print_table(header, &members, |m: &MemberJson| {
+        let role = if m.tags.role == "consul" {
             "server"
         } else {
             "client"
         };
         [
-            text(&m["Name"]),
-            format!("{}:{}", text(&m["Addr"]), m["Port"]),
-            status_name(m["Status"].as_u64().unwrap_or(0)).to_owned(),
+            m.name.clone(),
+            format!("{}:{}", m.addr, m.port),
+            status_name(m.status).to_owned(),
             role.to_owned(),
-            text(&m["Tags"]["dc"]),
+            m.tags.dc.clone(),
         ]
     });
     Ok(0)
@@ -126,18 +117,13 @@ pub async fn members(args: MembersArgs) -> anyhow::Result<i32> {
 pub async fn list_peers(agent: AgentAddr) -> anyhow::Result<i32> {
     let config = agent.client()?.raft_configuration().await?;
     let header = ["Node", "ID", "Address", "State", "Voter"];
-    print_table(header, &config["Servers"], |s| {
+    print_table(header, &config.servers, |s: &RaftServerJson| {
         [
-            text(&s["Node"]),
-            text(&s["ID"]),
-            text(&s["Address"]),
-            if s["Leader"] == true {
-                "leader"
-            } else {
-                "follower"
-            }
-            .to_owned(),
-            s["Voter"].to_string(),
+            s.node.clone(),
+            s.id.clone(),
+            s.address.clone(),
+            if s.leader { "leader" } else { "follower" }.to_owned(),
+            s.voter.to_string(),
         ]
     });
     Ok(0)

@@ -2,7 +2,7 @@
 //! (the agent's figures by section, Consul's `consul info`) and `vigil reload`.
 
 use clap::Args;
-use serde_json::Value;
+use vigil_shared::api::agent::AgentStatsJson;
 
 use super::AgentAddr;
 use super::operator::call;
@@ -32,20 +32,13 @@ pub async fn monitor(args: MonitorArgs) -> anyhow::Result<i32> {
 
 /// Prints `/v1/agent/self`'s `Stats` as `consul info` does: a section per group, `key = value`.
 pub async fn info(agent: AgentAddr) -> anyhow::Result<i32> {
-    let me: Value = call(&agent, reqwest::Method::GET, "/v1/agent/self")
+    let me: AgentStatsJson = call(&agent, reqwest::Method::GET, "/v1/agent/self")
         .await?
         .json()
         .await?;
-    let Some(stats) = me["Stats"].as_object() else {
-        anyhow::bail!("the agent's answer has no Stats");
-    };
-    for (section, figures) in stats {
+    for (section, figures) in &me.stats {
         println!("{section}:");
-        for (key, value) in figures.as_object().into_iter().flatten() {
-            let value = match value {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
+        for (key, value) in figures {
             println!("\t{key} = {value}");
         }
     }

@@ -16,6 +16,9 @@ use vigil_shared::acl::{
     ANONYMOUS_TOKEN_ACCESSOR_ID, GLOBAL_MANAGEMENT_POLICY_ID, Link, NodeIdentity, Policy, Role,
     ServiceIdentity, Token, rules,
 };
+use vigil_shared::api::acl::{
+    GrantsJson, LinkJson, NodeIdentityJson, PolicyJson, RoleJson, ServiceIdentityJson, TokenJson,
+};
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::duration::parse_go_duration;
 use vigil_shared::rpc::{AclOp, ApplyError, Query, QueryMeta, QueryOptions, reads, writes};
@@ -217,129 +220,103 @@ async fn write(state: &AppState, op: AclOp) -> Result<(), ApiError> {
         })
 }
 
-fn links(links: &[Link]) -> Value {
+fn links(links: &[Link]) -> Vec<LinkJson> {
     links
         .iter()
-        .map(|l| json_value!({"ID": l.id, "Name": l.name}))
-        .collect()
-}
-
-fn service_identities(ids: &[ServiceIdentity]) -> Value {
-    ids.iter()
-        .map(|s| {
-            let mut v = json_value!({ "ServiceName": s.service_name });
-            if !s.datacenters.is_empty() {
-                v["Datacenters"] = json_value!(s.datacenters);
-            }
-            v
+        .map(|l| LinkJson {
+            id: l.id.clone(),
+            name: l.name.clone(),
         })
         .collect()
 }
 
-fn node_identities(ids: &[NodeIdentity]) -> Value {
-    ids.iter()
-        .map(|n| json_value!({"NodeName": n.node_name, "Datacenter": n.datacenter}))
-        .collect()
-}
-
-/// What a token or role grants, each list set only when it is not empty (Consul's
-/// `omitempty`); a role has no roles.
-fn set_grants(
-    v: &mut Value,
+/// What a token or role grants; a role has no roles.
+fn grants(
     policies: &[Link],
     roles: &[Link],
     services: &[ServiceIdentity],
     nodes: &[NodeIdentity],
-) {
-    let lists = [
-        ("Policies", links(policies)),
-        ("Roles", links(roles)),
-        ("ServiceIdentities", service_identities(services)),
-        ("NodeIdentities", node_identities(nodes)),
-    ];
-    for (key, list) in lists {
-        if list.as_array().is_some_and(|l| !l.is_empty()) {
-            v[key] = list;
-        }
+) -> GrantsJson {
+    GrantsJson {
+        policies: links(policies),
+        roles: links(roles),
+        service_identities: services
+            .iter()
+            .map(|s| ServiceIdentityJson {
+                service_name: s.service_name.clone(),
+                datacenters: s.datacenters.clone(),
+            })
+            .collect(),
+        node_identities: nodes
+            .iter()
+            .map(|n| NodeIdentityJson {
+                node_name: n.node_name.clone(),
+                datacenter: n.datacenter.clone(),
+            })
+            .collect(),
     }
 }
 
-/// A token as Consul prints it (`omitempty` fields left out when empty).
-fn token_json(t: &Token) -> Value {
-    let mut v = json_value!({
-        "AccessorID": t.accessor_id,
-        "SecretID": t.secret_id,
-        "Description": t.description,
-        "Local": t.local,
-        "CreateTime": super::lock::rfc3339(t.create_time_ms),
-        "CreateIndex": t.create_index,
-        "ModifyIndex": t.modify_index,
-    });
-    set_grants(
-        &mut v,
-        &t.policies,
-        &t.roles,
-        &t.service_identities,
-        &t.node_identities,
-    );
-    if let Some(at) = t.expiration_time_ms {
-        v["ExpirationTime"] = json_value!(super::lock::rfc3339(at));
+/// A token as Consul prints it.
+fn token_json(t: &Token) -> TokenJson {
+    TokenJson {
+        accessor_id: t.accessor_id.clone(),
+        secret_id: t.secret_id.clone(),
+        description: t.description.clone(),
+        grants: grants(
+            &t.policies,
+            &t.roles,
+            &t.service_identities,
+            &t.node_identities,
+        ),
+        local: t.local,
+        expiration_time: t.expiration_time_ms.map(super::lock::rfc3339),
+        expiration_ttl: t.expiration_ttl_ns,
+        create_time: super::lock::rfc3339(t.create_time_ms),
+        create_index: t.create_index,
+        modify_index: t.modify_index,
+        legacy: None,
     }
-    if t.expiration_ttl_ns > 0 {
-        v["ExpirationTTL"] = json_value!(t.expiration_ttl_ns);
-    }
-    v
 }
 
 /// A token's secret is shown only to a token that may change ACLs (`acl:write`), as Consul
 /// does; `acl:read` alone sees `<hidden>`.
-fn redacted(authz: &Authz, mut token: Value) -> Value {
+fn redacted(authz: &Authz, mut token: TokenJson) -> TokenJson {
     if !authz.allows(Resource::Acl, Access::Write, "") {
-        token["SecretID"] = json_value!("<hidden>");
+        token.secret_id = "<hidden>".to_owned();
     }
     token
 }
 
-fn policy_json(p: &Policy) -> Value {
-    let mut v = json_value!({
-        "ID": p.id,
-        "Name": p.name,
-        "Description": p.description,
-        "Rules": p.rules,
-        "CreateIndex": p.create_index,
-        "ModifyIndex": p.modify_index,
-    });
-    if !p.datacenters.is_empty() {
-        v["Datacenters"] = json_value!(p.datacenters);
+fn policy_json(p: &Policy) -> PolicyJson {
+    PolicyJson {
+        id: p.id.clone(),
+        name: p.name.clone(),
+        description: p.description.clone(),
+        rules: Some(p.rules.clone()),
+        datacenters: p.datacenters.clone(),
+        create_index: p.create_index,
+        modify_index: p.modify_index,
     }
-    v
 }
 
 /// A policy in a list: everything but its rules.
-fn policy_entry_json(p: &Policy) -> Value {
-    let mut v = policy_json(p);
-    if let Some(o) = v.as_object_mut() {
-        o.remove("Rules");
+fn policy_entry_json(p: &Policy) -> PolicyJson {
+    PolicyJson {
+        rules: None,
+        ..policy_json(p)
     }
-    v
 }
 
-fn role_json(r: &Role) -> Value {
-    let mut v = json_value!({
-        "ID": r.id,
-        "Name": r.name,
-        "Description": r.description,
-        "CreateIndex": r.create_index,
-        "ModifyIndex": r.modify_index,
-    });
-    set_grants(
-        &mut v,
-        &r.policies,
-        &[],
-        &r.service_identities,
-        &r.node_identities,
-    );
-    v
+fn role_json(r: &Role) -> RoleJson {
+    RoleJson {
+        id: r.id.clone(),
+        name: r.name.clone(),
+        description: r.description.clone(),
+        grants: grants(&r.policies, &[], &r.service_identities, &r.node_identities),
+        create_index: r.create_index,
+        modify_index: r.modify_index,
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -635,17 +612,16 @@ pub async fn list_tokens(cx: Ctx) -> Result<Response, ApiError> {
     let policy = cx.params.get("policy").filter(|p| !p.is_empty());
     let role = cx.params.get("role").filter(|r| !r.is_empty());
     let service = cx.params.get("servicename").filter(|s| !s.is_empty());
-    let out: Vec<Value> = tokens
+    let out: Vec<TokenJson> = tokens
         .iter()
         .filter(|t| policy.is_none_or(|p| t.policies.iter().any(|l| l.id == p)))
         .filter(|t| role.is_none_or(|r| t.roles.iter().any(|l| l.id == r)))
         .filter(|t| {
             service.is_none_or(|s| t.service_identities.iter().any(|i| i.service_name == s))
         })
-        .map(|t| {
-            let mut v = redacted(&cx.authz, token_json(t));
-            v["Legacy"] = json_value!(false);
-            v
+        .map(|t| TokenJson {
+            legacy: Some(false),
+            ..redacted(&cx.authz, token_json(t))
         })
         .collect();
     Ok(with_meta(meta, cx.json(&out)))
@@ -686,7 +662,8 @@ pub(super) trait Named: Sized {
     fn delete(id: String) -> AclOp;
     fn read(id: String, by_name: bool) -> Self::Read;
     fn id(&self) -> &str;
-    fn json(&self) -> Value;
+    type Json: serde::Serialize;
+    fn json(&self) -> Self::Json;
 }
 
 impl Named for Policy {
@@ -730,7 +707,9 @@ impl Named for Policy {
         &self.id
     }
 
-    fn json(&self) -> Value {
+    type Json = PolicyJson;
+
+    fn json(&self) -> PolicyJson {
         policy_json(self)
     }
 }
@@ -773,7 +752,9 @@ impl Named for Role {
         &self.id
     }
 
-    fn json(&self) -> Value {
+    type Json = RoleJson;
+
+    fn json(&self) -> RoleJson {
         role_json(self)
     }
 }
@@ -860,7 +841,7 @@ pub(super) async fn delete<T: Named>(
 pub async fn list_policies(cx: Ctx) -> Result<Response, ApiError> {
     inspect(&cx)?;
     let (policies, meta) = cx.read(reads::AclPolicyList {}).await?;
-    let out: Vec<Value> = policies.iter().map(policy_entry_json).collect();
+    let out: Vec<PolicyJson> = policies.iter().map(policy_entry_json).collect();
     Ok(with_meta(meta, cx.json(&out)))
 }
 
@@ -869,7 +850,7 @@ pub async fn list_roles(cx: Ctx) -> Result<Response, ApiError> {
     inspect(&cx)?;
     let (roles, meta) = cx.read(reads::AclRoleList {}).await?;
     let policy = cx.params.get("policy").filter(|p| !p.is_empty());
-    let out: Vec<Value> = roles
+    let out: Vec<RoleJson> = roles
         .iter()
         .filter(|r| policy.is_none_or(|p| r.policies.iter().any(|l| l.id == p)))
         .map(role_json)

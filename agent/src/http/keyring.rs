@@ -10,8 +10,9 @@ use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use vigil_shared::acl::authz::{Access, Resource};
+use vigil_shared::api::agent::KeyringPoolJson;
 use vigil_shared::api::decode_case_insensitive;
 use vigil_shared::go::strconv::{parse_bool, quote as go_quote};
 
@@ -30,19 +31,6 @@ const MAX_RELAY_FACTOR: i64 = 5;
 #[serde(default)]
 struct KeyBody {
     key: String,
-}
-
-/// One pool's answer to a list, in Consul's shape.
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct PoolJson<'a> {
-    #[serde(rename = "WAN")]
-    wan: bool,
-    datacenter: &'a str,
-    segment: &'a str,
-    keys: &'a BTreeMap<String, usize>,
-    primary_keys: &'a BTreeMap<String, usize>,
-    num_nodes: usize,
 }
 
 /// Go's `go-multierror` text for `errors` (what Consul's HTTP layer prints).
@@ -157,12 +145,12 @@ pub async fn keyring(
     if !list {
         return Ok(StatusCode::OK.into_response());
     }
-    let pool = PoolJson {
+    let pool = KeyringPoolJson {
         wan: false,
-        datacenter: DATACENTER,
-        segment: "",
-        keys: &response.keys,
-        primary_keys: &response.primary_keys,
+        datacenter: DATACENTER.to_owned(),
+        segment: String::new(),
+        keys: response.keys,
+        primary_keys: response.primary_keys,
         num_nodes: response.num_nodes,
     };
     Ok(cx.json(&[pool]))

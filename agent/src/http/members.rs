@@ -6,75 +6,42 @@ use std::net::SocketAddr;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
 use vigil_shared::acl::authz::{Access, Resource};
+use vigil_shared::api::agent::{MemberJson, MemberTagsJson};
 use vigil_shared::catalog::{MemberRole, MemberStatus};
 
 use super::error::ApiError;
 use super::{AppState, Ctx};
 use crate::gossip::GossipError;
 
-/// Serf tags as Consul's agents set them (every value a string); `port` is the RPC port, which
-/// Vigil's client agents also carry.
-#[derive(Serialize)]
-struct Tags {
-    role: &'static str,
-    dc: String,
-    segment: &'static str,
-    port: String,
-    vsn: &'static str,
-    vsn_min: &'static str,
-    vsn_max: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    raft_vsn: Option<&'static str>,
-    build: &'static str,
-}
-
-/// Consul's `api.AgentMember`.
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-pub(super) struct MemberJson {
-    name: String,
-    addr: String,
-    port: u16,
-    tags: Tags,
-    status: u8,
-    protocol_min: u8,
-    protocol_max: u8,
-    protocol_cur: u8,
-    delegate_min: u8,
-    delegate_max: u8,
-    delegate_cur: u8,
-}
-
-impl MemberJson {
-    fn from_member(m: &MemberStatus) -> MemberJson {
-        MemberJson {
-            name: m.name.clone(),
-            addr: m.gossip_addr.ip().to_string(),
-            port: m.gossip_addr.port(),
-            tags: Tags {
-                role: match m.role {
-                    MemberRole::Server => "consul",
-                    MemberRole::Client => "node",
-                },
-                dc: m.datacenter.clone(),
-                segment: "",
-                port: m.rpc_addr.port().to_string(),
-                vsn: "2",
-                vsn_min: "2",
-                vsn_max: "3",
-                raft_vsn: (m.role == MemberRole::Server).then_some("3"),
-                build: env!("CARGO_PKG_VERSION"),
-            },
-            status: m.state.code(),
-            protocol_min: 1,
-            protocol_max: 5,
-            protocol_cur: 2,
-            delegate_min: 2,
-            delegate_max: 5,
-            delegate_cur: 4,
-        }
+/// A gossip member in Consul's shape.
+fn member_json(m: &MemberStatus) -> MemberJson {
+    MemberJson {
+        name: m.name.clone(),
+        addr: m.gossip_addr.ip().to_string(),
+        port: m.gossip_addr.port(),
+        tags: MemberTagsJson {
+            role: match m.role {
+                MemberRole::Server => "consul",
+                MemberRole::Client => "node",
+            }
+            .to_owned(),
+            dc: m.datacenter.clone(),
+            segment: String::new(),
+            port: m.rpc_addr.port().to_string(),
+            vsn: "2".to_owned(),
+            vsn_min: "2".to_owned(),
+            vsn_max: "3".to_owned(),
+            raft_vsn: (m.role == MemberRole::Server).then(|| "3".to_owned()),
+            build: env!("CARGO_PKG_VERSION").to_owned(),
+        },
+        status: m.state.code(),
+        protocol_min: 1,
+        protocol_max: 5,
+        protocol_cur: 2,
+        delegate_min: 2,
+        delegate_max: 5,
+        delegate_cur: 4,
     }
 }
 
@@ -88,7 +55,7 @@ pub(super) fn local_member(state: &AppState) -> Option<MemberJson> {
         .members()
         .iter()
         .find(|m| m.name == state.node_name && m.gossip_addr == me)
-        .map(MemberJson::from_member)
+        .map(member_json)
 }
 
 /// Consul's answer to a failed join, leave or force-leave: 500 with the error.
@@ -118,7 +85,7 @@ pub async fn members(cx: Ctx) -> Response {
         .filter(|m| !m.pruned && cx.authz.allows(Resource::Node, Access::Read, &m.name))
         .filter(|m| !wan || m.role == MemberRole::Server)
         .map(|m| {
-            let mut json = MemberJson::from_member(m);
+            let mut json = member_json(m);
             if wan {
                 json.name = format!("{}.{}", m.name, m.datacenter);
             }

@@ -3,9 +3,9 @@
 
 use axum::extract::State;
 use axum::response::Response;
-use serde::Serialize;
 
 use vigil_shared::acl::authz::{Access, Resource};
+use vigil_shared::api::agent::{RaftConfigurationJson, RaftServerJson};
 
 use super::error::ApiError;
 use super::params::Params;
@@ -27,25 +27,6 @@ pub async fn peers(State(state): State<AppState>, params: Params) -> Result<Resp
     Ok(json(&params, &voters))
 }
 
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct RaftServer {
-    #[serde(rename = "ID")]
-    id: String,
-    node: String,
-    address: String,
-    leader: bool,
-    voter: bool,
-    protocol_version: &'static str,
-}
-
-#[derive(Serialize)]
-#[serde(rename_all = "PascalCase")]
-struct RaftConfiguration {
-    servers: Vec<RaftServer>,
-    index: u64,
-}
-
 /// Consul's `GET /v1/operator/raft/configuration`.
 pub async fn raft_configuration(cx: Ctx) -> Result<Response, ApiError> {
     cx.check(Resource::Operator, Access::Read, "")?;
@@ -53,18 +34,18 @@ pub async fn raft_configuration(cx: Ctx) -> Result<Response, ApiError> {
     let servers = status
         .peers
         .into_iter()
-        .map(|p| RaftServer {
+        .map(|p| RaftServerJson {
             id: format!("{:016x}", p.node_id),
             node: p.node.name,
             address: p.node.rpc_addr,
             leader: p.leader,
             voter: p.voter,
-            protocol_version: "3",
+            protocol_version: "3".to_owned(),
         })
         .collect();
     Ok(json(
         &cx.params,
-        &RaftConfiguration {
+        &RaftConfigurationJson {
             servers,
             index: status.config_index,
         },

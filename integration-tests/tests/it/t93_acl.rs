@@ -538,6 +538,117 @@ async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
     assert!(!refused.status.success());
 }
 
+/// `vigil acl` prints what it reads as Consul's CLI does, for roles and policies named by
+/// name and for lists; a malformed identity is refused before anything is sent, and a policy
+/// that is not there is an error, not an empty entry.
+#[tokio::test]
+async fn the_cli_prints_roles_policies_and_tokens_it_reads() {
+    let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
+    let root = eventually(Duration::from_secs(20), "vigil acl bootstrap", || {
+        let agent = &agent;
+        async move {
+            let out = vigil(agent, None, &["acl", "bootstrap", "--format", "json"]).await;
+            out.status.success().then(|| stdout_json(&out))
+        }
+    })
+    .await;
+    let root = root["SecretID"].as_str().expect("SecretID").to_owned();
+    let ok = |out: &std::process::Output| -> String {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let rules = "key_prefix \"app/\" { policy = \"read\" }";
+    let create = &[
+        "acl", "policy", "create", "--name", "reader", "--rules", rules,
+    ];
+    ok(&vigil(&agent, Some(&root), create).await);
+    let read = ok(&vigil(
+        &agent,
+        Some(&root),
+        &["acl", "policy", "read", "--name", "reader"],
+    )
+    .await);
+    assert!(read.contains("Name:         reader"), "{read}");
+    assert!(read.contains("Rules:\nkey_prefix \"app/\""), "{read}");
+
+    let role = [
+        "acl",
+        "role",
+        "create",
+        "--name",
+        "web-role",
+        "--policy-name",
+        "reader",
+        "--service-identity",
+        "web:dc1,dc2",
+        "--node-identity",
+        "n1:dc1",
+    ];
+    ok(&vigil(&agent, Some(&root), &role).await);
+    let read = ok(&vigil(
+        &agent,
+        Some(&root),
+        &["acl", "role", "read", "--name", "web-role"],
+    )
+    .await);
+    assert!(read.contains("Name:         web-role"), "{read}");
+    assert!(read.contains(" - reader"), "{read}");
+    assert!(read.contains("   web (Datacenters: dc1, dc2)"), "{read}");
+    assert!(read.contains("   n1 (Datacenter: dc1)"), "{read}");
+
+    let token = [
+        "acl",
+        "token",
+        "create",
+        "--description",
+        "ci",
+        "--role-name",
+        "web-role",
+    ];
+    let printed = ok(&vigil(&agent, Some(&root), &token).await);
+    assert!(printed.contains("Description:      ci"), "{printed}");
+    assert!(printed.contains("Roles:\n   "), "{printed}");
+    assert!(printed.contains(" - web-role"), "{printed}");
+    let listed = ok(&vigil(&agent, Some(&root), &["acl", "token", "list"]).await);
+    assert!(listed.contains("Description:      ci"), "{listed}");
+    assert!(
+        listed.contains("\n\nAccessorID:"),
+        "a blank line between tokens: {listed}"
+    );
+    let me = ok(&vigil(&agent, Some(&root), &["acl", "token", "read", "--self"]).await);
+    assert!(me.contains(&format!("SecretID:         {root}")), "{me}");
+    let policies = ok(&vigil(&agent, Some(&root), &["acl", "policy", "list"]).await);
+    assert!(policies.contains("Name:         reader"), "{policies}");
+    assert!(
+        !policies.contains("Rules:"),
+        "a list shows no rules: {policies}"
+    );
+
+    let bad = ["acl", "token", "create", "--node-identity", "no-datacenter"];
+    let refused = vigil(&agent, Some(&root), &bad).await;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--node-identity must be NODE:DC"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let missing = vigil(
+        &agent,
+        Some(&root),
+        &["acl", "policy", "read", "--name", "nope"],
+    )
+    .await;
+    assert!(
+        !missing.status.success(),
+        "{}",
+        String::from_utf8_lossy(&missing.stdout)
+    );
+}
+
 /// The attack of issue #31 replayed: a client agent's certificate (every client host holds
 /// one) dialing a follower's RPC endpoint by hand gets what the token it sends grants and no
 /// more: without a token it reads no secret, mints no token, removes no peer and neither saves

@@ -3,11 +3,13 @@
 
 use reqwest::Method;
 
+use crate::api::agent::{MemberJson, RaftConfigurationJson};
+
 use super::{Client, ClientError, REQUEST_TIMEOUT, encode_path, with_query};
 
 impl Client {
     /// `GET /v1/agent/members`: gossip members in Consul's shape.
-    pub async fn agent_members(&self) -> Result<serde_json::Value, ClientError> {
+    pub async fn agent_members(&self) -> Result<Vec<MemberJson>, ClientError> {
         let reply = self
             .send(Method::GET, "/v1/agent/members", None, REQUEST_TIMEOUT)
             .await?;
@@ -15,7 +17,7 @@ impl Client {
     }
 
     /// `GET /v1/operator/raft/configuration`: the raft servers in Consul's shape.
-    pub async fn raft_configuration(&self) -> Result<serde_json::Value, ClientError> {
+    pub async fn raft_configuration(&self) -> Result<RaftConfigurationJson, ClientError> {
         let reply = self
             .send(
                 Method::GET,
