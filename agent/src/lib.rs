@@ -5,7 +5,6 @@
 
 pub mod acl;
 pub mod backend;
-pub mod cmd;
 pub mod config;
 pub mod fds;
 pub mod gossip;
@@ -15,7 +14,6 @@ pub mod monitor;
 pub mod node_id;
 #[cfg(test)]
 mod testing;
-pub mod tls_cmd;
 pub mod token;
 
 use std::net::{SocketAddr, UdpSocket};

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use clap::{Args, Parser, Subcommand};
 use serde::{Serialize, Serializer};
 use serde_json::Value;
-use vigil_agent::cmd;
 use vigil_agent::config::{Config, ListenAddr};
 use vigil_agent::gossip::Key;
 use vigil_shared::go::duration::parse_go_duration;
@@ -29,48 +28,10 @@ pub struct Cli {
 pub enum Command {
     /// Run an agent.
     Agent(AgentArgs),
-    /// Create the cluster CA and the certificates it signs.
-    Tls(vigil_agent::tls_cmd::TlsCommand),
-    /// Run a command while holding a lock on a KV prefix; `lock status PREFIX` shows holders.
-    Lock(cmd::lock::LockCommand),
-    /// Run a command while leader of an election.
-    Elect(cmd::elect::ElectArgs),
-    /// Read and write the KV store.
-    Kv(cmd::kv::KvCommand),
-    /// Watch a key, a prefix, services, nodes, a service or checks, running a handler on every
-    /// change (`consul watch`).
-    Watch(cmd::watch::WatchArgs),
-    /// List, create, destroy and renew sessions.
-    Session(cmd::session::SessionCommand),
     /// Print a new gossip encryption key for `--encrypt`.
     Keygen,
-    /// List, install, use (make primary) and remove gossip encryption keys on every member
-    /// (`consul keyring`).
-    Keyring(cmd::keyring::KeyringArgs),
-    /// List the gossip members the local agent knows.
-    Members(cmd::members::MembersArgs),
-    /// Ask the local agent to join a member's gossip address.
-    Join(cmd::members::JoinArgs),
-    /// Make the local agent leave the cluster gracefully and stop.
-    Leave(cmd::AgentAddr),
-    /// Mark a failed member as left (the leader then deregisters it).
-    ForceLeave(cmd::members::ForceLeaveArgs),
-    /// Cluster operations (`operator raft list-peers|remove-peer|transfer-leader`, `operator autopilot get-config|set-config|state`).
-    #[command(subcommand)]
-    Operator(cmd::members::OperatorCommand),
-    /// Gather the agent's log, metrics and cluster view for a bug report into `<output>.tar.gz`.
-    Debug(cmd::debug::DebugArgs),
-    /// Follow the local agent's log.
-    Monitor(cmd::monitor::MonitorArgs),
-    /// Print the local agent's figures (raft, agent, consul sections).
-    Info(cmd::AgentAddr),
-    /// Re-read the local agent's config file (its services and checks).
-    Reload(cmd::AgentAddr),
-    /// Bootstrap ACLs and manage tokens, policies and roles (`consul acl`).
-    Acl(cmd::acl::AclCommand),
-    /// Save, restore and inspect snapshots of the cluster's state.
-    #[command(subcommand)]
-    Snapshot(cmd::snapshot::SnapshotCommand),
+    #[command(flatten)]
+    Client(vigil_cli::Command),
 }
 
 /// `vigil agent`'s flags. Each is serialized under its config key (`--node` is `node_name`,
@@ -316,10 +277,10 @@ mod tests {
     use std::ffi::OsString;
     use std::time::Duration;
 
-    use vigil_agent::cmd::go_flags_argv;
-    use vigil_agent::cmd::lock::{LockCommand, consul_argv};
     use vigil_agent::gossip::TimingProfile;
     use vigil_agent::{AgentConfig, HttpsConfig};
+    use vigil_cli::cmd::go_flags_argv;
+    use vigil_cli::cmd::lock::{LockCommand, consul_argv};
     use vigil_shared::acl::authz::DefaultPolicy;
 
     use super::*;
@@ -668,7 +629,9 @@ mod tests {
 
     #[test]
     fn debug_and_keyring_take_go_style_flags() {
-        let Command::Debug(debug) = parse(&["debug", "-archive=false", "-output", "out"]) else {
+        let Command::Client(vigil_cli::Command::Debug(debug)) =
+            parse(&["debug", "-archive=false", "-output", "out"])
+        else {
             panic!("not debug");
         };
         assert!(!debug.archive);
@@ -678,12 +641,13 @@ mod tests {
             &["debug", "--archive"],
             &["debug", "-archive=true"],
         ] {
-            let Command::Debug(debug) = parse(archive) else {
+            let Command::Client(vigil_cli::Command::Debug(debug)) = parse(archive) else {
                 panic!("not debug");
             };
             assert!(debug.archive, "{archive:?}");
         }
-        let Command::Keyring(keyring) = parse(&["keyring", "-install", "a2V5", "-relay-factor=2"])
+        let Command::Client(vigil_cli::Command::Keyring(keyring)) =
+            parse(&["keyring", "-install", "a2V5", "-relay-factor=2"])
         else {
             panic!("not keyring");
         };
@@ -705,7 +669,8 @@ mod tests {
                 .collect(),
         );
         let cli = Cli::try_parse_from(argv).expect("parses");
-        let Command::Lock(LockCommand { run: args, .. }) = cli.command else {
+        let Command::Client(vigil_cli::Command::Lock(LockCommand { run: args, .. })) = cli.command
+        else {
             panic!("not lock: {:?}", cli.command);
         };
         assert_eq!(args.limit, 2);

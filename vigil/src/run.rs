@@ -1,4 +1,5 @@
-//! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
+//! The `vigil` command: parse the command line; for `vigil agent` set up logging, start the
+//! agent and stop it on SIGINT/SIGTERM; hand the client commands to `vigil_cli`.
 
 use std::io::{IsTerminal as _, Write as _};
 
@@ -9,10 +10,6 @@ use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-use vigil_agent::cmd::{
-    acl, debug, elect, keyring, kv, lock, members, monitor, operator, session, snapshot, watch,
-};
-
 use vigil_agent::monitor::MonitorLayer;
 
 fn init_logging(level: &str, json: bool) {
@@ -106,33 +103,13 @@ fn environment() -> impl Iterator<Item = (String, String)> {
 /// Entry point shared by the `vigil` binary and the test binary that runs the same code.
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
-    let argv = lock::consul_argv(std::env::args_os().collect());
-    let argv = watch::consul_argv(argv);
-    let argv = vigil_agent::cmd::go_flags_argv(argv);
-    let result = match Cli::parse_from(argv).command {
-        Command::Agent(args) => return run_agent(args).await,
-        Command::Tls(cmd) => return vigil_agent::tls_cmd::run(cmd),
-        Command::Lock(cmd) => lock::run(cmd).await,
-        Command::Elect(args) => elect::run(args).await,
-        Command::Kv(cmd) => kv::run(cmd).await,
-        Command::Watch(args) => watch::run(args).await,
-        Command::Session(cmd) => session::run(cmd).await,
-        Command::Keyring(args) => keyring::run(args).await,
+    let argv = vigil_cli::argv(std::env::args_os().collect());
+    match Cli::parse_from(argv).command {
+        Command::Agent(args) => run_agent(args).await,
         Command::Keygen => {
             println!("{}", vigil_agent::gossip::generate_key());
-            return Ok(());
+            Ok(())
         }
-        Command::Members(args) => members::members(args).await,
-        Command::Join(args) => members::join(args).await,
-        Command::Leave(agent) => members::leave(agent).await,
-        Command::ForceLeave(args) => members::force_leave(args).await,
-        Command::Operator(cmd) => operator::run(cmd).await,
-        Command::Snapshot(cmd) => snapshot::run(cmd).await,
-        Command::Acl(cmd) => acl::run(cmd).await,
-        Command::Debug(args) => debug::run(args).await,
-        Command::Monitor(args) => monitor::monitor(args).await,
-        Command::Info(agent) => monitor::info(agent).await,
-        Command::Reload(agent) => monitor::reload(agent).await,
-    };
-    vigil_agent::cmd::exit(result)
+        Command::Client(command) => vigil_cli::run(command).await,
+    }
 }
