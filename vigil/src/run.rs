@@ -42,6 +42,10 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     let config = config.agent_config(args.config_file().map(Into::into))?;
     let shutdown = CancellationToken::new();
     let handle = vigil_agent::start(config.clone(), shutdown.clone()).await?;
+    // Before the ready line: a supervisor (or a test) that stops the agent as soon as it reads
+    // that line gets a graceful leave, not the default action's kill.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     // One stable line on stdout that scripts and tests read for the bound addresses: `http=off`
     // when plain HTTP is off, `http=unix:///path` on a socket, and `https=ADDR` appended when
     // HTTPS is on.
@@ -72,13 +76,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         node = %config.node_name,
         "agent started"
     );
-    let mut term = signal(SignalKind::terminate())?;
     let token = shutdown.clone();
     let gossip = handle.gossip.clone();
     let local = std::sync::Arc::clone(&handle.local);
     tokio::spawn(async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
             // Stopped another way (`/v1/agent/leave`): nothing left to do here.
             _ = token.cancelled() => return,
