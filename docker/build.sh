@@ -32,7 +32,7 @@ case $PROFILE in
 esac
 echo "==> 1/4 static vigil and vigil-demo ($TARGET, $PROFILE)"
 RUSTFLAGS='-C target-feature=+crt-static' \
-  cargo build --profile "$PROFILE" --target "$TARGET" -p vigil-agent --bin vigil -p vigil-demo --bin vigil-demo
+  cargo build --profile "$PROFILE" --target "$TARGET" -p vigil --bin vigil -p vigil-demo --bin vigil-demo
 for name in vigil vigil-demo; do
   BIN=target/$TARGET/$OUT/$name
   is_static "$BIN" || { echo "build.sh: $BIN is not statically linked" >&2; exit 1; }

@@ -26,12 +26,14 @@ MANAGEMENT_TOKEN_FILE=/secrets/acl-management.token
 DEMO_TOKEN_FILE=/secrets/acl-demo-worker.token
 
 # The gossip key and the initial management token go in a config file (mode 0600), not on the
-# command line, which `ps` shows to everyone on the host as well.
+# command line, which `ps` shows to everyone on the host as well; so does the minimum session TTL
+# (Consul's `session_ttl_min`, which no flag sets).
 config=/tmp/vigil-agent.toml
 (
   umask 077
   {
     echo "encrypt = \"$(cat /secrets/gossip.key)\""
+    echo "session_ttl_min = \"${SESSION_TTL_MIN:-10s}\""
     if [ "$role" = server ]; then
       echo "[acl.tokens]"
       echo "initial_management = \"$(cat "$MANAGEMENT_TOKEN_FILE")\""
@@ -43,7 +45,7 @@ set -- --node "$NODE" --serf-addr "$IP:8301" --config "$config" \
   --http-addr 127.0.0.1:8500 --https-addr 0.0.0.0:8501 --acl-default-policy deny \
   --ca-file /secrets/vigil-agent-ca.pem \
   --cert-file "/secrets/$NODE.pem" --key-file "/secrets/$NODE-key.pem" \
-  --gossip-profile "${GOSSIP_PROFILE:-lan}" --session-ttl-min "${SESSION_TTL_MIN:-10s}"
+  --gossip-profile "${GOSSIP_PROFILE:-lan}"
 for addr in $JOIN; do set -- "$@" --join "$addr"; done
 
 # What the demo token may do, and no more: queue for the fair lock demo/leader (`vigil lock

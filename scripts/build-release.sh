@@ -24,7 +24,9 @@ mkdir -p "$out"
 rm -rf "$out/src"
 mkdir "$out/src"
 git -C "$root" archive --format=tar "$tag" | tar -x -C "$out/src"
-CARGO_PROFILE_DEV_DEBUG=false cargo build --locked -p vigil-agent --bin vigil \
+# No `-p`: the package holding the `vigil` binary is the tag's default member (`vigil-agent` up to
+# v0.1.0, `vigil` since).
+CARGO_PROFILE_DEV_DEBUG=false cargo build --locked --bin vigil \
     --manifest-path "$out/src/Cargo.toml" --target-dir "$out/target" >&2
 cp "$out/target/debug/vigil" "$bin.tmp"
 mv "$bin.tmp" "$bin"

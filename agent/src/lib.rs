@@ -1,21 +1,18 @@
-//! The `vigil` agent: parses its configuration, joins the gossip cluster, runs the server role
-//! in-process when asked, and serves the Consul-compatible HTTP API. `start` returns a [`Handle`]
+//! The `vigil` agent: its configuration ([`config`]), the gossip cluster, the server role run
+//! in-process when asked, and the Consul-compatible HTTP API. `start` returns a [`Handle`]
 //! that knows the bound addresses, so tests start agents on port 0 through the same code path as
 //! `main`.
 
 pub mod acl;
 pub mod backend;
-pub mod cli;
-pub mod cmd;
+pub mod config;
 pub mod fds;
 pub mod http;
 pub mod local;
 pub mod monitor;
 pub mod node_id;
-pub mod run;
 #[cfg(test)]
 mod testing;
-pub mod tls_cmd;
 pub mod token;
 
 use std::net::{SocketAddr, UdpSocket};
@@ -118,7 +115,7 @@ pub struct AgentConfig {
     /// The part of `max_blocking_queries` only lock waits may take.
     pub lock_wait_reserve: usize,
     /// Services and checks declared in the config file (`--config`).
-    pub local: local::config::LocalDefinitions,
+    pub local: config::LocalDefinitions,
     /// The config file, re-read by `PUT /v1/agent/reload`.
     pub config_file: Option<PathBuf>,
     /// Per-client connection cap and header timeout of the HTTP API.
@@ -502,6 +499,23 @@ async fn wait_registered(backend: &Backend, node: &str) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_test_agent_starts_on_free_ports_and_stops() {
+        let config = config::Config::for_test()
+            .agent_config(None)
+            .expect("a runnable config");
+        let shutdown = CancellationToken::new();
+        let handle = start(config, shutdown.clone()).await.expect("started");
+        let bound = [
+            handle.http_addr.expect("plain HTTP"),
+            handle.serf_addr,
+            handle.rpc_addr,
+        ];
+        assert!(bound.iter().all(|addr| addr.port() != 0), "{bound:?}");
+        shutdown.cancel();
+        handle.wait().await.expect("a clean stop");
+    }
 
     #[test]
     fn the_timing_profile_sets_raft_timing_too() {

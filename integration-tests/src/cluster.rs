@@ -36,13 +36,15 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(30);
 /// Log lines shown per agent when a test fails.
 const TAIL_LINES: usize = 40;
 
-/// What to start: `Cluster::servers(3).clients(2).arg("--session-ttl-min").arg("1s")`.
+/// What to start: `Cluster::servers(3).clients(2).env(SHORT_SESSION_TTL)`.
 #[derive(Debug, Clone)]
 pub struct Spec {
     servers: usize,
     clients: usize,
     args: Vec<String>,
     server_args: Vec<String>,
+    env: Vec<(String, String)>,
+    server_env: Vec<(String, String)>,
     profile: Option<String>,
     server_nofile: Option<(u64, u64)>,
     binary: Option<PathBuf>,
@@ -70,6 +72,19 @@ impl Spec {
         self
     }
 
+    /// A variable of the config's environment layer for the servers only (a test knob such as
+    /// [`crate::SHORT_SESSION_TTL`]).
+    pub fn server_env(mut self, (name, value): (&str, &str)) -> Spec {
+        self.server_env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// A variable of the config's environment layer for every agent (servers and clients).
+    pub fn env(mut self, (name, value): (&str, &str)) -> Spec {
+        self.env.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
     /// The timing profile (gossip and raft) of every agent (`local` unless set).
     pub fn gossip_profile(mut self, profile: &str) -> Spec {
         self.profile = Some(profile.to_owned());
@@ -82,7 +97,7 @@ impl Spec {
         self
     }
 
-    /// An extra flag for every agent (servers and clients), e.g. `--session-ttl-min`.
+    /// An extra flag for every agent (servers and clients), e.g. `--enable-script-checks`.
     pub fn arg(mut self, arg: &str) -> Spec {
         self.args.push(arg.to_owned());
         self
@@ -100,6 +115,7 @@ impl Spec {
             ca_cert,
             ca_key,
             args: self.args,
+            env: self.env,
             profile: self.profile.unwrap_or_else(|| "local".to_owned()),
             binary: self.binary.unwrap_or_else(crate::binary),
             servers: Vec::new(),
@@ -116,12 +132,15 @@ impl Spec {
             let expect = self.servers.to_string().into();
             let mut args = cluster.server_args(&name, expect, *rpc_addr, *serf_addr, serf_addrs);
             args.extend(self.server_args.iter().map(OsString::from));
+            let mut env = cluster.env.clone();
+            env.extend(self.server_env.iter().cloned());
             cluster.servers.push(Member {
                 log: cluster.dir.path().join(format!("{name}.log")),
                 name,
                 rpc_addr: Some(*rpc_addr),
                 serf_addr: Some(*serf_addr),
                 args,
+                env,
                 nofile: self.server_nofile,
                 binary: cluster.binary.clone(),
                 agent: None,
@@ -131,7 +150,7 @@ impl Spec {
             cluster
                 .servers
                 .iter()
-                .map(|m| Agent::spawn_binary(&m.binary, m.nofile, &m.args, Some(&m.log))),
+                .map(|m| Agent::spawn_binary(&m.binary, m.nofile, m.env(), &m.args, Some(&m.log))),
         )
         .await;
         for (member, agent) in cluster.servers.iter_mut().zip(started) {
@@ -155,6 +174,8 @@ pub struct Member {
     pub serf_addr: Option<SocketAddr>,
     pub log: PathBuf,
     args: Vec<OsString>,
+    /// Its variables of the config's environment layer (test knobs).
+    env: Vec<(String, String)>,
     /// The open file limit it runs with, if not the harness's own.
     nofile: Option<(u64, u64)>,
     /// The `vigil` binary it (next) starts from.
@@ -163,6 +184,10 @@ pub struct Member {
 }
 
 impl Member {
+    fn env(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     pub fn is_running(&self) -> bool {
         self.agent.is_some()
     }
@@ -174,6 +199,8 @@ pub struct Cluster {
     ca_cert: PathBuf,
     ca_key: PathBuf,
     args: Vec<String>,
+    /// Every agent's variables of the config's environment layer ([`Spec::env`]).
+    env: Vec<(String, String)>,
     profile: String,
     /// The binary members added later start from.
     binary: PathBuf,
@@ -212,6 +239,7 @@ async fn relaunch(members: &mut [Member], role: &str, i: usize) {
         Agent::spawn_binary(
             &member.binary,
             member.nofile,
+            member.env(),
             &member.args,
             Some(&member.log),
         )
@@ -229,6 +257,11 @@ fn free_udp_ports(n: usize) -> Vec<u16> {
 }
 
 impl Cluster {
+    /// The variables every agent gets ([`Spec::env`]).
+    fn env(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.env.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     /// Describes a cluster of `n` servers (1, 3 or 5) with `--bootstrap-expect n`.
     pub fn servers(n: usize) -> Spec {
         Spec {
@@ -236,6 +269,8 @@ impl Cluster {
             clients: 0,
             args: Vec::new(),
             server_args: Vec::new(),
+            env: Vec::new(),
+            server_env: Vec::new(),
             profile: None,
             server_nofile: None,
             binary: None,
@@ -368,13 +403,14 @@ impl Cluster {
         let mut args = self.client_args(&name, join, &self.ca_cert, &cert, &key);
         args.extend(strings(extra));
         let log = self.dir.path().join(format!("{name}.log"));
-        let agent = Agent::spawn_binary(&self.binary, None, &args, Some(&log)).await;
+        let agent = Agent::spawn_binary(&self.binary, None, self.env(), &args, Some(&log)).await;
         self.clients.push(Member {
             name,
             rpc_addr: None,
             serf_addr: None,
             log,
             args,
+            env: self.env.clone(),
             nofile: None,
             binary: self.binary.clone(),
             agent: Some(agent),
@@ -407,7 +443,8 @@ impl Cluster {
         let (ca_cert, cert, key) = self.foreign_identity("foreign", "rogue");
         let all: Vec<usize> = (0..self.servers.len()).collect();
         let args = self.client_args("rogue", &all, &ca_cert, &cert, &key);
-        Agent::spawn(&args, Some(&self.dir.path().join("rogue.log"))).await
+        let log = self.dir.path().join("rogue.log");
+        Agent::spawn_binary(&crate::binary(), None, self.env(), &args, Some(&log)).await
     }
 
     /// Takes client agent `i`'s process out of the cluster (it is no longer running as far
@@ -576,13 +613,14 @@ impl Cluster {
         let join: Vec<SocketAddr> = (0..i).map(|j| self.server_serf(j)).collect();
         let args = self.server_args(&name, expect, rpc_addr, serf_addr, &join);
         let log = self.dir.path().join(format!("{name}.log"));
-        let agent = Agent::spawn_binary(&self.binary, None, &args, Some(&log)).await;
+        let agent = Agent::spawn_binary(&self.binary, None, self.env(), &args, Some(&log)).await;
         self.servers.push(Member {
             log,
             name,
             rpc_addr: Some(rpc_addr),
             serf_addr: Some(serf_addr),
             args,
+            env: self.env.clone(),
             nofile: None,
             binary: self.binary.clone(),
             agent: Some(agent),

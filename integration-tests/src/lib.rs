@@ -365,25 +365,46 @@ impl Deref for Agent {
     }
 }
 
+/// The test knobs: settings that are no `vigil agent` flag, given to an agent as a variable of
+/// the config's environment layer (docs/design.md, "Configuration"). A 1 s minimum session TTL
+/// (the config key `session_ttl_min`, Consul's, 10 s by default), so TTL tests are short.
+pub const SHORT_SESSION_TTL: (&str, &str) = ("VIGIL_AGENT_SESSION_TTL_MIN", "1s");
+/// A 1 s full anti-entropy period (`ae_interval`, a key only tests set; 1 min otherwise).
+pub const SHORT_AE_INTERVAL: (&str, &str) = ("VIGIL_AGENT_AE_INTERVAL", "1s");
+
+/// No variables for [`Agent::spawn_binary`].
+pub const NO_ENV: [(&str, &str); 0] = [];
+
 impl Agent {
     /// Starts a dev agent on free ports with a 1 s minimum session TTL, so TTL tests are short.
     pub async fn dev() -> Agent {
-        Agent::dev_with(&["--session-ttl-min", "1s"]).await
+        Agent::dev_with_env(&[], &[SHORT_SESSION_TTL]).await
     }
 
     pub async fn dev_with(extra: &[&str]) -> Agent {
-        Agent::dev_named("test-node", "warn", extra, None).await
+        Agent::dev_with_env(extra, &[]).await
     }
 
-    /// A dev agent named `node` on free ports with `extra` flags, logging at `level` into `log`
-    /// (or onto the test's stderr).
-    pub async fn dev_named(node: &str, level: &str, extra: &[&str], log: Option<&Path>) -> Agent {
+    /// [`Agent::dev_with`] with test knobs ([`SHORT_SESSION_TTL`], [`SHORT_AE_INTERVAL`]).
+    pub async fn dev_with_env(extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        Agent::dev_named("test-node", "warn", extra, env, None).await
+    }
+
+    /// A dev agent named `node` on free ports with `extra` flags and the variables `env`,
+    /// logging at `level` into `log` (or onto the test's stderr).
+    pub async fn dev_named(
+        node: &str,
+        level: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: Option<&Path>,
+    ) -> Agent {
         let mut args = vec!["agent", "--dev", "--node", node];
         args.extend(["--http-addr", "127.0.0.1:0", "--rpc-addr", "127.0.0.1:0"]);
         args.extend(["--serf-addr", "127.0.0.1:0", "--gossip-profile", "local"]);
         args.extend(["--log-level", level]);
         args.extend(extra);
-        Agent::spawn(args, log).await
+        Agent::spawn_binary(&binary(), None, env.iter().copied(), args, log).await
     }
 
     /// Runs `vigil <args>` and waits for its `vigil agent running: ...` line. Its stderr goes
@@ -407,17 +428,22 @@ impl Agent {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        Agent::spawn_binary(&binary(), nofile, args, log).await
+        Agent::spawn_binary(&binary(), nofile, NO_ENV, args, log).await
     }
 
-    /// [`Agent::spawn_with_limit`] of another `vigil` binary (a previous release's, say).
-    pub async fn spawn_binary<I, S>(
+    /// [`Agent::spawn_with_limit`] of another `vigil` binary (a previous release's, say), with
+    /// the variables `env` added to the environment.
+    pub async fn spawn_binary<E, K, V, I, S>(
         binary: &Path,
         nofile: Option<(u64, u64)>,
+        env: E,
         args: I,
         log: Option<&Path>,
     ) -> Agent
     where
+        E: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
@@ -441,6 +467,7 @@ impl Agent {
         };
         let mut child = command
             .env_remove("NO_COLOR")
+            .envs(env)
             .args(args)
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -103,7 +103,7 @@ impl Agent {
                 enable_script_checks: false,
                 enable_local_script_checks: false,
                 ae_interval: Duration::from_secs(60),
-                definitions: local::config::LocalDefinitions::default(),
+                definitions: crate::config::LocalDefinitions::default(),
             },
             Arc::clone(&backend),
             &tasks,

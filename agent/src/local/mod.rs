@@ -9,7 +9,6 @@
 //! deregistration reached the catalog. A check's runner lives exactly as long as its entry
 //! (dropping the [`runner::RunnerHandle`] stops it).
 
-pub mod config;
 pub mod definition;
 pub mod reload;
 pub mod runner;
@@ -27,7 +26,7 @@ use tokio_util::task::TaskTracker;
 use vigil_shared::catalog::{Check, HealthStatus, Service};
 
 use crate::backend::Backend;
-use config::LocalDefinitions;
+use crate::config::LocalDefinitions;
 use definition::{CheckDefinition, CheckKind, DefinitionError, ServiceDefinition};
 use runner::RunnerHandle;
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::config::{self, ConfigError, LocalDefinitions};
 use super::{LocalError, LocalState, Source};
+use crate::config::{Config, ConfigError, LocalDefinitions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -39,7 +39,7 @@ impl Reloader {
         let Some(path) = &self.path else {
             return Ok(());
         };
-        let new = config::load(path)?.local;
+        let new = Config::file_definitions(path)?;
         let mut loaded = self.loaded.lock();
         for gone in loaded
             .services

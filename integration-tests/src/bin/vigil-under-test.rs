@@ -2,5 +2,5 @@
 //! (Cargo exposes only a crate's own binaries to its tests). Same library code as `vigil`.
 
 fn main() -> anyhow::Result<()> {
-    vigil_agent::run::main()
+    vigil::run::main()
 }

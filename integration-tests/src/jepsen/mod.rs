@@ -33,6 +33,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use vigil_client::{ClientConfig, ReadOpts};
 
+use crate::SHORT_SESSION_TTL;
 use crate::cluster::Cluster;
 use crate::safety::register::AgentBoard;
 use crate::safety::schedule::Rng;
@@ -292,8 +293,7 @@ impl fmt::Display for Report {
 pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     let mut cluster = Cluster::servers(3)
         .clients(2)
-        .arg("--session-ttl-min")
-        .arg("1s")
+        .env(SHORT_SESSION_TTL)
         .start()
         .await;
     let servers = cluster.servers.len();

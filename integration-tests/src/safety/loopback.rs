@@ -25,7 +25,7 @@ use super::register::AgentBoard;
 use super::schedule::FaultKind;
 use super::{Env, LOCK_PREFIX, Plan, WorkerSpec};
 use crate::cluster::Cluster;
-use crate::{Http, binary, demo_binary};
+use crate::{Http, SHORT_SESSION_TTL, binary, demo_binary};
 
 /// How long to wait for someone to hold the lock before a holder fault.
 const HOLDER_WAIT: Duration = Duration::from_secs(30);
@@ -78,8 +78,7 @@ impl Loopback {
         let cluster = Cluster::servers(3)
             .clients(plan.workers)
             .gossip_profile("local")
-            .arg("--session-ttl-min")
-            .arg("1s")
+            .env(SHORT_SESSION_TTL)
             .start()
             .await;
         let (bank_process, bank) = start_bank(&cluster, plan.worker.broken).await?;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use integration_tests::{Agent, Reply, eventually};
+use integration_tests::{Agent, Reply, SHORT_AE_INTERVAL, SHORT_SESSION_TTL, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -385,7 +385,7 @@ async fn tcp_checks_connect() {
 
 #[tokio::test]
 async fn script_checks_map_exit_codes() {
-    let agent = Agent::dev_with(&["--session-ttl-min", "1s", "--enable-script-checks"]).await;
+    let agent = Agent::dev_with_env(&["--enable-script-checks"], &[SHORT_SESSION_TTL]).await;
     let cases = [
         ("true", json!(["/bin/true"]), "passing"),
         ("false", json!(["/bin/false"]), "warning"),
@@ -907,7 +907,7 @@ async fn check_deregistration_invalidates_bound_sessions() {
 
 #[tokio::test]
 async fn anti_entropy_repairs_the_catalog() {
-    let agent = Agent::dev_with(&["--session-ttl-min", "1s", "--ae-interval", "1s"]).await;
+    let agent = Agent::dev_with_env(&[], &[SHORT_SESSION_TTL, SHORT_AE_INTERVAL]).await;
     put_ok(
         &agent,
         "/v1/agent/service/register",
@@ -1150,11 +1150,11 @@ async fn config_file_definitions_register_at_every_start() {
         ttl = "1m"
         "#,
     );
-    let args = ["--session-ttl-min", "1s", "--config", config.as_str()];
+    let args = ["--config", config.as_str()];
 
     for start in 0..2 {
         // A dev agent keeps nothing: what is there after a restart came from the config file.
-        let agent = Agent::dev_with(&args).await;
+        let agent = Agent::dev_with_env(&args, &[SHORT_SESSION_TTL]).await;
         let services = agent.get("/v1/agent/services").await.json();
         assert_eq!(services["billing"]["Port"], 9000, "start {start}");
         let checks = agent_checks(&agent).await;

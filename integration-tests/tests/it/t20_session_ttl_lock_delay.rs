@@ -1,4 +1,4 @@
-//! Session TTLs and lock-delay against a real dev agent (`--session-ttl-min 1s`): expiry between
+//! Session TTLs and lock-delay against a real dev agent (`session_ttl_min` 1s): expiry between
 //! TTL and 2×TTL, renewals keeping a session alive, blocking reads waking on expiry, held keys
 //! released on expiry, and lock-delay refusing acquires (`200 false` + `X-Vigil-Lock-Delay`)
 //! until it passes, capped at 60 s, disabled by 0, never set by a voluntary release.

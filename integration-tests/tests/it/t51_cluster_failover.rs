@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use integration_tests::cluster::{Cluster, create_session, keys};
-use integration_tests::{Http, Reply, eventually};
+use integration_tests::{Http, Reply, SHORT_SESSION_TTL, eventually};
 use reqwest::{Method, StatusCode};
 use serde_json::json;
 use tokio::time::{Instant, sleep, timeout};
@@ -196,8 +196,7 @@ async fn acknowledged_writes_survive_a_leader_kill_under_load() {
 async fn ttl_sessions_and_lock_delay_survive_a_leader_failover() {
     let mut cluster = Cluster::servers(3)
         .clients(1)
-        .arg("--session-ttl-min")
-        .arg("1s")
+        .env(SHORT_SESSION_TTL)
         .start()
         .await;
     let client = cluster.client(0).http();

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use integration_tests::Http;
 use integration_tests::cluster::{Cluster, LEADER_TIMEOUT, create_session};
+use integration_tests::{Http, SHORT_SESSION_TTL};
 use reqwest::{Method, StatusCode};
 use tokio::time::Instant;
 
@@ -41,11 +41,7 @@ async fn kill_leader(cluster: &mut Cluster) {
 async fn elections_do_not_keep_an_abandoned_session_alive() {
     let _heavy = exclusive().await;
     // Phase 1: three servers; a TTL session nobody renews.
-    let mut cluster = Cluster::servers(3)
-        .arg("--session-ttl-min")
-        .arg("1s")
-        .start()
-        .await;
+    let mut cluster = Cluster::servers(3).env(SHORT_SESSION_TTL).start().await;
     let leader = cluster.leader().await;
     let body = format!(r#"{{"TTL":"{}s","LockDelay":"0s"}}"#, TTL.as_secs());
     let session = create_session(&cluster.server(leader).http(), &body).await;

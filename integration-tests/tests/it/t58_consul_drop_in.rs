@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, eventually};
+use integration_tests::{Agent, SHORT_SESSION_TTL, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -20,8 +20,7 @@ use crate::common::{assert_error, assert_gets_answer, config_file};
 async fn the_servers_session_ttl_min_decides_through_a_client_agent() {
     // Phase 1: servers accept TTLs down to 1 s; the client agent keeps the default 10 s.
     let cluster = Cluster::servers(3)
-        .server_arg("--session-ttl-min")
-        .server_arg("1s")
+        .server_env(SHORT_SESSION_TTL)
         .clients(1)
         .start()
         .await;
@@ -256,16 +255,17 @@ async fn what_consuls_servers_refuse_is_a_500_with_consuls_text() {
 async fn agent_self_members_and_node_meta_in_consuls_shapes() {
     // Phase 1: node meta from the config file and from repeated flags (a flag wins).
     let (_dir, config) = config_file("node_meta = { zone = \"z1\", rack = \"from-file\" }\n");
-    let agent = Agent::dev_with(&[
-        "--session-ttl-min",
-        "1s",
-        "--config",
-        &config,
-        "--node-meta",
-        "rack:r1",
-        "--node-meta",
-        "env:prod",
-    ])
+    let agent = Agent::dev_with_env(
+        &[
+            "--config",
+            &config,
+            "--node-meta",
+            "rack:r1",
+            "--node-meta",
+            "env:prod",
+        ],
+        &[SHORT_SESSION_TTL],
+    )
     .await;
     let meta = json!({"consul-network-segment": "", "env": "prod", "rack": "r1", "zone": "z1"});
 

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Http, binary, eventually};
+use integration_tests::{Http, SHORT_SESSION_TTL, binary, eventually};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::process::Command;
@@ -60,7 +60,7 @@ async fn cli(agent: &Http, args: &[&str]) -> String {
 async fn every_cause_of_a_loss_is_read_back_through_http_and_the_cli() {
     let mut cluster = Cluster::servers(3)
         .clients(1)
-        .arg("--session-ttl-min=1s")
+        .env(SHORT_SESSION_TTL)
         .start()
         .await;
     let server = cluster.server(0).http();

@@ -695,7 +695,7 @@ async fn gossip_keys_of_16_and_24_bytes() {
 /// `?logjson`, as one JSON object per line.
 #[tokio::test]
 async fn the_monitor_shows_a_registration_as_text_or_json() {
-    let agent = Agent::dev_named("monitored", "info", &[], None).await;
+    let agent = Agent::dev_named("monitored", "info", &[], &[], None).await;
     for json in [false, true] {
         let path = if json {
             "/v1/agent/monitor?logjson"

@@ -514,7 +514,7 @@ async fn a_log_file_gets_no_colour_codes() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let log = dir.path().join("agent.log");
     // Agent::spawn keeps NO_COLOR out of the agent's environment.
-    let agent = Agent::dev_named("plain", "info", &[], Some(&log)).await;
+    let agent = Agent::dev_named("plain", "info", &[], &[], Some(&log)).await;
     agent.kill9().await;
 
     let text = log_text(&log);

@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::{Cluster, create_session};
-use integration_tests::{Agent, Http, binary, eventually, run_py_consul};
+use integration_tests::{Agent, Http, SHORT_SESSION_TTL, binary, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use vigil_gossip::generate_key;
@@ -482,7 +482,8 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
     let service = "[[service]]\nid = \"web\"\nname = \"web\"\nport = 80\n";
     let (dir, config) = config_file(service);
     let log = dir.path().join("agent.log");
-    let agent = Agent::dev_named("reloaded", "debug", &["--config", &config], Some(&log)).await;
+    let agent =
+        Agent::dev_named("reloaded", "debug", &["--config", &config], &[], Some(&log)).await;
     let checks =
         |reply: integration_tests::Reply| reply.json().as_object().cloned().unwrap_or_default();
     assert!(checks(agent.get("/v1/agent/checks").await).is_empty());
@@ -536,7 +537,7 @@ async fn a_reload_picks_up_new_checks_and_the_log_can_be_followed() {
 #[tokio::test]
 async fn py_consul_operates_an_agent() {
     let (key, new_key) = (generate_key(), generate_key());
-    let agent = Agent::dev_with(&["--session-ttl-min", "1s", "--encrypt", &key]).await;
+    let agent = Agent::dev_with_env(&["--encrypt", &key], &[SHORT_SESSION_TTL]).await;
     run_py_consul("consul_operate.py", &agent, &[&key, &new_key]).await;
 }
 

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use integration_tests::cluster::Cluster;
-use integration_tests::{Agent, Http, eventually, run_py_consul};
+use integration_tests::{Agent, Http, SHORT_SESSION_TTL, eventually, run_py_consul};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
@@ -16,14 +16,15 @@ use crate::common::{assert_error, assert_error_containing};
 const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001";
 
 async fn deny_agent() -> Agent {
-    Agent::dev_with(&[
-        "--session-ttl-min",
-        "1s",
-        "--acl-default-policy",
-        "deny",
-        "--acl-initial-management-token",
-        ROOT,
-    ])
+    Agent::dev_with_env(
+        &[
+            "--acl-default-policy",
+            "deny",
+            "--acl-initial-management-token",
+            ROOT,
+        ],
+        &[SHORT_SESSION_TTL],
+    )
     .await
 }
 

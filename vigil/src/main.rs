@@ -1,5 +1,5 @@
 //! The `vigil` binary; everything lives in the library so tests run the same code.
 
 fn main() -> anyhow::Result<()> {
-    vigil_agent::run::main()
+    vigil::run::main()
 }

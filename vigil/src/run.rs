@@ -1,19 +1,16 @@
-//! The `vigil` command: parse the command line, set up logging, start the agent, stop it on SIGINT/SIGTERM.
+//! The `vigil` command: parse the command line; for `vigil agent` set up logging, start the
+//! agent and stop it on SIGINT/SIGTERM; hand the client commands to `vigil_cli`.
 
 use std::io::{IsTerminal as _, Write as _};
 
 use crate::cli::{AgentArgs, Cli, Command};
-use crate::cmd::{
-    acl, debug, elect, keyring, kv, lock, members, monitor, operator, session, snapshot, watch,
-};
 use clap::Parser;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
-
-use crate::monitor::MonitorLayer;
+use vigil_agent::monitor::MonitorLayer;
 
 fn init_logging(level: &str, json: bool) {
     let filter = EnvFilter::try_from_default_env()
@@ -40,10 +37,15 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     // Everything an agent writes (the raft log's segments, snapshots, the keyring) holds data or
     // secrets: readable by the agent's user only, whatever the library creating it asks for.
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
-    init_logging(&args.log_level, args.log_json);
-    let config = args.config()?;
+    let config = args.load(environment())?;
+    init_logging(&config.log_level, config.log_json);
+    let config = config.agent_config(args.config_file().map(Into::into))?;
     let shutdown = CancellationToken::new();
-    let handle = crate::start(config.clone(), shutdown.clone()).await?;
+    let handle = vigil_agent::start(config.clone(), shutdown.clone()).await?;
+    // Before the ready line: a supervisor (or a test) that stops the agent as soon as it reads
+    // that line gets a graceful leave, not the default action's kill.
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     // One stable line on stdout that scripts and tests read for the bound addresses: `http=off`
     // when plain HTTP is off, `http=unix:///path` on a socket, and `https=ADDR` appended when
     // HTTPS is on.
@@ -74,13 +76,12 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
         node = %config.node_name,
         "agent started"
     );
-    let mut term = signal(SignalKind::terminate())?;
     let token = shutdown.clone();
     let gossip = handle.gossip.clone();
     let local = std::sync::Arc::clone(&handle.local);
     tokio::spawn(async move {
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
             // Stopped another way (`/v1/agent/leave`): nothing left to do here.
             _ = token.cancelled() => return,
@@ -96,36 +97,22 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     handle.wait().await
 }
 
+/// The process's environment variables that are text (the config reads only `VIGIL_AGENT_*`).
+fn environment() -> impl Iterator<Item = (String, String)> {
+    std::env::vars_os()
+        .filter_map(|(name, value)| Some((name.into_string().ok()?, value.into_string().ok()?)))
+}
+
 /// Entry point shared by the `vigil` binary and the test binary that runs the same code.
 #[tokio::main]
 pub async fn main() -> anyhow::Result<()> {
-    let argv = lock::consul_argv(std::env::args_os().collect());
-    let argv = watch::consul_argv(argv);
-    let argv = crate::cmd::go_flags_argv(argv);
-    let result = match Cli::parse_from(argv).command {
-        Command::Agent(args) => return run_agent(args).await,
-        Command::Tls(cmd) => return crate::tls_cmd::run(cmd),
-        Command::Lock(cmd) => lock::run(cmd).await,
-        Command::Elect(args) => elect::run(args).await,
-        Command::Kv(cmd) => kv::run(cmd).await,
-        Command::Watch(args) => watch::run(args).await,
-        Command::Session(cmd) => session::run(cmd).await,
-        Command::Keyring(args) => keyring::run(args).await,
+    let argv = vigil_cli::argv(std::env::args_os().collect());
+    match Cli::parse_from(argv).command {
+        Command::Agent(args) => run_agent(args).await,
         Command::Keygen => {
             println!("{}", vigil_gossip::generate_key());
-            return Ok(());
+            Ok(())
         }
-        Command::Members(args) => members::members(args).await,
-        Command::Join(args) => members::join(args).await,
-        Command::Leave(agent) => members::leave(agent).await,
-        Command::ForceLeave(args) => members::force_leave(args).await,
-        Command::Operator(cmd) => operator::run(cmd).await,
-        Command::Snapshot(cmd) => snapshot::run(cmd).await,
-        Command::Acl(cmd) => acl::run(cmd).await,
-        Command::Debug(args) => debug::run(args).await,
-        Command::Monitor(args) => monitor::monitor(args).await,
-        Command::Info(agent) => monitor::info(agent).await,
-        Command::Reload(agent) => monitor::reload(agent).await,
-    };
-    crate::cmd::exit(result)
+        Command::Client(command) => vigil_cli::run(command).await,
+    }
 }

@@ -510,26 +510,6 @@ mod tests {
     }
 
     #[test]
-    fn consuls_flags_parse() {
-        let argv = consul_argv(
-            "vigil lock -n=2 -timeout=1m -shell=false -child-exit-code -monitor-retry=4 p a b"
-                .split(' ')
-                .map(OsString::from)
-                .collect(),
-        );
-        let cli = <crate::cli::Cli as clap::Parser>::try_parse_from(argv).expect("parses");
-        let crate::cli::Command::Lock(LockCommand { run: args, .. }) = cli.command else {
-            panic!("not lock: {:?}", cli.command);
-        };
-        assert_eq!(args.limit, 2);
-        assert_eq!(args.hold.timeout, Some(Duration::from_secs(60)));
-        assert!(!args.shell && args.child_exit_code && !args.pass_stdin);
-        assert_eq!(args.monitor_retry, Some(4));
-        assert_eq!(args.prefix.as_deref(), Some("p"));
-        assert_eq!(args.command, ["a", "b"]);
-    }
-
-    #[test]
     fn status_lines_up_waiters_under_holders() {
         let who = |id: &str| SessionRef {
             id: id.to_owned(),
