@@ -46,7 +46,7 @@ impl<S: Subscriber> Layer<S> for MonitorLayer {
         let meta = event.metadata();
         let mut fields = Fields::default();
         event.record(&mut fields);
-        let time = vigil_server::telemetry::rfc3339_millis(std::time::SystemTime::now());
+        let time = vigil_shared::go::time::rfc3339_millis(std::time::SystemTime::now());
         let text = format!(
             "{time} [{}] {}: {}{}",
             meta.level(),

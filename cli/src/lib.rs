@@ -10,9 +10,7 @@ use std::ffi::OsString;
 
 use clap::Subcommand;
 
-use cmd::{
-    acl, debug, elect, keyring, kv, lock, members, monitor, operator, session, snapshot, watch,
-};
+use cmd::{acl, debug, elect, keyring, kv, lock, members, monitor, operator, session, watch};
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -53,9 +51,6 @@ pub enum Command {
     Reload(cmd::AgentAddr),
     /// Bootstrap ACLs and manage tokens, policies and roles (`consul acl`).
     Acl(cmd::acl::AclCommand),
-    /// Save, restore and inspect snapshots of the cluster's state.
-    #[command(subcommand)]
-    Snapshot(cmd::snapshot::SnapshotCommand),
 }
 
 /// The command line with Consul's spellings (`vigil lock -n=2 ...`, `vigil watch -type=key`,
@@ -79,7 +74,6 @@ pub async fn run(command: Command) -> anyhow::Result<()> {
         Command::Leave(agent) => members::leave(agent).await,
         Command::ForceLeave(args) => members::force_leave(args).await,
         Command::Operator(cmd) => operator::run(cmd).await,
-        Command::Snapshot(cmd) => snapshot::run(cmd).await,
         Command::Acl(cmd) => acl::run(cmd).await,
         Command::Debug(args) => debug::run(args).await,
         Command::Monitor(args) => monitor::monitor(args).await,

@@ -20,7 +20,7 @@ use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
 use vigil_shared::lock::{LockOp, LockOutcome};
 use vigil_shared::rpc::{Op, QueryResult, Response};
 
-pub use sink::{Sink, rfc3339_millis};
+pub use sink::Sink;
 
 use crate::server::Server;
 

@@ -30,6 +30,9 @@ pub enum Command {
     Agent(AgentArgs),
     /// Print a new gossip encryption key for `--encrypt`.
     Keygen,
+    /// Save, restore and inspect snapshots of the cluster's state.
+    #[command(subcommand)]
+    Snapshot(crate::snapshot::SnapshotCommand),
     #[command(flatten)]
     Client(vigil_cli::Command),
 }

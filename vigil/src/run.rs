@@ -113,6 +113,7 @@ pub async fn main() -> anyhow::Result<()> {
             println!("{}", vigil_gossip::generate_key());
             Ok(())
         }
+        Command::Snapshot(cmd) => vigil_cli::cmd::exit(crate::snapshot::run(cmd).await),
         Command::Client(command) => vigil_cli::run(command).await,
     }
 }

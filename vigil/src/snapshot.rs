@@ -1,6 +1,9 @@
 //! `vigil snapshot save|restore|inspect FILE`: Consul's snapshot commands. `save` writes the
 //! leader's state as an archive (atomically: a temporary file renamed into place), `restore`
 //! replaces the cluster's state with one, `inspect` checks a file and prints what it holds.
+//! Every one reads the server's archive format (`save` and `restore` check the archive, `inspect`
+//! opens it offline), so this command lives in the binary, which links the server, rather than
+//! in `vigil-cli`, which does not.
 
 use std::path::{Path, PathBuf};
 
@@ -8,8 +11,8 @@ use anyhow::Context as _;
 use clap::Args;
 use vigil_server::snapshot::{Archive, Inspection};
 
-use super::AgentAddr;
-use super::operator::call;
+use vigil_cli::cmd::AgentAddr;
+use vigil_cli::cmd::operator::call;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum SnapshotCommand {

@@ -414,7 +414,7 @@ fn wall_ms() -> u64 {
 /// RFC 3339 in UTC to the millisecond (always three digits, so the texts sort as the times
 /// do), from ms since the epoch.
 pub fn rfc3339(ms: u64) -> String {
-    vigil_server::telemetry::rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms))
+    vigil_shared::go::time::rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
 /// A lock as `/v1/vigil/lock/<name>` and `/v1/vigil/locks` show it. Times since are measured

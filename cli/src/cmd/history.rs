@@ -182,7 +182,7 @@ mod tests {
         let day = 1_795_860_000_000; // 2026-11-28T10:00:00Z
         let time = |ms: u64| {
             let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
-            vigil_server::telemetry::rfc3339_millis(at)
+            vigil_shared::go::time::rfc3339_millis(at)
         };
         let event = |at: u64, session: &str, event: Event| LockEvent {
             index: at,

@@ -16,7 +16,6 @@ pub mod members;
 pub mod monitor;
 pub mod operator;
 pub mod session;
-pub mod snapshot;
 pub mod watch;
 
 use std::ffi::OsString;

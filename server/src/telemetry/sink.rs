@@ -310,19 +310,6 @@ fn go_timestamp(t: SystemTime) -> String {
     )
 }
 
-/// `2026-11-24T03:40:10.123Z`: a UTC time in RFC 3339 to the millisecond, as log lines print it.
-pub fn rfc3339_millis(t: SystemTime) -> String {
-    let u = Utc::of(t);
-    format!(
-        "{}T{:02}:{:02}:{:02}.{:03}Z",
-        u.date(),
-        u.hour,
-        u.minute,
-        u.second,
-        u.millis
-    )
-}
-
 /// A metric or label name with every character outside `[a-zA-Z0-9_:]` (`[a-zA-Z0-9_]` for
 /// labels) turned into `_`, and a leading digit prefixed with `_`.
 fn sanitize(name: &str, colon: bool) -> String {
@@ -433,8 +420,6 @@ mod tests {
     fn timestamps_print_as_go_does() {
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_763_955_610);
         assert_eq!(go_timestamp(t), "2025-11-24 03:40:10 +0000 UTC");
-        let t = t + std::time::Duration::from_millis(7);
-        assert_eq!(rfc3339_millis(t), "2025-11-24T03:40:10.007Z");
     }
 
     #[test]

@@ -38,6 +38,19 @@ impl Utc {
     }
 }
 
+/// `2026-11-24T03:40:10.123Z`: a UTC time in RFC 3339 to the millisecond, as log lines print it.
+pub fn rfc3339_millis(t: SystemTime) -> String {
+    let u = Utc::of(t);
+    format!(
+        "{}T{:02}:{:02}:{:02}.{:03}Z",
+        u.date(),
+        u.hour,
+        u.minute,
+        u.second,
+        u.millis
+    )
+}
+
 /// Days since 1970-01-01 to a (year, month, day) of the proleptic Gregorian calendar
 /// (Howard Hinnant's `civil_from_days`).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -58,6 +71,12 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn rfc3339_has_milliseconds() {
+        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_763_955_610_007);
+        assert_eq!(rfc3339_millis(t), "2025-11-24T03:40:10.007Z");
+    }
 
     #[test]
     fn days_since_the_epoch_are_calendar_dates() {
