@@ -99,8 +99,10 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   the holder, as Vigil's `lan` profile does. The same with the holder's agent stopped for good
   (SIGSTOP: silent, so Vigil's suspicion must run out; etcd cannot tell it from a death, so its
   figure is the same expiry). Then stalls that are not deaths, each round: the holder's agent
-  stopped 2 s, another agent 5 s, a follower server 4 s, each followed by 8 s to settle; every
-  session lost by a node that was not the one stopped 5 s is a false invalidation. Median of 5
+  stopped 2 s, another agent stopped 5 s and then starved of CPU 5 s (1% of a core, a cgroup
+  `cpu` quota; skipped with the reason where no cgroup can be made), a follower server stopped
+  4 s, each followed by 8 s to settle; every session lost by a node that was not the one
+  stopped or starved 5 s is a false invalidation. Median of 5
   rounds (3 with `--quick`); the kill row runs 30 rounds (10 with `--quick`) and also reports
   their p90 and slowest round, which stands in for a p99 (that would need a hundred rounds).
 - **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member) → the remaining
