@@ -18,6 +18,7 @@
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SCRIPTS=$ROOT/scripts
 OUT=$ROOT/target/go-api
 GOPATH_DIR=$OUT/gopath
 API=$GOPATH_DIR/src/github.com/hashicorp/consul/api
@@ -47,16 +48,9 @@ fi
 
 if [ ! -d "$API" ]; then
     if ! apt-cache madison golang-github-hashicorp-consul-dev | grep 1.8.7 >/dev/null; then
-        cat > /etc/apt/sources.list.d/vigil-bullseye.sources <<'EOF'
-Types: deb
-URIs: http://deb.debian.org/debian
-Suites: bullseye
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
-        printf 'Package: *\nPin: release n=bullseye\nPin-Priority: 100\n' \
-            > /etc/apt/preferences.d/vigil-bullseye
-        apt-get update -qq
+        # shellcheck source=scripts/bullseye-source.sh
+        . "$SCRIPTS/bullseye-source.sh"
+        bullseye_source
     fi
     mkdir -p "$OUT/deb"
     (cd "$OUT/deb" && apt-get download -qq golang-github-hashicorp-consul-dev=1.8.7+dfsg1-2 2>/dev/null)

@@ -59,7 +59,7 @@ pub struct EtcdCluster {
 }
 
 /// Distinct TCP ports that were free a moment ago.
-fn free_tcp_ports(n: usize) -> Result<Vec<u16>> {
+pub fn free_tcp_ports(n: usize) -> Result<Vec<u16>> {
     let listeners = (0..n)
         .map(|_| TcpListener::bind("127.0.0.1:0"))
         .collect::<std::io::Result<Vec<_>>>()?;

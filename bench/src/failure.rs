@@ -9,16 +9,21 @@
 //!   `--quick`) and also reports their p90 and maximum: a p99 would need a hundred rounds of
 //!   about 4 s each, so the maximum of 30 stands in for it.
 //! - Stalls: two client agents hold sessions (the holder's with the lock); each round stops the
-//!   holder's agent for 2 s, another agent for 5 s, then a follower server for 4 s, and after
-//!   each waits out a settle window before counting the sessions invalidated that belonged to
-//!   a node that was not the one stopped for 5 s (whose own session may rightly die: 5 s is
-//!   past the `lan` suspicion). Every one counted is a false invalidation.
+//!   holder's agent for 2 s, another agent for 5 s, then starves that other agent of CPU for
+//!   5 s (1% of one core through the kernel's CFS bandwidth control, a cgroup v1 `cpu` group:
+//!   the stall of an overloaded host, which still runs a little), then stops a follower server
+//!   for 4 s, and after each waits out a settle window before counting the sessions
+//!   invalidated that belonged to a node that was not the one stopped or starved for 5 s
+//!   (whose own session may rightly die: 5 s is past the `lan` suspicion). Every one counted is
+//!   a false invalidation. Where no `cpu` cgroup can be made (not root, no cgroup v1 `cpu`
+//!   mount), the starvation is skipped and the report says why.
 //! - etcd has no failure detector: a dead client's lock is freed when its lease expires. Each
 //!   victim holds a v3lock `Lock` with a 3 s lease renewed every TTL/3 (as etcd's Go client
 //!   renews), the shortest TTL that, like Vigil's `lan` profile, survives a 2 s pause of the
 //!   holder. Victims die (keep-alives stop, connection closes: what a kill does to them) spread
 //!   evenly over one keep-alive period; the time until the lock key is deleted is measured.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -133,8 +138,57 @@ async fn vigil(
     Ok(results)
 }
 
+/// Where the cgroup v1 `cpu` controller is mounted.
+const CPU_CGROUP: &str = "/sys/fs/cgroup/cpu";
+
+/// A process held at 1% of one core while this lives, in a `cpu` cgroup of its own beside the
+/// one it was in, where it goes back when this is dropped.
+struct Starved {
+    group: PathBuf,
+    home: PathBuf,
+    pid: u32,
+}
+
+impl Starved {
+    fn start(pid: u32) -> Result<Starved> {
+        let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+        let home = cgroups
+            .lines()
+            .find_map(|line| {
+                let mut fields = line.splitn(3, ':');
+                let (_, controllers, path) = (fields.next()?, fields.next()?, fields.next()?);
+                controllers.split(',').any(|c| c == "cpu").then_some(path)
+            })
+            .context("the process is in no cgroup v1 `cpu` group")?;
+        let home = Path::new(CPU_CGROUP).join(home.trim_start_matches('/'));
+        let group = home.join(format!("vigil-bench-starved-{pid}"));
+        std::fs::create_dir(&group)
+            .with_context(|| format!("make the cgroup {} (root?)", group.display()))?;
+        let starved = Starved { group, home, pid };
+        std::fs::write(starved.group.join("cpu.cfs_period_us"), "100000")?;
+        std::fs::write(starved.group.join("cpu.cfs_quota_us"), "1000")?;
+        std::fs::write(starved.group.join("cgroup.procs"), pid.to_string())?;
+        Ok(starved)
+    }
+}
+
+impl Drop for Starved {
+    fn drop(&mut self) {
+        // Best effort: a process that exited meanwhile has left the group already.
+        let _ = std::fs::write(self.home.join("cgroup.procs"), self.pid.to_string());
+        let _ = std::fs::remove_dir(&self.group);
+    }
+}
+
+/// What the stall rounds found.
+struct Stalls {
+    false_invalidations: usize,
+    /// Why the CPU starvation was skipped, when it was.
+    starvation_skipped: Option<String>,
+}
+
 /// False invalidations over `rounds` rounds of stalls (see the module documentation).
-async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
+async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<Stalls> {
     let servers = systems.vigil.running_servers();
     let holder = systems.vigil.add_client(&servers).await;
     let other = systems.vigil.add_client(&servers).await;
@@ -142,6 +196,7 @@ async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
     let server = systems.vigil.server(leader).http();
     let key = "bench/stalls";
     let mut false_invalidations = 0;
+    let mut starvation_skipped = None;
     for round in 0..rounds {
         // A node whose serfHealth is critical (the other agent, after its 5 s stop) takes no
         // new session until it is back.
@@ -182,6 +237,27 @@ async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
         systems.vigil.resume_client(other);
         sleep(SETTLE).await;
         lost += usize::from(!alive(holding.clone()).await);
+        // The other agent starved of CPU 5 s: the same, for a stall that is not a stop.
+        let pid = systems
+            .vigil
+            .client(other)
+            .pid()
+            .context("the other agent's PID")?;
+        match Starved::start(pid) {
+            Ok(starved) => {
+                sleep(Duration::from_secs(5)).await;
+                drop(starved);
+                sleep(SETTLE).await;
+                lost += usize::from(!alive(holding.clone()).await);
+            }
+            Err(e) => {
+                let why = format!("{e:#}");
+                if starvation_skipped.is_none() {
+                    eprintln!("  Vigil: stalls: no CPU starvation: {why}");
+                }
+                starvation_skipped = Some(why);
+            }
+        }
         // A follower server stopped 4 s: nobody may lose a session that was still there.
         let bystander_before = alive(bystander.clone()).await;
         let follower = servers
@@ -203,7 +279,10 @@ async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<usize> {
     }
     systems.vigil.kill9_client(holder).await;
     systems.vigil.kill9_client(other).await;
-    Ok(false_invalidations)
+    Ok(Stalls {
+        false_invalidations,
+        starvation_skipped,
+    })
 }
 
 /// Kill → lock free, per victim.
@@ -270,7 +349,10 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let (rounds, kills) = (plan.failure_rounds, plan.kill_rounds);
     let v = vigil(systems, kills, Death::Kill).await?;
     let silent = vigil(systems, rounds, Death::Silent).await?;
-    let stalls = vigil_stalls(systems, rounds).await?;
+    let Stalls {
+        false_invalidations: stalls,
+        starvation_skipped,
+    } = vigil_stalls(systems, rounds).await?;
     let leaders = systems.leaders().await?;
     let e = etcd(&leaders.etcd_endpoint, kills).await?;
     let secs = |d: &Duration| d.as_secs_f64();
@@ -284,6 +366,7 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         "vigil_kill_to_free_s": v_free.iter().map(secs).collect::<Vec<_>>(),
         "vigil_silent_to_free_s": silent_free.iter().map(secs).collect::<Vec<_>>(),
         "vigil_false_invalidations": stalls,
+        "vigil_starvation_skipped": starvation_skipped,
         "etcd_lease_ttl_s": ETCD_TTL.as_secs(),
         "etcd_kill_to_free_s": e.iter().map(secs).collect::<Vec<_>>(),
     });
@@ -333,9 +416,16 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         ),
         Row::vigil_only(
             "failure.false_invalidations",
-            format!(
-                "Failure detection: stalls (2 s holder, 5 s other agent, 4 s server) × {rounds}"
-            ),
+            match &starvation_skipped {
+                None => format!(
+                    "Failure detection: stalls (2 s stop of the holder, 5 s stop and 5 s CPU \
+                     starvation of another agent, 4 s stop of a server) × {rounds}"
+                ),
+                Some(why) => format!(
+                    "Failure detection: stalls (2 s stop of the holder, 5 s stop of another \
+                     agent, 4 s stop of a server; CPU starvation skipped: {why}) × {rounds}"
+                ),
+            },
             "sessions lost though alive",
             Better::Lower,
             Some(stalls as f64),

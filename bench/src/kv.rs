@@ -1,7 +1,8 @@
 //! KV put throughput and latency: 1, 16 and 64 concurrent clients each putting 128-byte values
-//! to fresh keys on the leader, every client over its own reused connection (Vigil: `PUT
-//! /v1/kv/<key>`; etcd: `Put`). Both commit each write to a majority with an fsync, so what
-//! differs is batching (group commit) and per-request overhead. The keys are deleted afterwards.
+//! to fresh keys on the leader, every client over its own reused connection (Vigil and Consul:
+//! `PUT /v1/kv/<key>` by the same client code; etcd: `Put`). All three commit each write to a
+//! majority with an fsync, so what differs is batching (group commit) and per-request overhead.
+//! The keys are deleted afterwards.
 
 use anyhow::{Result, ensure};
 use serde_json::json;
@@ -18,20 +19,24 @@ const PREFIX: &str = "bench/kv/";
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let vigil = Client::new(&leaders.vigil_addr.to_string())?;
+    let consul = match &leaders.consul {
+        Some((addr, pids)) => Some((Client::new(addr)?, pids)),
+        None => None,
+    };
     let mut outcome = Outcome::default();
     let mut runs = Vec::new();
     for clients in [1, 16, 64] {
-        let client = vigil.clone();
-        let puts = closed_loop(clients, plan.kv, move |c, n| {
-            let client = client.clone();
-            async move {
-                let key = format!("{PREFIX}{clients}/{c}/{n}");
-                ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
-                Ok(())
-            }
-        });
+        let puts = http_puts(&vigil, clients, plan);
         let phase = format!("KV put, {}, Vigil", load::clients(clients));
         let v = outcome.metered(phase, &leaders.vigil_pids, puts).await?;
+        let c = match &consul {
+            Some((client, pids)) => {
+                let puts = http_puts(client, clients, plan);
+                let phase = format!("KV put, {}, Consul", load::clients(clients));
+                Some(outcome.metered(phase, pids, puts).await?)
+            }
+            None => None,
+        };
 
         let etcd_clients = connect_each(&leaders.etcd_endpoint, clients).await?;
         let puts = closed_loop(clients, plan.kv, move |c, n| {
@@ -44,12 +49,15 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         });
         let phase = format!("KV put, {}, etcd", load::clients(clients));
         let e = outcome.metered(phase, &leaders.etcd_pids, puts).await?;
-        outcome.rows.extend(rows(clients, &v, &e));
-        runs.push(json!({ "clients": clients, "vigil": v, "etcd": e }));
+        outcome.rows.extend(rows(clients, &v, &e, c.as_ref()));
+        runs.push(json!({ "clients": clients, "vigil": v, "etcd": e, "consul": c }));
     }
 
     // Leave the state as it was for the next workloads.
     vigil.kv_delete_tree(PREFIX).await?;
+    if let Some((client, _)) = &consul {
+        client.kv_delete_tree(PREFIX).await?;
+    }
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
     etcd.delete(
         PREFIX,
@@ -60,7 +68,25 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     Ok(outcome)
 }
 
-fn rows(clients: usize, v: &Throughput, e: &Throughput) -> Vec<Row> {
+/// `clients` clients putting fresh keys through the HTTP API `client` speaks (Vigil's or
+/// Consul's), each over its own connection.
+fn http_puts(
+    client: &Client,
+    clients: usize,
+    plan: &Plan,
+) -> impl Future<Output = Result<Throughput>> + use<> {
+    let client = client.clone();
+    closed_loop(clients, plan.kv, move |c, n| {
+        let client = client.clone();
+        async move {
+            let key = format!("{PREFIX}{clients}/{c}/{n}");
+            ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
+            Ok(())
+        }
+    })
+}
+
+fn rows(clients: usize, v: &Throughput, e: &Throughput, c: Option<&Throughput>) -> Vec<Row> {
     let workload = format!(
         "KV put, {clients} client{}",
         if clients == 1 { "" } else { "s" }
@@ -73,5 +99,6 @@ fn rows(clients: usize, v: &Throughput, e: &Throughput) -> Vec<Row> {
         &[Percentile::P50, Percentile::P99],
         v,
         e,
+        c,
     )
 }

@@ -3,7 +3,7 @@
 //!
 //! A run probes the machine, starts a 3-server Vigil cluster (real data directories, fsync on,
 //! the `lan` gossip profile) and a 3-member etcd cluster on 127.0.0.1, runs every workload
-//! against both, stops everything and writes `bench/results/<date>.json` plus, for a full run,
+//! against both, stops everything and writes `bench/results/<date>T<HHMM>Z.json` plus, for a full run,
 //! `docs/benchmarks.md`. The fan-out and footprint workloads, which read server memory, run
 //! last on fresh clusters of their own, so that earlier workloads' leftovers do not count. A
 //! workload that fails is recorded and the run goes on; `--check` then exits non-zero (it never
@@ -18,6 +18,7 @@
 
 #![cfg(feature = "etcd")]
 
+mod consul;
 mod etcd;
 mod etcd_concurrency;
 mod failover;
@@ -47,6 +48,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 use vigil_shared::go::time::Utc;
 
+use consul::ConsulCluster;
 use etcd::EtcdCluster;
 use integration_tests::cluster::Cluster;
 use load::Window;
@@ -186,10 +188,11 @@ impl Plan {
     }
 }
 
-/// The two clusters under test.
+/// The clusters under test; Consul's where it is installed (its column stays empty otherwise).
 pub struct Systems {
     pub vigil: Cluster,
     pub etcd: EtcdCluster,
+    pub consul: Option<ConsulCluster>,
 }
 
 /// Where each system's leader answers, and every server's process ID.
@@ -201,10 +204,13 @@ pub struct Leaders {
     pub etcd_endpoint: String,
     pub etcd_pid: u32,
     pub etcd_pids: Vec<u32>,
+    /// Consul's leader's HTTP address and every Consul server's process ID, when it runs.
+    pub consul: Option<(String, Vec<u32>)>,
 }
 
 impl Systems {
-    /// Starts both clusters (3 servers each), Vigil's with `clients` client agents.
+    /// Starts the clusters (3 servers each), Vigil's with `clients` client agents; Consul's
+    /// only when it is installed, saying so when it is not.
     pub async fn start(clients: usize) -> Result<Systems> {
         // The fan-out workload opens 11,000 connections from 127.0.0.1: no per-client cap.
         let vigil = Cluster::servers(3)
@@ -215,7 +221,18 @@ impl Systems {
             .start()
             .await;
         let etcd = EtcdCluster::start(3).await?;
-        Ok(Systems { vigil, etcd })
+        let consul = match ConsulCluster::version() {
+            Ok(_) => Some(ConsulCluster::start(3).await?),
+            Err(e) => {
+                eprintln!("vigil-bench: no Consul column: {e:#}");
+                None
+            }
+        };
+        Ok(Systems {
+            vigil,
+            etcd,
+            consul,
+        })
     }
 
     /// Looks the leaders up again (an election may have moved them).
@@ -234,6 +251,10 @@ impl Systems {
             .filter_map(|i| self.vigil.server(i).pid())
             .collect();
         let (etcd_endpoint, etcd_pid) = self.etcd.leader().await?;
+        let consul = match &self.consul {
+            Some(consul) => Some((consul.leader().await?.0, consul.pids())),
+            None => None,
+        };
         Ok(Leaders {
             vigil_addr,
             vigil_pid: server.pid().context("Vigil leader process")?,
@@ -241,12 +262,16 @@ impl Systems {
             etcd_endpoint,
             etcd_pid,
             etcd_pids: self.etcd.pids(),
+            consul,
         })
     }
 
     /// Stops every process of both clusters.
     pub async fn stop(self) {
         self.etcd.stop().await;
+        if let Some(consul) = self.consul {
+            consul.stop().await;
+        }
         drop(self.vigil);
     }
 }
@@ -324,11 +349,21 @@ async fn run_with_agent() -> Result<ExitCode> {
     }
 }
 
+/// Open files the watch fan-out needs: 11,000 connections, and the rest of the process.
+const OPEN_FILES_WANTED: u64 = 12_000;
+
 /// 11,000 watchers need as many connections: lift the soft limit on open files to the hard one
-/// (the agents and etcd members inherit it).
+/// (the agents and etcd members inherit it), and say so when even that is too low for the
+/// watch fan-out, whose failure then has its reason beside it.
 fn raise_open_files_limit() -> Result<()> {
     let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
     setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    if hard < OPEN_FILES_WANTED {
+        eprintln!(
+            "vigil-bench: the hard limit on open files is {hard}, below the {OPEN_FILES_WANTED} \
+             the watch fan-out needs; it will fail (raise it with `ulimit -Hn` as root)"
+        );
+    }
     Ok(())
 }
 
@@ -383,7 +418,7 @@ async fn run(options: &Options) -> Result<bool> {
     let machine = Machine::probe(scratch.path(), plan.fsync_samples)?;
     let versions = Versions::probe(&integration_tests::binary())?;
     eprintln!("vigil-bench ({mode}): {machine:?}\n{versions:?}");
-    let mut report = Report::new(today(), mode, machine, versions);
+    let mut report = Report::new(start_stamp(), mode, machine, versions);
 
     let shared = [
         "kv_put",
@@ -434,14 +469,15 @@ async fn run(options: &Options) -> Result<bool> {
     Ok(true)
 }
 
-/// `bench/results/<date>[-quick][-partial].json`, and `docs/benchmarks.md` for a full run of
-/// every workload.
+/// `bench/results/<date>T<HHMM>Z[-quick][-partial].json` (a rerun never overwrites an earlier
+/// result), and `docs/benchmarks.md` for a full run of every workload.
 fn write(out: &Path, report: &Report, markdown: &str, every_workload: bool) -> Result<()> {
     let results = out.join("bench/results");
     std::fs::create_dir_all(&results)?;
     let suffix = if report.mode == "quick" { "-quick" } else { "" };
     let partial = if every_workload { "" } else { "-partial" };
-    let json_path = results.join(format!("{}{suffix}{partial}.json", report.date));
+    let stem = report.date.replace(':', "");
+    let json_path = results.join(format!("{stem}{suffix}{partial}.json"));
     let mut json = serde_json::to_string_pretty(report)?;
     json.push('\n');
     std::fs::write(&json_path, json).with_context(|| format!("write {}", json_path.display()))?;
@@ -457,9 +493,10 @@ fn write(out: &Path, report: &Report, markdown: &str, every_workload: bool) -> R
     Ok(())
 }
 
-/// Today's date (UTC) as `YYYY-MM-DD`.
-fn today() -> String {
-    Utc::of(SystemTime::now()).date()
+/// When the run started (UTC), as `YYYY-MM-DDTHH:MMZ`.
+fn start_stamp() -> String {
+    let now = Utc::of(SystemTime::now());
+    format!("{}T{:02}:{:02}Z", now.date(), now.hour, now.minute)
 }
 
 #[cfg(test)]

@@ -94,6 +94,7 @@ impl Throughput {
         percentiles: &[Percentile],
         v: &Throughput,
         e: &Throughput,
+        c: Option<&Throughput>,
     ) -> Vec<Row> {
         let (vigil, etcd) = (Some(v.per_second), Some(e.per_second));
         let rate = Row::new(
@@ -103,7 +104,8 @@ impl Throughput {
             Better::Higher,
             vigil,
             etcd,
-        );
+        )
+        .with_consul(c.map(|c| c.per_second));
         let latencies = percentiles.iter().map(|p| {
             let (vigil, etcd) = (Some(p.of(&v.latency)), Some(p.of(&e.latency)));
             let name = p.name();
@@ -116,6 +118,7 @@ impl Throughput {
                 vigil,
                 etcd,
             )
+            .with_consul(c.map(|c| p.of(&c.latency)))
         });
         std::iter::once(rate).chain(latencies).collect()
     }

@@ -13,9 +13,14 @@
 //!   with its own connection. The `FairMutex` runs without a holder monitor: like etcd's
 //!   recipes, a contender learns of a lost lock from its session.
 //! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
+//!
+//! Every exclusive run also checks what a lock is for ([`Exclusion`]): no grant while another
+//! contender holds the lock, and no lost update of a counter each holder reads and later
+//! writes back. A violation fails the run (and `--check`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -53,6 +58,11 @@ pub enum Recipe {
     VigilShared,
     /// etcd: the server-side v3lock `Lock` / `Unlock` RPCs with one lease.
     EtcdV3Lock,
+    /// Consul 1.8.7: `?acquire` / `?release` with one long-lived session, by Vigil's client.
+    ConsulSession,
+    /// Consul 1.8.7: the same Consul-style `Lock` as [`Recipe::VigilLock`], by Vigil's client
+    /// (the algorithm of Consul's own Go client).
+    ConsulLock,
     /// etcd: the `concurrency.Mutex` algorithm with one lease.
     EtcdMutex,
 }
@@ -66,6 +76,8 @@ impl Recipe {
             Recipe::VigilShared => "Vigil RwLock read (server-side queue), one session",
             Recipe::EtcdV3Lock => "etcd v3lock Lock RPC",
             Recipe::EtcdMutex => "etcd concurrency.Mutex",
+            Recipe::ConsulSession => "Consul ?acquire/?release, one session",
+            Recipe::ConsulLock => "Consul Consul-style Lock, one session",
         }
     }
 }
@@ -260,15 +272,24 @@ struct Setup {
     lock: String,
     vigil_addr: SocketAddr,
     etcd_endpoint: String,
+    /// Consul's leader's HTTP address, for the Consul recipes.
+    consul_addr: Option<String>,
     counters: Arc<Counters>,
 }
 
 impl Setup {
     async fn contender(&self) -> Result<(Contender, Option<Client>)> {
-        let vigil_addr = self.vigil_addr;
-        // Every Vigil contender has its own client and one session (no TTL, no lock-delay).
+        let addr = match self.recipe {
+            Recipe::ConsulSession | Recipe::ConsulLock => self
+                .consul_addr
+                .clone()
+                .context("no Consul cluster for a Consul recipe")?,
+            _ => self.vigil_addr.to_string(),
+        };
+        // Every Vigil (or Consul) contender has its own client and one session (no TTL, no
+        // lock-delay).
         let vigil = || async {
-            let client = Client::new(&vigil_addr.to_string())?;
+            let client = Client::new(&addr)?;
             let session = client
                 .session_create(&SessionRequest {
                     name: "bench".to_owned(),
@@ -286,7 +307,7 @@ impl Setup {
             options
         };
         Ok(match self.recipe {
-            Recipe::VigilSession => {
+            Recipe::VigilSession | Recipe::ConsulSession => {
                 let (client, session) = vigil().await?;
                 let contender = Contender::VigilSession(KeyLock {
                     client: client.clone(),
@@ -295,7 +316,7 @@ impl Setup {
                 });
                 (contender, Some(client))
             }
-            Recipe::VigilLock => {
+            Recipe::VigilLock | Recipe::ConsulLock => {
                 let (client, session) = vigil().await?;
                 let mut options = LockOptions::new(self.lock.clone());
                 options.session.reuse = Some(session.clone());
@@ -341,6 +362,47 @@ impl Setup {
     }
 }
 
+/// What the contenders of an exclusive lock see of each other: who holds the lock by their
+/// grants, and a counter every holder reads, yields, then writes back one higher. Two holders
+/// at once show as a grant while `holder` is set, and lose an increment unless their reads
+/// and writes happen not to interleave.
+#[derive(Default)]
+struct Exclusion {
+    /// The holding contender's number plus one; 0 when nobody holds the lock.
+    holder: AtomicUsize,
+    counter: AtomicU64,
+    /// Grants that came while another contender held the lock.
+    overlaps: AtomicU64,
+}
+
+impl Exclusion {
+    /// Contender `c`, just granted the lock, does its work under it.
+    async fn hold(&self, c: usize) {
+        if self.holder.swap(c + 1, Ordering::SeqCst) != 0 {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let seen = self.counter.load(Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        self.counter.store(seen + 1, Ordering::SeqCst);
+        let _ = self
+            .holder
+            .compare_exchange(c + 1, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Fails when a grant overlapped another or the counter lost an update of `cycles`.
+    fn verdict(&self, recipe: Recipe, cycles: u64) -> Result<()> {
+        let overlaps = self.overlaps.load(Ordering::SeqCst);
+        let counter = self.counter.load(Ordering::SeqCst);
+        if overlaps > 0 || counter != cycles {
+            bail!(
+                "{recipe:?} broke mutual exclusion: {overlaps} grants while held, counter \
+                 {counter} after {cycles} increments"
+            );
+        }
+        Ok(())
+    }
+}
+
 /// Requests sent and wakeups so far, for the recipe's system.
 #[derive(Clone)]
 struct Tally {
@@ -367,6 +429,7 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
         lock: format!("bench/lock/{recipe:?}/{clients}"),
         vigil_addr: leaders.vigil_addr,
         etcd_endpoint: leaders.etcd_endpoint.clone(),
+        consul_addr: leaders.consul.as_ref().map(|(addr, _)| addr.clone()),
         counters: Arc::new(Counters::default()),
     };
     let mut contenders = Vec::new();
@@ -381,15 +444,20 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
         counters: setup.counters.clone(),
         etcd,
     };
-    let pids = if etcd {
-        &leaders.etcd_pids
-    } else {
-        &leaders.vigil_pids
+    let pids = match recipe {
+        Recipe::EtcdV3Lock | Recipe::EtcdMutex => &leaders.etcd_pids,
+        Recipe::ConsulSession | Recipe::ConsulLock => match &leaders.consul {
+            Some((_, pids)) => pids,
+            None => bail!("no Consul cluster for {recipe:?}"),
+        },
+        _ => &leaders.vigil_pids,
     };
     let meter = Meter::start(
         format!("{}, {}", recipe.label(), load::clients(clients)),
         pids,
     )?;
+    let exclusion = Arc::new(Exclusion::default());
+    let exclusive = recipe != Recipe::VigilShared;
     let (open, close) = window.schedule();
     let snapshots = tokio::spawn(async move {
         tokio::time::sleep_until(open).await;
@@ -399,14 +467,20 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
     });
     let workers: Vec<_> = contenders
         .into_iter()
-        .map(|mut contender| {
+        .enumerate()
+        .map(|(c, mut contender)| {
+            let exclusion = exclusion.clone();
             tokio::spawn(async move {
                 let (mut acquire, mut cycle) = (histogram(), histogram());
-                let mut count = 0u64;
+                let (mut count, mut cycles) = (0u64, 0u64);
                 while Instant::now() < close {
                     let t0 = Instant::now();
                     contender.acquire().await?;
                     let t1 = Instant::now();
+                    if exclusive {
+                        exclusion.hold(c).await;
+                    }
+                    cycles += 1;
                     contender.release().await?;
                     if t1 >= open && t1 < close {
                         count += 1;
@@ -414,7 +488,7 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
                         cycle.record(micros(t0.elapsed()))?;
                     }
                 }
-                anyhow::Ok((count, acquire, cycle, contender))
+                anyhow::Ok((count, cycles, acquire, cycle, contender))
             })
         })
         .collect();
@@ -422,16 +496,21 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
     let (mut acquire, mut cycle) = (histogram(), histogram());
     let mut counts = Vec::new();
     let mut finished = Vec::new();
+    let mut all_cycles = 0;
     for worker in workers {
-        let (count, a, c, contender) = tokio::time::timeout_at(deadline, worker)
+        let (count, cycles, a, c, contender) = tokio::time::timeout_at(deadline, worker)
             .await
             .context("a contender did not finish")???;
         counts.push(count);
+        all_cycles += cycles;
         acquire.add(a)?;
         cycle.add(c)?;
         finished.push(contender);
     }
     let usage = meter.stop()?;
+    if exclusive {
+        exclusion.verdict(recipe, all_cycles)?;
+    }
     let ((requests_0, wakeups_0), (requests_1, wakeups_1)) = snapshots.await?;
     for contender in finished {
         contender.close().await?;
@@ -467,13 +546,18 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let mut runs = Vec::new();
-    for recipe in [
+    let consul = leaders.consul.is_some();
+    let uncontended = [
         Recipe::VigilSession,
         Recipe::EtcdMutex,
         Recipe::EtcdV3Lock,
         Recipe::VigilLock,
-    ] {
-        runs.push(run(recipe, 1, plan.lock, &leaders).await?);
+        Recipe::ConsulSession,
+    ];
+    for recipe in uncontended {
+        if consul || recipe != Recipe::ConsulSession {
+            runs.push(run(recipe, 1, plan.lock, &leaders).await?);
+        }
     }
     for clients in [8, 32] {
         for recipe in [
@@ -481,8 +565,11 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
             Recipe::VigilFair,
             Recipe::EtcdV3Lock,
             Recipe::EtcdMutex,
+            Recipe::ConsulLock,
         ] {
-            runs.push(run(recipe, clients, plan.contended, &leaders).await?);
+            if consul || recipe != Recipe::ConsulLock {
+                runs.push(run(recipe, clients, plan.contended, &leaders).await?);
+            }
         }
     }
     runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
@@ -494,26 +581,41 @@ fn find(runs: &[LockRun], recipe: Recipe, clients: usize) -> Option<&LockRun> {
         .find(|r| r.recipe == recipe && r.clients == clients)
 }
 
-/// The runs being compared: a Vigil recipe's and an etcd recipe's.
-type Pair<'a> = (Option<&'a LockRun>, Option<&'a LockRun>);
+/// The runs being compared: a Vigil recipe's, an etcd recipe's and Consul's run of the Vigil
+/// recipe's algorithm (none where Consul has no such recipe).
+type Trio<'a> = (
+    Option<&'a LockRun>,
+    Option<&'a LockRun>,
+    Option<&'a LockRun>,
+);
 
-/// A row comparing one figure of a pair of runs.
+/// A row comparing one figure of a pair of runs, with Consul's run of the same recipe when
+/// there is one.
 fn compare(
     id: String,
     workload: &str,
     metric: &str,
     better: Better,
-    (vigil, etcd): Pair<'_>,
+    (vigil, etcd, consul): Trio<'_>,
     figure: fn(&LockRun) -> Option<f64>,
 ) -> Row {
     let vigil = vigil.and_then(figure);
     let etcd = etcd.and_then(figure);
-    Row::new(id, workload, metric, better, vigil, etcd)
+    Row::new(id, workload, metric, better, vigil, etcd).with_consul(consul.and_then(figure))
 }
 
 fn outcome(runs: Vec<LockRun>) -> Outcome {
-    let pair = |vigil: Recipe, etcd: Recipe, clients: usize| -> Pair<'_> {
-        (find(&runs, vigil, clients), find(&runs, etcd, clients))
+    let consul_of = |vigil: Recipe| match vigil {
+        Recipe::VigilSession => Some(Recipe::ConsulSession),
+        Recipe::VigilLock => Some(Recipe::ConsulLock),
+        _ => None,
+    };
+    let pair = |vigil: Recipe, etcd: Recipe, clients: usize| -> Trio<'_> {
+        (
+            find(&runs, vigil, clients),
+            find(&runs, etcd, clients),
+            consul_of(vigil).and_then(|c| find(&runs, c, clients)),
+        )
     };
     let rate: fn(&LockRun) -> Option<f64> = |r| Some(r.per_second);
     let (higher, lower) = (Better::Higher, Better::Lower);
@@ -680,5 +782,32 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
         tables: vec![table],
         usage: runs.iter().map(|r| r.usage.clone()).collect(),
         details: json!({ "runs": runs }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn one_holder_at_a_time_passes() {
+        let exclusion = Exclusion::default();
+        for c in 0..5 {
+            exclusion.hold(c % 2).await;
+        }
+        exclusion.verdict(Recipe::VigilFair, 5).unwrap();
+    }
+
+    /// The check's negative control: two contenders granted at once are caught, by the grant
+    /// that overlapped and by the increment one of them lost.
+    #[tokio::test]
+    async fn two_holders_at_once_fail_the_run() {
+        let exclusion = Arc::new(Exclusion::default());
+        let (a, b) = (exclusion.clone(), exclusion.clone());
+        tokio::join!(a.hold(0), b.hold(1));
+        let error = exclusion.verdict(Recipe::ConsulLock, 2).unwrap_err();
+        let text = error.to_string();
+        assert!(text.contains("1 grants while held"), "{text}");
+        assert!(text.contains("counter 1 after 2 increments"), "{text}");
     }
 }

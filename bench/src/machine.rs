@@ -35,6 +35,8 @@ pub struct Versions {
     pub vigil: String,
     /// `etcd --version`.
     pub etcd: String,
+    /// `consul version`, or why there is no Consul column.
+    pub consul: String,
 }
 
 impl Machine {
@@ -84,7 +86,13 @@ impl Versions {
             None => vigil,
         };
         let etcd = first_line(Command::new("etcd").arg("--version"))?;
-        Ok(Versions { vigil, etcd })
+        let consul = super::consul::ConsulCluster::version()
+            .unwrap_or_else(|e| format!("no Consul ({e:#})"));
+        Ok(Versions {
+            vigil,
+            etcd,
+            consul,
+        })
     }
 }
 

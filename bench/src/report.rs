@@ -1,6 +1,6 @@
 //! The results of one run: the comparison rows (Vigil's figure, etcd's, and how many times
 //! better Vigil is), per-workload detail tables and raw details, CPU use per phase, the issue's
-//! targets evaluated against this run, and the two renderings: `bench/results/<date>.json` and
+//! targets evaluated against this run, and the two renderings: `bench/results/<stamp>.json` and
 //! the markdown of `docs/benchmarks.md`.
 
 use std::collections::BTreeMap;
@@ -16,12 +16,13 @@ use super::machine::{Machine, Meter, Usage, Versions};
 
 /// The top of `docs/benchmarks.md`: what the file is, how to rerun it, what each workload does.
 pub const INTRO: &str = r#"
-# Benchmarks: Vigil and etcd side by side
+# Benchmarks: Vigil, etcd and Consul side by side
 
 This file is written by `vigil-bench` (the `bench/` crate): rerun it rather than edit
-it. Every figure is measured in one run, on one machine, against a 3-server Vigil cluster and a
-3-member etcd cluster (Debian's etcd 3.4, default settings) on 127.0.0.1, both with real data
-directories and an fsync per commit. The machine these numbers come from has 2 cores and is
+it. Every figure is measured in one run, on one machine, against a 3-server Vigil cluster, a
+3-member etcd cluster (Debian's etcd 3.4, default settings) and, where it speaks the same API
+as Vigil, a 3-server Consul 1.8.7 cluster (Debian bullseye's, default settings), all on
+127.0.0.1 with real data directories and an fsync per commit. The machine these numbers come from has 2 cores and is
 shared with other builds, so absolute figures are noisy and drift between runs: read the ratios,
 which compare the two systems under the same conditions at the same time.
 
@@ -29,6 +30,7 @@ which compare the two systems under the same conditions at the same time.
 
 ```sh
 scripts/install-etcd.sh    # Debian's etcd-server, plus protoc for the etcd-client crate's build
+scripts/install-consul.sh  # Consul 1.8.7 from Debian bullseye (optional: its column stays empty)
 cargo run --release -p vigil-bench --features etcd               # full run, < 15 min
 cargo run --release -p vigil-bench --features etcd -- --quick    # < 3 min
 ```
@@ -37,30 +39,40 @@ The `etcd` feature brings in etcd's gRPC client, whose build needs `protoc`; it 
 default so that `cargo test --workspace` builds without `protoc` (a `vigil-bench` built without
 it only says how to rebuild it).
 
-A full run writes `bench/results/<date>.json` (every figure with its percentiles, per-client
-counts and CPU use) and this file; `--quick` writes `bench/results/<date>-quick.json` and prints
-the tables. `--out DIR` writes under `DIR` instead of the repository. `--only WORKLOAD`
-(repeatable: `kv_put`, `locks`, `sessions`, `failure_detection`, `leader_failover`,
-`watch_fanout`, `footprint`) runs only those and writes `<date>[-quick]-partial.json`, never
-this file. `--check` (CI's smoke
+A full run writes `bench/results/<date>T<HHMM>Z.json` (every figure with its percentiles,
+per-client counts and CPU use; named by the run's start, so a rerun never overwrites an earlier
+result) and this file; `--quick` writes `bench/results/<date>T<HHMM>Z-quick.json` and prints
+the tables. `--out DIR` writes under `DIR` instead of the repository: to check these figures on
+your own machine without touching the committed report, run with `--out /tmp/mine` and compare
+`/tmp/mine/docs/benchmarks.md` with this file. `--only WORKLOAD` (repeatable: `kv_put`,
+`locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
+only those and writes `<date>T<HHMM>Z[-quick]-partial.json`, never this file. `--check` (CI's smoke
 test: `--quick --check --out target/bench-check`) exits non-zero when a workload produced no
 figures; it never judges the figures themselves.
 
 The harness starts the Vigil servers (the `vigil-under-test` agent binary built beside it, `lan`
-gossip profile) and the etcd members on free loopback ports, talks to each system's leader
-directly, and stops everything it started, also on failure or Ctrl-C. Every concurrent client
-has its own reused connection (Vigil: the async client library of `vigil-shared`; etcd: the
-`etcd-client` crate over gRPC). The harness reports its own CPU use per phase, next to the
-servers'.
+gossip profile), the etcd members and the Consul servers on free loopback ports, talks to each
+system's leader directly, and stops everything it started, also on failure or Ctrl-C. Every
+concurrent client has its own reused connection (Vigil and Consul: the async client library of
+`vigil-shared`, the same code for both; etcd: the `etcd-client` crate over gRPC). The harness
+reports its own CPU use per phase, next to the servers'.
+
+Consul's column: Consul 1.8.7 is what Debian packages (bullseye), and the newest release that
+can be installed here without downloading from HashiCorp; `scripts/install-consul.sh` installs
+it (root, and Debian's bullseye archive reachable), and without it the run says so and leaves
+the column empty. Consul is measured where it speaks Vigil's API with the same client code: KV
+puts, sessions, and the `?acquire`/`?release` and Consul-style locks (its own Go client's
+algorithm). It has no server-side lock queue, so the fair-mutex rows have no Consul figure.
 
 ## What each workload measures
 
-- **KV put**: 1, 16 and 64 clients, each putting 128-byte values to new keys as fast as the
+- **KV put** (Vigil, etcd, Consul): 1, 16 and 64 clients, each putting 128-byte values to new keys as fast as the
   answers come back (closed loop); puts/s and latency p50/p99 (HDR histogram) after a warm-up.
 - **Uncontended lock cycle**: one client, acquire + release of one lock with a long-lived
   session: Vigil's `?acquire`/`?release` against etcd's `concurrency.Mutex` (lock: one
   transaction; unlock: one delete) and its v3lock `Lock`/`Unlock` RPCs. The detail table adds
-  Vigil's Consul-style `Lock` recipe with the same long-lived session.
+  Vigil's Consul-style `Lock` recipe with the same long-lived session. Consul: the same
+  `?acquire`/`?release` cycle.
 - **Contended lock**: 8 and 32 clients looping acquire → release on one lock: handoffs/s
   (acquisitions per second), acquire latency, fairness (fewest ÷ most acquisitions of one
   client), requests sent per acquisition and waiting requests woken per acquisition (Vigil:
@@ -70,9 +82,10 @@ servers'.
   commits), each client with one long-lived session; the client library counts the requests
   it sends, as the harness counts etcd's. etcd: the
   server-side v3lock `Lock` RPC and the client-side `concurrency.Mutex` algorithm of etcd's Go
-  client (reimplemented over `etcd-client`), each client with one lease.
-- **Sessions and leases**: 16 clients creating sessions / granting leases (60 s TTL; a raft
-  write each), then each renewing one (leader-only on both).
+  client (reimplemented over `etcd-client`), each client with one lease. Consul: the same
+  Consul-style `Lock` as Vigil's, so its row sits beside "Consul-style lock vs v3lock".
+- **Sessions and leases** (Vigil, etcd, Consul): 16 clients creating sessions / granting
+  leases (60 s TTL; a raft write each), then each renewing one (leader-only on each).
 - **Watch fan-out**: on fresh clusters, 10,000 idle watchers on distinct keys and 1,000 on one
   key, on the leader, each the way its system's clients watch: Vigil one blocking query, so one
   HTTP connection, per watcher; etcd one watch per key, all multiplexed on one gRPC stream. The
@@ -86,8 +99,10 @@ servers'.
   the holder, as Vigil's `lan` profile does. The same with the holder's agent stopped for good
   (SIGSTOP: silent, so Vigil's suspicion must run out; etcd cannot tell it from a death, so its
   figure is the same expiry). Then stalls that are not deaths, each round: the holder's agent
-  stopped 2 s, another agent 5 s, a follower server 4 s, each followed by 8 s to settle; every
-  session lost by a node that was not the one stopped 5 s is a false invalidation. Median of 5
+  stopped 2 s, another agent stopped 5 s and then starved of CPU 5 s (1% of a core, a cgroup
+  `cpu` quota; skipped with the reason where no cgroup can be made), a follower server stopped
+  4 s, each followed by 8 s to settle; every session lost by a node that was not the one
+  stopped or starved 5 s is a false invalidation. Median of 5
   rounds (3 with `--quick`); the kill row runs 30 rounds (10 with `--quick`) and also reports
   their p90 and slowest round, which stands in for a p99 (that would need a hundred rounds).
 - **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member) → the remaining
@@ -120,6 +135,10 @@ pub struct Row {
     pub etcd: Option<f64>,
     /// How many times better Vigil's figure is than etcd's (> 1: Vigil is better).
     pub vigil_advantage: Option<f64>,
+    /// Consul 1.8.7's figure, where Consul speaks the same API and was measured.
+    pub consul: Option<f64>,
+    /// How many times better Vigil's figure is than Consul's.
+    pub vigil_vs_consul: Option<f64>,
     /// A figure etcd has no counterpart for (no etcd column expected).
     pub vigil_only: bool,
 }
@@ -133,13 +152,7 @@ impl Row {
         vigil: Option<f64>,
         etcd: Option<f64>,
     ) -> Row {
-        let vigil_advantage = match (vigil, etcd) {
-            (Some(v), Some(e)) if v > 0.0 && e > 0.0 => Some(match better {
-                Better::Higher => v / e,
-                Better::Lower => e / v,
-            }),
-            _ => None,
-        };
+        let vigil_advantage = advantage(better, vigil, etcd);
         Row {
             id: id.into(),
             workload: workload.into(),
@@ -148,7 +161,18 @@ impl Row {
             vigil,
             etcd,
             vigil_advantage,
+            consul: None,
+            vigil_vs_consul: None,
             vigil_only: false,
+        }
+    }
+
+    /// The row with Consul's figure beside the others.
+    pub fn with_consul(self, consul: Option<f64>) -> Row {
+        Row {
+            vigil_vs_consul: advantage(self.better, self.vigil, consul),
+            consul,
+            ..self
         }
     }
 
@@ -164,6 +188,17 @@ impl Row {
             vigil_only: true,
             ..Row::new(id, workload, metric, better, vigil, None)
         }
+    }
+}
+
+/// How many times better `vigil` is than `other` (> 1: Vigil is better).
+fn advantage(better: Better, vigil: Option<f64>, other: Option<f64>) -> Option<f64> {
+    match (vigil, other) {
+        (Some(v), Some(o)) if v > 0.0 && o > 0.0 => Some(match better {
+            Better::Higher => v / o,
+            Better::Lower => o / v,
+        }),
+        _ => None,
     }
 }
 
@@ -330,6 +365,7 @@ const TARGETS: [(&str, &str, Check); 16] = [
 /// Everything one run wrote.
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// When the run started (UTC), `YYYY-MM-DDTHH:MMZ`.
     pub date: String,
     /// `full` or `quick`.
     pub mode: String,
@@ -447,8 +483,8 @@ impl Report {
         );
         let _ = writeln!(
             md,
-            "- Versions: {}; {}.",
-            self.versions.vigil, self.versions.etcd
+            "- Versions: {}; {}; {}.",
+            self.versions.vigil, self.versions.etcd, self.versions.consul
         );
         if let Some(peak) = self
             .usage
@@ -486,20 +522,25 @@ impl Report {
         }
 
         md.push_str(
-            "\n### Vigil and etcd\n\n\"Vigil ÷ etcd\" is how many times better Vigil's figure is \
-             (higher throughput, or lower latency and memory): above 1 Vigil is better.\n\n\
-             | workload | metric | Vigil | etcd | Vigil ÷ etcd |\n| --- | --- | --: | --: | --: |\n",
+            "\n### Vigil, etcd and Consul\n\n\"Vigil ÷ etcd\" and \"Vigil ÷ Consul\" are how many \
+             times better Vigil's figure is (higher throughput, or lower latency and memory): above \
+             1 Vigil is better. Consul 1.8.7 has a figure where it speaks the same API as Vigil \
+             and this run measured it.\n\n\
+             | workload | metric | Vigil | etcd | Vigil ÷ etcd | Consul | Vigil ÷ Consul |\n\
+             | --- | --- | --: | --: | --: | --: | --: |\n",
         );
+        let times = |a: Option<f64>| a.map_or_else(|| "—".to_owned(), |a| format!("{}×", num(a)));
         for r in &self.rows {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {} | {} |",
                 r.workload,
                 r.metric,
                 opt(r.vigil),
                 opt(r.etcd),
-                r.vigil_advantage
-                    .map_or_else(|| "—".to_owned(), |a| format!("{}×", num(a)))
+                times(r.vigil_advantage),
+                opt(r.consul),
+                times(r.vigil_vs_consul)
             );
         }
 
@@ -542,4 +583,35 @@ pub fn num(v: f64) -> String {
 
 fn opt(v: Option<f64>) -> String {
     v.map_or_else(|| "—".to_owned(), num)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consul_figures_get_their_own_ratio() {
+        let row = Row::new(
+            "kv.rate",
+            "KV",
+            "puts/s",
+            Better::Higher,
+            Some(300.0),
+            Some(100.0),
+        )
+        .with_consul(Some(150.0));
+        assert_eq!(row.vigil_advantage, Some(3.0));
+        assert_eq!(row.vigil_vs_consul, Some(2.0));
+        let latency = Row::new(
+            "kv.p50",
+            "KV",
+            "p50 (ms)",
+            Better::Lower,
+            Some(2.0),
+            Some(4.0),
+        )
+        .with_consul(None);
+        assert_eq!(latency.vigil_advantage, Some(2.0));
+        assert_eq!(latency.vigil_vs_consul, None);
+    }
 }

@@ -1,6 +1,7 @@
-//! Session (Vigil) and lease (etcd) throughput with 16 concurrent clients: creates/s (a raft
-//! write on both: `PUT /v1/session/create` with a 60 s TTL, `LeaseGrant` with a 60 s TTL), then
-//! renews/s of one session or lease per client (leader-only on both: `PUT
+//! Session (Vigil, and Consul by the same client code) and lease (etcd) throughput with 16
+//! concurrent clients: creates/s (a raft write on each: `PUT /v1/session/create` with a 60 s
+//! TTL, `LeaseGrant` with a 60 s TTL), then renews/s of one session or lease per client
+//! (leader-only on each: `PUT
 //! /v1/session/renew/<id>`, one `LeaseKeepAlive` request and answer on a kept-open stream).
 //! Everything created is destroyed or revoked afterwards, outside the measured windows.
 
@@ -40,53 +41,16 @@ fn take<T>(created: &Created<T>) -> Vec<Vec<T>> {
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let mut outcome = Outcome::default();
-
-    // Vigil: create, then renew one session per client, then destroy them all.
     let vigil = Client::new(&leaders.vigil_addr.to_string())?;
-    let sessions = created::<String>();
-    let (client, ids) = (vigil.clone(), sessions.clone());
-    let creates = closed_loop(CLIENTS, plan.session, move |c, _| {
-        let (client, ids) = (client.clone(), ids.clone());
-        async move {
-            let request = SessionRequest {
-                name: "bench".to_owned(),
-                ttl: Some(TTL),
-                ..SessionRequest::default()
-            };
-            push(&ids, c, client.session_create(&request).await?);
-            Ok(())
+    let (v_create, v_renew) =
+        http_sessions(&mut outcome, "Vigil", &vigil, &leaders.vigil_pids, plan).await?;
+    let consul = match &leaders.consul {
+        Some((addr, pids)) => {
+            let client = Client::new(addr)?;
+            Some(http_sessions(&mut outcome, "Consul", &client, pids, plan).await?)
         }
-    });
-    let v_create = outcome
-        .metered("Session create, Vigil", &leaders.vigil_pids, creates)
-        .await?;
-    let sessions = take(&sessions);
-    let renewed: Arc<Vec<String>> = Arc::new(
-        sessions
-            .iter()
-            .map(|ids| ids.first().cloned().context("a client created no session"))
-            .collect::<Result<_>>()?,
-    );
-    let client = vigil.clone();
-    let renewals = closed_loop(CLIENTS, plan.session, move |c, _| {
-        let (client, renewed) = (client.clone(), renewed.clone());
-        async move {
-            let renewal = client.session_renew(&renewed[c]).await?;
-            ensure!(renewal.is_some(), "session gone");
-            Ok(())
-        }
-    });
-    let v_renew = outcome
-        .metered("Session renew, Vigil", &leaders.vigil_pids, renewals)
-        .await?;
-    futures::stream::iter(sessions.into_iter().flatten())
-        .map(|id| {
-            let client = vigil.clone();
-            async move { client.session_destroy(&id).await }
-        })
-        .buffer_unordered(CLIENTS)
-        .try_collect::<Vec<()>>()
-        .await?;
+        None => None,
+    };
 
     // etcd: the same with leases, each client over its own connection.
     let etcd_clients = Arc::new(connect_each(&leaders.etcd_endpoint, CLIENTS).await?);
@@ -138,26 +102,98 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         .try_collect::<Vec<()>>()
         .await?;
 
-    outcome.rows = rows(&v_create, &e_create, &v_renew, &e_renew);
+    let (c_create, c_renew) = consul.unzip();
+    outcome.rows = rows(
+        [&v_create, &e_create],
+        [&v_renew, &e_renew],
+        c_create.as_ref(),
+        c_renew.as_ref(),
+    );
     outcome.details = json!({
         "clients": CLIENTS,
         "ttl_seconds": TTL.as_secs(),
-        "create": { "vigil": v_create, "etcd": e_create },
-        "renew": { "vigil": v_renew, "etcd": e_renew },
+        "create": { "vigil": v_create, "etcd": e_create, "consul": c_create },
+        "renew": { "vigil": v_renew, "etcd": e_renew, "consul": c_renew },
     });
     Ok(outcome)
 }
 
+/// Sessions over the HTTP API `client` speaks (Vigil's or Consul's, `system`): creates by
+/// [`CLIENTS`] clients, then renewals of one session per client, then every session destroyed;
+/// metered on the servers `pids`.
+async fn http_sessions(
+    outcome: &mut Outcome,
+    system: &str,
+    client: &Client,
+    pids: &[u32],
+    plan: &Plan,
+) -> Result<(Throughput, Throughput)> {
+    let sessions = created::<String>();
+    let (creator, ids) = (client.clone(), sessions.clone());
+    let creates = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let (client, ids) = (creator.clone(), ids.clone());
+        async move {
+            let request = SessionRequest {
+                name: "bench".to_owned(),
+                ttl: Some(TTL),
+                ..SessionRequest::default()
+            };
+            push(&ids, c, client.session_create(&request).await?);
+            Ok(())
+        }
+    });
+    let create = outcome
+        .metered(format!("Session create, {system}"), pids, creates)
+        .await?;
+    let sessions = take(&sessions);
+    let renewed: Arc<Vec<String>> = Arc::new(
+        sessions
+            .iter()
+            .map(|ids| ids.first().cloned().context("a client created no session"))
+            .collect::<Result<_>>()?,
+    );
+    let renewer = client.clone();
+    let renewals = closed_loop(CLIENTS, plan.session, move |c, _| {
+        let (client, renewed) = (renewer.clone(), renewed.clone());
+        async move {
+            let renewal = client.session_renew(&renewed[c]).await?;
+            ensure!(renewal.is_some(), "session gone");
+            Ok(())
+        }
+    });
+    let renew = outcome
+        .metered(format!("Session renew, {system}"), pids, renewals)
+        .await?;
+    futures::stream::iter(sessions.into_iter().flatten())
+        .map(|id| {
+            let client = client.clone();
+            async move { client.session_destroy(&id).await }
+        })
+        .buffer_unordered(CLIENTS)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok((create, renew))
+}
+
+/// The rows of creates and renewals: Vigil's and etcd's figures, and Consul's when measured.
 fn rows(
-    v_create: &Throughput,
-    e_create: &Throughput,
-    v_renew: &Throughput,
-    e_renew: &Throughput,
+    [v_create, e_create]: [&Throughput; 2],
+    [v_renew, e_renew]: [&Throughput; 2],
+    c_create: Option<&Throughput>,
+    c_renew: Option<&Throughput>,
 ) -> Vec<Row> {
     let create = format!("Session create / lease grant, {CLIENTS} clients");
     let renew = format!("Session renew / lease keep-alive, {CLIENTS} clients");
     let (rate, p99) = ("per second", &[Percentile::P99]);
-    let mut rows = Throughput::compare("session.create", &create, rate, p99, v_create, e_create);
+    let mut rows = Throughput::compare(
+        "session.create",
+        &create,
+        rate,
+        p99,
+        v_create,
+        e_create,
+        c_create,
+    );
     rows.extend(Throughput::compare(
         "session.renew",
         &renew,
@@ -165,6 +201,7 @@ fn rows(
         p99,
         v_renew,
         e_renew,
+        c_renew,
     ));
     rows
 }
