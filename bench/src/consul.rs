@@ -15,7 +15,7 @@ use anyhow::{Context, Result, bail};
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
-use vigil_shared::client::Client;
+use vigil_client::Client;
 
 use integration_tests::log_tail;
 
