@@ -17,9 +17,7 @@ use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep};
 use vigil_client::Client;
 
-use integration_tests::log_tail;
-
-use super::etcd::free_tcp_ports;
+use super::etcd::{free_tcp_ports, with_log_tails};
 
 /// Where `scripts/install-consul.sh` puts the binary.
 pub const BINARY: &str = "/usr/local/bin/consul";
@@ -128,12 +126,8 @@ impl ConsulCluster {
         }
         let cluster = ConsulCluster { servers, _dir: dir };
         if let Err(e) = cluster.wait_for_leader().await {
-            let logs: Vec<String> = cluster
-                .servers
-                .iter()
-                .map(|s| log_tail(&s.log, 20))
-                .collect();
-            bail!("{e:#}\n{}", logs.join("\n"));
+            let logs = cluster.servers.iter().map(|s| s.log.as_path());
+            return Err(with_log_tails(e, logs));
         }
         Ok(cluster)
     }

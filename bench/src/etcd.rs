@@ -69,6 +69,15 @@ pub fn free_tcp_ports(n: usize) -> Result<Vec<u16>> {
         .collect::<std::io::Result<Vec<_>>>()?)
 }
 
+/// `error` followed by the last lines of each of `logs`: why a cluster did not start.
+pub fn with_log_tails<'a>(
+    error: anyhow::Error,
+    logs: impl Iterator<Item = &'a std::path::Path>,
+) -> anyhow::Error {
+    let tails: Vec<String> = logs.map(|log| log_tail(log, 20)).collect();
+    anyhow::anyhow!("{error:#}\n{}", tails.join("\n"))
+}
+
 /// A client of one endpoint (or several, balanced), with short connect timeouts.
 pub async fn connect(endpoints: &[String]) -> Result<Client> {
     let options = ConnectOptions::new()
@@ -135,12 +144,8 @@ impl EtcdCluster {
         }
         let cluster = EtcdCluster { members, dir };
         if let Err(e) = cluster.wait_for_leader().await {
-            let logs: Vec<String> = cluster
-                .members
-                .iter()
-                .map(|m| log_tail(&m.log, 20))
-                .collect();
-            bail!("{e:#}\n{}", logs.join("\n"));
+            let logs = cluster.members.iter().map(|m| m.log.as_path());
+            return Err(with_log_tails(e, logs));
         }
         Ok(cluster)
     }

@@ -458,8 +458,9 @@ fn stdout_json(output: &std::process::Output) -> Value {
     serde_json::from_slice(&output.stdout).expect("JSON output")
 }
 
-#[tokio::test]
-async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
+/// A dev agent with ACLs on (default deny), bootstrapped by `vigil acl bootstrap`, and the
+/// management token's secret it printed.
+async fn bootstrapped_by_the_cli() -> (Agent, String) {
     let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
     let root = eventually(Duration::from_secs(20), "vigil acl bootstrap", || {
         let agent = &agent;
@@ -470,6 +471,23 @@ async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
     })
     .await;
     let root = root["SecretID"].as_str().expect("SecretID").to_owned();
+    (agent, root)
+}
+
+/// What `vigil` printed when run with `token`, which must succeed.
+async fn printed(agent: &Agent, token: &str, args: &[&str]) -> String {
+    let out = vigil(agent, Some(token), args).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test]
+async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
+    let (agent, root) = bootstrapped_by_the_cli().await;
     let again = vigil(&agent, None, &["acl", "bootstrap"]).await;
     assert!(!again.status.success());
     assert!(
@@ -543,35 +561,18 @@ async fn the_cli_bootstraps_and_hands_out_a_prefix_token() {
 /// that is not there is an error, not an empty entry.
 #[tokio::test]
 async fn the_cli_prints_roles_policies_and_tokens_it_reads() {
-    let agent = Agent::dev_with(&["--acl-default-policy", "deny"]).await;
-    let root = eventually(Duration::from_secs(20), "vigil acl bootstrap", || {
-        let agent = &agent;
-        async move {
-            let out = vigil(agent, None, &["acl", "bootstrap", "--format", "json"]).await;
-            out.status.success().then(|| stdout_json(&out))
-        }
-    })
-    .await;
-    let root = root["SecretID"].as_str().expect("SecretID").to_owned();
-    let ok = |out: &std::process::Output| -> String {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let (agent, root) = bootstrapped_by_the_cli().await;
     let rules = "key_prefix \"app/\" { policy = \"read\" }";
     let create = &[
         "acl", "policy", "create", "--name", "reader", "--rules", rules,
     ];
-    ok(&vigil(&agent, Some(&root), create).await);
-    let read = ok(&vigil(
+    printed(&agent, &root, create).await;
+    let read = printed(
         &agent,
-        Some(&root),
+        &root,
         &["acl", "policy", "read", "--name", "reader"],
     )
-    .await);
+    .await;
     assert!(read.contains("Name:         reader"), "{read}");
     assert!(read.contains("Rules:\nkey_prefix \"app/\""), "{read}");
 
@@ -588,13 +589,13 @@ async fn the_cli_prints_roles_policies_and_tokens_it_reads() {
         "--node-identity",
         "n1:dc1",
     ];
-    ok(&vigil(&agent, Some(&root), &role).await);
-    let read = ok(&vigil(
+    printed(&agent, &root, &role).await;
+    let read = printed(
         &agent,
-        Some(&root),
+        &root,
         &["acl", "role", "read", "--name", "web-role"],
     )
-    .await);
+    .await;
     assert!(read.contains("Name:         web-role"), "{read}");
     assert!(read.contains(" - reader"), "{read}");
     assert!(read.contains("   web (Datacenters: dc1, dc2)"), "{read}");
@@ -609,19 +610,19 @@ async fn the_cli_prints_roles_policies_and_tokens_it_reads() {
         "--role-name",
         "web-role",
     ];
-    let printed = ok(&vigil(&agent, Some(&root), &token).await);
-    assert!(printed.contains("Description:      ci"), "{printed}");
-    assert!(printed.contains("Roles:\n   "), "{printed}");
-    assert!(printed.contains(" - web-role"), "{printed}");
-    let listed = ok(&vigil(&agent, Some(&root), &["acl", "token", "list"]).await);
+    let created = printed(&agent, &root, &token).await;
+    assert!(created.contains("Description:      ci"), "{created}");
+    assert!(created.contains("Roles:\n   "), "{created}");
+    assert!(created.contains(" - web-role"), "{created}");
+    let listed = printed(&agent, &root, &["acl", "token", "list"]).await;
     assert!(listed.contains("Description:      ci"), "{listed}");
     assert!(
         listed.contains("\n\nAccessorID:"),
         "a blank line between tokens: {listed}"
     );
-    let me = ok(&vigil(&agent, Some(&root), &["acl", "token", "read", "--self"]).await);
+    let me = printed(&agent, &root, &["acl", "token", "read", "--self"]).await;
     assert!(me.contains(&format!("SecretID:         {root}")), "{me}");
-    let policies = ok(&vigil(&agent, Some(&root), &["acl", "policy", "list"]).await);
+    let policies = printed(&agent, &root, &["acl", "policy", "list"]).await;
     assert!(policies.contains("Name:         reader"), "{policies}");
     assert!(
         !policies.contains("Rules:"),
