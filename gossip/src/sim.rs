@@ -561,6 +561,15 @@ mod tests {
     const CHECK: Duration = Duration::from_millis(100);
 
     /// `n` members, run until every one sees every other Alive; with the virtual time it took.
+    /// Every member declared down, and every identity renewal a suspicion forced, so far: what
+    /// a stall that is not a death must not cause.
+    fn disturbances(sim: &Sim) -> Vec<&TraceLine> {
+        sim.trace()
+            .iter()
+            .filter(|l| l.what.starts_with("down") || l.what.starts_with("Rejoin"))
+            .collect()
+    }
+
     fn converged_cluster(n: usize, profile: TimingProfile, seed: u64) -> (Sim, Duration) {
         let mut sim = Sim::new(n, profile, seed);
         let took = sim
@@ -977,11 +986,7 @@ mod tests {
         sim.run_for(window + ms(1));
         sim.inject_refusal(0, 6);
         sim.run_for(secs(10));
-        let noise: Vec<_> = sim
-            .trace()
-            .iter()
-            .filter(|l| l.what.starts_with("down") || l.what.starts_with("Rejoin"))
-            .collect();
+        let noise = disturbances(&sim);
         assert!(
             noise.is_empty(),
             "a stray refusal disturbed the cluster: {noise:#?}"
@@ -1009,11 +1014,7 @@ mod tests {
             }
             sim.run_for(secs(10));
             // Not declared down, and not even told to renew its identity.
-            let noise: Vec<_> = sim
-                .trace()
-                .iter()
-                .filter(|l| l.what.starts_with("down") || l.what.starts_with("Rejoin"))
-                .collect();
+            let noise = disturbances(&sim);
             assert!(
                 noise.is_empty(),
                 "seed {seed}: a 2 s stop disturbed the cluster under Lan: {noise:#?}"
