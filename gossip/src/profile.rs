@@ -1,6 +1,6 @@
 //! Named gossip timing profiles: every SWIM and driver number in one place, each with its reason.
 //! `Lan` is for real deployments (memberlist's `DefaultLANConfig` numbers, as foca's
-//! `Config::new_lan`), `Local` is for loopback tests and simulations. Nothing else in the gossip
+//! `Config::new_lan`, with faster probes), `Local` is for loopback tests and simulations. Nothing else in the gossip
 //! subsystem hard-codes a duration.
 
 use std::num::{NonZeroU8, NonZeroUsize};
@@ -26,15 +26,19 @@ const SUSPICION_CONFIRMATIONS: usize = 2;
 /// (see [`TimingProfile::foca_config`]) the way memberlist does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TimingProfile {
-    /// Real networks. The SWIM numbers are memberlist's LAN defaults (what Consul runs with):
+    /// Real networks. memberlist's LAN defaults (what Consul runs with), with probes two and a
+    /// half times as often so that a silent member is declared within about 3 s:
     ///
-    /// * probe every **1 s**, direct-ack deadline (`probe_rtt`) **500 ms**: a LAN p99 RTT is far
-    ///   below 500 ms, and the rest of the period is the indirect-probe window.
-    /// * suspicion **4 s × max(1, log10 n)** (4 s up to 10 members, 8 s at 100): a member that
-    ///   is stopped (SIGSTOP, GC pause, VM migration) for 2 s is suspected at worst 1 s after it
-    ///   stopped and has ≥ 2 s after it resumes to refute, which the suspicion nudge (see
-    ///   `node`) makes it do within one probe period: it is *not* reported failed. A crash is
-    ///   seen Failed by every member of a 10-node cluster ≈ 6 s after it happens (simulated).
+    /// * probe every **400 ms** (memberlist: 1 s), direct-ack deadline (`probe_rtt`) **200 ms**
+    ///   (memberlist: 500 ms): a LAN p99 RTT is far below 200 ms, and the rest of the period is
+    ///   the indirect-probe window. Five members exchange about 25 probe packets a second in all.
+    /// * suspicion **4 s × max(1, log10 n)** (memberlist's: 10 probe periods here, 4 of its
+    ///   1 s periods there), shrinking to **2.2 s × max(1, log10 n)** as independent members
+    ///   confirm it (see [`TimingProfile::suspicion_timeout`]): a member that is stopped
+    ///   (SIGSTOP, GC pause, VM migration) for 2 s resumes at least 0.4 s before the earliest
+    ///   verdict and refutes on the first suspicion nudge it reads (see `node`): it is *not*
+    ///   reported failed. A crash is seen Failed by every member of a 10-node cluster ≈ 3 s
+    ///   after it happens (simulated).
     /// * each update piggybacked **4 × ceil(log10(n + 1))** times (4 / 8 / 12 below 10 / 100 /
     ///   1000 members).
     /// * gossip every **200 ms** to 3 members: spreads updates in a few hops without
@@ -54,8 +58,8 @@ pub enum TimingProfile {
     ///   (a restart of that node at another address) may take it: time for the leader to see
     ///   the departure and invalidate the old process's sessions.
     Lan,
-    /// Loopback tests and simulations: the same shape, about 5x faster, still with margins a
-    /// busy 2-core CI machine needs.
+    /// Loopback tests and simulations: the same shape, probes twice as often as `Lan` and a
+    /// fixed suspicion four times shorter, still with margins a busy 2-core CI machine needs.
     ///
     /// * probe every **200 ms**, `probe_rtt` **100 ms**: loopback RTT is microseconds, so 100 ms
     ///   only has to absorb scheduler delays of a loaded test machine.
@@ -74,7 +78,7 @@ impl TimingProfile {
     /// How often a random member is probed.
     pub fn probe_period(self) -> Duration {
         match self {
-            TimingProfile::Lan => Duration::from_secs(1),
+            TimingProfile::Lan => Duration::from_millis(400),
             TimingProfile::Local => Duration::from_millis(200),
         }
     }
@@ -82,7 +86,7 @@ impl TimingProfile {
     /// How long a direct probe waits for its ack before asking others to probe indirectly.
     pub fn probe_rtt(self) -> Duration {
         match self {
-            TimingProfile::Lan => Duration::from_millis(500),
+            TimingProfile::Lan => Duration::from_millis(200),
             TimingProfile::Local => Duration::from_millis(100),
         }
     }
@@ -90,7 +94,7 @@ impl TimingProfile {
     /// Suspicion multiplier, in probe periods (memberlist's `SuspicionMult`).
     fn suspicion_mult(self) -> f64 {
         match self {
-            TimingProfile::Lan => 4.0,
+            TimingProfile::Lan => 10.0,
             TimingProfile::Local => 5.0,
         }
     }
@@ -107,15 +111,17 @@ impl TimingProfile {
     /// what a member stopped right as a probe of it started (so suspected one probe period
     /// later) must still have to refute, after the stop the profile tolerates.
     ///
-    /// * `Lan`: **2** (2 s): a nack proves the target silent only from the moment the
-    ///   indirect probe reached it, up to `probe_rtt` (0.5 s) after the direct probe began (whose
-    ///   ack may have been lost, or left unread by a starved agent), so a 2 s stop resumes at
-    ///   most 2.5 s after the failed probe started; the suspicion ends 3 s after it at the
-    ///   earliest: half a second to read the nudges queued while stopped and refute.
+    /// * `Lan`: **5.5** (2.2 s): a nack proves the target silent only from the moment the
+    ///   indirect probe reached it, up to `probe_rtt` (0.2 s) after the direct probe began
+    ///   (whose ack may have been lost, or left unread by a starved agent), so a 2 s stop
+    ///   resumes at most 2.2 s after the failed probe started; the suspicion ends a probe
+    ///   period (0.4 s) plus this minimum after it, 2.6 s at the earliest: 0.4 s to be
+    ///   scheduled again, read the nudges queued while stopped and refute straight to each
+    ///   suspecter (milliseconds on a LAN).
     /// * `Local`: **5**, as the maximum: loopback tests keep a fixed suspicion.
     fn suspicion_min_mult(self) -> f64 {
         match self {
-            TimingProfile::Lan => 2.0,
+            TimingProfile::Lan => 5.5,
             TimingProfile::Local => 5.0,
         }
     }
@@ -293,14 +299,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lan_matches_memberlist_defaults() {
+    fn lan_keeps_memberlist_suspicion_with_faster_probes() {
         let lan = TimingProfile::Lan;
         assert_eq!(lan.suspect_to_down_after(3), Duration::from_secs(4));
         assert_eq!(lan.suspect_to_down_after(10), Duration::from_secs(4));
         assert_eq!(lan.suspect_to_down_after(100), Duration::from_secs(8));
         let c = lan.foca_config(3);
-        assert_eq!(c.probe_period, Duration::from_secs(1));
-        assert_eq!(c.probe_rtt, Duration::from_millis(500));
+        assert_eq!(c.probe_period, Duration::from_millis(400));
+        assert_eq!(c.probe_rtt, Duration::from_millis(200));
         assert_eq!(c.max_transmissions.get(), 4);
         assert_eq!(c.max_packet_size.get(), 1400 - MAX_OVERHEAD - 1);
     }
@@ -322,13 +328,13 @@ mod tests {
         // Unconfirmed: the full suspicion; two confirmations: the minimum; one: in between.
         assert_eq!(
             (ms(5, 0), ms(5, 1), ms(5, 2), ms(5, 9)),
-            (4000, 2738, 2000, 2000)
+            (4000, 2864, 2200, 2200)
         );
         // Three members expect one confirmation; two expect none and never shrink.
-        assert_eq!((ms(3, 0), ms(3, 1)), (4000, 2000));
+        assert_eq!((ms(3, 0), ms(3, 1)), (4000, 2200));
         assert_eq!((ms(2, 0), ms(2, 5)), (4000, 4000));
         // Both ends scale with log10 n.
-        assert_eq!((ms(100, 0), ms(100, 2)), (8000, 4000));
+        assert_eq!((ms(100, 0), ms(100, 2)), (8000, 4400));
         // Local keeps a fixed suspicion.
         let local = TimingProfile::Local;
         assert_eq!(
@@ -341,11 +347,12 @@ mod tests {
     fn lan_survives_a_two_second_stop_even_when_confirmed() {
         // The stop begins at the latest when the indirect probes reach the member, a probe
         // round trip after the failed probe's start; the confirmed suspicion ends a probe
-        // period plus the minimum after that start, half a second after the stop ends.
+        // period plus the minimum after that start, 0.4 s after the stop ends.
         let lan = TimingProfile::Lan;
         let earliest_down = lan.probe_period() + lan.suspicion_timeout(10, 10);
-        assert_eq!(earliest_down, Duration::from_millis(3000));
-        assert!(earliest_down >= lan.probe_rtt() + Duration::from_secs(2) + lan.probe_rtt());
+        assert_eq!(earliest_down, Duration::from_millis(2600));
+        let refute = Duration::from_millis(400);
+        assert!(earliest_down >= lan.probe_rtt() + Duration::from_secs(2) + refute);
         assert!(lan.nack_after() < lan.probe_period() - lan.probe_rtt());
     }
 

@@ -11,6 +11,17 @@ use super::*;
 
 const PROBE: ProbeNumber = 7;
 
+/// The `Lan` probe period: foca's verdict on a probe comes this long after it began.
+fn period() -> Duration {
+    TimingProfile::Lan.probe_period()
+}
+
+/// Late in a probe round begun at `start`, when its nacks come: past the direct probe's
+/// deadline, before the verdict.
+fn late_in_round(start: Duration) -> Duration {
+    start + period().mul_f64(0.9)
+}
+
 fn addr(i: u8) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, i], 8301))
 }
@@ -116,7 +127,7 @@ impl Asker {
 fn a_nack_counts_only_from_its_senders_own_address() {
     let mut asker = Asker::new();
     asker.probe(Duration::ZERO);
-    let at = Duration::from_millis(900);
+    let at = late_in_round(Duration::ZERO);
 
     // Phase 1: a packet claiming to be node 1's nack, sent from node 2's address.
     asker.nack(1, addr(2), at);
@@ -145,14 +156,14 @@ fn a_nack_after_its_round_is_over_does_not_count() {
     assert!(asker.nacked().is_empty());
 
     // Phase 2: within the round it counts.
-    asker.nack(2, addr(2), Duration::from_millis(900));
+    asker.nack(2, addr(2), late_in_round(Duration::ZERO));
     assert_eq!(asker.nacked(), BTreeSet::from([addr(2)]));
 }
 
 #[test]
 fn nacks_of_a_round_the_target_answered_confirm_nothing() {
     let mut asker = Asker::new();
-    let period = Duration::from_secs(1);
+    let period = period();
 
     // Phase 1: our first probe fails, nobody nacks: a suspicion nobody confirms.
     asker.probe_numbered(PROBE, Duration::ZERO);
@@ -163,13 +174,13 @@ fn nacks_of_a_round_the_target_answered_confirm_nothing() {
     // comes: the target answered this round, so node 1's nack is taken back.
     let next = PROBE + 1;
     asker.probe_numbered(next, period * 2);
-    asker.nack_numbered(1, next, addr(1), period * 2 + Duration::from_millis(900));
+    asker.nack_numbered(1, next, addr(1), late_in_round(period * 2));
     assert_eq!(asker.confirmations(), BTreeSet::from([addr(1)]));
-    asker.forwarded_ack(2, next, period * 2 + Duration::from_millis(910));
+    asker.forwarded_ack(2, next, late_in_round(period * 2) + Duration::from_millis(10));
     assert!(asker.confirmations().is_empty());
 
     // Phase 3: node 4's nack, after the ack, counts neither.
-    asker.nack_numbered(4, next, addr(4), period * 2 + Duration::from_millis(920));
+    asker.nack_numbered(4, next, addr(4), late_in_round(period * 2) + Duration::from_millis(20));
     assert!(asker.confirmations().is_empty());
 }
 
@@ -237,11 +248,11 @@ fn a_forwarder_resumed_after_a_stall_does_not_nack_for_it() {
 #[test]
 fn a_nack_read_after_the_verdict_still_spares_our_health() {
     let mut asker = Asker::new();
-    let period = Duration::from_secs(1);
+    let period = period();
 
     // Phase 1: a nack before foca's verdict: the failure is the target's, our health holds.
     asker.probe_numbered(PROBE, Duration::ZERO);
-    asker.nack_numbered(1, PROBE, addr(1), Duration::from_millis(900));
+    asker.nack_numbered(1, PROBE, addr(1), late_in_round(Duration::ZERO));
     asker.fail(period);
     assert_eq!(asker.node.local_health(), 0);
 
