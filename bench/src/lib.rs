@@ -19,6 +19,7 @@
 #![cfg(feature = "etcd")]
 
 mod consul;
+mod death;
 mod etcd;
 mod etcd_concurrency;
 mod failover;
@@ -56,11 +57,12 @@ use machine::{Machine, Versions};
 use report::{Outcome, Report};
 
 /// Every workload, by its report name, in the order they run.
-const WORKLOADS: [&str; 7] = [
+const WORKLOADS: [&str; 8] = [
     "kv_put",
     "locks",
     "sessions",
     "failure_detection",
+    "process_and_agent_death",
     "leader_failover",
     "watch_fanout",
     "footprint",
@@ -425,6 +427,7 @@ async fn run(options: &Options) -> Result<bool> {
         "locks",
         "sessions",
         "failure_detection",
+        "process_and_agent_death",
         "leader_failover",
     ];
     let r = &mut report;
@@ -439,6 +442,9 @@ async fn run(options: &Options) -> Result<bool> {
         let detection = failure::workload(s, &plan);
         let what = "failure detection";
         step(options, r, "failure_detection", what, detection).await;
+        let deaths = death::workload(s, &plan);
+        let what = "process crash, agent loss, server stop";
+        step(options, r, "process_and_agent_death", what, deaths).await;
         let election = failover::workload(s, &plan);
         step(options, r, "leader_failover", "leader failover", election).await;
         systems.stop().await;

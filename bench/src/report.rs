@@ -279,7 +279,7 @@ enum Check {
     VigilAtLeast(f64),
 }
 
-const TARGETS: [(&str, &str, Check); 16] = [
+const TARGETS: [(&str, &str, Check); 19] = [
     (
         "Holder's agent killed → lock free: p50 ≤ 0.5 s",
         "failure.lock_free",
@@ -298,6 +298,21 @@ const TARGETS: [(&str, &str, Check); 16] = [
     (
         "No session lost to a stall that is not a death",
         "failure.false_invalidations",
+        Check::VigilAtMost(0.0),
+    ),
+    (
+        "Application crash, process-bound session → lock free ≤ 100 ms",
+        "death.process_free",
+        Check::VigilAtMost(100.0),
+    ),
+    (
+        "Agent loss: the old holder's child stopped before the next grant, every round",
+        "death.agent_loss.violations",
+        Check::VigilAtMost(0.0),
+    ),
+    (
+        "A server stopped 4 s causes no election while the leader is healthy",
+        "death.server_stop.elections",
         Check::VigilAtMost(0.0),
     ),
     (
