@@ -18,7 +18,7 @@ use vigil_client::Client;
 use super::etcd::connect;
 use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 
 /// Longest a new leader may take.
 const ELECTION_LIMIT: Duration = Duration::from_secs(30);
@@ -122,8 +122,14 @@ async fn etcd(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let rounds = plan.failover_rounds;
-    let v = vigil(systems, rounds).await?;
-    let e = etcd(systems, rounds).await?;
+    // In this repetition's order.
+    let (v, e) = if System::Vigil.turn() < System::Etcd.turn() {
+        let v = vigil(systems, rounds).await?;
+        (v, etcd(systems, rounds).await?)
+    } else {
+        let e = etcd(systems, rounds).await?;
+        (vigil(systems, rounds).await?, e)
+    };
     let secs = |d: &Duration| d.as_secs_f64();
     let leaders = |r: &[Round]| r.iter().map(|r| r.leader).collect::<Vec<_>>();
     let writes = |r: &[Round]| r.iter().map(|r| r.write).collect::<Vec<_>>();

@@ -37,7 +37,7 @@ use super::etcd::connect;
 use super::etcd_concurrency::{Counters, Session};
 use super::load::{median, percentile};
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 use integration_tests::Http;
 use integration_tests::cluster::create_session;
 
@@ -347,14 +347,24 @@ async fn etcd(endpoint: &str, victims: usize) -> Result<Vec<Duration>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let (rounds, kills) = (plan.failure_rounds, plan.kill_rounds);
+    // etcd's rounds before or after Vigil's, in this repetition's order.
+    let etcd_first = System::Etcd.turn() < System::Vigil.turn();
+    let leaders = systems.leaders().await?;
+    let mut e = if etcd_first {
+        etcd(&leaders.etcd_endpoint, kills).await?
+    } else {
+        Vec::new()
+    };
     let v = vigil(systems, kills, Death::Kill).await?;
     let silent = vigil(systems, rounds, Death::Silent).await?;
     let Stalls {
         false_invalidations: stalls,
         starvation_skipped,
     } = vigil_stalls(systems, rounds).await?;
-    let leaders = systems.leaders().await?;
-    let e = etcd(&leaders.etcd_endpoint, kills).await?;
+    if !etcd_first {
+        let leaders = systems.leaders().await?;
+        e = etcd(&leaders.etcd_endpoint, kills).await?;
+    }
     let secs = |d: &Duration| d.as_secs_f64();
     let v_critical: Vec<Duration> = v.iter().map(|r| r.0).collect();
     let v_free: Vec<Duration> = v.iter().map(|r| r.1).collect();

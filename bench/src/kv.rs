@@ -4,14 +4,14 @@
 //! majority with an fsync, so what differs is batching (group commit) and per-request overhead.
 //! The keys are deleted afterwards.
 
-use anyhow::{Result, ensure};
+use anyhow::{Context, Result, ensure};
 use serde_json::json;
 use vigil_client::Client;
 
 use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
 use super::report::{Outcome, Row};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 
 const VALUE: [u8; 128] = [b'v'; 128];
 const PREFIX: &str = "bench/kv/";
@@ -20,42 +20,42 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let vigil = Client::new(&leaders.vigil_addr.to_string())?;
     let consul = match &leaders.consul {
-        Some((addr, pids)) => Some((Client::new(addr)?, pids)),
+        Some((addr, _)) => Some(Client::new(addr)?),
         None => None,
     };
     let mut outcome = Outcome::default();
     let mut runs = Vec::new();
     for clients in [1, 16, 64] {
-        let puts = http_puts(&vigil, clients, plan);
-        let phase = format!("KV put, {}, Vigil", load::clients(clients));
-        let v = outcome.metered(phase, &leaders.vigil_pids, puts).await?;
-        let c = match &consul {
-            Some((client, pids)) => {
-                let puts = http_puts(client, clients, plan);
-                let phase = format!("KV put, {}, Consul", load::clients(clients));
-                Some(outcome.metered(phase, pids, puts).await?)
+        let (mut v, mut e, mut c) = (None, None, None);
+        for system in System::order() {
+            let Some(pids) = leaders.pids(system) else {
+                continue;
+            };
+            let phase = format!("KV put, {}, {system}", load::clients(clients));
+            match system {
+                System::Vigil => {
+                    let puts = http_puts(&vigil, clients, plan);
+                    v = Some(outcome.metered(phase, pids, puts).await?);
+                }
+                System::Consul => {
+                    let client = consul.as_ref().context("Consul's client")?;
+                    let puts = http_puts(client, clients, plan);
+                    c = Some(outcome.metered(phase, pids, puts).await?);
+                }
+                System::Etcd => {
+                    let puts = etcd_puts(&leaders.etcd_endpoint, clients, plan).await?;
+                    e = Some(outcome.metered(phase, pids, puts).await?);
+                }
             }
-            None => None,
-        };
-
-        let etcd_clients = connect_each(&leaders.etcd_endpoint, clients).await?;
-        let puts = closed_loop(clients, plan.kv, move |c, n| {
-            let mut client = etcd_clients[c].clone();
-            async move {
-                let key = format!("{PREFIX}{clients}/{c}/{n}");
-                client.put(key, VALUE.to_vec(), None).await?;
-                Ok(())
-            }
-        });
-        let phase = format!("KV put, {}, etcd", load::clients(clients));
-        let e = outcome.metered(phase, &leaders.etcd_pids, puts).await?;
+        }
+        let (v, e) = (v.context("Vigil's run")?, e.context("etcd's run")?);
         outcome.rows.extend(rows(clients, &v, &e, c.as_ref()));
         runs.push(json!({ "clients": clients, "vigil": v, "etcd": e, "consul": c }));
     }
 
     // Leave the state as it was for the next workloads.
     vigil.kv_delete_tree(PREFIX).await?;
-    if let Some((client, _)) = &consul {
+    if let Some(client) = &consul {
         client.kv_delete_tree(PREFIX).await?;
     }
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
@@ -66,6 +66,23 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     .await?;
     outcome.details = json!({ "value_bytes": VALUE.len(), "runs": runs });
     Ok(outcome)
+}
+
+/// `clients` clients putting fresh keys to etcd, each over its own connection.
+async fn etcd_puts(
+    endpoint: &str,
+    clients: usize,
+    plan: &Plan,
+) -> Result<impl Future<Output = Result<Throughput>> + use<>> {
+    let etcd_clients = connect_each(endpoint, clients).await?;
+    Ok(closed_loop(clients, plan.kv, move |c, n| {
+        let mut client = etcd_clients[c].clone();
+        async move {
+            let key = format!("{PREFIX}{clients}/{c}/{n}");
+            client.put(key, VALUE.to_vec(), None).await?;
+            Ok(())
+        }
+    }))
 }
 
 /// `clients` clients putting fresh keys through the HTTP API `client` speaks (Vigil's or

@@ -15,8 +15,10 @@
 //! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
 //!
 //! Every exclusive run also checks what a lock is for ([`Exclusion`]): no grant while another
-//! contender holds the lock, and no lost update of a counter each holder reads and later
-//! writes back. A violation fails the run (and `--check`).
+//! contender holds the lock, no lost update of a counter each holder reads and later writes
+//! back (at the end it must equal the number of acquisitions), and fencing tokens that only go
+//! up (Vigil's and Consul's `LockIndex` or queue token, etcd's revisions; the raw
+//! `?acquire` cycle has none to check). A violation fails the run (and `--check`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,7 +39,7 @@ use super::etcd_concurrency::{self, Counters, Session};
 use super::load::{self, Latency, Window, histogram};
 use super::machine::{Meter, Usage, micros};
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Leaders, Plan, Systems};
+use super::{Leaders, Plan, System, Systems};
 
 /// Lease / session TTL of every lock contender (Consul's lock default).
 const SESSION_TTL: Duration = Duration::from_secs(15);
@@ -68,6 +70,28 @@ pub enum Recipe {
 }
 
 impl Recipe {
+    /// The system a recipe runs against.
+    fn system(self) -> System {
+        match self {
+            Recipe::EtcdV3Lock | Recipe::EtcdMutex => System::Etcd,
+            Recipe::ConsulSession | Recipe::ConsulLock => System::Consul,
+            Recipe::VigilSession | Recipe::VigilLock | Recipe::VigilFair | Recipe::VigilShared => {
+                System::Vigil
+            }
+        }
+    }
+
+    /// The recipes of the systems that run, grouped by system in this repetition's order.
+    fn in_turn(recipes: &[Recipe], leaders: &Leaders) -> Vec<Recipe> {
+        let mut recipes: Vec<Recipe> = recipes
+            .iter()
+            .copied()
+            .filter(|r| leaders.pids(r.system()).is_some())
+            .collect();
+        recipes.sort_by_key(|r| r.system().turn());
+        recipes
+    }
+
     fn label(self) -> &'static str {
         match self {
             Recipe::VigilSession => "Vigil ?acquire/?release, one session",
@@ -192,10 +216,20 @@ impl Contender {
         (contender, Some(client))
     }
 
-    async fn acquire(&mut self) -> Result<()> {
-        match self {
-            Contender::VigilSession(lock) => lock.acquire().await?,
-            Contender::Vigil { recipe, held, .. } => *held = Some(recipe.acquire().await?),
+    /// Takes the lock; returns the holder's fencing token where the acquisition hands one out
+    /// (a raw `?acquire` answers only `true`: its `LockIndex` would take another read).
+    async fn acquire(&mut self) -> Result<Option<u64>> {
+        Ok(match self {
+            Contender::VigilSession(lock) => {
+                lock.acquire().await?;
+                None
+            }
+            Contender::Vigil { recipe, held, .. } => {
+                let h = recipe.acquire().await?;
+                let token = h.lock_index();
+                *held = Some(h);
+                Some(token)
+            }
             Contender::EtcdV3Lock {
                 client,
                 session,
@@ -205,17 +239,15 @@ impl Contender {
             } => {
                 counters.request();
                 let options = EtcdLockOptions::new().with_lease(session.lease());
-                *key = Some(
-                    client
-                        .lock(name.as_str(), Some(options))
-                        .await?
-                        .key()
-                        .to_vec(),
-                );
+                let response = client.lock(name.as_str(), Some(options)).await?;
+                *key = Some(response.key().to_vec());
+                // The store's revision when the lock was granted: later than the release of
+                // the holder before.
+                let revision = response.header().context("lock header")?.revision();
+                Some(u64::try_from(revision)?)
             }
-            Contender::EtcdMutex { mutex, .. } => mutex.lock().await?,
-        }
-        Ok(())
+            Contender::EtcdMutex { mutex, .. } => Some(u64::try_from(mutex.lock().await?)?),
+        })
     }
 
     async fn release(&mut self) -> Result<()> {
@@ -363,9 +395,11 @@ impl Setup {
 }
 
 /// What the contenders of an exclusive lock see of each other: who holds the lock by their
-/// grants, and a counter every holder reads, yields, then writes back one higher. Two holders
-/// at once show as a grant while `holder` is set, and lose an increment unless their reads
-/// and writes happen not to interleave.
+/// grants, a counter every holder reads, yields, then writes back one higher, and the fencing
+/// tokens of successive grants. Two holders at once show as a grant while `holder` is set, and
+/// lose an increment unless their reads and writes happen not to interleave; a token no larger
+/// than the one before it is a grant a fenced resource would refuse (a holder that lost the
+/// lock still writing, or a grant out of order).
 #[derive(Default)]
 struct Exclusion {
     /// The holding contender's number plus one; 0 when nobody holds the lock.
@@ -373,13 +407,23 @@ struct Exclusion {
     counter: AtomicU64,
     /// Grants that came while another contender held the lock.
     overlaps: AtomicU64,
+    /// The last grant's fencing token.
+    token: AtomicU64,
+    /// Grants whose token was not larger than the one before.
+    stale_tokens: AtomicU64,
 }
 
 impl Exclusion {
-    /// Contender `c`, just granted the lock, does its work under it.
-    async fn hold(&self, c: usize) {
+    /// Contender `c`, just granted the lock with the fencing token `token` (where its recipe
+    /// hands one out), does its work under it.
+    async fn hold(&self, c: usize, token: Option<u64>) {
         if self.holder.swap(c + 1, Ordering::SeqCst) != 0 {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(token) = token
+            && self.token.swap(token, Ordering::SeqCst) >= token
+        {
+            self.stale_tokens.fetch_add(1, Ordering::SeqCst);
         }
         let seen = self.counter.load(Ordering::SeqCst);
         tokio::task::yield_now().await;
@@ -389,14 +433,17 @@ impl Exclusion {
             .compare_exchange(c + 1, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 
-    /// Fails when a grant overlapped another or the counter lost an update of `cycles`.
+    /// Fails when a grant overlapped another, the counter lost an update of `cycles`, or a
+    /// fencing token went backwards.
     fn verdict(&self, recipe: Recipe, cycles: u64) -> Result<()> {
         let overlaps = self.overlaps.load(Ordering::SeqCst);
         let counter = self.counter.load(Ordering::SeqCst);
-        if overlaps > 0 || counter != cycles {
+        let stale = self.stale_tokens.load(Ordering::SeqCst);
+        if overlaps > 0 || counter != cycles || stale > 0 {
             bail!(
                 "{recipe:?} broke mutual exclusion: {overlaps} grants while held, counter \
-                 {counter} after {cycles} increments"
+                 {counter} after {cycles} increments, {stale} fencing tokens not above the one \
+                 before"
             );
         }
         Ok(())
@@ -444,18 +491,14 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
         counters: setup.counters.clone(),
         etcd,
     };
-    let pids = match recipe {
-        Recipe::EtcdV3Lock | Recipe::EtcdMutex => &leaders.etcd_pids,
-        Recipe::ConsulSession | Recipe::ConsulLock => match &leaders.consul {
-            Some((_, pids)) => pids,
-            None => bail!("no Consul cluster for {recipe:?}"),
-        },
-        _ => &leaders.vigil_pids,
-    };
+    let pids = leaders
+        .pids(recipe.system())
+        .with_context(|| format!("no {} cluster for {recipe:?}", recipe.system()))?;
     let meter = Meter::start(
         format!("{}, {}", recipe.label(), load::clients(clients)),
         pids,
-    )?;
+    )
+    .await?;
     let exclusion = Arc::new(Exclusion::default());
     let exclusive = recipe != Recipe::VigilShared;
     let (open, close) = window.schedule();
@@ -475,10 +518,10 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
                 let (mut count, mut cycles) = (0u64, 0u64);
                 while Instant::now() < close {
                     let t0 = Instant::now();
-                    contender.acquire().await?;
+                    let token = contender.acquire().await?;
                     let t1 = Instant::now();
                     if exclusive {
-                        exclusion.hold(c).await;
+                        exclusion.hold(c, token).await;
                     }
                     cycles += 1;
                     contender.release().await?;
@@ -546,7 +589,6 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let mut runs = Vec::new();
-    let consul = leaders.consul.is_some();
     let uncontended = [
         Recipe::VigilSession,
         Recipe::EtcdMutex,
@@ -554,22 +596,19 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         Recipe::VigilLock,
         Recipe::ConsulSession,
     ];
-    for recipe in uncontended {
-        if consul || recipe != Recipe::ConsulSession {
-            runs.push(run(recipe, 1, plan.lock, &leaders).await?);
-        }
+    for recipe in Recipe::in_turn(&uncontended, &leaders) {
+        runs.push(run(recipe, 1, plan.lock, &leaders).await?);
     }
+    let contended = [
+        Recipe::VigilLock,
+        Recipe::VigilFair,
+        Recipe::EtcdV3Lock,
+        Recipe::EtcdMutex,
+        Recipe::ConsulLock,
+    ];
     for clients in [8, 32] {
-        for recipe in [
-            Recipe::VigilLock,
-            Recipe::VigilFair,
-            Recipe::EtcdV3Lock,
-            Recipe::EtcdMutex,
-            Recipe::ConsulLock,
-        ] {
-            if consul || recipe != Recipe::ConsulLock {
-                runs.push(run(recipe, clients, plan.contended, &leaders).await?);
-            }
+        for recipe in Recipe::in_turn(&contended, &leaders) {
+            runs.push(run(recipe, clients, plan.contended, &leaders).await?);
         }
     }
     runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
@@ -793,7 +832,8 @@ mod tests {
     async fn one_holder_at_a_time_passes() {
         let exclusion = Exclusion::default();
         for c in 0..5 {
-            exclusion.hold(c % 2).await;
+            let token = (c % 3 != 1).then_some(10 + c as u64);
+            exclusion.hold(c % 2, token).await;
         }
         exclusion.verdict(Recipe::VigilFair, 5).unwrap();
     }
@@ -804,10 +844,30 @@ mod tests {
     async fn two_holders_at_once_fail_the_run() {
         let exclusion = Arc::new(Exclusion::default());
         let (a, b) = (exclusion.clone(), exclusion.clone());
-        tokio::join!(a.hold(0), b.hold(1));
+        tokio::join!(a.hold(0, Some(1)), b.hold(1, Some(2)));
         let error = exclusion.verdict(Recipe::ConsulLock, 2).unwrap_err();
         let text = error.to_string();
         assert!(text.contains("1 grants while held"), "{text}");
         assert!(text.contains("counter 1 after 2 increments"), "{text}");
+        assert!(text.contains("0 fencing tokens"), "{text}");
+    }
+
+    /// A grant whose fencing token is not above the last one fails the run, though the grants
+    /// themselves never overlapped.
+    #[tokio::test]
+    async fn a_token_going_backwards_fails_the_run() {
+        let exclusion = Exclusion::default();
+        for (c, token) in [(0, 5), (1, 7), (0, 7), (1, 6)] {
+            exclusion.hold(c, Some(token)).await;
+        }
+        let text = exclusion
+            .verdict(Recipe::EtcdMutex, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("0 grants while held"), "{text}");
+        assert!(
+            text.contains("2 fencing tokens not above the one before"),
+            "{text}"
+        );
     }
 }

@@ -11,8 +11,8 @@ use anyhow::Result;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Leaders;
-use super::machine::{Machine, Meter, Usage, Versions};
+use super::machine::{DISTURBED_PERCENT, Machine, Meter, Usage, Versions};
+use super::{Leaders, System};
 
 /// The top of `docs/benchmarks.md`: what the file is, how to rerun it, what each workload does.
 pub const INTRO: &str = r#"
@@ -141,6 +141,75 @@ pub struct Row {
     pub vigil_vs_consul: Option<f64>,
     /// A figure etcd has no counterpart for (no etcd column expected).
     pub vigil_only: bool,
+    /// Over several repetitions, the figures above are medians and this is their range.
+    pub spread: Option<Spread>,
+}
+
+/// The lowest and highest of each figure of a row over the repetitions that measured it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub repetitions: usize,
+    pub vigil: Option<[f64; 2]>,
+    pub etcd: Option<[f64; 2]>,
+    pub vigil_advantage: Option<[f64; 2]>,
+    pub consul: Option<[f64; 2]>,
+    pub vigil_vs_consul: Option<[f64; 2]>,
+}
+
+impl Row {
+    /// One row out of the same row of every repetition: each figure and each ratio is the
+    /// median of the repetitions' (a ratio is taken within a repetition, then its median), and
+    /// [`Row::spread`] their range.
+    fn merge(runs: &[&Row]) -> Row {
+        let first = runs[0].clone();
+        if runs.len() == 1 {
+            return first;
+        }
+        let of = |figure: fn(&Row) -> Option<f64>| {
+            let values: Vec<f64> = runs.iter().filter_map(|r| figure(r)).collect();
+            let range =
+                values
+                    .iter()
+                    .copied()
+                    .fold(None, |range: Option<[f64; 2]>, v| match range {
+                        None => Some([v, v]),
+                        Some([lo, hi]) => Some([f64::min(lo, v), f64::max(hi, v)]),
+                    });
+            (median(values), range)
+        };
+        let (vigil, vigil_range) = of(|r| r.vigil);
+        let (etcd, etcd_range) = of(|r| r.etcd);
+        let (vigil_advantage, advantage_range) = of(|r| r.vigil_advantage);
+        let (consul, consul_range) = of(|r| r.consul);
+        let (vigil_vs_consul, vs_consul_range) = of(|r| r.vigil_vs_consul);
+        Row {
+            vigil,
+            etcd,
+            vigil_advantage,
+            consul,
+            vigil_vs_consul,
+            spread: Some(Spread {
+                repetitions: runs.len(),
+                vigil: vigil_range,
+                etcd: etcd_range,
+                vigil_advantage: advantage_range,
+                consul: consul_range,
+                vigil_vs_consul: vs_consul_range,
+            }),
+            ..first
+        }
+    }
+}
+
+/// The middle value, or the mean of the middle two; `None` for none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 impl Row {
@@ -164,6 +233,7 @@ impl Row {
             consul: None,
             vigil_vs_consul: None,
             vigil_only: false,
+            spread: None,
         }
     }
 
@@ -227,13 +297,14 @@ impl Outcome {
         pids: &[u32],
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let meter = Meter::start(phase, pids)?;
+        let meter = Meter::start(phase, pids).await?;
         let output = work.await?;
         self.usage.push(meter.stop()?);
         Ok(output)
     }
 
-    /// Runs `vigil`, then `etcd`, each metered on its own system's servers as the phase
+    /// Runs `vigil` and `etcd` one after the other, in this repetition's order
+    /// ([`System::order`]), each metered on its own system's servers as the phase
     /// `<what>, Vigil` or `<what>, etcd`.
     pub async fn side_by_side<V, E>(
         &mut self,
@@ -243,11 +314,16 @@ impl Outcome {
         etcd: impl Future<Output = Result<E>>,
     ) -> Result<(V, E)> {
         let (vigil_phase, etcd_phase) = (format!("{what}, Vigil"), format!("{what}, etcd"));
-        let v = self
-            .metered(vigil_phase, &leaders.vigil_pids, vigil)
-            .await?;
-        let e = self.metered(etcd_phase, &leaders.etcd_pids, etcd).await?;
-        Ok((v, e))
+        let (v_pids, e_pids) = (&leaders.vigil_pids, &leaders.etcd_pids);
+        if System::Vigil.turn() < System::Etcd.turn() {
+            let v = self.metered(vigil_phase, v_pids, vigil).await?;
+            let e = self.metered(etcd_phase, e_pids, etcd).await?;
+            Ok((v, e))
+        } else {
+            let e = self.metered(etcd_phase, e_pids, etcd).await?;
+            let v = self.metered(vigil_phase, v_pids, vigil).await?;
+            Ok((v, e))
+        }
     }
 }
 
@@ -362,6 +438,18 @@ const TARGETS: [(&str, &str, Check); 16] = [
     ),
 ];
 
+/// What one repetition of the workloads measured.
+#[derive(Debug, Serialize)]
+pub struct Repetition {
+    /// The order in which it measured the systems.
+    pub order: [System; 3],
+    pub rows: Vec<Row>,
+    pub tables: Vec<Table>,
+    pub usage: Vec<Usage>,
+    pub workloads: BTreeMap<String, Value>,
+    pub failures: Vec<Failure>,
+}
+
 /// Everything one run wrote.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -373,11 +461,9 @@ pub struct Report {
     pub machine: Machine,
     pub versions: Versions,
     pub targets: Vec<TargetResult>,
+    /// Every repetition's rows merged: medians, with their range.
     pub rows: Vec<Row>,
-    pub tables: Vec<Table>,
-    pub usage: Vec<Usage>,
-    pub workloads: BTreeMap<String, Value>,
-    pub failures: Vec<Failure>,
+    pub repetitions: Vec<Repetition>,
 }
 
 impl Report {
@@ -390,29 +476,87 @@ impl Report {
             versions,
             targets: Vec::new(),
             rows: Vec::new(),
+            repetitions: Vec::new(),
+        }
+    }
+
+    /// Starts recording a repetition that measures the systems in `order`.
+    pub fn begin_repetition(&mut self, order: [System; 3]) {
+        self.repetitions.push(Repetition {
+            order,
+            rows: Vec::new(),
             tables: Vec::new(),
             usage: Vec::new(),
             workloads: BTreeMap::new(),
             failures: Vec::new(),
+        });
+    }
+
+    fn current(&mut self) -> &mut Repetition {
+        if self.repetitions.is_empty() {
+            self.begin_repetition(System::order());
         }
+        let last = self.repetitions.len() - 1;
+        &mut self.repetitions[last]
     }
 
     pub fn add(&mut self, workload: &str, outcome: Outcome) {
-        self.rows.extend(outcome.rows);
-        self.tables.extend(outcome.tables);
-        self.usage.extend(outcome.usage);
-        self.workloads.insert(workload.to_owned(), outcome.details);
+        let repetition = self.current();
+        repetition.rows.extend(outcome.rows);
+        repetition.tables.extend(outcome.tables);
+        repetition.usage.extend(outcome.usage);
+        repetition
+            .workloads
+            .insert(workload.to_owned(), outcome.details);
     }
 
     pub fn fail(&mut self, workload: &str, error: &anyhow::Error) {
-        self.failures.push(Failure {
+        self.current().failures.push(Failure {
             workload: workload.to_owned(),
             error: format!("{error:#}"),
         });
     }
 
+    /// Merges the repetitions' rows (in the order they first appear) into medians and ranges,
+    /// then evaluates the targets against them.
+    pub fn finish(&mut self, wall_seconds: f64) {
+        self.wall_seconds = wall_seconds;
+        let mut ids: Vec<&str> = Vec::new();
+        for row in self.repetitions.iter().flat_map(|r| &r.rows) {
+            if !ids.contains(&row.id.as_str()) {
+                ids.push(&row.id);
+            }
+        }
+        self.rows = ids
+            .iter()
+            .map(|id| {
+                let runs: Vec<&Row> = self
+                    .repetitions
+                    .iter()
+                    .flat_map(|r| r.rows.iter().filter(|row| row.id == *id))
+                    .collect();
+                Row::merge(&runs)
+            })
+            .collect();
+        self.evaluate_targets();
+    }
+
+    fn failures(&self) -> impl Iterator<Item = (usize, &Failure)> {
+        self.repetitions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.failures.iter().map(move |f| (i + 1, f)))
+    }
+
+    fn usage(&self) -> impl Iterator<Item = (usize, &Usage)> {
+        self.repetitions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.usage.iter().map(move |u| (i + 1, u)))
+    }
+
     /// Evaluates the targets against the rows.
-    pub fn evaluate_targets(&mut self) {
+    fn evaluate_targets(&mut self) {
         self.targets = TARGETS
             .iter()
             .map(|(target, id, check)| {
@@ -456,7 +600,7 @@ impl Report {
             })
             .map(|r| r.id.clone())
             .collect();
-        missing.extend(self.failures.iter().map(|f| f.workload.clone()));
+        missing.extend(self.failures().map(|(_, f)| f.workload.clone()));
         missing
     }
 
@@ -486,21 +630,53 @@ impl Report {
             "- Versions: {}; {}; {}.",
             self.versions.vigil, self.versions.etcd, self.versions.consul
         );
-        if let Some(peak) = self
-            .usage
-            .iter()
-            .max_by(|a, b| a.harness_cpu_percent.total_cmp(&b.harness_cpu_percent))
+        let repetitions = self.repetitions.len();
+        if repetitions > 1 {
+            let orders: Vec<String> = self
+                .repetitions
+                .iter()
+                .map(|r| {
+                    let names: Vec<String> = r.order.iter().map(ToString::to_string).collect();
+                    names.join(" → ")
+                })
+                .collect();
+            let _ = writeln!(
+                md,
+                "- {repetitions} repetitions of every workload, each on fresh clusters, each \
+                 measuring the systems in another order ({}). Every figure and ratio below is \
+                 the median of the repetitions, with their range (lowest–highest) in \
+                 brackets; a ratio is taken within a repetition, then its median.",
+                orders.join("; ")
+            );
+        }
+        let phases = self.usage().count();
+        let disturbed = self.usage().filter(|(_, u)| u.disturbed).count();
+        let waited = self
+            .usage()
+            .map(|(_, u)| u.quiet_wait_seconds)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "- Quiet machine: before each measured phase the harness waits (at most {waited:.0} \
+             s here) until other processes use less than {DISTURBED_PERCENT:.0}% of a core; \
+             {disturbed} of {phases} phases were disturbed all the same (other processes above \
+             that during the phase: **disturbed** under CPU per phase)."
+        );
+        if let Some((run, peak)) = self
+            .usage()
+            .max_by(|a, b| a.1.harness_cpu_percent.total_cmp(&b.1.harness_cpu_percent))
         {
             let _ = writeln!(
                 md,
-                "- Harness CPU: at most {:.0}% of one core (in \"{}\"); per phase below.",
+                "- Harness CPU: at most {:.0}% of one core (in \"{}\", run {run}); per phase \
+                 below.",
                 peak.harness_cpu_percent, peak.phase
             );
         }
-        for failure in &self.failures {
+        for (run, failure) in self.failures() {
             let _ = writeln!(
                 md,
-                "- **{} failed**: {}",
+                "- **{} failed** (run {run}): {}",
                 failure.workload,
                 failure.error.replace('\n', " ")
             );
@@ -529,22 +705,30 @@ impl Report {
              | workload | metric | Vigil | etcd | Vigil ÷ etcd | Consul | Vigil ÷ Consul |\n\
              | --- | --- | --: | --: | --: | --: | --: |\n",
         );
-        let times = |a: Option<f64>| a.map_or_else(|| "—".to_owned(), |a| format!("{}×", num(a)));
         for r in &self.rows {
+            let spread = r.spread.as_ref();
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} |",
                 r.workload,
                 r.metric,
-                opt(r.vigil),
-                opt(r.etcd),
-                times(r.vigil_advantage),
-                opt(r.consul),
-                times(r.vigil_vs_consul)
+                figure(r.vigil, spread.and_then(|s| s.vigil), ""),
+                figure(r.etcd, spread.and_then(|s| s.etcd), ""),
+                figure(
+                    r.vigil_advantage,
+                    spread.and_then(|s| s.vigil_advantage),
+                    "×"
+                ),
+                figure(r.consul, spread.and_then(|s| s.consul), ""),
+                figure(
+                    r.vigil_vs_consul,
+                    spread.and_then(|s| s.vigil_vs_consul),
+                    "×"
+                ),
             );
         }
 
-        for table in &self.tables {
+        for table in self.tables() {
             let _ = writeln!(md, "\n### {}\n", table.title);
             let _ = writeln!(md, "| {} |", table.header.join(" | "));
             let _ = writeln!(md, "|{}", " --- |".repeat(table.header.len()));
@@ -553,19 +737,72 @@ impl Report {
             }
         }
 
-        md.push_str(
+        let _ = write!(
+            md,
             "\n### CPU per phase\n\nCPU time over wall time, in % of one core: the harness \
-             itself, and the measured system's servers added up.\n\n\
-             | phase | seconds | harness CPU | servers CPU |\n| --- | --: | --: | --: |\n",
+             itself, the measured system's servers added up, the whole machine (`/proc/stat`), \
+             and other processes (the machine less the harness and the measured servers: the \
+             other systems' idle servers, and anything else running). A phase is **disturbed** \
+             when other processes used more than {DISTURBED_PERCENT:.0}% of a core.\n\n\
+             | run | phase | seconds | waited for quiet (s) | harness | servers | machine | \
+             other |\n| --: | --- | --: | --: | --: | --: | --: | --: |\n"
         );
-        for u in &self.usage {
+        for (run, u) in self.usage() {
+            let other = if u.disturbed {
+                format!("**{:.0}%, disturbed**", u.other_cpu_percent)
+            } else {
+                format!("{:.0}%", u.other_cpu_percent)
+            };
             let _ = writeln!(
                 md,
-                "| {} | {:.1} | {:.0}% | {:.0}% |",
-                u.phase, u.wall_seconds, u.harness_cpu_percent, u.servers_cpu_percent
+                "| {run} | {} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {other} |",
+                u.phase,
+                u.wall_seconds,
+                u.quiet_wait_seconds,
+                u.harness_cpu_percent,
+                u.servers_cpu_percent,
+                u.machine_cpu_percent
             );
         }
         md
+    }
+
+    /// The detail tables, each once: over several repetitions, with every repetition's rows
+    /// under a leading `run` column.
+    fn tables(&self) -> Vec<Table> {
+        let several = self.repetitions.len() > 1;
+        let mut tables: Vec<Table> = Vec::new();
+        for (i, repetition) in self.repetitions.iter().enumerate() {
+            for table in &repetition.tables {
+                let rows = table.rows.iter().map(|row| {
+                    let run = several.then(|| (i + 1).to_string());
+                    run.into_iter().chain(row.iter().cloned()).collect()
+                });
+                match tables.iter_mut().find(|t| t.title == table.title) {
+                    Some(merged) => merged.rows.extend(rows),
+                    None => {
+                        let run = several.then(|| "run".to_owned());
+                        tables.push(Table {
+                            title: table.title.clone(),
+                            header: run.into_iter().chain(table.header.clone()).collect(),
+                            rows: rows.collect(),
+                        });
+                    }
+                }
+            }
+        }
+        tables
+    }
+}
+
+/// A figure, with its range over the repetitions when there were several.
+fn figure(v: Option<f64>, range: Option<[f64; 2]>, unit: &str) -> String {
+    match (v, range) {
+        (None, _) => "—".to_owned(),
+        (Some(v), Some([lo, hi])) if lo != hi => {
+            format!("{}{unit} ({}–{})", num(v), num(lo), num(hi))
+        }
+        (Some(v), _) => format!("{}{unit}", num(v)),
     }
 }
 
@@ -579,10 +816,6 @@ pub fn num(v: f64) -> String {
     } else {
         format!("{v:.2}")
     }
-}
-
-fn opt(v: Option<f64>) -> String {
-    v.map_or_else(|| "—".to_owned(), num)
 }
 
 #[cfg(test)]
@@ -613,5 +846,48 @@ mod tests {
         .with_consul(None);
         assert_eq!(latency.vigil_advantage, Some(2.0));
         assert_eq!(latency.vigil_vs_consul, None);
+    }
+
+    /// Three repetitions' rows become their medians, with each figure's and ratio's range; a
+    /// ratio's median is the median of the repetitions' ratios, not a ratio of medians.
+    #[test]
+    fn repetitions_merge_into_medians_and_ranges() {
+        let machine = Machine {
+            cores: 2,
+            cpu_model: "test".to_owned(),
+            ram_gib: 1.0,
+            kernel: "test".to_owned(),
+            load_at_start: 0.0,
+            fsync_p50_us: 1,
+            fsync_p99_us: 1,
+        };
+        let versions = Versions {
+            vigil: "v".to_owned(),
+            etcd: "e".to_owned(),
+            consul: "c".to_owned(),
+        };
+        let mut report = Report::new("d".to_owned(), "full", machine, versions);
+        for (v, e) in [(300.0, 100.0), (200.0, 200.0), (900.0, 150.0)] {
+            report.begin_repetition(System::order());
+            let row = Row::new("r.rate", "W", "ops/s", Better::Higher, Some(v), Some(e));
+            let outcome = Outcome {
+                rows: vec![row],
+                ..Outcome::default()
+            };
+            report.add("w", outcome);
+        }
+        report.finish(1.0);
+        let row = &report.rows[0];
+        assert_eq!((row.vigil, row.etcd), (Some(300.0), Some(150.0)));
+        assert_eq!(row.vigil_advantage, Some(3.0));
+        let spread = row.spread.as_ref().unwrap();
+        assert_eq!(spread.vigil, Some([200.0, 900.0]));
+        assert_eq!(spread.vigil_advantage, Some([1.0, 6.0]));
+        assert_eq!(spread.consul, None);
+        let md = report.markdown();
+        assert!(
+            md.contains("| 300 (200–900) | 150 (100–200) | 3.00× (1.00–6.00) |"),
+            "{md}"
+        );
     }
 }
