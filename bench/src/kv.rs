@@ -4,17 +4,22 @@
 //! majority with an fsync, so what differs is batching (group commit) and per-request overhead.
 //! The keys are deleted afterwards.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, ensure};
 use serde_json::json;
 use vigil_client::Client;
 
 use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
+use super::machine;
 use super::report::{Outcome, Row};
 use super::{Plan, System, Systems};
 
 const VALUE: [u8; 128] = [b'v'; 128];
 const PREFIX: &str = "bench/kv/";
+/// Longest wait for the servers to go idle after the cleanup.
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
@@ -59,12 +64,33 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         client.kv_delete_tree(PREFIX).await?;
     }
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
-    etcd.delete(
-        PREFIX,
-        Some(etcd_client::DeleteOptions::new().with_prefix()),
-    )
-    .await?;
-    outcome.details = json!({ "value_bytes": VALUE.len(), "runs": runs });
+    let deleted = etcd
+        .delete(
+            PREFIX,
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await?;
+    // Compact etcd's history up to the delete, as a production etcd's auto-compaction would,
+    // so that later workloads do not run against a store holding every revision of this one.
+    let revision = deleted.header().context("delete header")?.revision();
+    let physical = etcd_client::CompactionOptions::new().with_physical();
+    etcd.compact(revision, Some(physical)).await?;
+    // Deleting (and compacting) a few hundred thousand keys keeps servers busy after the
+    // answer (followers applying it, the storage freeing pages): the next workload starts
+    // once every server is idle again.
+    let mut pids = leaders.vigil_pids.clone();
+    pids.extend(&leaders.etcd_pids);
+    pids.extend(leaders.pids(System::Consul).unwrap_or_default());
+    let settle = machine::settle(&pids, SETTLE_LIMIT).await?;
+    eprintln!(
+        "vigil-bench: the servers settled {:.1} s after the KV cleanup",
+        settle.as_secs_f64()
+    );
+    outcome.details = json!({
+        "value_bytes": VALUE.len(),
+        "runs": runs,
+        "settle_after_cleanup_s": settle.as_secs_f64(),
+    });
     Ok(outcome)
 }
 

@@ -28,6 +28,7 @@ mod kv;
 mod load;
 mod lock;
 mod machine;
+mod read;
 mod report;
 mod session;
 mod watch;
@@ -58,8 +59,9 @@ use machine::{Machine, Versions};
 use report::{Outcome, Report};
 
 /// Every workload, by its report name, in the order they run.
-const WORKLOADS: [&str; 7] = [
+const WORKLOADS: [&str; 8] = [
     "kv_put",
+    "kv_read",
     "locks",
     "sessions",
     "failure_detection",
@@ -194,6 +196,10 @@ pub struct Plan {
     pub kv: Window,
     pub lock: Window,
     pub contended: Window,
+    /// Client counts of the contended sweep besides 8 and 32 (which every run measures, in the
+    /// `contended` window), and the shorter window each of those runs for.
+    pub sweep: Vec<usize>,
+    pub sweep_window: Window,
     pub session: Window,
     /// Idle watchers on distinct keys, and on one shared key.
     pub watchers_distinct: usize,
@@ -222,6 +228,8 @@ impl Plan {
                 kv: window(300, 1_500),
                 lock: window(300, 1_500),
                 contended: window(300, 2_000),
+                sweep: Vec::new(),
+                sweep_window: window(300, 2_000),
                 session: window(300, 1_500),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
@@ -239,6 +247,8 @@ impl Plan {
                 kv: window(1_000, 8_000),
                 lock: window(1_000, 6_000),
                 contended: window(1_000, 10_000),
+                sweep: vec![1, 2, 4, 16],
+                sweep_window: window(500, 4_000),
                 session: window(1_000, 5_000),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
@@ -247,7 +257,7 @@ impl Plan {
                 failover_rounds: 5,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
-                quiet_wait: Duration::from_secs(5),
+                quiet_wait: Duration::from_secs(3),
             }
         }
     }
@@ -520,6 +530,7 @@ async fn run(options: &Options) -> Result<bool> {
 async fn repeat(options: &Options, plan: &Plan, r: &mut Report) -> Result<()> {
     let shared = [
         "kv_put",
+        "kv_read",
         "locks",
         "sessions",
         "failure_detection",
@@ -530,6 +541,7 @@ async fn repeat(options: &Options, plan: &Plan, r: &mut Report) -> Result<()> {
         let mut systems = Systems::start(0).await?;
         let s = &mut systems;
         step(options, r, "kv_put", "KV puts", kv::workload(s, plan)).await;
+        step(options, r, "kv_read", "KV reads", read::workload(s, plan)).await;
         step(options, r, "locks", "locks", lock::workload(s, plan)).await;
         let sessions = session::workload(s, plan);
         step(options, r, "sessions", "sessions and leases", sessions).await;

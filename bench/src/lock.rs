@@ -46,6 +46,26 @@ const SESSION_TTL: Duration = Duration::from_secs(15);
 /// How long contenders may take to finish after the window closes.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 
+/// What etcd's uncontended lock figure is made of, beside its ratios.
+const UNCONTENDED_NOTE: &str = "An uncontended etcd lock cycle is two raft writes one after \
+    the other (the lock's transaction puts the contender's key with its lease, the unlock \
+    deletes it), each committed by a majority with an fsync before the answer, so its cycles/s \
+    sit at about half etcd's 1-client puts/s; the baseline \"etcd put with a lease + delete\" \
+    under \"Locks, every recipe\" (the same two writes, no lock) runs at the lock's rate. \
+    Vigil's cycle is two writes too: the ratio is the difference in per-write cost. The \
+    single-run report of 2026-11-28 measured etcd at 95.7 cycles/s against 1,682 puts/s with \
+    its servers at 185% CPU: its lock phase ran right after the KV workload deleted about \
+    175,000 keys, which etcd was still digesting; the harness now compacts etcd after that \
+    delete and starts the next workload once every server is idle.";
+
+/// The caveat beside every contended ratio against etcd.
+const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
+    the client) learn of a release through a watch started at the revision they last read; \
+    etcd files such a watch as unsynced and catches unsynced watches up once every 100 ms. So \
+    each waiter that re-queues waits for that tick, and etcd hands the lock over about once \
+    per client per 100 ms (≈ 10 × N per second with N clients) however idle its servers are: \
+    the ratio measures that floor, and shrinks as the client count grows.";
+
 /// How a contender takes the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -67,13 +87,17 @@ pub enum Recipe {
     ConsulLock,
     /// etcd: the `concurrency.Mutex` algorithm with one lease.
     EtcdMutex,
+    /// etcd, not a lock: a put of one key with the contender's lease, then its delete — the
+    /// writes of an uncontended `concurrency.Mutex` cycle without the owner read in its
+    /// transaction, as a baseline for it.
+    EtcdLeasePut,
 }
 
 impl Recipe {
     /// The system a recipe runs against.
     fn system(self) -> System {
         match self {
-            Recipe::EtcdV3Lock | Recipe::EtcdMutex => System::Etcd,
+            Recipe::EtcdV3Lock | Recipe::EtcdMutex | Recipe::EtcdLeasePut => System::Etcd,
             Recipe::ConsulSession | Recipe::ConsulLock => System::Consul,
             Recipe::VigilSession | Recipe::VigilLock | Recipe::VigilFair | Recipe::VigilShared => {
                 System::Vigil
@@ -100,6 +124,7 @@ impl Recipe {
             Recipe::VigilShared => "Vigil RwLock read (server-side queue), one session",
             Recipe::EtcdV3Lock => "etcd v3lock Lock RPC",
             Recipe::EtcdMutex => "etcd concurrency.Mutex",
+            Recipe::EtcdLeasePut => "etcd put with a lease + delete (not a lock: baseline)",
             Recipe::ConsulSession => "Consul ?acquire/?release, one session",
             Recipe::ConsulLock => "Consul Consul-style Lock, one session",
         }
@@ -158,6 +183,12 @@ enum Contender {
         client: Box<etcd_client::Client>,
         session: Session,
         mutex: Box<etcd_concurrency::Mutex>,
+    },
+    EtcdLeasePut {
+        client: Box<etcd_client::Client>,
+        session: Session,
+        key: String,
+        counters: Arc<Counters>,
     },
 }
 
@@ -247,6 +278,17 @@ impl Contender {
                 Some(u64::try_from(revision)?)
             }
             Contender::EtcdMutex { mutex, .. } => Some(u64::try_from(mutex.lock().await?)?),
+            Contender::EtcdLeasePut {
+                client,
+                session,
+                key,
+                counters,
+            } => {
+                counters.request();
+                let options = etcd_client::PutOptions::new().with_lease(session.lease());
+                client.put(key.as_str(), "", Some(options)).await?;
+                None
+            }
         })
     }
 
@@ -266,6 +308,15 @@ impl Contender {
                 client.unlock(key.take().context("not held")?).await?;
             }
             Contender::EtcdMutex { mutex, .. } => mutex.unlock().await?,
+            Contender::EtcdLeasePut {
+                client,
+                key,
+                counters,
+                ..
+            } => {
+                counters.request();
+                client.delete(key.as_str(), None).await?;
+            }
         }
         Ok(())
     }
@@ -286,6 +337,11 @@ impl Contender {
                 ..
             }
             | Contender::EtcdMutex {
+                mut client,
+                session,
+                ..
+            }
+            | Contender::EtcdLeasePut {
                 mut client,
                 session,
                 ..
@@ -390,6 +446,17 @@ impl Setup {
                 };
                 (contender, None)
             }
+            Recipe::EtcdLeasePut => {
+                let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;
+                let session = Session::new(&client, SESSION_TTL, &self.counters).await?;
+                let contender = Contender::EtcdLeasePut {
+                    client: Box::new(client),
+                    key: format!("{}/{:x}", self.lock, session.lease()),
+                    session,
+                    counters: self.counters.clone(),
+                };
+                (contender, None)
+            }
         })
     }
 }
@@ -470,7 +537,7 @@ impl Tally {
 
 /// Runs one recipe with `clients` contenders on a fresh lock.
 async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) -> Result<LockRun> {
-    let etcd = matches!(recipe, Recipe::EtcdV3Lock | Recipe::EtcdMutex);
+    let etcd = recipe.system() == System::Etcd;
     let setup = Setup {
         recipe,
         lock: format!("bench/lock/{recipe:?}/{clients}"),
@@ -500,7 +567,7 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
     )
     .await?;
     let exclusion = Arc::new(Exclusion::default());
-    let exclusive = recipe != Recipe::VigilShared;
+    let exclusive = !matches!(recipe, Recipe::VigilShared | Recipe::EtcdLeasePut);
     let (open, close) = window.schedule();
     let snapshots = tokio::spawn(async move {
         tokio::time::sleep_until(open).await;
@@ -593,6 +660,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         Recipe::VigilSession,
         Recipe::EtcdMutex,
         Recipe::EtcdV3Lock,
+        Recipe::EtcdLeasePut,
         Recipe::VigilLock,
         Recipe::ConsulSession,
     ];
@@ -609,6 +677,19 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     for clients in [8, 32] {
         for recipe in Recipe::in_turn(&contended, &leaders) {
             runs.push(run(recipe, clients, plan.contended, &leaders).await?);
+        }
+    }
+    // The sweep: how the handoff rates move with the client count (concurrency.Mutex, whose
+    // rate follows v3lock's, only at 8 and 32).
+    let swept = [
+        Recipe::VigilFair,
+        Recipe::EtcdV3Lock,
+        Recipe::VigilLock,
+        Recipe::ConsulLock,
+    ];
+    for &clients in &plan.sweep {
+        for recipe in Recipe::in_turn(&swept, &leaders) {
+            runs.push(run(recipe, clients, plan.sweep_window, &leaders).await?);
         }
     }
     runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
@@ -754,6 +835,16 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             runs,
             |r| Some(r.fairness()),
         ));
+        // etcd's server-side recipe needs one request to acquire and one to release, as
+        // Vigil's queue does: the client-side recipe's count below is not the only one.
+        rows.push(compare(
+            id("requests_vs_v3lock"),
+            &workload,
+            "requests sent per acquisition",
+            lower,
+            runs,
+            |r| r.requests_per_acquisition,
+        ));
         let workload =
             format!("Contended lock, {clients} clients: fair mutex vs concurrency.Mutex");
         let runs = pair(Recipe::VigilFair, Recipe::EtcdMutex, clients);
@@ -773,6 +864,54 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             runs,
             |r| r.woken_per_acquisition,
         ));
+    }
+    let mut counts: Vec<usize> = runs
+        .iter()
+        .filter(|r| r.recipe == Recipe::EtcdV3Lock)
+        .map(|r| r.clients)
+        .collect();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.len() > 3 {
+        for clients in counts {
+            let workload = format!("Contended lock sweep, {}", load::clients(clients));
+            let id = |name: &str| format!("lock_sweep.c{clients}.{name}.rate");
+            let fair = pair(Recipe::VigilFair, Recipe::EtcdV3Lock, clients);
+            let metric = "fair mutex vs v3lock: handoffs/s";
+            rows.push(compare(
+                id("fair_vs_v3lock"),
+                &workload,
+                metric,
+                higher,
+                fair,
+                rate,
+            ));
+            let lock = pair(Recipe::VigilLock, Recipe::EtcdV3Lock, clients);
+            let metric = "Consul-style lock vs v3lock: handoffs/s";
+            rows.push(compare(
+                id("lock_vs_v3lock"),
+                &workload,
+                metric,
+                higher,
+                lock,
+                rate,
+            ));
+        }
+    }
+    for row in &mut rows {
+        let timing = [".rate", ".p50", ".p99"]
+            .iter()
+            .any(|m| row.id.ends_with(m));
+        let contended = ["lock_contended.", "lock_sweep."]
+            .iter()
+            .any(|p| row.id.starts_with(p));
+        // One client contends with nobody: no waiter, no watch.
+        if contended && timing && !row.id.starts_with("lock_sweep.c1.") {
+            row.note = Some(RESYNC_NOTE.to_owned());
+        }
+        if row.id.starts_with("lock_uncontended.") {
+            row.note = Some(UNCONTENDED_NOTE.to_owned());
+        }
     }
     let shared = find(&runs, Recipe::VigilShared, 32).map(|r| r.per_second);
     let exclusive = find(&runs, Recipe::VigilFair, 32).map(|r| r.per_second);

@@ -292,6 +292,25 @@ impl Meter {
     }
 }
 
+/// Servers whose CPU use (added up) is below this, in % of one core, are idle: heartbeats and
+/// timers only.
+const IDLE_PERCENT: f64 = 15.0;
+
+/// Waits until the processes `pids` are idle (below [`IDLE_PERCENT`] of a core together over
+/// half a second), at most `limit`; returns how long it took.
+pub async fn settle(pids: &[u32], limit: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let before = CpuTimes::now(pids)?;
+        tokio::time::sleep(QUIET_SAMPLE).await;
+        let (_, _, servers, ..) = before.since(&CpuTimes::now(pids)?);
+        if servers < IDLE_PERCENT {
+            break;
+        }
+    }
+    Ok(started.elapsed())
+}
+
 fn servers_cpu(pids: &[u32]) -> Result<f64> {
     pids.iter().map(|&pid| cpu_seconds(pid)).sum()
 }

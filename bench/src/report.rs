@@ -19,20 +19,30 @@ pub const INTRO: &str = r#"
 # Benchmarks: Vigil, etcd and Consul side by side
 
 This file is written by `vigil-bench` (the `bench/` crate): rerun it rather than edit
-it. Every figure is measured in one run, on one machine, against a 3-server Vigil cluster, a
-3-member etcd cluster (Debian's etcd 3.4, default settings) and, where it speaks the same API
-as Vigil, a 3-server Consul 1.8.7 cluster (Debian bullseye's, default settings), all on
-127.0.0.1 with real data directories and an fsync per commit. The machine these numbers come from has 2 cores and is
-shared with other builds, so absolute figures are noisy and drift between runs: read the ratios,
-which compare the two systems under the same conditions at the same time.
+it. Every figure is measured on one machine, against a 3-server Vigil cluster, a 3-member etcd
+cluster (Debian's etcd 3.4, default settings) and, where it speaks the same API as Vigil, a
+3-server Consul 1.8.7 cluster (Debian bullseye's, default settings), all on 127.0.0.1 with real
+data directories and an fsync per commit. The machine these numbers come from has 2 cores and
+is shared with other builds, so absolute figures are noisy and drift between runs: read the
+ratios, which compare the systems under the same conditions at nearly the same time.
+
+Every workload runs 3 times, each time on freshly started clusters and each time measuring the
+systems in another order (Vigil → etcd → Consul, then etcd → Consul → Vigil, then Consul →
+Vigil → etcd), so that neither a warming machine nor a neighbour's build favours one system
+throughout. Every figure below is the median of the three, with the lowest and highest in
+brackets; a ratio is computed within each repetition and then its median taken. Before each
+measured phase the harness waits (up to 3 s) for other processes to use less than a quarter of
+a core, then records the machine's CPU (`/proc/stat`) beside the harness's and the measured
+servers'; a phase during which other processes used more is marked **disturbed** under "CPU
+per phase", and its figures deserve less trust.
 
 ## How to run
 
 ```sh
 scripts/install-etcd.sh    # Debian's etcd-server, plus protoc for the etcd-client crate's build
 scripts/install-consul.sh  # Consul 1.8.7 from Debian bullseye (optional: its column stays empty)
-cargo run --release -p vigil-bench --features etcd               # full run, < 15 min
-cargo run --release -p vigil-bench --features etcd -- --quick    # < 3 min
+cargo run --release -p vigil-bench --features etcd -- --out /tmp/mine  # full run: 3 repetitions
+cargo run --release -p vigil-bench --features etcd -- --quick          # 1 repetition, ~7 min
 ```
 
 The `etcd` feature brings in etcd's gRPC client, whose build needs `protoc`; it is off by
@@ -44,8 +54,9 @@ per-client counts and CPU use; named by the run's start, so a rerun never overwr
 result) and this file; `--quick` writes `bench/results/<date>T<HHMM>Z-quick.json` and prints
 the tables. `--out DIR` writes under `DIR` instead of the repository: to check these figures on
 your own machine without touching the committed report, run with `--out /tmp/mine` and compare
-`/tmp/mine/docs/benchmarks.md` with this file. `--only WORKLOAD` (repeatable: `kv_put`,
-`locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
+`/tmp/mine/docs/benchmarks.md` with this file. `--repetitions N` runs every workload N times
+instead of 3 (1 with `--quick`). `--only WORKLOAD` (repeatable: `kv_put`,
+`kv_read`, `locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
 only those and writes `<date>T<HHMM>Z[-quick]-partial.json`, never this file. `--check` (CI's smoke
 test: `--quick --check --out target/bench-check`) exits non-zero when a workload produced no
 figures; it never judges the figures themselves.
@@ -66,12 +77,23 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
 
 ## What each workload measures
 
-- **KV put** (Vigil, etcd, Consul): 1, 16 and 64 clients, each putting 128-byte values to new keys as fast as the
-  answers come back (closed loop); puts/s and latency p50/p99 (HDR histogram) after a warm-up.
+- **KV put** (Vigil, etcd, Consul): 1, 16 and 64 clients, each putting 128-byte values to new
+  keys as fast as the answers come back (closed loop); puts/s and latency p50/p99 (HDR
+  histogram) after a warm-up. The keys are deleted afterwards, etcd's history is compacted up
+  to that delete, and the next workload waits until every server is idle again (at most 60 s).
+- **KV read** (Vigil, etcd, Consul): 1 and 64 clients reading one 128-byte key on the leader,
+  in each system's linearizable mode (Vigil's and Consul's `?consistent`, which confirm
+  leadership with a quorum first; etcd's default linearizable `Range`, a read index) and its
+  cheaper one (Vigil's and Consul's default mode, the leader answering from its own state;
+  etcd's serializable `Range`, the member asked answering from its own state). The cheaper
+  modes are not linearizable on any system (a deposed leader or a lagging member may answer
+  with older data): only the linearizable pair compares equal guarantees.
 - **Uncontended lock cycle**: one client, acquire + release of one lock with a long-lived
   session: Vigil's `?acquire`/`?release` against etcd's `concurrency.Mutex` (lock: one
   transaction; unlock: one delete) and its v3lock `Lock`/`Unlock` RPCs. The detail table adds
-  Vigil's Consul-style `Lock` recipe with the same long-lived session. Consul: the same
+  Vigil's Consul-style `Lock` recipe with the same long-lived session, and a baseline that is
+  not a lock: etcd putting one key with a lease and deleting it (the two writes of a
+  `concurrency.Mutex` cycle, without the owner read in its transaction). Consul: the same
   `?acquire`/`?release` cycle.
 - **Contended lock**: 8 and 32 clients looping acquire → release on one lock: handoffs/s
   (acquisitions per second), acquire latency, fairness (fewest ÷ most acquisitions of one
@@ -84,6 +106,21 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   server-side v3lock `Lock` RPC and the client-side `concurrency.Mutex` algorithm of etcd's Go
   client (reimplemented over `etcd-client`), each client with one lease. Consul: the same
   Consul-style `Lock` as Vigil's, so its row sits beside "Consul-style lock vs v3lock".
+  Requests per acquisition are compared with both etcd recipes: the client-side
+  `concurrency.Mutex` needs 6, etcd's server-side v3lock 2, as Vigil's queue does. Every
+  contended ratio against etcd carries a caveat: etcd's waiters see a release through a watch
+  started at a revision they already read, which etcd files as unsynced and catches up on a
+  100 ms tick, so etcd hands over about once per client per 100 ms however idle its servers
+  are; the ratio measures that floor and shrinks as clients are added. A full run also sweeps
+  the client count (1, 2, 4, 16 besides 8 and 32, 4 s windows) for the fair mutex, v3lock and
+  the Consul-style lock on Vigil and Consul, so the rows show how each rate moves with it.
+- **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
+  each holder reads a counter the harness shares between contenders, yields, and writes it
+  back one higher; its grant must not come while another contender holds the lock, the counter
+  must equal the number of acquisitions at the end, and each grant's fencing token (Vigil's
+  and Consul's `LockIndex`, the queue's token, etcd's create revision or the revision of the
+  v3lock grant; the raw `?acquire` cycle returns none) must be larger than the one before. A
+  violation fails the run, and `--check` with it.
 - **Sessions and leases** (Vigil, etcd, Consul): 16 clients creating sessions / granting
   leases (60 s TTL; a raft write each), then each renewing one (leader-only on each).
 - **Watch fan-out**: on fresh clusters, 10,000 idle watchers on distinct keys and 1,000 on one
@@ -143,6 +180,8 @@ pub struct Row {
     pub vigil_only: bool,
     /// Over several repetitions, the figures above are medians and this is their range.
     pub spread: Option<Spread>,
+    /// A caveat the reader needs beside the ratio (the report numbers it under the table).
+    pub note: Option<String>,
 }
 
 /// The lowest and highest of each figure of a row over the repetitions that measured it.
@@ -234,6 +273,7 @@ impl Row {
             vigil_vs_consul: None,
             vigil_only: false,
             spread: None,
+            note: None,
         }
     }
 
@@ -705,11 +745,25 @@ impl Report {
              | workload | metric | Vigil | etcd | Vigil ÷ etcd | Consul | Vigil ÷ Consul |\n\
              | --- | --- | --: | --: | --: | --: | --: |\n",
         );
+        let mut notes: Vec<&str> = Vec::new();
         for r in &self.rows {
             let spread = r.spread.as_ref();
+            let marker = match r.note.as_deref() {
+                Some(note) => {
+                    let n = match notes.iter().position(|n| *n == note) {
+                        Some(i) => i + 1,
+                        None => {
+                            notes.push(note);
+                            notes.len()
+                        }
+                    };
+                    format!(" [{n}]")
+                }
+                None => String::new(),
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {}{marker} | {} | {} |",
                 r.workload,
                 r.metric,
                 figure(r.vigil, spread.and_then(|s| s.vigil), ""),
@@ -726,6 +780,13 @@ impl Report {
                     "×"
                 ),
             );
+        }
+
+        if !notes.is_empty() {
+            md.push('\n');
+        }
+        for (i, note) in notes.iter().enumerate() {
+            let _ = writeln!(md, "[{}] {note}\n", i + 1);
         }
 
         for table in self.tables() {
