@@ -6,7 +6,9 @@
 
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Context, Result, anyhow, ensure};
+use futures::FutureExt;
+use futures::future::ready;
 use serde_json::json;
 use vigil_client::Client;
 
@@ -23,37 +25,20 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
-    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
-    let consul = match &leaders.consul {
-        Some((addr, _)) => Some(Client::new(addr)?),
-        None => None,
-    };
+    let (vigil, consul) = leaders.http_clients()?;
     let mut outcome = Outcome::default();
     let mut runs = Vec::new();
     for clients in [1, 16, 64] {
-        let (mut v, mut e, mut c) = (None, None, None);
-        for system in System::order() {
-            let Some(pids) = leaders.pids(system) else {
-                continue;
-            };
-            let phase = format!("KV put, {}, {system}", load::clients(clients));
-            match system {
-                System::Vigil => {
-                    let puts = http_puts(&vigil, clients, plan);
-                    v = Some(outcome.metered(phase, pids, puts).await?);
-                }
-                System::Consul => {
-                    let client = consul.as_ref().context("Consul's client")?;
-                    let puts = http_puts(client, clients, plan);
-                    c = Some(outcome.metered(phase, pids, puts).await?);
-                }
-                System::Etcd => {
-                    let puts = etcd_puts(&leaders.etcd_endpoint, clients, plan).await?;
-                    e = Some(outcome.metered(phase, pids, puts).await?);
-                }
-            }
-        }
-        let (v, e) = (v.context("Vigil's run")?, e.context("etcd's run")?);
+        let what = format!("KV put, {}", load::clients(clients));
+        let endpoint = &leaders.etcd_endpoint;
+        let (v, e, c) = outcome
+            .each_system(&what, &leaders, |system| match (system, &consul) {
+                (System::Vigil, _) => http_puts(&vigil, clients, plan).boxed_local(),
+                (System::Consul, Some(client)) => http_puts(client, clients, plan).boxed_local(),
+                (System::Consul, None) => ready(Err(anyhow!("no Consul client"))).boxed_local(),
+                (System::Etcd, _) => etcd_puts(endpoint, clients, plan).boxed_local(),
+            })
+            .await?;
         outcome.rows.extend(rows(clients, &v, &e, c.as_ref()));
         runs.push(json!({ "clients": clients, "vigil": v, "etcd": e, "consul": c }));
     }
@@ -95,20 +80,17 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
 }
 
 /// `clients` clients putting fresh keys to etcd, each over its own connection.
-async fn etcd_puts(
-    endpoint: &str,
-    clients: usize,
-    plan: &Plan,
-) -> Result<impl Future<Output = Result<Throughput>> + use<>> {
+async fn etcd_puts(endpoint: &str, clients: usize, plan: &Plan) -> Result<Throughput> {
     let etcd_clients = connect_each(endpoint, clients).await?;
-    Ok(closed_loop(clients, plan.kv, move |c, n| {
+    closed_loop(clients, plan.kv, move |c, n| {
         let mut client = etcd_clients[c].clone();
         async move {
             let key = format!("{PREFIX}{clients}/{c}/{n}");
             client.put(key, VALUE.to_vec(), None).await?;
             Ok(())
         }
-    }))
+    })
+    .await
 }
 
 /// `clients` clients putting fresh keys through the HTTP API `client` speaks (Vigil's or

@@ -284,6 +284,16 @@ pub struct Leaders {
 }
 
 impl Leaders {
+    /// Clients of Vigil's leader and, when it runs, Consul's, over their HTTP API.
+    pub fn http_clients(&self) -> Result<(vigil_client::Client, Option<vigil_client::Client>)> {
+        let vigil = vigil_client::Client::new(&self.vigil_addr.to_string())?;
+        let consul = self
+            .consul
+            .as_ref()
+            .map(|(addr, _)| vigil_client::Client::new(addr));
+        Ok((vigil, consul.transpose()?))
+    }
+
     /// The servers of `system`, if it runs.
     pub fn pids(&self, system: System) -> Option<&[u32]> {
         match system {

@@ -876,26 +876,15 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
         for clients in counts {
             let workload = format!("Contended lock sweep, {}", load::clients(clients));
             let id = |name: &str| format!("lock_sweep.c{clients}.{name}.rate");
-            let fair = pair(Recipe::VigilFair, Recipe::EtcdV3Lock, clients);
-            let metric = "fair mutex vs v3lock: handoffs/s";
-            rows.push(compare(
-                id("fair_vs_v3lock"),
-                &workload,
-                metric,
-                higher,
-                fair,
-                rate,
-            ));
-            let lock = pair(Recipe::VigilLock, Recipe::EtcdV3Lock, clients);
-            let metric = "Consul-style lock vs v3lock: handoffs/s";
-            rows.push(compare(
-                id("lock_vs_v3lock"),
-                &workload,
-                metric,
-                higher,
-                lock,
-                rate,
-            ));
+            let pairings = [
+                ("fair_vs_v3lock", Recipe::VigilFair, "fair mutex"),
+                ("lock_vs_v3lock", Recipe::VigilLock, "Consul-style lock"),
+            ];
+            for (name, vigil, what) in pairings {
+                let metric = format!("{what} vs v3lock: handoffs/s");
+                let runs = pair(vigil, Recipe::EtcdV3Lock, clients);
+                rows.push(compare(id(name), &workload, &metric, higher, runs, rate));
+            }
         }
     }
     for row in &mut rows {

@@ -7,7 +7,9 @@
 //! cheaper mode is linearizable: a deposed leader (Vigil, Consul) or a lagging member (etcd)
 //! may answer with older data, so only the first pair compares equal guarantees.
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
+use futures::FutureExt;
+use futures::future::ready;
 use serde_json::json;
 use vigil_client::{Client, ReadOpts};
 
@@ -41,11 +43,7 @@ impl Mode {
 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
-    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
-    let consul = match &leaders.consul {
-        Some((addr, _)) => Some(Client::new(addr)?),
-        None => None,
-    };
+    let (vigil, consul) = leaders.http_clients()?;
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
     vigil.kv_put(KEY, &VALUE, 0).await?;
     if let Some(consul) = &consul {
@@ -57,33 +55,22 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let mut runs = Vec::new();
     for clients in [1, 64] {
         for mode in [Mode::Linearizable, Mode::Cheap] {
-            let (mut v, mut e, mut c) = (None, None, None);
-            for system in System::order() {
-                let Some(pids) = leaders.pids(system) else {
-                    continue;
-                };
-                let phase = format!(
-                    "KV read {}, {}, {system}",
-                    mode.name(system),
-                    load::clients(clients)
-                );
-                match system {
-                    System::Vigil => {
-                        let reads = http_reads(&vigil, clients, mode, plan);
-                        v = Some(outcome.metered(phase, pids, reads).await?);
+            let what = format!(
+                "KV read {}, {}",
+                mode.name(System::Vigil),
+                load::clients(clients)
+            );
+            let endpoint = &leaders.etcd_endpoint;
+            let (v, e, c) = outcome
+                .each_system(&what, &leaders, |system| match (system, &consul) {
+                    (System::Vigil, _) => http_reads(&vigil, clients, mode, plan).boxed_local(),
+                    (System::Consul, Some(client)) => {
+                        http_reads(client, clients, mode, plan).boxed_local()
                     }
-                    System::Consul => {
-                        let client = consul.as_ref().context("Consul's client")?;
-                        let reads = http_reads(client, clients, mode, plan);
-                        c = Some(outcome.metered(phase, pids, reads).await?);
-                    }
-                    System::Etcd => {
-                        let reads = etcd_reads(&leaders.etcd_endpoint, clients, mode, plan).await?;
-                        e = Some(outcome.metered(phase, pids, reads).await?);
-                    }
-                }
-            }
-            let (v, e) = (v.context("Vigil's run")?, e.context("etcd's run")?);
+                    (System::Consul, None) => ready(Err(anyhow!("no Consul client"))).boxed_local(),
+                    (System::Etcd, _) => etcd_reads(endpoint, clients, mode, plan).boxed_local(),
+                })
+                .await?;
             outcome.rows.extend(rows(clients, mode, &v, &e, c.as_ref()));
             let mode = mode.name(System::Vigil);
             runs.push(
@@ -102,14 +89,9 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
 }
 
 /// `clients` clients reading [`KEY`] from etcd in `mode`, each over its own connection.
-async fn etcd_reads(
-    endpoint: &str,
-    clients: usize,
-    mode: Mode,
-    plan: &Plan,
-) -> Result<impl Future<Output = Result<Throughput>> + use<>> {
+async fn etcd_reads(endpoint: &str, clients: usize, mode: Mode, plan: &Plan) -> Result<Throughput> {
     let etcd_clients = connect_each(endpoint, clients).await?;
-    Ok(closed_loop(clients, plan.kv, move |c, _| {
+    closed_loop(clients, plan.kv, move |c, _| {
         let mut client = etcd_clients[c].clone();
         let options =
             (mode == Mode::Cheap).then(|| etcd_client::GetOptions::new().with_serializable());
@@ -118,7 +100,8 @@ async fn etcd_reads(
             got.kvs().first().context("the key is missing")?;
             Ok(())
         }
-    }))
+    })
+    .await
 }
 
 /// `clients` clients reading [`KEY`] through the HTTP API `client` speaks (Vigil's or

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::future::Future;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use futures::future::LocalBoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -341,6 +342,32 @@ impl Outcome {
         let output = work.await?;
         self.usage.push(meter.stop()?);
         Ok(output)
+    }
+
+    /// Runs `measure(system)` for every system that runs, one after the other in this
+    /// repetition's order ([`System::order`]), each metered on its own servers as the phase
+    /// `<what>, <system>`; returns Vigil's, etcd's and (when it runs) Consul's results.
+    pub async fn each_system<'a, T>(
+        &mut self,
+        what: &str,
+        leaders: &Leaders,
+        mut measure: impl FnMut(System) -> LocalBoxFuture<'a, Result<T>>,
+    ) -> Result<(T, T, Option<T>)> {
+        let (mut v, mut e, mut c) = (None, None, None);
+        for system in System::order() {
+            let Some(pids) = leaders.pids(system) else {
+                continue;
+            };
+            let phase = format!("{what}, {system}");
+            let result = self.metered(phase, pids, measure(system)).await?;
+            let slot = match system {
+                System::Vigil => &mut v,
+                System::Etcd => &mut e,
+                System::Consul => &mut c,
+            };
+            *slot = Some(result);
+        }
+        Ok((v.context("Vigil's run")?, e.context("etcd's run")?, c))
     }
 
     /// Runs `vigil` and `etcd` one after the other, in this repetition's order
