@@ -49,14 +49,13 @@ const DRAIN_LIMIT: Duration = Duration::from_secs(60);
 /// What etcd's uncontended lock figure is made of, beside its ratios.
 const UNCONTENDED_NOTE: &str = "An uncontended etcd lock cycle is two raft writes one after \
     the other (the lock's transaction puts the contender's key with its lease, the unlock \
-    deletes it), each committed by a majority with an fsync before the answer, so its cycles/s \
-    sit at about half etcd's 1-client puts/s; the baseline \"etcd put with a lease + delete\" \
-    under \"Locks, every recipe\" (the same two writes, no lock) runs at the lock's rate. \
-    Vigil's cycle is two writes too: the ratio is the difference in per-write cost. The \
-    single-run report of 2026-11-28 measured etcd at 95.7 cycles/s against 1,682 puts/s with \
-    its servers at 185% CPU: its lock phase ran right after the KV workload deleted about \
-    175,000 keys, which etcd was still digesting; the harness now compacts etcd after that \
-    delete and starts the next workload once every server is idle.";
+    deletes it), and it costs what those two writes cost: the baseline \"etcd put with a lease \
+    + delete\" under \"Locks, every recipe\" (the same two writes, no lock) runs at the lock's \
+    rate in every run so far, so the ratio measures etcd's per-write cost, not its lock recipe. \
+    Those two writes cycle at a quarter to a half of etcd's 1-client puts/s: their median is \
+    about two puts, and a longer tail (p99 several times a put's) pulls the mean down. The \
+    185% server CPU of the 2026-11-28 single run was not seen again on fresh clusters nor \
+    after compacting etcd (31-36% in the same phase).";
 
 /// The caveat beside every contended ratio against etcd.
 const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \

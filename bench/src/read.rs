@@ -91,7 +91,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
 /// `clients` clients reading [`KEY`] from etcd in `mode`, each over its own connection.
 async fn etcd_reads(endpoint: &str, clients: usize, mode: Mode, plan: &Plan) -> Result<Throughput> {
     let etcd_clients = connect_each(endpoint, clients).await?;
-    closed_loop(clients, plan.kv, move |c, _| {
+    closed_loop(clients, plan.session, move |c, _| {
         let mut client = etcd_clients[c].clone();
         let options =
             (mode == Mode::Cheap).then(|| etcd_client::GetOptions::new().with_serializable());
@@ -113,7 +113,7 @@ fn http_reads(
     plan: &Plan,
 ) -> impl Future<Output = Result<Throughput>> + use<> {
     let client = client.clone();
-    closed_loop(clients, plan.kv, move |_, _| {
+    closed_loop(clients, plan.session, move |_, _| {
         let client = client.clone();
         let opts = match mode {
             Mode::Linearizable => ReadOpts::default().consistent(),
