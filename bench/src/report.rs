@@ -143,11 +143,13 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   stopped or starved 5 s is a false invalidation. Median of 5
   rounds (3 with `--quick`); the kill row runs 30 rounds (10 with `--quick`) and also reports
   their p90 and slowest round, which stands in for a p99 (that would need a hundred rounds).
-- **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member) → the remaining
+- **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member; a Consul server) → the remaining
   two agree on a new leader (polled every 20 ms on both), and → the first write a client sent
   right after the kill succeeds (Vigil: a `PUT` through a client agent, which holds it until a
   leader answers; etcd: a `put` from a client of all three members, tried again after 1 s
-  without an answer); the killed one then restarts from its data directory. Median of 5
+  without an answer; Consul: a `PUT` to a surviving server, which forwards it to the leader
+  once there is one, Consul's defaults timing the election: `raft_multiplier` 5, a 5 s
+  heartbeat timeout); the killed one then restarts from its data directory. Median of 5
   rounds (3 with `--quick`).
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
   server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
@@ -283,6 +285,14 @@ impl Row {
         Row {
             vigil_vs_consul: advantage(self.better, self.vigil, consul),
             consul,
+            ..self
+        }
+    }
+
+    /// The row with a caveat beside its ratios.
+    pub fn with_note(self, note: &str) -> Row {
+        Row {
+            note: Some(note.to_owned()),
             ..self
         }
     }
