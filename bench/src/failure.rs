@@ -5,9 +5,9 @@
 //!   (lock-delay 0, bound to the node's `serfHealth`), takes a lock, `kill -9`s the agent (or
 //!   stops it for good with SIGSTOP: silent, so only suspicion finds it) and polls a server
 //!   until the node's `serfHealth` is critical and another session can take the lock. Median
-//!   over the rounds; the kill row runs more rounds (`Plan::kill_rounds`, 30, 10 with
-//!   `--quick`) and also reports their p90 and maximum: a p99 would need a hundred rounds of
-//!   about 4 s each, so the maximum of 30 stands in for it.
+//!   over the rounds; the kill row runs more rounds (`Plan::kill_rounds`, 10 in each of a
+//!   run's repetitions) and also reports their p90 and maximum: a p99 would need a hundred
+//!   rounds of about 4 s each, so the maximum stands in for it.
 //! - Stalls: two client agents hold sessions (the holder's with the lock); each round stops the
 //!   holder's agent for 2 s, another agent for 5 s, then starves that other agent of CPU for
 //!   5 s (1% of one core through the kernel's CFS bandwidth control, a cgroup v1 `cpu` group:

@@ -244,20 +244,21 @@ impl Plan {
             Plan {
                 quick,
                 fsync_samples: 500,
-                kv: window(1_000, 8_000),
+                kv: window(1_000, 5_000),
                 lock: window(1_000, 6_000),
-                contended: window(1_000, 10_000),
+                contended: window(1_000, 6_000),
                 sweep: vec![1, 2, 4, 16],
-                sweep_window: window(500, 4_000),
+                sweep_window: window(500, 3_000),
                 session: window(1_000, 5_000),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
-                failure_rounds: 5,
-                kill_rounds: 30,
-                failover_rounds: 5,
+                // Per repetition: 9 rounds (30 kills) over a run of 3.
+                failure_rounds: 3,
+                kill_rounds: 10,
+                failover_rounds: 3,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
-                quiet_wait: Duration::from_secs(3),
+                quiet_wait: Duration::from_secs(2),
             }
         }
     }

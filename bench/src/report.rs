@@ -32,7 +32,7 @@ systems in another order (Vigil → etcd → Consul, then etcd → Consul → Vi
 Vigil → etcd), so that neither a warming machine nor a neighbour's build favours one system
 throughout. Every figure below is the median of the three, with the lowest and highest in
 brackets; a ratio is computed within each repetition and then its median taken. Before each
-measured phase the harness waits (up to 3 s) for other processes to use less than a quarter of
+measured phase the harness waits (up to 2 s) for other processes to use less than a quarter of
 a core, then records the machine's CPU (`/proc/stat`) beside the harness's and the measured
 servers'; a phase during which other processes used more is marked **disturbed** under "CPU
 per phase", and its figures deserve less trust.
@@ -113,7 +113,7 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   started at a revision they already read, which etcd files as unsynced and catches up on a
   100 ms tick, so etcd hands over about once per client per 100 ms however idle its servers
   are; the ratio measures that floor and shrinks as clients are added. A full run also sweeps
-  the client count (1, 2, 4, 16 besides 8 and 32, 4 s windows) for the fair mutex, v3lock and
+  the client count (1, 2, 4, 16 besides 8 and 32, 3 s windows) for the fair mutex, v3lock and
   the Consul-style lock on Vigil and Consul, so the rows show how each rate moves with it.
 - **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
   each holder reads a counter the harness shares between contenders, yields, and writes it
@@ -140,17 +140,18 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   stopped 2 s, another agent stopped 5 s and then starved of CPU 5 s (1% of a core, a cgroup
   `cpu` quota; skipped with the reason where no cgroup can be made), a follower server stopped
   4 s, each followed by 8 s to settle; every session lost by a node that was not the one
-  stopped or starved 5 s is a false invalidation. Median of 5
-  rounds (3 with `--quick`); the kill row runs 30 rounds (10 with `--quick`) and also reports
-  their p90 and slowest round, which stands in for a p99 (that would need a hundred rounds).
+  stopped or starved 5 s is a false invalidation. Median of 3
+  rounds in each repetition; the kill row runs 10 rounds in each and also reports
+  their p90 and slowest round (per repetition, then the median of the repetitions), which
+  stand in for a p99 (that would need a hundred rounds).
 - **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member; a Consul server) → the remaining
   two agree on a new leader (polled every 20 ms on both), and → the first write a client sent
   right after the kill succeeds (Vigil: a `PUT` through a client agent, which holds it until a
   leader answers; etcd: a `put` from a client of all three members, tried again after 1 s
   without an answer; Consul: a `PUT` to a surviving server, which forwards it to the leader
   once there is one, Consul's defaults timing the election: `raft_multiplier` 5, a 5 s
-  heartbeat timeout); the killed one then restarts from its data directory. Median of 5
-  rounds (3 with `--quick`).
+  heartbeat timeout); the killed one then restarts from its data directory. Median of 3
+  rounds in each repetition.
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
   server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
 "#;
