@@ -28,7 +28,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One `consul agent -server`.
 struct Server {
-    child: Child,
+    args: Vec<String>,
+    /// `None` once killed by [`ConsulCluster::kill9_leader`].
+    child: Option<Child>,
     /// `127.0.0.1:PORT` of its HTTP API.
     http: String,
     /// `127.0.0.1:PORT` of its server RPC, which `/v1/status/leader` names.
@@ -107,22 +109,15 @@ impl ConsulCluster {
             for (_, port) in lan.iter().enumerate().filter(|(j, _)| *j != i) {
                 args.extend(["-retry-join".to_owned(), format!("127.0.0.1:{port}")]);
             }
-            let log = dir.path().join(format!("c{i}.log"));
-            let output = std::fs::File::create(&log)?;
-            let child = Command::new(BINARY)
-                .args(&args)
-                .stdin(Stdio::null())
-                .stdout(output.try_clone()?)
-                .stderr(output)
-                .kill_on_drop(true)
-                .spawn()
-                .with_context(|| format!("spawn {BINARY} (scripts/install-consul.sh)"))?;
-            servers.push(Server {
-                child,
+            let mut server = Server {
+                args,
+                child: None,
                 http: format!("127.0.0.1:{}", http[i]),
                 rpc: format!("127.0.0.1:{}", rpc[i]),
-                log,
-            });
+                log: dir.path().join(format!("c{i}.log")),
+            };
+            server.spawn()?;
+            servers.push(server);
         }
         let cluster = ConsulCluster { servers, _dir: dir };
         if let Err(e) = cluster.wait_for_leader().await {
@@ -153,10 +148,10 @@ impl ConsulCluster {
         }
     }
 
-    /// The HTTP address and process ID of the server every server names as leader.
+    /// The HTTP address and process ID of the server every running server names as leader.
     pub async fn leader(&self) -> Result<(String, u32)> {
         let mut named = Vec::new();
-        for server in &self.servers {
+        for server in self.servers.iter().filter(|s| s.child.is_some()) {
             let url = format!("http://{}/v1/status/leader", server.http);
             let leader: String = reqwest::get(&url).await?.error_for_status()?.json().await?;
             named.push(leader);
@@ -172,20 +167,75 @@ impl ConsulCluster {
             .with_context(|| format!("no server has the leader's RPC address {leader:?}"))?;
         let pid = server
             .child
-            .id()
+            .as_ref()
+            .and_then(Child::id)
             .context("the Consul leader is not running")?;
         Ok((server.http.clone(), pid))
     }
 
     pub fn pids(&self) -> Vec<u32> {
-        self.servers.iter().filter_map(|s| s.child.id()).collect()
+        self.servers
+            .iter()
+            .filter_map(|s| s.child.as_ref().and_then(Child::id))
+            .collect()
+    }
+
+    /// HTTP addresses of the running servers.
+    pub fn running_http(&self) -> Vec<String> {
+        let running = self.servers.iter().filter(|s| s.child.is_some());
+        running.map(|s| s.http.clone()).collect()
+    }
+
+    /// `kill -9`s the leader and waits for it to exit.
+    pub async fn kill9_leader(&mut self) -> Result<()> {
+        let (http, _) = self.leader().await?;
+        let server = self
+            .servers
+            .iter_mut()
+            .find(|s| s.http == http)
+            .context("the Consul leader is not a server")?;
+        let mut child = server
+            .child
+            .take()
+            .context("the Consul leader is not running")?;
+        child.kill().await?;
+        Ok(())
+    }
+
+    /// Starts every killed server again from its data directory and waits until all servers
+    /// agree on a leader that takes writes.
+    pub async fn restart_killed(&mut self) -> Result<()> {
+        for server in self.servers.iter_mut().filter(|s| s.child.is_none()) {
+            server.spawn()?;
+        }
+        self.wait_for_leader().await
     }
 
     /// Kills every server and waits for them to exit; the data directories go with `self`.
     pub async fn stop(mut self) {
-        for server in &mut self.servers {
+        for child in self.servers.iter_mut().filter_map(|s| s.child.as_mut()) {
             // Already gone is fine: this is cleanup.
-            let _ = server.child.kill().await;
+            let _ = child.kill().await;
         }
+    }
+}
+
+impl Server {
+    /// Starts the server process, its output appended to its log.
+    fn spawn(&mut self) -> Result<()> {
+        let output = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)?;
+        let child = Command::new(BINARY)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(output.try_clone()?)
+            .stderr(output)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("spawn {BINARY} (scripts/install-consul.sh)"))?;
+        self.child = Some(child);
+        Ok(())
     }
 }

@@ -108,8 +108,10 @@ impl Mutex {
     }
 
     /// `Mutex.Lock`: queue up (one transaction that also reads the owner, so the uncontended
-    /// path is a single RPC), then wait for every earlier contender's key to go.
-    pub async fn lock(&mut self) -> Result<()> {
+    /// path is a single RPC), then wait for every earlier contender's key to go. Returns the
+    /// create revision of the contender's key, the holder's fencing token (larger than any
+    /// earlier holder's: each holder's key is created after the one before it was).
+    pub async fn lock(&mut self) -> Result<i64> {
         let first_created = GetOptions::new()
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend)
@@ -154,7 +156,7 @@ impl Mutex {
         };
         let owner = ranges.last().context("owner range")?.kvs();
         if owner.is_empty() || owner[0].create_revision() == my_rev {
-            return Ok(());
+            return Ok(my_rev);
         }
         self.wait_deletes(my_rev - 1).await?;
         // The session may have expired while waiting: the key must still be there.
@@ -168,7 +170,7 @@ impl Mutex {
         {
             bail!("session expired while waiting for {}", self.key);
         }
-        Ok(())
+        Ok(my_rev)
     }
 
     /// `Mutex.Unlock`.

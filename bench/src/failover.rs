@@ -6,24 +6,34 @@
 //! client of all three members, retried after [`WRITE_TRY`] without an answer, as etcd's
 //! clients retry). Then the killed process is started again from its data directory and the
 //! round ends once all three agree again. Vigil's servers use the `lan` profile; etcd its
-//! defaults (1 s election timeout). Median over the rounds.
+//! defaults (1 s election timeout); Consul, when it runs, its defaults too (`raft_multiplier`
+//! 5), with the write sent to a surviving server, which forwards it to the leader. Median over
+//! the rounds.
 
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
+use futures::FutureExt;
 use serde_json::json;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use vigil_client::Client;
 
 use super::etcd::connect;
 use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 
 /// Longest a new leader may take.
 const ELECTION_LIMIT: Duration = Duration::from_secs(30);
 /// How often both systems are asked who leads (the same for both).
 const POLL: Duration = Duration::from_millis(20);
+
+/// Beside the rows: what Consul's figures are made of.
+const CONSUL_NOTE: &str = "Consul runs with its default `performance.raft_multiplier` of 5, \
+    which its documentation describes as suited to minimal servers (it recommends 1 for \
+    production): heartbeat and election timeouts of 5 s instead of 1 s, and a follower that \
+    still hears of the old leader refuses its votes until its own timeout runs out.";
 
 /// How long an etcd write may go unanswered before the client tries again.
 const WRITE_TRY: Duration = Duration::from_secs(1);
@@ -44,22 +54,7 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
         let old = systems.vigil.leader().await;
         systems.vigil.kill9(old).await;
         let killed = Instant::now();
-        let value = format!("round {round}");
-        let writer = writer.clone();
-        let write = tokio::spawn(async move {
-            loop {
-                if matches!(
-                    writer.kv_put("bench/failover", value.as_bytes(), 0).await,
-                    Ok(true)
-                ) {
-                    return Ok(killed.elapsed());
-                }
-                if killed.elapsed() > ELECTION_LIMIT {
-                    bail!("no write succeeded within {ELECTION_LIMIT:?} of the leader's kill");
-                }
-                sleep(POLL).await;
-            }
-        });
+        let write = first_write(writer.clone(), round, killed);
         // Only a running server is ever reported as the leader.
         systems.vigil.leader_within(ELECTION_LIMIT).await;
         let leader = killed.elapsed();
@@ -76,6 +71,70 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
     }
     systems.vigil.kill9_client(c).await;
     Ok(results)
+}
+
+/// Asks `leads` every [`POLL`] until it says a new leader is in place; the time since `killed`.
+async fn new_leader<F: Future<Output = bool>>(
+    killed: Instant,
+    system: &str,
+    mut leads: impl FnMut() -> F,
+) -> Result<Duration> {
+    loop {
+        if leads().await {
+            return Ok(killed.elapsed());
+        }
+        if killed.elapsed() > ELECTION_LIMIT {
+            bail!("{system} elected no new leader within {ELECTION_LIMIT:?}");
+        }
+        sleep(POLL).await;
+    }
+}
+
+/// Puts a key through `writer` until a put succeeds; resolves to the time since `killed`.
+fn first_write(writer: Client, round: usize, killed: Instant) -> JoinHandle<Result<Duration>> {
+    let value = format!("round {round}");
+    tokio::spawn(async move {
+        loop {
+            if matches!(
+                writer.kv_put("bench/failover", value.as_bytes(), 0).await,
+                Ok(true)
+            ) {
+                return Ok(killed.elapsed());
+            }
+            if killed.elapsed() > ELECTION_LIMIT {
+                bail!("no write succeeded within {ELECTION_LIMIT:?} of the leader's kill");
+            }
+            sleep(POLL).await;
+        }
+    })
+}
+
+/// Kill → new agreed leader and kill → first write sent to a surviving server (which forwards
+/// it to the leader once there is one), per round; `None` without a Consul cluster.
+async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round>>> {
+    let Some(consul) = systems.consul.as_mut() else {
+        return Ok(None);
+    };
+    let mut results = Vec::new();
+    for round in 0..rounds {
+        let (old, _) = consul.leader().await?;
+        let survivor = consul.running_http().into_iter().find(|http| *http != old);
+        let writer = Client::new(&survivor.context("no other Consul server")?)?;
+        consul.kill9_leader().await?;
+        let killed = Instant::now();
+        let write = first_write(writer, round, killed);
+        // Only a running server is ever reported as the leader.
+        let leader = new_leader(killed, "Consul", || consul.leader().map(|l| l.is_ok())).await?;
+        let write = write.await??;
+        eprintln!(
+            "  Consul: kill -9 of the leader → new leader {:.2} s, first write {:.2} s",
+            leader.as_secs_f64(),
+            write.as_secs_f64()
+        );
+        results.push(Round { leader, write });
+        consul.restart_killed().await?;
+    }
+    Ok(Some(results))
 }
 
 /// Kill → new agreed leader and kill → first write from a client of every member, per round.
@@ -99,15 +158,9 @@ async fn etcd(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
             }
         });
         // Only a running member is ever reported as the leader.
-        let leader = loop {
-            if systems.etcd.leader_endpoint().await.is_ok() {
-                break killed.elapsed();
-            }
-            if killed.elapsed() > ELECTION_LIMIT {
-                bail!("etcd elected no new leader within {ELECTION_LIMIT:?}");
-            }
-            sleep(POLL).await;
-        };
+        let etcd = &systems.etcd;
+        let leader =
+            new_leader(killed, "etcd", || etcd.leader_endpoint().map(|l| l.is_ok())).await?;
         let write = write.await??;
         eprintln!(
             "  etcd: kill -9 of the leader → new leader {:.2} s, first write {:.2} s",
@@ -122,8 +175,15 @@ async fn etcd(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let rounds = plan.failover_rounds;
-    let v = vigil(systems, rounds).await?;
-    let e = etcd(systems, rounds).await?;
+    let (mut v, mut e, mut c) = (None, None, None);
+    for system in System::order() {
+        match system {
+            System::Vigil => v = Some(vigil(systems, rounds).await?),
+            System::Etcd => e = Some(etcd(systems, rounds).await?),
+            System::Consul => c = consul(systems, rounds).await?,
+        }
+    }
+    let (v, e) = (v.context("Vigil's rounds")?, e.context("etcd's rounds")?);
     let secs = |d: &Duration| d.as_secs_f64();
     let leaders = |r: &[Round]| r.iter().map(|r| r.leader).collect::<Vec<_>>();
     let writes = |r: &[Round]| r.iter().map(|r| r.write).collect::<Vec<_>>();
@@ -135,7 +195,11 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         "etcd_kill_to_leader_s": leaders(&e).iter().map(secs).collect::<Vec<_>>(),
         "etcd_kill_to_write_s": writes(&e).iter().map(secs).collect::<Vec<_>>(),
         "etcd_write_retry_s": WRITE_TRY.as_secs_f64(),
+        "consul_kill_to_leader_s": c.as_deref().map(|c| leaders(c).iter().map(secs).collect::<Vec<_>>()),
+        "consul_kill_to_write_s": c.as_deref().map(|c| writes(c).iter().map(secs).collect::<Vec<_>>()),
     });
+    let c_leader = c.as_deref().map(|c| secs(&median(leaders(c))));
+    let c_write = c.as_deref().map(|c| secs(&median(writes(c))));
     let (v_leader, e_leader) = (secs(&median(leaders(&v))), secs(&median(leaders(&e))));
     let (v_write, e_write) = (secs(&median(writes(&v))), secs(&median(writes(&e))));
     let rows = vec![
@@ -146,7 +210,9 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             Better::Lower,
             Some(v_leader),
             Some(e_leader),
-        ),
+        )
+        .with_consul(c_leader)
+        .with_note(CONSUL_NOTE),
         Row::new(
             "failover.first_write",
             format!("Leader failover: a client's write, median of {rounds}"),
@@ -154,7 +220,9 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             Better::Lower,
             Some(v_write),
             Some(e_write),
-        ),
+        )
+        .with_consul(c_write)
+        .with_note(CONSUL_NOTE),
     ];
     let table = Table {
         title: format!("Leader failover (median of {rounds})"),
@@ -181,7 +249,19 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
                 num(e_leader),
                 num(e_write),
             ],
-        ],
+        ]
+        .into_iter()
+        .chain(c_leader.zip(c_write).map(|(leader, write)| {
+            vec![
+                "Consul".to_owned(),
+                "defaults (`raft_multiplier` 5: 5 s heartbeat and election timeouts); the \
+                 write sent to a surviving server, which forwards it to the leader"
+                    .to_owned(),
+                num(leader),
+                num(write),
+            ]
+        }))
+        .collect(),
     };
     Ok(Outcome {
         rows,

@@ -5,9 +5,9 @@
 //!   (lock-delay 0, bound to the node's `serfHealth`), takes a lock, `kill -9`s the agent (or
 //!   stops it for good with SIGSTOP: silent, so only suspicion finds it) and polls a server
 //!   until the node's `serfHealth` is critical and another session can take the lock. Median
-//!   over the rounds; the kill row runs more rounds (`Plan::kill_rounds`, 30, 10 with
-//!   `--quick`) and also reports their p90 and maximum: a p99 would need a hundred rounds of
-//!   about 4 s each, so the maximum of 30 stands in for it.
+//!   over the rounds; the kill row runs more rounds (`Plan::kill_rounds`, 10 in each of a
+//!   run's repetitions) and also reports their p90 and maximum: a p99 would need a hundred
+//!   rounds of about 4 s each, so the maximum stands in for it.
 //! - Stalls: two client agents hold sessions (the holder's with the lock); each round stops the
 //!   holder's agent for 2 s, another agent for 5 s, then starves that other agent of CPU for
 //!   5 s (1% of one core through the kernel's CFS bandwidth control, a cgroup v1 `cpu` group:
@@ -37,7 +37,7 @@ use super::etcd::connect;
 use super::etcd_concurrency::{Counters, Session};
 use super::load::{median, percentile};
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 use integration_tests::Http;
 use integration_tests::cluster::create_session;
 
@@ -347,14 +347,24 @@ async fn etcd(endpoint: &str, victims: usize) -> Result<Vec<Duration>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let (rounds, kills) = (plan.failure_rounds, plan.kill_rounds);
+    // etcd's rounds before or after Vigil's, in this repetition's order.
+    let etcd_first = System::Etcd.turn() < System::Vigil.turn();
+    let leaders = systems.leaders().await?;
+    let mut e = if etcd_first {
+        etcd(&leaders.etcd_endpoint, kills).await?
+    } else {
+        Vec::new()
+    };
     let v = vigil(systems, kills, Death::Kill).await?;
     let silent = vigil(systems, rounds, Death::Silent).await?;
     let Stalls {
         false_invalidations: stalls,
         starvation_skipped,
     } = vigil_stalls(systems, rounds).await?;
-    let leaders = systems.leaders().await?;
-    let e = etcd(&leaders.etcd_endpoint, kills).await?;
+    if !etcd_first {
+        let leaders = systems.leaders().await?;
+        e = etcd(&leaders.etcd_endpoint, kills).await?;
+    }
     let secs = |d: &Duration| d.as_secs_f64();
     let v_critical: Vec<Duration> = v.iter().map(|r| r.0).collect();
     let v_free: Vec<Duration> = v.iter().map(|r| r.1).collect();

@@ -4,68 +4,93 @@
 //! majority with an fsync, so what differs is batching (group commit) and per-request overhead.
 //! The keys are deleted afterwards.
 
-use anyhow::{Result, ensure};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, ensure};
+use futures::FutureExt;
+use futures::future::ready;
 use serde_json::json;
 use vigil_client::Client;
 
 use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
+use super::machine;
 use super::report::{Outcome, Row};
-use super::{Plan, Systems};
+use super::{Plan, System, Systems};
 
 const VALUE: [u8; 128] = [b'v'; 128];
 const PREFIX: &str = "bench/kv/";
+/// Longest wait for the servers to go idle after the cleanup.
+const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
-    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
-    let consul = match &leaders.consul {
-        Some((addr, pids)) => Some((Client::new(addr)?, pids)),
-        None => None,
-    };
+    let (vigil, consul) = leaders.http_clients()?;
     let mut outcome = Outcome::default();
     let mut runs = Vec::new();
     for clients in [1, 16, 64] {
-        let puts = http_puts(&vigil, clients, plan);
-        let phase = format!("KV put, {}, Vigil", load::clients(clients));
-        let v = outcome.metered(phase, &leaders.vigil_pids, puts).await?;
-        let c = match &consul {
-            Some((client, pids)) => {
-                let puts = http_puts(client, clients, plan);
-                let phase = format!("KV put, {}, Consul", load::clients(clients));
-                Some(outcome.metered(phase, pids, puts).await?)
-            }
-            None => None,
-        };
-
-        let etcd_clients = connect_each(&leaders.etcd_endpoint, clients).await?;
-        let puts = closed_loop(clients, plan.kv, move |c, n| {
-            let mut client = etcd_clients[c].clone();
-            async move {
-                let key = format!("{PREFIX}{clients}/{c}/{n}");
-                client.put(key, VALUE.to_vec(), None).await?;
-                Ok(())
-            }
-        });
-        let phase = format!("KV put, {}, etcd", load::clients(clients));
-        let e = outcome.metered(phase, &leaders.etcd_pids, puts).await?;
+        let what = format!("KV put, {}", load::clients(clients));
+        let endpoint = &leaders.etcd_endpoint;
+        let (v, e, c) = outcome
+            .each_system(&what, &leaders, |system| match (system, &consul) {
+                (System::Vigil, _) => http_puts(&vigil, clients, plan).boxed_local(),
+                (System::Consul, Some(client)) => http_puts(client, clients, plan).boxed_local(),
+                (System::Consul, None) => ready(Err(anyhow!("no Consul client"))).boxed_local(),
+                (System::Etcd, _) => etcd_puts(endpoint, clients, plan).boxed_local(),
+            })
+            .await?;
         outcome.rows.extend(rows(clients, &v, &e, c.as_ref()));
         runs.push(json!({ "clients": clients, "vigil": v, "etcd": e, "consul": c }));
     }
 
     // Leave the state as it was for the next workloads.
     vigil.kv_delete_tree(PREFIX).await?;
-    if let Some((client, _)) = &consul {
+    if let Some(client) = &consul {
         client.kv_delete_tree(PREFIX).await?;
     }
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
-    etcd.delete(
-        PREFIX,
-        Some(etcd_client::DeleteOptions::new().with_prefix()),
-    )
-    .await?;
-    outcome.details = json!({ "value_bytes": VALUE.len(), "runs": runs });
+    let deleted = etcd
+        .delete(
+            PREFIX,
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await?;
+    // Compact etcd's history up to the delete, as a production etcd's auto-compaction would,
+    // so that later workloads do not run against a store holding every revision of this one.
+    let revision = deleted.header().context("delete header")?.revision();
+    let physical = etcd_client::CompactionOptions::new().with_physical();
+    etcd.compact(revision, Some(physical)).await?;
+    // Deleting (and compacting) a few hundred thousand keys keeps servers busy after the
+    // answer (followers applying it, the storage freeing pages): the next workload starts
+    // once every server is idle again.
+    let mut pids = leaders.vigil_pids.clone();
+    pids.extend(&leaders.etcd_pids);
+    pids.extend(leaders.pids(System::Consul).unwrap_or_default());
+    let settle = machine::settle(&pids, SETTLE_LIMIT).await?;
+    eprintln!(
+        "vigil-bench: the servers settled {:.1} s after the KV cleanup",
+        settle.as_secs_f64()
+    );
+    outcome.details = json!({
+        "value_bytes": VALUE.len(),
+        "runs": runs,
+        "settle_after_cleanup_s": settle.as_secs_f64(),
+    });
     Ok(outcome)
+}
+
+/// `clients` clients putting fresh keys to etcd, each over its own connection.
+async fn etcd_puts(endpoint: &str, clients: usize, plan: &Plan) -> Result<Throughput> {
+    let etcd_clients = connect_each(endpoint, clients).await?;
+    closed_loop(clients, plan.kv, move |c, n| {
+        let mut client = etcd_clients[c].clone();
+        async move {
+            let key = format!("{PREFIX}{clients}/{c}/{n}");
+            client.put(key, VALUE.to_vec(), None).await?;
+            Ok(())
+        }
+    })
+    .await
 }
 
 /// `clients` clients putting fresh keys through the HTTP API `client` speaks (Vigil's or

@@ -29,6 +29,7 @@ mod kv;
 mod load;
 mod lock;
 mod machine;
+mod read;
 mod report;
 mod session;
 mod watch;
@@ -39,12 +40,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use anyhow::{Context, Result, anyhow};
 use futures::FutureExt;
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+use serde::Serialize;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::Instant;
 use vigil_shared::go::time::Utc;
@@ -57,8 +60,9 @@ use machine::{Machine, Versions};
 use report::{Outcome, Report};
 
 /// Every workload, by its report name, in the order they run.
-const WORKLOADS: [&str; 8] = [
+const WORKLOADS: [&str; 9] = [
     "kv_put",
+    "kv_read",
     "locks",
     "sessions",
     "failure_detection",
@@ -68,11 +72,58 @@ const WORKLOADS: [&str; 8] = [
     "footprint",
 ];
 
+/// The systems compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum System {
+    Vigil,
+    Etcd,
+    Consul,
+}
+
+impl std::fmt::Display for System {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            System::Vigil => "Vigil",
+            System::Etcd => "etcd",
+            System::Consul => "Consul",
+        })
+    }
+}
+
+/// Which system the current repetition measures first: an index into [`System::ALL`].
+static FIRST: AtomicUsize = AtomicUsize::new(0);
+
+impl System {
+    const ALL: [System; 3] = [System::Vigil, System::Etcd, System::Consul];
+
+    /// The order in which this repetition measures the systems: repetition `r` starts with
+    /// `ALL[r % 3]` and goes round, so over three repetitions each system goes first once
+    /// (and whatever the machine does over time does not always favour the same one).
+    pub fn order() -> [System; 3] {
+        let first = FIRST.load(Ordering::Relaxed);
+        std::array::from_fn(|i| System::ALL[(first + i) % 3])
+    }
+
+    /// Where this system comes in [`System::order`].
+    pub fn turn(self) -> usize {
+        System::order()
+            .iter()
+            .position(|s| *s == self)
+            .unwrap_or_default()
+    }
+
+    fn rotate_for(repetition: usize) {
+        FIRST.store(repetition % 3, Ordering::Relaxed);
+    }
+}
+
 /// Command-line options.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Shorter windows and fewer rounds: under 3 minutes.
+    /// Shorter windows and fewer rounds, one repetition: about 7 minutes.
     pub quick: bool,
+    /// How many times every workload runs (3 by default, 1 with `--quick`).
+    pub repetitions: usize,
     /// Exit non-zero when a workload produced no figures (CI smoke test).
     pub check: bool,
     /// Root under which `bench/results/` and `docs/` are written.
@@ -91,7 +142,8 @@ impl Options {
     /// How to call the program, with the workloads `--only` takes.
     pub fn usage() -> String {
         format!(
-            "usage: vigil-bench [--quick] [--check] [--out DIR] [--only WORKLOAD]...\n\
+            "usage: vigil-bench [--quick] [--check] [--repetitions N] [--out DIR] \
+             [--only WORKLOAD]...\n\
              workloads: {}",
             WORKLOADS.join(", ")
         )
@@ -101,6 +153,7 @@ impl Options {
     pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Options> {
         let mut options = Options {
             quick: false,
+            repetitions: 0,
             check: false,
             out: Path::new(env!("CARGO_MANIFEST_DIR"))
                 .parent()
@@ -112,6 +165,13 @@ impl Options {
             match arg.as_str() {
                 "--quick" => options.quick = true,
                 "--check" => options.check = true,
+                "--repetitions" => {
+                    let n = args.next().context("--repetitions needs a number")?;
+                    options.repetitions =
+                        n.parse().ok().filter(|n| *n > 0).with_context(|| {
+                            format!("--repetitions {n:?}: not a positive number")
+                        })?;
+                }
                 "--out" => options.out = args.next().context("--out needs a directory")?.into(),
                 "--only" => {
                     let name = args.next().context("--only needs a workload")?;
@@ -122,6 +182,9 @@ impl Options {
                 }
                 other => return Err(anyhow!("unknown argument {other:?}")),
             }
+        }
+        if options.repetitions == 0 {
+            options.repetitions = if options.quick { 1 } else { 3 };
         }
         Ok(options)
     }
@@ -135,6 +198,10 @@ pub struct Plan {
     pub kv: Window,
     pub lock: Window,
     pub contended: Window,
+    /// Client counts of the contended sweep besides 8 and 32 (which every run measures, in the
+    /// `contended` window), and the shorter window each of those runs for.
+    pub sweep: Vec<usize>,
+    pub sweep_window: Window,
     pub session: Window,
     /// Idle watchers on distinct keys, and on one shared key.
     pub watchers_distinct: usize,
@@ -146,6 +213,8 @@ pub struct Plan {
     pub failover_rounds: usize,
     pub footprint_keys: usize,
     pub footprint_sessions: usize,
+    /// Longest wait for a quiet machine before each measured phase.
+    pub quiet_wait: Duration,
 }
 
 impl Plan {
@@ -161,6 +230,8 @@ impl Plan {
                 kv: window(300, 1_500),
                 lock: window(300, 1_500),
                 contended: window(300, 2_000),
+                sweep: Vec::new(),
+                sweep_window: window(300, 2_000),
                 session: window(300, 1_500),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
@@ -169,22 +240,27 @@ impl Plan {
                 failover_rounds: 3,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
+                quiet_wait: Duration::from_secs(1),
             }
         } else {
             Plan {
                 quick,
                 fsync_samples: 500,
-                kv: window(1_000, 8_000),
+                kv: window(1_000, 5_000),
                 lock: window(1_000, 6_000),
-                contended: window(1_000, 10_000),
+                contended: window(1_000, 6_000),
+                sweep: vec![1, 2, 4, 16],
+                sweep_window: window(500, 3_000),
                 session: window(1_000, 5_000),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
-                failure_rounds: 5,
-                kill_rounds: 30,
-                failover_rounds: 5,
+                // Per repetition: 9 rounds (30 kills) over a run of 3.
+                failure_rounds: 3,
+                kill_rounds: 10,
+                failover_rounds: 3,
                 footprint_keys: 100_000,
                 footprint_sessions: 10_000,
+                quiet_wait: Duration::from_secs(2),
             }
         }
     }
@@ -208,6 +284,27 @@ pub struct Leaders {
     pub etcd_pids: Vec<u32>,
     /// Consul's leader's HTTP address and every Consul server's process ID, when it runs.
     pub consul: Option<(String, Vec<u32>)>,
+}
+
+impl Leaders {
+    /// Clients of Vigil's leader and, when it runs, Consul's, over their HTTP API.
+    pub fn http_clients(&self) -> Result<(vigil_client::Client, Option<vigil_client::Client>)> {
+        let vigil = vigil_client::Client::new(&self.vigil_addr.to_string())?;
+        let consul = self
+            .consul
+            .as_ref()
+            .map(|(addr, _)| vigil_client::Client::new(addr));
+        Ok((vigil, consul.transpose()?))
+    }
+
+    /// The servers of `system`, if it runs.
+    pub fn pids(&self, system: System) -> Option<&[u32]> {
+        match system {
+            System::Vigil => Some(&self.vigil_pids),
+            System::Etcd => Some(&self.etcd_pids),
+            System::Consul => self.consul.as_ref().map(|(_, pids)| pids.as_slice()),
+        }
+    }
 }
 
 impl Systems {
@@ -395,17 +492,12 @@ async fn step(
 ) {
     if options.runs(name) {
         eprintln!("vigil-bench: {what}");
-        let outcome = guarded(workload).await;
-        record(report, name, outcome);
-    }
-}
-
-fn record(report: &mut Report, name: &str, result: Result<Outcome>) {
-    match result {
-        Ok(outcome) => report.add(name, outcome),
-        Err(e) => {
-            eprintln!("vigil-bench: {name} failed: {e:#}");
-            report.fail(name, &e);
+        match guarded(workload).await {
+            Ok(outcome) => report.add(name, outcome),
+            Err(e) => {
+                eprintln!("vigil-bench: {name} failed: {e:#}");
+                report.fail(name, &e);
+            }
         }
     }
 }
@@ -421,48 +513,19 @@ async fn run(options: &Options) -> Result<bool> {
     let versions = Versions::probe(&integration_tests::binary())?;
     eprintln!("vigil-bench ({mode}): {machine:?}\n{versions:?}");
     let mut report = Report::new(start_stamp(), mode, machine, versions);
-
-    let shared = [
-        "kv_put",
-        "locks",
-        "sessions",
-        "failure_detection",
-        "process_and_agent_death",
-        "leader_failover",
-    ];
-    let r = &mut report;
-    if shared.iter().any(|w| options.runs(w)) {
-        eprintln!("vigil-bench: starting Vigil and etcd clusters");
-        let mut systems = Systems::start(0).await?;
-        let s = &mut systems;
-        step(options, r, "kv_put", "KV puts", kv::workload(s, &plan)).await;
-        step(options, r, "locks", "locks", lock::workload(s, &plan)).await;
-        let sessions = session::workload(s, &plan);
-        step(options, r, "sessions", "sessions and leases", sessions).await;
-        let detection = failure::workload(s, &plan);
-        let what = "failure detection";
-        step(options, r, "failure_detection", what, detection).await;
-        let deaths = death::workload(s, &plan);
-        let what = "process crash, agent loss, server stop";
-        step(options, r, "process_and_agent_death", what, deaths).await;
-        let election = failover::workload(s, &plan);
-        step(options, r, "leader_failover", "leader failover", election).await;
-        systems.stop().await;
+    machine::set_quiet_wait(plan.quiet_wait);
+    for repetition in 0..options.repetitions {
+        System::rotate_for(repetition);
+        report.begin_repetition(System::order());
+        eprintln!(
+            "vigil-bench: repetition {} of {}, in the order {}",
+            repetition + 1,
+            options.repetitions,
+            System::order().map(|s| s.to_string()).join(", ")
+        );
+        repeat(options, &plan, &mut report).await?;
     }
-    let fanout = "blocking-query fan-out (fresh clusters)";
-    step(options, r, "watch_fanout", fanout, watch::workload(&plan)).await;
-    let memory = footprint::workload(&plan);
-    step(
-        options,
-        r,
-        "footprint",
-        "footprint (fresh clusters)",
-        memory,
-    )
-    .await;
-
-    report.wall_seconds = started.elapsed().as_secs_f64();
-    report.evaluate_targets();
+    report.finish(started.elapsed().as_secs_f64());
     let markdown = report.markdown();
     println!("{markdown}");
     write(&options.out, &report, &markdown, options.only.is_empty())?;
@@ -473,6 +536,45 @@ async fn run(options: &Options) -> Result<bool> {
         return Ok(false);
     }
     Ok(true)
+}
+
+/// One repetition of every workload the run includes: on fresh clusters, the shared ones, then
+/// the fan-out and footprint on clusters of their own.
+async fn repeat(options: &Options, plan: &Plan, r: &mut Report) -> Result<()> {
+    let shared = [
+        "kv_put",
+        "kv_read",
+        "locks",
+        "sessions",
+        "failure_detection",
+        "process_and_agent_death",
+        "leader_failover",
+    ];
+    if shared.iter().any(|w| options.runs(w)) {
+        eprintln!("vigil-bench: starting the clusters");
+        let mut systems = Systems::start(0).await?;
+        let s = &mut systems;
+        step(options, r, "kv_put", "KV puts", kv::workload(s, plan)).await;
+        step(options, r, "kv_read", "KV reads", read::workload(s, plan)).await;
+        step(options, r, "locks", "locks", lock::workload(s, plan)).await;
+        let sessions = session::workload(s, plan);
+        step(options, r, "sessions", "sessions and leases", sessions).await;
+        let detection = failure::workload(s, plan);
+        let what = "failure detection";
+        step(options, r, "failure_detection", what, detection).await;
+        let deaths = death::workload(s, plan);
+        let what = "process crash, agent loss, server stop";
+        step(options, r, "process_and_agent_death", what, deaths).await;
+        let election = failover::workload(s, plan);
+        step(options, r, "leader_failover", "leader failover", election).await;
+        systems.stop().await;
+    }
+    let fanout = "blocking-query fan-out (fresh clusters)";
+    step(options, r, "watch_fanout", fanout, watch::workload(plan)).await;
+    let memory = footprint::workload(plan);
+    let what = "footprint (fresh clusters)";
+    step(options, r, "footprint", what, memory).await;
+    Ok(())
 }
 
 /// `bench/results/<date>T<HHMM>Z[-quick][-partial].json` (a rerun never overwrites an earlier
@@ -522,5 +624,12 @@ mod tests {
         assert!(options.runs("failure_detection") && !options.runs("kv_put"));
         let unknown = ["--only", "failures"].map(String::from);
         assert!(Options::parse(unknown.into_iter()).is_err());
+        assert_eq!(options.repetitions, 3);
+        let quick = Options::parse(["--quick".to_owned()].into_iter()).unwrap();
+        assert_eq!(quick.repetitions, 1);
+        let twice = ["--quick", "--repetitions", "2"].map(String::from);
+        assert_eq!(Options::parse(twice.into_iter()).unwrap().repetitions, 2);
+        let none = ["--repetitions", "0"].map(String::from);
+        assert!(Options::parse(none.into_iter()).is_err());
     }
 }

@@ -15,8 +15,10 @@
 //! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
 //!
 //! Every exclusive run also checks what a lock is for ([`Exclusion`]): no grant while another
-//! contender holds the lock, and no lost update of a counter each holder reads and later
-//! writes back. A violation fails the run (and `--check`).
+//! contender holds the lock, no lost update of a counter each holder reads and later writes
+//! back (at the end it must equal the number of acquisitions), and fencing tokens that only go
+//! up (Vigil's and Consul's `LockIndex` or queue token, etcd's revisions; the raw
+//! `?acquire` cycle has none to check). A violation fails the run (and `--check`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -37,12 +39,31 @@ use super::etcd_concurrency::{self, Counters, Session};
 use super::load::{self, Latency, Window, histogram};
 use super::machine::{Meter, Usage, micros};
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Leaders, Plan, Systems};
+use super::{Leaders, Plan, System, Systems};
 
 /// Lease / session TTL of every lock contender (Consul's lock default).
 const SESSION_TTL: Duration = Duration::from_secs(15);
 /// How long contenders may take to finish after the window closes.
 const DRAIN_LIMIT: Duration = Duration::from_secs(60);
+
+/// What etcd's uncontended lock figure is made of, beside its ratios.
+const UNCONTENDED_NOTE: &str = "An uncontended etcd lock cycle is two raft writes one after \
+    the other (the lock's transaction puts the contender's key with its lease, the unlock \
+    deletes it), and it costs what those two writes cost: the baseline \"etcd put with a lease \
+    + delete\" under \"Locks, every recipe\" (the same two writes, no lock) runs at the lock's \
+    rate in every run so far, so the ratio measures etcd's per-write cost, not its lock recipe. \
+    Those two writes cycle at a quarter to a half of etcd's 1-client puts/s: their median is \
+    about two puts, and a longer tail (p99 several times a put's) pulls the mean down. The \
+    185% server CPU of the 2026-11-28 single run was not seen again on fresh clusters nor \
+    after compacting etcd (31-36% in the same phase).";
+
+/// The caveat beside every contended ratio against etcd.
+const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
+    the client) learn of a release through a watch started at the revision they last read; \
+    etcd files such a watch as unsynced and catches unsynced watches up once every 100 ms. So \
+    each waiter that re-queues waits for that tick, and etcd hands the lock over about once \
+    per client per 100 ms (≈ 10 × N per second with N clients) however idle its servers are: \
+    the ratio measures that floor, and shrinks as the client count grows.";
 
 /// How a contender takes the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -65,9 +86,35 @@ pub enum Recipe {
     ConsulLock,
     /// etcd: the `concurrency.Mutex` algorithm with one lease.
     EtcdMutex,
+    /// etcd, not a lock: a put of one key with the contender's lease, then its delete — the
+    /// writes of an uncontended `concurrency.Mutex` cycle without the owner read in its
+    /// transaction, as a baseline for it.
+    EtcdLeasePut,
 }
 
 impl Recipe {
+    /// The system a recipe runs against.
+    fn system(self) -> System {
+        match self {
+            Recipe::EtcdV3Lock | Recipe::EtcdMutex | Recipe::EtcdLeasePut => System::Etcd,
+            Recipe::ConsulSession | Recipe::ConsulLock => System::Consul,
+            Recipe::VigilSession | Recipe::VigilLock | Recipe::VigilFair | Recipe::VigilShared => {
+                System::Vigil
+            }
+        }
+    }
+
+    /// The recipes of the systems that run, grouped by system in this repetition's order.
+    fn in_turn(recipes: &[Recipe], leaders: &Leaders) -> Vec<Recipe> {
+        let mut recipes: Vec<Recipe> = recipes
+            .iter()
+            .copied()
+            .filter(|r| leaders.pids(r.system()).is_some())
+            .collect();
+        recipes.sort_by_key(|r| r.system().turn());
+        recipes
+    }
+
     fn label(self) -> &'static str {
         match self {
             Recipe::VigilSession => "Vigil ?acquire/?release, one session",
@@ -76,6 +123,7 @@ impl Recipe {
             Recipe::VigilShared => "Vigil RwLock read (server-side queue), one session",
             Recipe::EtcdV3Lock => "etcd v3lock Lock RPC",
             Recipe::EtcdMutex => "etcd concurrency.Mutex",
+            Recipe::EtcdLeasePut => "etcd put with a lease + delete (not a lock: baseline)",
             Recipe::ConsulSession => "Consul ?acquire/?release, one session",
             Recipe::ConsulLock => "Consul Consul-style Lock, one session",
         }
@@ -135,6 +183,12 @@ enum Contender {
         session: Session,
         mutex: Box<etcd_concurrency::Mutex>,
     },
+    EtcdLeasePut {
+        client: Box<etcd_client::Client>,
+        session: Session,
+        key: String,
+        counters: Arc<Counters>,
+    },
 }
 
 /// A key taken with `?acquire` and given back with `?release`, by one session.
@@ -192,10 +246,20 @@ impl Contender {
         (contender, Some(client))
     }
 
-    async fn acquire(&mut self) -> Result<()> {
-        match self {
-            Contender::VigilSession(lock) => lock.acquire().await?,
-            Contender::Vigil { recipe, held, .. } => *held = Some(recipe.acquire().await?),
+    /// Takes the lock; returns the holder's fencing token where the acquisition hands one out
+    /// (a raw `?acquire` answers only `true`: its `LockIndex` would take another read).
+    async fn acquire(&mut self) -> Result<Option<u64>> {
+        Ok(match self {
+            Contender::VigilSession(lock) => {
+                lock.acquire().await?;
+                None
+            }
+            Contender::Vigil { recipe, held, .. } => {
+                let h = recipe.acquire().await?;
+                let token = h.lock_index();
+                *held = Some(h);
+                Some(token)
+            }
             Contender::EtcdV3Lock {
                 client,
                 session,
@@ -205,17 +269,26 @@ impl Contender {
             } => {
                 counters.request();
                 let options = EtcdLockOptions::new().with_lease(session.lease());
-                *key = Some(
-                    client
-                        .lock(name.as_str(), Some(options))
-                        .await?
-                        .key()
-                        .to_vec(),
-                );
+                let response = client.lock(name.as_str(), Some(options)).await?;
+                *key = Some(response.key().to_vec());
+                // The store's revision when the lock was granted: later than the release of
+                // the holder before.
+                let revision = response.header().context("lock header")?.revision();
+                Some(u64::try_from(revision)?)
             }
-            Contender::EtcdMutex { mutex, .. } => mutex.lock().await?,
-        }
-        Ok(())
+            Contender::EtcdMutex { mutex, .. } => Some(u64::try_from(mutex.lock().await?)?),
+            Contender::EtcdLeasePut {
+                client,
+                session,
+                key,
+                counters,
+            } => {
+                counters.request();
+                let options = etcd_client::PutOptions::new().with_lease(session.lease());
+                client.put(key.as_str(), "", Some(options)).await?;
+                None
+            }
+        })
     }
 
     async fn release(&mut self) -> Result<()> {
@@ -234,6 +307,15 @@ impl Contender {
                 client.unlock(key.take().context("not held")?).await?;
             }
             Contender::EtcdMutex { mutex, .. } => mutex.unlock().await?,
+            Contender::EtcdLeasePut {
+                client,
+                key,
+                counters,
+                ..
+            } => {
+                counters.request();
+                client.delete(key.as_str(), None).await?;
+            }
         }
         Ok(())
     }
@@ -254,6 +336,11 @@ impl Contender {
                 ..
             }
             | Contender::EtcdMutex {
+                mut client,
+                session,
+                ..
+            }
+            | Contender::EtcdLeasePut {
                 mut client,
                 session,
                 ..
@@ -358,14 +445,27 @@ impl Setup {
                 };
                 (contender, None)
             }
+            Recipe::EtcdLeasePut => {
+                let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;
+                let session = Session::new(&client, SESSION_TTL, &self.counters).await?;
+                let contender = Contender::EtcdLeasePut {
+                    client: Box::new(client),
+                    key: format!("{}/{:x}", self.lock, session.lease()),
+                    session,
+                    counters: self.counters.clone(),
+                };
+                (contender, None)
+            }
         })
     }
 }
 
 /// What the contenders of an exclusive lock see of each other: who holds the lock by their
-/// grants, and a counter every holder reads, yields, then writes back one higher. Two holders
-/// at once show as a grant while `holder` is set, and lose an increment unless their reads
-/// and writes happen not to interleave.
+/// grants, a counter every holder reads, yields, then writes back one higher, and the fencing
+/// tokens of successive grants. Two holders at once show as a grant while `holder` is set, and
+/// lose an increment unless their reads and writes happen not to interleave; a token no larger
+/// than the one before it is a grant a fenced resource would refuse (a holder that lost the
+/// lock still writing, or a grant out of order).
 #[derive(Default)]
 struct Exclusion {
     /// The holding contender's number plus one; 0 when nobody holds the lock.
@@ -373,13 +473,23 @@ struct Exclusion {
     counter: AtomicU64,
     /// Grants that came while another contender held the lock.
     overlaps: AtomicU64,
+    /// The last grant's fencing token.
+    token: AtomicU64,
+    /// Grants whose token was not larger than the one before.
+    stale_tokens: AtomicU64,
 }
 
 impl Exclusion {
-    /// Contender `c`, just granted the lock, does its work under it.
-    async fn hold(&self, c: usize) {
+    /// Contender `c`, just granted the lock with the fencing token `token` (where its recipe
+    /// hands one out), does its work under it.
+    async fn hold(&self, c: usize, token: Option<u64>) {
         if self.holder.swap(c + 1, Ordering::SeqCst) != 0 {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        if let Some(token) = token
+            && self.token.swap(token, Ordering::SeqCst) >= token
+        {
+            self.stale_tokens.fetch_add(1, Ordering::SeqCst);
         }
         let seen = self.counter.load(Ordering::SeqCst);
         tokio::task::yield_now().await;
@@ -389,14 +499,17 @@ impl Exclusion {
             .compare_exchange(c + 1, 0, Ordering::SeqCst, Ordering::SeqCst);
     }
 
-    /// Fails when a grant overlapped another or the counter lost an update of `cycles`.
+    /// Fails when a grant overlapped another, the counter lost an update of `cycles`, or a
+    /// fencing token went backwards.
     fn verdict(&self, recipe: Recipe, cycles: u64) -> Result<()> {
         let overlaps = self.overlaps.load(Ordering::SeqCst);
         let counter = self.counter.load(Ordering::SeqCst);
-        if overlaps > 0 || counter != cycles {
+        let stale = self.stale_tokens.load(Ordering::SeqCst);
+        if overlaps > 0 || counter != cycles || stale > 0 {
             bail!(
                 "{recipe:?} broke mutual exclusion: {overlaps} grants while held, counter \
-                 {counter} after {cycles} increments"
+                 {counter} after {cycles} increments, {stale} fencing tokens not above the one \
+                 before"
             );
         }
         Ok(())
@@ -423,7 +536,7 @@ impl Tally {
 
 /// Runs one recipe with `clients` contenders on a fresh lock.
 async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) -> Result<LockRun> {
-    let etcd = matches!(recipe, Recipe::EtcdV3Lock | Recipe::EtcdMutex);
+    let etcd = recipe.system() == System::Etcd;
     let setup = Setup {
         recipe,
         lock: format!("bench/lock/{recipe:?}/{clients}"),
@@ -444,20 +557,16 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
         counters: setup.counters.clone(),
         etcd,
     };
-    let pids = match recipe {
-        Recipe::EtcdV3Lock | Recipe::EtcdMutex => &leaders.etcd_pids,
-        Recipe::ConsulSession | Recipe::ConsulLock => match &leaders.consul {
-            Some((_, pids)) => pids,
-            None => bail!("no Consul cluster for {recipe:?}"),
-        },
-        _ => &leaders.vigil_pids,
-    };
+    let pids = leaders
+        .pids(recipe.system())
+        .with_context(|| format!("no {} cluster for {recipe:?}", recipe.system()))?;
     let meter = Meter::start(
         format!("{}, {}", recipe.label(), load::clients(clients)),
         pids,
-    )?;
+    )
+    .await?;
     let exclusion = Arc::new(Exclusion::default());
-    let exclusive = recipe != Recipe::VigilShared;
+    let exclusive = !matches!(recipe, Recipe::VigilShared | Recipe::EtcdLeasePut);
     let (open, close) = window.schedule();
     let snapshots = tokio::spawn(async move {
         tokio::time::sleep_until(open).await;
@@ -475,10 +584,10 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
                 let (mut count, mut cycles) = (0u64, 0u64);
                 while Instant::now() < close {
                     let t0 = Instant::now();
-                    contender.acquire().await?;
+                    let token = contender.acquire().await?;
                     let t1 = Instant::now();
                     if exclusive {
-                        exclusion.hold(c).await;
+                        exclusion.hold(c, token).await;
                     }
                     cycles += 1;
                     contender.release().await?;
@@ -546,30 +655,40 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let mut runs = Vec::new();
-    let consul = leaders.consul.is_some();
     let uncontended = [
         Recipe::VigilSession,
         Recipe::EtcdMutex,
         Recipe::EtcdV3Lock,
+        Recipe::EtcdLeasePut,
         Recipe::VigilLock,
         Recipe::ConsulSession,
     ];
-    for recipe in uncontended {
-        if consul || recipe != Recipe::ConsulSession {
-            runs.push(run(recipe, 1, plan.lock, &leaders).await?);
+    for recipe in Recipe::in_turn(&uncontended, &leaders) {
+        runs.push(run(recipe, 1, plan.lock, &leaders).await?);
+    }
+    let contended = [
+        Recipe::VigilLock,
+        Recipe::VigilFair,
+        Recipe::EtcdV3Lock,
+        Recipe::EtcdMutex,
+        Recipe::ConsulLock,
+    ];
+    for clients in [8, 32] {
+        for recipe in Recipe::in_turn(&contended, &leaders) {
+            runs.push(run(recipe, clients, plan.contended, &leaders).await?);
         }
     }
-    for clients in [8, 32] {
-        for recipe in [
-            Recipe::VigilLock,
-            Recipe::VigilFair,
-            Recipe::EtcdV3Lock,
-            Recipe::EtcdMutex,
-            Recipe::ConsulLock,
-        ] {
-            if consul || recipe != Recipe::ConsulLock {
-                runs.push(run(recipe, clients, plan.contended, &leaders).await?);
-            }
+    // The sweep: how the handoff rates move with the client count (concurrency.Mutex, whose
+    // rate follows v3lock's, only at 8 and 32).
+    let swept = [
+        Recipe::VigilFair,
+        Recipe::EtcdV3Lock,
+        Recipe::VigilLock,
+        Recipe::ConsulLock,
+    ];
+    for &clients in &plan.sweep {
+        for recipe in Recipe::in_turn(&swept, &leaders) {
+            runs.push(run(recipe, clients, plan.sweep_window, &leaders).await?);
         }
     }
     runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
@@ -715,6 +834,16 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             runs,
             |r| Some(r.fairness()),
         ));
+        // etcd's server-side recipe needs one request to acquire and one to release, as
+        // Vigil's queue does: the client-side recipe's count below is not the only one.
+        rows.push(compare(
+            id("requests_vs_v3lock"),
+            &workload,
+            "requests sent per acquisition",
+            lower,
+            runs,
+            |r| r.requests_per_acquisition,
+        ));
         let workload =
             format!("Contended lock, {clients} clients: fair mutex vs concurrency.Mutex");
         let runs = pair(Recipe::VigilFair, Recipe::EtcdMutex, clients);
@@ -734,6 +863,43 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             runs,
             |r| r.woken_per_acquisition,
         ));
+    }
+    let mut counts: Vec<usize> = runs
+        .iter()
+        .filter(|r| r.recipe == Recipe::EtcdV3Lock)
+        .map(|r| r.clients)
+        .collect();
+    counts.sort_unstable();
+    counts.dedup();
+    if counts.len() > 3 {
+        for clients in counts {
+            let workload = format!("Contended lock sweep, {}", load::clients(clients));
+            let id = |name: &str| format!("lock_sweep.c{clients}.{name}.rate");
+            let pairings = [
+                ("fair_vs_v3lock", Recipe::VigilFair, "fair mutex"),
+                ("lock_vs_v3lock", Recipe::VigilLock, "Consul-style lock"),
+            ];
+            for (name, vigil, what) in pairings {
+                let metric = format!("{what} vs v3lock: handoffs/s");
+                let runs = pair(vigil, Recipe::EtcdV3Lock, clients);
+                rows.push(compare(id(name), &workload, &metric, higher, runs, rate));
+            }
+        }
+    }
+    for row in &mut rows {
+        let timing = [".rate", ".p50", ".p99"]
+            .iter()
+            .any(|m| row.id.ends_with(m));
+        let contended = ["lock_contended.", "lock_sweep."]
+            .iter()
+            .any(|p| row.id.starts_with(p));
+        // One client contends with nobody: no waiter, no watch.
+        if contended && timing && !row.id.starts_with("lock_sweep.c1.") {
+            row.note = Some(RESYNC_NOTE.to_owned());
+        }
+        if row.id.starts_with("lock_uncontended.") {
+            row.note = Some(UNCONTENDED_NOTE.to_owned());
+        }
     }
     let shared = find(&runs, Recipe::VigilShared, 32).map(|r| r.per_second);
     let exclusive = find(&runs, Recipe::VigilFair, 32).map(|r| r.per_second);
@@ -793,7 +959,8 @@ mod tests {
     async fn one_holder_at_a_time_passes() {
         let exclusion = Exclusion::default();
         for c in 0..5 {
-            exclusion.hold(c % 2).await;
+            let token = (c % 3 != 1).then_some(10 + c as u64);
+            exclusion.hold(c % 2, token).await;
         }
         exclusion.verdict(Recipe::VigilFair, 5).unwrap();
     }
@@ -804,10 +971,30 @@ mod tests {
     async fn two_holders_at_once_fail_the_run() {
         let exclusion = Arc::new(Exclusion::default());
         let (a, b) = (exclusion.clone(), exclusion.clone());
-        tokio::join!(a.hold(0), b.hold(1));
+        tokio::join!(a.hold(0, Some(1)), b.hold(1, Some(2)));
         let error = exclusion.verdict(Recipe::ConsulLock, 2).unwrap_err();
         let text = error.to_string();
         assert!(text.contains("1 grants while held"), "{text}");
         assert!(text.contains("counter 1 after 2 increments"), "{text}");
+        assert!(text.contains("0 fencing tokens"), "{text}");
+    }
+
+    /// A grant whose fencing token is not above the last one fails the run, though the grants
+    /// themselves never overlapped.
+    #[tokio::test]
+    async fn a_token_going_backwards_fails_the_run() {
+        let exclusion = Exclusion::default();
+        for (c, token) in [(0, 5), (1, 7), (0, 7), (1, 6)] {
+            exclusion.hold(c, Some(token)).await;
+        }
+        let text = exclusion
+            .verdict(Recipe::EtcdMutex, 4)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("0 grants while held"), "{text}");
+        assert!(
+            text.contains("2 fencing tokens not above the one before"),
+            "{text}"
+        );
     }
 }

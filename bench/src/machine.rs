@@ -6,6 +6,7 @@
 use std::io::Write;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -177,7 +178,23 @@ fn own_cpu_seconds() -> Result<f64> {
     Ok(secs(usage.user_time()) + secs(usage.system_time()))
 }
 
-/// CPU use over one measured phase: the harness's and the system under test's.
+/// Other processes' CPU (the machine's busy time less the harness's and the measured servers'),
+/// in % of one core, above which a phase counts as disturbed and a quiet machine is waited for.
+pub const DISTURBED_PERCENT: f64 = 25.0;
+/// How long one look at the machine's CPU lasts while waiting for it to be quiet.
+const QUIET_SAMPLE: Duration = Duration::from_millis(500);
+/// Longest wait for a quiet machine before a phase, in milliseconds ([`set_quiet_wait`]).
+static QUIET_WAIT_MS: AtomicU64 = AtomicU64::new(0);
+
+/// Sets how long each phase may wait for a quiet machine before it starts anyway.
+pub fn set_quiet_wait(limit: Duration) {
+    QUIET_WAIT_MS.store(
+        u64::try_from(limit.as_millis()).unwrap_or(u64::MAX),
+        Ordering::Relaxed,
+    );
+}
+
+/// CPU use over one measured phase: the harness's, the system under test's, and the machine's.
 #[derive(Debug, Clone, Serialize)]
 pub struct Usage {
     pub phase: String,
@@ -186,42 +203,147 @@ pub struct Usage {
     pub harness_cpu_percent: f64,
     /// The measured servers' CPU time over wall time (all members summed), in % of one core.
     pub servers_cpu_percent: f64,
+    /// Every core's busy time (`/proc/stat`) over wall time, in % of one core.
+    pub machine_cpu_percent: f64,
+    /// The machine's less the harness's and the measured servers': other processes (the
+    /// other systems' idle servers, and whatever else runs on the machine).
+    pub other_cpu_percent: f64,
+    /// How long the phase waited for a quiet machine before it started.
+    pub quiet_wait_seconds: f64,
+    /// Other processes used more than [`DISTURBED_PERCENT`] of a core during the phase.
+    pub disturbed: bool,
+}
+
+/// CPU time used so far: the harness's, the measured servers', the whole machine's.
+#[derive(Debug, Clone, Copy)]
+struct CpuTimes {
+    at: Instant,
+    harness: f64,
+    servers: f64,
+    machine: f64,
+}
+
+impl CpuTimes {
+    fn now(pids: &[u32]) -> Result<CpuTimes> {
+        Ok(CpuTimes {
+            at: Instant::now(),
+            harness: own_cpu_seconds()?,
+            servers: servers_cpu(pids)?,
+            machine: machine_busy_seconds()?,
+        })
+    }
+
+    /// (wall seconds, harness %, servers %, machine %, other %) since `self`.
+    fn since(&self, later: &CpuTimes) -> (f64, f64, f64, f64, f64) {
+        let wall = (later.at - self.at).as_secs_f64().max(1e-9);
+        let percent = |a: f64, b: f64| 100.0 * (b - a) / wall;
+        let harness = percent(self.harness, later.harness);
+        let servers = percent(self.servers, later.servers);
+        let machine = percent(self.machine, later.machine);
+        let other = (machine - harness - servers).max(0.0);
+        (wall, harness, servers, machine, other)
+    }
 }
 
 /// Started before a phase, stopped after it.
 pub struct Meter {
     phase: String,
     pids: Vec<u32>,
-    started: Instant,
-    harness_cpu: f64,
-    servers_cpu: f64,
+    start: CpuTimes,
+    quiet_wait: Duration,
 }
 
 impl Meter {
-    /// `pids`: the processes of the system under test.
-    pub fn start(phase: impl Into<String>, pids: &[u32]) -> Result<Meter> {
+    /// `pids`: the processes of the system under test. First waits (up to the limit
+    /// [`set_quiet_wait`] set) until other processes use less than [`DISTURBED_PERCENT`] of a
+    /// core.
+    pub async fn start(phase: impl Into<String>, pids: &[u32]) -> Result<Meter> {
+        let limit = Duration::from_millis(QUIET_WAIT_MS.load(Ordering::Relaxed));
+        let waited = Instant::now();
+        while waited.elapsed() < limit {
+            let before = CpuTimes::now(pids)?;
+            tokio::time::sleep(QUIET_SAMPLE).await;
+            let (.., other) = before.since(&CpuTimes::now(pids)?);
+            if other < DISTURBED_PERCENT {
+                break;
+            }
+        }
         Ok(Meter {
             phase: phase.into(),
             pids: pids.to_vec(),
-            started: Instant::now(),
-            harness_cpu: own_cpu_seconds()?,
-            servers_cpu: servers_cpu(pids)?,
+            start: CpuTimes::now(pids)?,
+            quiet_wait: waited.elapsed(),
         })
     }
 
     pub fn stop(self) -> Result<Usage> {
-        let wall = self.started.elapsed().as_secs_f64();
-        let harness = own_cpu_seconds()? - self.harness_cpu;
-        let servers = servers_cpu(&self.pids)? - self.servers_cpu;
+        let (wall, harness, servers, machine, other) =
+            self.start.since(&CpuTimes::now(&self.pids)?);
         Ok(Usage {
             phase: self.phase,
             wall_seconds: wall,
-            harness_cpu_percent: 100.0 * harness / wall,
-            servers_cpu_percent: 100.0 * servers / wall,
+            harness_cpu_percent: harness,
+            servers_cpu_percent: servers,
+            machine_cpu_percent: machine,
+            other_cpu_percent: other,
+            quiet_wait_seconds: self.quiet_wait.as_secs_f64(),
+            disturbed: other > DISTURBED_PERCENT,
         })
     }
 }
 
+/// Servers whose CPU use (added up) is below this, in % of one core, are idle: heartbeats and
+/// timers only.
+const IDLE_PERCENT: f64 = 15.0;
+
+/// Waits until the processes `pids` are idle (below [`IDLE_PERCENT`] of a core together over
+/// half a second), at most `limit`; returns how long it took.
+pub async fn settle(pids: &[u32], limit: Duration) -> Result<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        let before = CpuTimes::now(pids)?;
+        tokio::time::sleep(QUIET_SAMPLE).await;
+        let (_, _, servers, ..) = before.since(&CpuTimes::now(pids)?);
+        if servers < IDLE_PERCENT {
+            break;
+        }
+    }
+    Ok(started.elapsed())
+}
+
 fn servers_cpu(pids: &[u32]) -> Result<f64> {
     pids.iter().map(|&pid| cpu_seconds(pid)).sum()
+}
+
+/// Busy CPU time of every core so far (`/proc/stat`: all but idle and iowait).
+fn machine_busy_seconds() -> Result<f64> {
+    let stat = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
+    busy_seconds(&stat)
+}
+
+fn busy_seconds(stat: &str) -> Result<f64> {
+    let ticks: Vec<u64> = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("cpu "))
+        .context("no cpu line in /proc/stat")?
+        .split_whitespace()
+        .map(str::parse)
+        .collect::<Result<_, _>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let busy: u64 = ticks.iter().take(8).sum::<u64>() - ticks.get(3..5).map_or(0, |t| t[0] + t[1]);
+    let per_second = sysconf(SysconfVar::CLK_TCK)?.unwrap_or(100);
+    Ok(busy as f64 / per_second as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_time_leaves_out_idle_and_iowait() {
+        let stat = "cpu  100 5 50 1000 40 3 2 0 7 0\ncpu0 50 2 25 500 20 1 1 0 0 0\n";
+        let per_second = sysconf(SysconfVar::CLK_TCK).unwrap().unwrap_or(100) as f64;
+        let busy = busy_seconds(stat).unwrap();
+        assert!((busy - 160.0 / per_second).abs() < 1e-9, "{busy}");
+    }
 }

@@ -7,32 +7,43 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::future::Future;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use futures::future::LocalBoxFuture;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::Leaders;
-use super::machine::{Machine, Meter, Usage, Versions};
+use super::machine::{DISTURBED_PERCENT, Machine, Meter, Usage, Versions};
+use super::{Leaders, System};
 
 /// The top of `docs/benchmarks.md`: what the file is, how to rerun it, what each workload does.
 pub const INTRO: &str = r#"
 # Benchmarks: Vigil, etcd and Consul side by side
 
 This file is written by `vigil-bench` (the `bench/` crate): rerun it rather than edit
-it. Every figure is measured in one run, on one machine, against a 3-server Vigil cluster, a
-3-member etcd cluster (Debian's etcd 3.4, default settings) and, where it speaks the same API
-as Vigil, a 3-server Consul 1.8.7 cluster (Debian bullseye's, default settings), all on
-127.0.0.1 with real data directories and an fsync per commit. The machine these numbers come from has 2 cores and is
-shared with other builds, so absolute figures are noisy and drift between runs: read the ratios,
-which compare the two systems under the same conditions at the same time.
+it. Every figure is measured on one machine, against a 3-server Vigil cluster, a 3-member etcd
+cluster (Debian's etcd 3.4, default settings) and, where it speaks the same API as Vigil, a
+3-server Consul 1.8.7 cluster (Debian bullseye's, default settings), all on 127.0.0.1 with real
+data directories and an fsync per commit. The machine these numbers come from has 2 cores and
+is shared with other builds, so absolute figures are noisy and drift between runs: read the
+ratios, which compare the systems under the same conditions at nearly the same time.
+
+Every workload runs 3 times, each time on freshly started clusters and each time measuring the
+systems in another order (Vigil → etcd → Consul, then etcd → Consul → Vigil, then Consul →
+Vigil → etcd), so that neither a warming machine nor a neighbour's build favours one system
+throughout. Every figure below is the median of the three, with the lowest and highest in
+brackets; a ratio is computed within each repetition and then its median taken. Before each
+measured phase the harness waits (up to 2 s) for other processes to use less than a quarter of
+a core, then records the machine's CPU (`/proc/stat`) beside the harness's and the measured
+servers'; a phase during which other processes used more is marked **disturbed** under "CPU
+per phase", and its figures deserve less trust.
 
 ## How to run
 
 ```sh
 scripts/install-etcd.sh    # Debian's etcd-server, plus protoc for the etcd-client crate's build
 scripts/install-consul.sh  # Consul 1.8.7 from Debian bullseye (optional: its column stays empty)
-cargo run --release -p vigil-bench --features etcd               # full run, < 15 min
-cargo run --release -p vigil-bench --features etcd -- --quick    # < 3 min
+cargo run --release -p vigil-bench --features etcd -- --out /tmp/mine  # full run: 3 repetitions
+cargo run --release -p vigil-bench --features etcd -- --quick          # 1 repetition, ~7 min
 ```
 
 The `etcd` feature brings in etcd's gRPC client, whose build needs `protoc`; it is off by
@@ -44,8 +55,9 @@ per-client counts and CPU use; named by the run's start, so a rerun never overwr
 result) and this file; `--quick` writes `bench/results/<date>T<HHMM>Z-quick.json` and prints
 the tables. `--out DIR` writes under `DIR` instead of the repository: to check these figures on
 your own machine without touching the committed report, run with `--out /tmp/mine` and compare
-`/tmp/mine/docs/benchmarks.md` with this file. `--only WORKLOAD` (repeatable: `kv_put`,
-`locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
+`/tmp/mine/docs/benchmarks.md` with this file. `--repetitions N` runs every workload N times
+instead of 3 (1 with `--quick`). `--only WORKLOAD` (repeatable: `kv_put`,
+`kv_read`, `locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
 only those and writes `<date>T<HHMM>Z[-quick]-partial.json`, never this file. `--check` (CI's smoke
 test: `--quick --check --out target/bench-check`) exits non-zero when a workload produced no
 figures; it never judges the figures themselves.
@@ -66,12 +78,23 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
 
 ## What each workload measures
 
-- **KV put** (Vigil, etcd, Consul): 1, 16 and 64 clients, each putting 128-byte values to new keys as fast as the
-  answers come back (closed loop); puts/s and latency p50/p99 (HDR histogram) after a warm-up.
+- **KV put** (Vigil, etcd, Consul): 1, 16 and 64 clients, each putting 128-byte values to new
+  keys as fast as the answers come back (closed loop); puts/s and latency p50/p99 (HDR
+  histogram) after a warm-up. The keys are deleted afterwards, etcd's history is compacted up
+  to that delete, and the next workload waits until every server is idle again (at most 60 s).
+- **KV read** (Vigil, etcd, Consul): 1 and 64 clients reading one 128-byte key on the leader,
+  in each system's linearizable mode (Vigil's and Consul's `?consistent`, which confirm
+  leadership with a quorum first; etcd's default linearizable `Range`, a read index) and its
+  cheaper one (Vigil's and Consul's default mode, the leader answering from its own state;
+  etcd's serializable `Range`, the member asked answering from its own state). The cheaper
+  modes are not linearizable on any system (a deposed leader or a lagging member may answer
+  with older data): only the linearizable pair compares equal guarantees.
 - **Uncontended lock cycle**: one client, acquire + release of one lock with a long-lived
   session: Vigil's `?acquire`/`?release` against etcd's `concurrency.Mutex` (lock: one
   transaction; unlock: one delete) and its v3lock `Lock`/`Unlock` RPCs. The detail table adds
-  Vigil's Consul-style `Lock` recipe with the same long-lived session. Consul: the same
+  Vigil's Consul-style `Lock` recipe with the same long-lived session, and a baseline that is
+  not a lock: etcd putting one key with a lease and deleting it (the two writes of a
+  `concurrency.Mutex` cycle, without the owner read in its transaction). Consul: the same
   `?acquire`/`?release` cycle.
 - **Contended lock**: 8 and 32 clients looping acquire → release on one lock: handoffs/s
   (acquisitions per second), acquire latency, fairness (fewest ÷ most acquisitions of one
@@ -84,6 +107,21 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   server-side v3lock `Lock` RPC and the client-side `concurrency.Mutex` algorithm of etcd's Go
   client (reimplemented over `etcd-client`), each client with one lease. Consul: the same
   Consul-style `Lock` as Vigil's, so its row sits beside "Consul-style lock vs v3lock".
+  Requests per acquisition are compared with both etcd recipes: the client-side
+  `concurrency.Mutex` needs 6, etcd's server-side v3lock 2, as Vigil's queue does. Every
+  contended ratio against etcd carries a caveat: etcd's waiters see a release through a watch
+  started at a revision they already read, which etcd files as unsynced and catches up on a
+  100 ms tick, so etcd hands over about once per client per 100 ms however idle its servers
+  are; the ratio measures that floor and shrinks as clients are added. A full run also sweeps
+  the client count (1, 2, 4, 16 besides 8 and 32, 3 s windows) for the fair mutex, v3lock and
+  the Consul-style lock on Vigil and Consul, so the rows show how each rate moves with it.
+- **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
+  each holder reads a counter the harness shares between contenders, yields, and writes it
+  back one higher; its grant must not come while another contender holds the lock, the counter
+  must equal the number of acquisitions at the end, and each grant's fencing token (Vigil's
+  and Consul's `LockIndex`, the queue's token, etcd's create revision or the revision of the
+  v3lock grant; the raw `?acquire` cycle returns none) must be larger than the one before. A
+  violation fails the run, and `--check` with it.
 - **Sessions and leases** (Vigil, etcd, Consul): 16 clients creating sessions / granting
   leases (60 s TTL; a raft write each), then each renewing one (leader-only on each).
 - **Watch fan-out**: on fresh clusters, 10,000 idle watchers on distinct keys and 1,000 on one
@@ -102,15 +140,18 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   stopped 2 s, another agent stopped 5 s and then starved of CPU 5 s (1% of a core, a cgroup
   `cpu` quota; skipped with the reason where no cgroup can be made), a follower server stopped
   4 s, each followed by 8 s to settle; every session lost by a node that was not the one
-  stopped or starved 5 s is a false invalidation. Median of 5
-  rounds (3 with `--quick`); the kill row runs 30 rounds (10 with `--quick`) and also reports
-  their p90 and slowest round, which stands in for a p99 (that would need a hundred rounds).
-- **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member) → the remaining
+  stopped or starved 5 s is a false invalidation. Median of 3
+  rounds in each repetition; the kill row runs 10 rounds in each and also reports
+  their p90 and slowest round (per repetition, then the median of the repetitions), which
+  stand in for a p99 (that would need a hundred rounds).
+- **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member; a Consul server) → the remaining
   two agree on a new leader (polled every 20 ms on both), and → the first write a client sent
   right after the kill succeeds (Vigil: a `PUT` through a client agent, which holds it until a
   leader answers; etcd: a `put` from a client of all three members, tried again after 1 s
-  without an answer); the killed one then restarts from its data directory. Median of 5
-  rounds (3 with `--quick`).
+  without an answer; Consul: a `PUT` to a surviving server, which forwards it to the leader
+  once there is one, Consul's defaults timing the election: `raft_multiplier` 5, a 5 s
+  heartbeat timeout); the killed one then restarts from its data directory. Median of 3
+  rounds in each repetition.
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
   server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
 "#;
@@ -141,6 +182,77 @@ pub struct Row {
     pub vigil_vs_consul: Option<f64>,
     /// A figure etcd has no counterpart for (no etcd column expected).
     pub vigil_only: bool,
+    /// Over several repetitions, the figures above are medians and this is their range.
+    pub spread: Option<Spread>,
+    /// A caveat the reader needs beside the ratio (the report numbers it under the table).
+    pub note: Option<String>,
+}
+
+/// The lowest and highest of each figure of a row over the repetitions that measured it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Spread {
+    pub repetitions: usize,
+    pub vigil: Option<[f64; 2]>,
+    pub etcd: Option<[f64; 2]>,
+    pub vigil_advantage: Option<[f64; 2]>,
+    pub consul: Option<[f64; 2]>,
+    pub vigil_vs_consul: Option<[f64; 2]>,
+}
+
+impl Row {
+    /// One row out of the same row of every repetition: each figure and each ratio is the
+    /// median of the repetitions' (a ratio is taken within a repetition, then its median), and
+    /// [`Row::spread`] their range.
+    fn merge(runs: &[&Row]) -> Row {
+        let first = runs[0].clone();
+        if runs.len() == 1 {
+            return first;
+        }
+        let of = |figure: fn(&Row) -> Option<f64>| {
+            let values: Vec<f64> = runs.iter().filter_map(|r| figure(r)).collect();
+            let range =
+                values
+                    .iter()
+                    .copied()
+                    .fold(None, |range: Option<[f64; 2]>, v| match range {
+                        None => Some([v, v]),
+                        Some([lo, hi]) => Some([f64::min(lo, v), f64::max(hi, v)]),
+                    });
+            (median(values), range)
+        };
+        let (vigil, vigil_range) = of(|r| r.vigil);
+        let (etcd, etcd_range) = of(|r| r.etcd);
+        let (vigil_advantage, advantage_range) = of(|r| r.vigil_advantage);
+        let (consul, consul_range) = of(|r| r.consul);
+        let (vigil_vs_consul, vs_consul_range) = of(|r| r.vigil_vs_consul);
+        Row {
+            vigil,
+            etcd,
+            vigil_advantage,
+            consul,
+            vigil_vs_consul,
+            spread: Some(Spread {
+                repetitions: runs.len(),
+                vigil: vigil_range,
+                etcd: etcd_range,
+                vigil_advantage: advantage_range,
+                consul: consul_range,
+                vigil_vs_consul: vs_consul_range,
+            }),
+            ..first
+        }
+    }
+}
+
+/// The middle value, or the mean of the middle two; `None` for none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
 }
 
 impl Row {
@@ -164,6 +276,8 @@ impl Row {
             consul: None,
             vigil_vs_consul: None,
             vigil_only: false,
+            spread: None,
+            note: None,
         }
     }
 
@@ -172,6 +286,14 @@ impl Row {
         Row {
             vigil_vs_consul: advantage(self.better, self.vigil, consul),
             consul,
+            ..self
+        }
+    }
+
+    /// The row with a caveat beside its ratios.
+    pub fn with_note(self, note: &str) -> Row {
+        Row {
+            note: Some(note.to_owned()),
             ..self
         }
     }
@@ -227,13 +349,40 @@ impl Outcome {
         pids: &[u32],
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let meter = Meter::start(phase, pids)?;
+        let meter = Meter::start(phase, pids).await?;
         let output = work.await?;
         self.usage.push(meter.stop()?);
         Ok(output)
     }
 
-    /// Runs `vigil`, then `etcd`, each metered on its own system's servers as the phase
+    /// Runs `measure(system)` for every system that runs, one after the other in this
+    /// repetition's order ([`System::order`]), each metered on its own servers as the phase
+    /// `<what>, <system>`; returns Vigil's, etcd's and (when it runs) Consul's results.
+    pub async fn each_system<'a, T>(
+        &mut self,
+        what: &str,
+        leaders: &Leaders,
+        mut measure: impl FnMut(System) -> LocalBoxFuture<'a, Result<T>>,
+    ) -> Result<(T, T, Option<T>)> {
+        let (mut v, mut e, mut c) = (None, None, None);
+        for system in System::order() {
+            let Some(pids) = leaders.pids(system) else {
+                continue;
+            };
+            let phase = format!("{what}, {system}");
+            let result = self.metered(phase, pids, measure(system)).await?;
+            let slot = match system {
+                System::Vigil => &mut v,
+                System::Etcd => &mut e,
+                System::Consul => &mut c,
+            };
+            *slot = Some(result);
+        }
+        Ok((v.context("Vigil's run")?, e.context("etcd's run")?, c))
+    }
+
+    /// Runs `vigil` and `etcd` one after the other, in this repetition's order
+    /// ([`System::order`]), each metered on its own system's servers as the phase
     /// `<what>, Vigil` or `<what>, etcd`.
     pub async fn side_by_side<V, E>(
         &mut self,
@@ -243,11 +392,16 @@ impl Outcome {
         etcd: impl Future<Output = Result<E>>,
     ) -> Result<(V, E)> {
         let (vigil_phase, etcd_phase) = (format!("{what}, Vigil"), format!("{what}, etcd"));
-        let v = self
-            .metered(vigil_phase, &leaders.vigil_pids, vigil)
-            .await?;
-        let e = self.metered(etcd_phase, &leaders.etcd_pids, etcd).await?;
-        Ok((v, e))
+        let (v_pids, e_pids) = (&leaders.vigil_pids, &leaders.etcd_pids);
+        if System::Vigil.turn() < System::Etcd.turn() {
+            let v = self.metered(vigil_phase, v_pids, vigil).await?;
+            let e = self.metered(etcd_phase, e_pids, etcd).await?;
+            Ok((v, e))
+        } else {
+            let e = self.metered(etcd_phase, e_pids, etcd).await?;
+            let v = self.metered(vigil_phase, v_pids, vigil).await?;
+            Ok((v, e))
+        }
     }
 }
 
@@ -377,6 +531,18 @@ const TARGETS: [(&str, &str, Check); 19] = [
     ),
 ];
 
+/// What one repetition of the workloads measured.
+#[derive(Debug, Serialize)]
+pub struct Repetition {
+    /// The order in which it measured the systems.
+    pub order: [System; 3],
+    pub rows: Vec<Row>,
+    pub tables: Vec<Table>,
+    pub usage: Vec<Usage>,
+    pub workloads: BTreeMap<String, Value>,
+    pub failures: Vec<Failure>,
+}
+
 /// Everything one run wrote.
 #[derive(Debug, Serialize)]
 pub struct Report {
@@ -388,11 +554,9 @@ pub struct Report {
     pub machine: Machine,
     pub versions: Versions,
     pub targets: Vec<TargetResult>,
+    /// Every repetition's rows merged: medians, with their range.
     pub rows: Vec<Row>,
-    pub tables: Vec<Table>,
-    pub usage: Vec<Usage>,
-    pub workloads: BTreeMap<String, Value>,
-    pub failures: Vec<Failure>,
+    pub repetitions: Vec<Repetition>,
 }
 
 impl Report {
@@ -405,29 +569,87 @@ impl Report {
             versions,
             targets: Vec::new(),
             rows: Vec::new(),
+            repetitions: Vec::new(),
+        }
+    }
+
+    /// Starts recording a repetition that measures the systems in `order`.
+    pub fn begin_repetition(&mut self, order: [System; 3]) {
+        self.repetitions.push(Repetition {
+            order,
+            rows: Vec::new(),
             tables: Vec::new(),
             usage: Vec::new(),
             workloads: BTreeMap::new(),
             failures: Vec::new(),
+        });
+    }
+
+    fn current(&mut self) -> &mut Repetition {
+        if self.repetitions.is_empty() {
+            self.begin_repetition(System::order());
         }
+        let last = self.repetitions.len() - 1;
+        &mut self.repetitions[last]
     }
 
     pub fn add(&mut self, workload: &str, outcome: Outcome) {
-        self.rows.extend(outcome.rows);
-        self.tables.extend(outcome.tables);
-        self.usage.extend(outcome.usage);
-        self.workloads.insert(workload.to_owned(), outcome.details);
+        let repetition = self.current();
+        repetition.rows.extend(outcome.rows);
+        repetition.tables.extend(outcome.tables);
+        repetition.usage.extend(outcome.usage);
+        repetition
+            .workloads
+            .insert(workload.to_owned(), outcome.details);
     }
 
     pub fn fail(&mut self, workload: &str, error: &anyhow::Error) {
-        self.failures.push(Failure {
+        self.current().failures.push(Failure {
             workload: workload.to_owned(),
             error: format!("{error:#}"),
         });
     }
 
+    /// Merges the repetitions' rows (in the order they first appear) into medians and ranges,
+    /// then evaluates the targets against them.
+    pub fn finish(&mut self, wall_seconds: f64) {
+        self.wall_seconds = wall_seconds;
+        let mut ids: Vec<&str> = Vec::new();
+        for row in self.repetitions.iter().flat_map(|r| &r.rows) {
+            if !ids.contains(&row.id.as_str()) {
+                ids.push(&row.id);
+            }
+        }
+        self.rows = ids
+            .iter()
+            .map(|id| {
+                let runs: Vec<&Row> = self
+                    .repetitions
+                    .iter()
+                    .flat_map(|r| r.rows.iter().filter(|row| row.id == *id))
+                    .collect();
+                Row::merge(&runs)
+            })
+            .collect();
+        self.evaluate_targets();
+    }
+
+    fn failures(&self) -> impl Iterator<Item = (usize, &Failure)> {
+        self.repetitions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.failures.iter().map(move |f| (i + 1, f)))
+    }
+
+    fn usage(&self) -> impl Iterator<Item = (usize, &Usage)> {
+        self.repetitions
+            .iter()
+            .enumerate()
+            .flat_map(|(i, r)| r.usage.iter().map(move |u| (i + 1, u)))
+    }
+
     /// Evaluates the targets against the rows.
-    pub fn evaluate_targets(&mut self) {
+    fn evaluate_targets(&mut self) {
         self.targets = TARGETS
             .iter()
             .map(|(target, id, check)| {
@@ -471,7 +693,7 @@ impl Report {
             })
             .map(|r| r.id.clone())
             .collect();
-        missing.extend(self.failures.iter().map(|f| f.workload.clone()));
+        missing.extend(self.failures().map(|(_, f)| f.workload.clone()));
         missing
     }
 
@@ -501,21 +723,53 @@ impl Report {
             "- Versions: {}; {}; {}.",
             self.versions.vigil, self.versions.etcd, self.versions.consul
         );
-        if let Some(peak) = self
-            .usage
-            .iter()
-            .max_by(|a, b| a.harness_cpu_percent.total_cmp(&b.harness_cpu_percent))
+        let repetitions = self.repetitions.len();
+        if repetitions > 1 {
+            let orders: Vec<String> = self
+                .repetitions
+                .iter()
+                .map(|r| {
+                    let names: Vec<String> = r.order.iter().map(ToString::to_string).collect();
+                    names.join(" → ")
+                })
+                .collect();
+            let _ = writeln!(
+                md,
+                "- {repetitions} repetitions of every workload, each on fresh clusters, each \
+                 measuring the systems in another order ({}). Every figure and ratio below is \
+                 the median of the repetitions, with their range (lowest–highest) in \
+                 brackets; a ratio is taken within a repetition, then its median.",
+                orders.join("; ")
+            );
+        }
+        let phases = self.usage().count();
+        let disturbed = self.usage().filter(|(_, u)| u.disturbed).count();
+        let waited = self
+            .usage()
+            .map(|(_, u)| u.quiet_wait_seconds)
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            md,
+            "- Quiet machine: before each measured phase the harness waits (at most {waited:.0} \
+             s here) until other processes use less than {DISTURBED_PERCENT:.0}% of a core; \
+             {disturbed} of {phases} phases were disturbed all the same (other processes above \
+             that during the phase: **disturbed** under CPU per phase)."
+        );
+        if let Some((run, peak)) = self
+            .usage()
+            .max_by(|a, b| a.1.harness_cpu_percent.total_cmp(&b.1.harness_cpu_percent))
         {
             let _ = writeln!(
                 md,
-                "- Harness CPU: at most {:.0}% of one core (in \"{}\"); per phase below.",
+                "- Harness CPU: at most {:.0}% of one core (in \"{}\", run {run}); per phase \
+                 below.",
                 peak.harness_cpu_percent, peak.phase
             );
         }
-        for failure in &self.failures {
+        for (run, failure) in self.failures() {
             let _ = writeln!(
                 md,
-                "- **{} failed**: {}",
+                "- **{} failed** (run {run}): {}",
                 failure.workload,
                 failure.error.replace('\n', " ")
             );
@@ -544,22 +798,51 @@ impl Report {
              | workload | metric | Vigil | etcd | Vigil ÷ etcd | Consul | Vigil ÷ Consul |\n\
              | --- | --- | --: | --: | --: | --: | --: |\n",
         );
-        let times = |a: Option<f64>| a.map_or_else(|| "—".to_owned(), |a| format!("{}×", num(a)));
+        let mut notes: Vec<&str> = Vec::new();
         for r in &self.rows {
+            let spread = r.spread.as_ref();
+            let marker = match r.note.as_deref() {
+                Some(note) => {
+                    let n = match notes.iter().position(|n| *n == note) {
+                        Some(i) => i + 1,
+                        None => {
+                            notes.push(note);
+                            notes.len()
+                        }
+                    };
+                    format!(" [{n}]")
+                }
+                None => String::new(),
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {}{marker} | {} | {} |",
                 r.workload,
                 r.metric,
-                opt(r.vigil),
-                opt(r.etcd),
-                times(r.vigil_advantage),
-                opt(r.consul),
-                times(r.vigil_vs_consul)
+                figure(r.vigil, spread.and_then(|s| s.vigil), ""),
+                figure(r.etcd, spread.and_then(|s| s.etcd), ""),
+                figure(
+                    r.vigil_advantage,
+                    spread.and_then(|s| s.vigil_advantage),
+                    "×"
+                ),
+                figure(r.consul, spread.and_then(|s| s.consul), ""),
+                figure(
+                    r.vigil_vs_consul,
+                    spread.and_then(|s| s.vigil_vs_consul),
+                    "×"
+                ),
             );
         }
 
-        for table in &self.tables {
+        if !notes.is_empty() {
+            md.push('\n');
+        }
+        for (i, note) in notes.iter().enumerate() {
+            let _ = writeln!(md, "[{}] {note}\n", i + 1);
+        }
+
+        for table in self.tables() {
             let _ = writeln!(md, "\n### {}\n", table.title);
             let _ = writeln!(md, "| {} |", table.header.join(" | "));
             let _ = writeln!(md, "|{}", " --- |".repeat(table.header.len()));
@@ -568,19 +851,72 @@ impl Report {
             }
         }
 
-        md.push_str(
+        let _ = write!(
+            md,
             "\n### CPU per phase\n\nCPU time over wall time, in % of one core: the harness \
-             itself, and the measured system's servers added up.\n\n\
-             | phase | seconds | harness CPU | servers CPU |\n| --- | --: | --: | --: |\n",
+             itself, the measured system's servers added up, the whole machine (`/proc/stat`), \
+             and other processes (the machine less the harness and the measured servers: the \
+             other systems' idle servers, and anything else running). A phase is **disturbed** \
+             when other processes used more than {DISTURBED_PERCENT:.0}% of a core.\n\n\
+             | run | phase | seconds | waited for quiet (s) | harness | servers | machine | \
+             other |\n| --: | --- | --: | --: | --: | --: | --: | --: |\n"
         );
-        for u in &self.usage {
+        for (run, u) in self.usage() {
+            let other = if u.disturbed {
+                format!("**{:.0}%, disturbed**", u.other_cpu_percent)
+            } else {
+                format!("{:.0}%", u.other_cpu_percent)
+            };
             let _ = writeln!(
                 md,
-                "| {} | {:.1} | {:.0}% | {:.0}% |",
-                u.phase, u.wall_seconds, u.harness_cpu_percent, u.servers_cpu_percent
+                "| {run} | {} | {:.1} | {:.1} | {:.0}% | {:.0}% | {:.0}% | {other} |",
+                u.phase,
+                u.wall_seconds,
+                u.quiet_wait_seconds,
+                u.harness_cpu_percent,
+                u.servers_cpu_percent,
+                u.machine_cpu_percent
             );
         }
         md
+    }
+
+    /// The detail tables, each once: over several repetitions, with every repetition's rows
+    /// under a leading `run` column.
+    fn tables(&self) -> Vec<Table> {
+        let several = self.repetitions.len() > 1;
+        let mut tables: Vec<Table> = Vec::new();
+        for (i, repetition) in self.repetitions.iter().enumerate() {
+            for table in &repetition.tables {
+                let rows = table.rows.iter().map(|row| {
+                    let run = several.then(|| (i + 1).to_string());
+                    run.into_iter().chain(row.iter().cloned()).collect()
+                });
+                match tables.iter_mut().find(|t| t.title == table.title) {
+                    Some(merged) => merged.rows.extend(rows),
+                    None => {
+                        let run = several.then(|| "run".to_owned());
+                        tables.push(Table {
+                            title: table.title.clone(),
+                            header: run.into_iter().chain(table.header.clone()).collect(),
+                            rows: rows.collect(),
+                        });
+                    }
+                }
+            }
+        }
+        tables
+    }
+}
+
+/// A figure, with its range over the repetitions when there were several.
+fn figure(v: Option<f64>, range: Option<[f64; 2]>, unit: &str) -> String {
+    match (v, range) {
+        (None, _) => "—".to_owned(),
+        (Some(v), Some([lo, hi])) if lo != hi => {
+            format!("{}{unit} ({}–{})", num(v), num(lo), num(hi))
+        }
+        (Some(v), _) => format!("{}{unit}", num(v)),
     }
 }
 
@@ -594,10 +930,6 @@ pub fn num(v: f64) -> String {
     } else {
         format!("{v:.2}")
     }
-}
-
-fn opt(v: Option<f64>) -> String {
-    v.map_or_else(|| "—".to_owned(), num)
 }
 
 #[cfg(test)]
@@ -628,5 +960,48 @@ mod tests {
         .with_consul(None);
         assert_eq!(latency.vigil_advantage, Some(2.0));
         assert_eq!(latency.vigil_vs_consul, None);
+    }
+
+    /// Three repetitions' rows become their medians, with each figure's and ratio's range; a
+    /// ratio's median is the median of the repetitions' ratios, not a ratio of medians.
+    #[test]
+    fn repetitions_merge_into_medians_and_ranges() {
+        let machine = Machine {
+            cores: 2,
+            cpu_model: "test".to_owned(),
+            ram_gib: 1.0,
+            kernel: "test".to_owned(),
+            load_at_start: 0.0,
+            fsync_p50_us: 1,
+            fsync_p99_us: 1,
+        };
+        let versions = Versions {
+            vigil: "v".to_owned(),
+            etcd: "e".to_owned(),
+            consul: "c".to_owned(),
+        };
+        let mut report = Report::new("d".to_owned(), "full", machine, versions);
+        for (v, e) in [(300.0, 100.0), (200.0, 200.0), (900.0, 150.0)] {
+            report.begin_repetition(System::order());
+            let row = Row::new("r.rate", "W", "ops/s", Better::Higher, Some(v), Some(e));
+            let outcome = Outcome {
+                rows: vec![row],
+                ..Outcome::default()
+            };
+            report.add("w", outcome);
+        }
+        report.finish(1.0);
+        let row = &report.rows[0];
+        assert_eq!((row.vigil, row.etcd), (Some(300.0), Some(150.0)));
+        assert_eq!(row.vigil_advantage, Some(3.0));
+        let spread = row.spread.as_ref().unwrap();
+        assert_eq!(spread.vigil, Some([200.0, 900.0]));
+        assert_eq!(spread.vigil_advantage, Some([1.0, 6.0]));
+        assert_eq!(spread.consul, None);
+        let md = report.markdown();
+        assert!(
+            md.contains("| 300 (200–900) | 150 (100–200) | 3.00× (1.00–6.00) |"),
+            "{md}"
+        );
     }
 }

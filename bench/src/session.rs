@@ -18,7 +18,7 @@ use vigil_client::{Client, SessionRequest};
 use super::etcd::connect_each;
 use super::load::{Percentile, Throughput, closed_loop};
 use super::report::{Outcome, Row};
-use super::{Plan, Systems};
+use super::{Leaders, Plan, System, Systems};
 
 const CLIENTS: usize = 16;
 const TTL: Duration = Duration::from_secs(60);
@@ -41,18 +41,47 @@ fn take<T>(created: &Created<T>) -> Vec<Vec<T>> {
 pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     let leaders = systems.leaders().await?;
     let mut outcome = Outcome::default();
-    let vigil = Client::new(&leaders.vigil_addr.to_string())?;
-    let (v_create, v_renew) =
-        http_sessions(&mut outcome, "Vigil", &vigil, &leaders.vigil_pids, plan).await?;
-    let consul = match &leaders.consul {
-        Some((addr, pids)) => {
-            let client = Client::new(addr)?;
-            Some(http_sessions(&mut outcome, "Consul", &client, pids, plan).await?)
+    let (mut v, mut e, mut consul) = (None, None, None);
+    for system in System::order() {
+        let o = &mut outcome;
+        match (system, &leaders.consul) {
+            (System::Vigil, _) => {
+                let vigil = Client::new(&leaders.vigil_addr.to_string())?;
+                v = Some(http_sessions(o, system, &vigil, &leaders.vigil_pids, plan).await?);
+            }
+            (System::Etcd, _) => e = Some(etcd_leases(o, &leaders, plan).await?),
+            (System::Consul, Some((addr, pids))) => {
+                let client = Client::new(addr)?;
+                consul = Some(http_sessions(o, system, &client, pids, plan).await?);
+            }
+            (System::Consul, None) => {}
         }
-        None => None,
-    };
+    }
+    let (v_create, v_renew) = v.context("Vigil's run")?;
+    let (e_create, e_renew) = e.context("etcd's run")?;
+    let (c_create, c_renew) = consul.unzip();
+    outcome.rows = rows(
+        [&v_create, &e_create],
+        [&v_renew, &e_renew],
+        c_create.as_ref(),
+        c_renew.as_ref(),
+    );
+    outcome.details = json!({
+        "clients": CLIENTS,
+        "ttl_seconds": TTL.as_secs(),
+        "create": { "vigil": v_create, "etcd": e_create, "consul": c_create },
+        "renew": { "vigil": v_renew, "etcd": e_renew, "consul": c_renew },
+    });
+    Ok(outcome)
+}
 
-    // etcd: the same with leases, each client over its own connection.
+/// The same with etcd's leases: grants by [`CLIENTS`] clients, each over its own connection,
+/// then keep-alives of one lease per client, then every lease revoked.
+async fn etcd_leases(
+    outcome: &mut Outcome,
+    leaders: &Leaders,
+    plan: &Plan,
+) -> Result<(Throughput, Throughput)> {
     let etcd_clients = Arc::new(connect_each(&leaders.etcd_endpoint, CLIENTS).await?);
     let leases = created::<i64>();
     let (clients, ids) = (etcd_clients.clone(), leases.clone());
@@ -101,21 +130,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         .buffer_unordered(CLIENTS)
         .try_collect::<Vec<()>>()
         .await?;
-
-    let (c_create, c_renew) = consul.unzip();
-    outcome.rows = rows(
-        [&v_create, &e_create],
-        [&v_renew, &e_renew],
-        c_create.as_ref(),
-        c_renew.as_ref(),
-    );
-    outcome.details = json!({
-        "clients": CLIENTS,
-        "ttl_seconds": TTL.as_secs(),
-        "create": { "vigil": v_create, "etcd": e_create, "consul": c_create },
-        "renew": { "vigil": v_renew, "etcd": e_renew, "consul": c_renew },
-    });
-    Ok(outcome)
+    Ok((e_create, e_renew))
 }
 
 /// Sessions over the HTTP API `client` speaks (Vigil's or Consul's, `system`): creates by
@@ -123,7 +138,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
 /// metered on the servers `pids`.
 async fn http_sessions(
     outcome: &mut Outcome,
-    system: &str,
+    system: System,
     client: &Client,
     pids: &[u32],
     plan: &Plan,
