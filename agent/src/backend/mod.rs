@@ -172,8 +172,12 @@ impl Backend {
         let deadline = earliest + wait / 16;
         // A `?consistent` read has the leader confirm itself with a quorum for this request:
         // one confirmed for a wait that started before it would not do.
+        // Boxed, as the shared wait is: every waiting query holds this future, which would
+        // otherwise keep room for a whole wait inline.
         if opts.consistency == Consistency::Consistent {
-            return wait_on_servers(Arc::clone(&self.servers), opts, query, due, deadline).await;
+            return wait_on_servers(Arc::clone(&self.servers), opts, query, due, deadline)
+                .boxed()
+                .await;
         }
         let read = postcard::to_allocvec(&(opts.consistency, opts.min_index, &query))
             .map_err(|e| ServerError::Internal(format!("a read's identity: {e}")))?;
@@ -236,7 +240,9 @@ async fn wait_on_servers(
     let servers = &*servers;
     // Half the margin lets a quiet query's answer, due at `due`, arrive.
     let grace = deadline.saturating_duration_since(due) / 2;
-    let primary = with_retries(servers, due, true, || {
+    // Boxed, and the fallback made only once it is needed: a wait answered in time (nearly
+    // all of them) holds no more than this while it waits.
+    let mut primary = Box::pin(with_retries(servers, due, true, || {
         // A retry blocks only for what is left of the wait.
         let left = due.saturating_duration_since(Instant::now());
         let opts = QueryOptions {
@@ -244,14 +250,29 @@ async fn wait_on_servers(
             ..opts
         };
         servers.query(opts, query.clone())
-    });
-    tokio::pin!(primary);
-    let mut failed = None;
-    match tokio::time::timeout_at(due + grace, &mut primary).await {
-        Ok(Err(e)) if e.safe_to_retry(true) => failed = Some(e),
+    }));
+    let failed = match tokio::time::timeout_at(due + grace, &mut primary).await {
+        Ok(Err(e)) if e.safe_to_retry(true) => Some(e),
         Ok(result) => return result,
-        Err(_) => {}
-    }
+        Err(_) => None,
+    };
+    Box::pin(fall_back(servers, opts, &query, primary, failed, deadline)).await
+}
+
+/// The rest of [`wait_on_servers`] once its servers have not answered in time: the `primary`
+/// wait on them goes on (unless it `failed`), a stale read runs beside, and the deadline ends
+/// both.
+async fn fall_back<F>(
+    servers: &dyn ServerApi,
+    opts: QueryOptions,
+    query: &ReadQuery,
+    mut primary: std::pin::Pin<Box<F>>,
+    mut failed: Option<ServerError>,
+    deadline: Instant,
+) -> Result<(QueryResult, QueryMeta), ServerError>
+where
+    F: std::future::Future<Output = Result<(QueryResult, QueryMeta), ServerError>>,
+{
     // From now on a stale read runs beside: the answer if the servers give none in time. A
     // server behind what the caller has seen (a lower index) has nothing to tell it: its
     // data could say a held lock is free.

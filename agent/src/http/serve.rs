@@ -453,6 +453,141 @@ mod tests {
         assert_eq!((table.total, table.idle.len()), (0, 0));
     }
 
+    /// A server of `router` on a port of its own, and what stops it.
+    async fn serving(router: Router) -> (SocketAddr, CancellationToken) {
+        let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ConnLimits {
+            max_conns_per_client: 0,
+            header_timeout: Duration::from_secs(30),
+        };
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(
+            listener,
+            router,
+            limits,
+            None,
+            Connections::new(100),
+            shutdown.clone(),
+        ));
+        (addr, shutdown)
+    }
+
+    /// Reads one response with a `Content-Length` from `stream`: its status line and body.
+    async fn response(stream: &mut TcpStream) -> (String, String) {
+        tokio::time::timeout(Duration::from_secs(30), read_response(stream))
+            .await
+            .expect("an answer")
+    }
+
+    async fn read_response(stream: &mut TcpStream) -> (String, String) {
+        use tokio::io::AsyncReadExt as _;
+        let mut got = Vec::new();
+        let mut byte = [0; 1];
+        while !got.ends_with(b"\r\n\r\n") {
+            assert_eq!(stream.read(&mut byte).await.unwrap(), 1, "closed mid-head");
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8(got).unwrap();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .expect("a content-length")
+            .parse()
+            .unwrap();
+        let mut body = vec![0; length];
+        stream.read_exact(&mut body).await.unwrap();
+        let status = head.lines().next().unwrap().to_owned();
+        (status, String::from_utf8(body).unwrap())
+    }
+
+    /// Answers with the length of the request's body and its path.
+    fn echo() -> Router {
+        Router::new().route(
+            "/{*path}",
+            axum::routing::any(|uri: axum::http::Uri, body: axum::body::Bytes| async move {
+                format!("{} {}", uri.path(), body.len())
+            }),
+        )
+    }
+
+    // The connection's buffers are made only when bytes come (vendor/hyper): a head in pieces,
+    // pipelined requests, a body larger than a buffer and a connection reused all read whole.
+    #[tokio::test]
+    async fn requests_in_pieces_pipelined_or_large_are_read_whole() {
+        use tokio::io::AsyncWriteExt as _;
+        let (addr, shutdown) = serving(echo()).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        for piece in ["GE", "T /a HTTP/1.1\r", "\nHost: x\r\n", "\r\n"] {
+            stream.write_all(piece.as_bytes()).await.unwrap();
+            stream.flush().await.unwrap();
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            response(&mut stream).await,
+            ("HTTP/1.1 200 OK".into(), "/a 0".into())
+        );
+        let pipelined = "GET /b HTTP/1.1\r\nHost: x\r\n\r\nGET /c HTTP/1.1\r\nHost: x\r\n\r\n";
+        stream.write_all(pipelined.as_bytes()).await.unwrap();
+        assert_eq!(response(&mut stream).await.1, "/b 0");
+        assert_eq!(response(&mut stream).await.1, "/c 0");
+        let body = vec![b'v'; 300_000];
+        let head = format!(
+            "PUT /d HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        for chunk in body.chunks(1000) {
+            stream.write_all(chunk).await.unwrap();
+        }
+        assert_eq!(response(&mut stream).await.1, "/d 300000");
+        shutdown.cancel();
+    }
+
+    // A request waiting (as a blocking query does) holds no read buffer, but still learns that
+    // its client hung up: the handler is dropped.
+    #[tokio::test]
+    async fn a_waiting_request_whose_client_hangs_up_is_dropped() {
+        use tokio::io::AsyncWriteExt as _;
+        let (entered_tx, mut entered) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (dropped_tx, mut dropped) = tokio::sync::mpsc::unbounded_channel::<()>();
+        struct OnDrop(tokio::sync::mpsc::UnboundedSender<()>);
+        impl Drop for OnDrop {
+            fn drop(&mut self) {
+                let _ = self.0.send(());
+            }
+        }
+        let router = Router::new().route(
+            "/wait",
+            axum::routing::get(move || {
+                let (entered, dropped) = (entered_tx.clone(), OnDrop(dropped_tx.clone()));
+                async move {
+                    let _dropped = dropped;
+                    let _ = entered.send(());
+                    std::future::pending::<()>().await;
+                }
+            }),
+        );
+        let (addr, shutdown) = serving(router).await;
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        stream
+            .write_all(b"GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        entered.recv().await.unwrap();
+        assert!(
+            dropped.try_recv().is_err(),
+            "dropped while its client waits"
+        );
+        drop(stream);
+        tokio::time::timeout(Duration::from_secs(30), dropped.recv())
+            .await
+            .expect("the handler of a closed connection is dropped")
+            .unwrap();
+        shutdown.cancel();
+    }
+
     #[test]
     fn the_refusals_are_well_formed() {
         for (answer, status) in [

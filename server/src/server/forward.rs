@@ -137,16 +137,17 @@ impl Server {
         F: Future<Output = C::Output>,
     {
         let route = call.route();
+        // The election wait and the forwarding are boxed on their own: a blocking query served
+        // here holds this future while it waits, which would otherwise keep room for them.
         if hop == Hop::Caller && route.awaits_election {
-            self.await_leader().await;
+            Box::pin(self.await_leader()).await;
         }
         if self.is_leader() || route.any_server {
             return serve(call).await;
         }
         match hop {
             Hop::Forwarded => C::Output::failed(ServerError::NoLeader),
-            Hop::Caller => self
-                .forward(call, route.hold)
+            Hop::Caller => Box::pin(self.forward(call, route.hold))
                 .await
                 .unwrap_or_else(C::Output::failed),
         }

@@ -88,14 +88,18 @@ impl Server {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
+        // Boxed: the blocking read that follows holds this future while it waits, which would
+        // otherwise keep room for raft's confirmation.
         match opts.consistency {
             Consistency::Stale => {}
-            Consistency::Default => self.confirmed_leader().await?,
+            Consistency::Default => Box::pin(self.confirmed_leader()).await?,
             Consistency::Consistent => {
-                self.raft
-                    .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
-                    .await
-                    .map_err(|_| ServerError::NoLeader)?;
+                Box::pin(
+                    self.raft
+                        .ensure_linearizable(openraft::ReadPolicy::ReadIndex),
+                )
+                .await
+                .map_err(|_| ServerError::NoLeader)?;
             }
         }
         let read = AnyRead::from(query);
