@@ -18,6 +18,7 @@ mod status;
 mod tests;
 
 pub(crate) use forward::Hop;
+pub use requests::read_lease;
 pub use status::RaftStats;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -158,6 +159,12 @@ pub fn raft_config(timing: RaftTiming) -> Result<openraft::Config, openraft::Con
         // does not raise its term, which would make the leader step down when it
         // comes back (see `RaftPeer::pre_vote`).
         enable_pre_vote: Some(true),
+        // A leader that restarts within its term must win an election again rather than
+        // resume: its state machine lives in memory and its log syncs the committed index
+        // only with the next append, so it restarts knowing an older commit than the one it
+        // acknowledged, and would serve reads from before writes it had acknowledged
+        // (openraft's documented hazard; the simulation found it: seed 5 of vigil-sim).
+        enable_leader_restore: Some(false),
         ..Default::default()
     }
     .validate()
