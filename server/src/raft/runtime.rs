@@ -1,8 +1,10 @@
 //! The async runtime raft runs on: openraft's tokio runtime, except for where raft's random
 //! draws (each election timeout, the first wait of its ticks) come from. By default they come
-//! from the OS's entropy, as openraft's own; a thread that [`seed_thread_rng`] seeded draws
-//! them from that seed instead, so a deterministic simulation that runs every server on one
-//! thread (a current-thread tokio runtime with paused time) replays its elections exactly.
+//! from the OS's entropy, as openraft's own; in a future run with [`seeded`] they come from
+//! that seed instead, and so in every task raft spawns from it (each derives its own seed from
+//! its parent's as it is spawned). A deterministic simulation starts each server's raft
+//! seeded, so its elections replay exactly, whatever order tasks woken at the same instant run
+//! in.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -12,26 +14,33 @@ use openraft::{AsyncRuntime, OptionalSend, TokioRuntime};
 use rand_raft::SeedableRng as _;
 use rand_raft::rngs::SmallRng;
 
-thread_local! {
-    /// The seed of the next draw on this thread, when seeded.
-    static SEED: Cell<Option<u64>> = const { Cell::new(None) };
+tokio::task_local! {
+    /// The seed of the task's next draw.
+    static SEED: Cell<u64>;
 }
 
-/// Makes raft's random draws on this thread follow `seed` (`None`: the OS's entropy again).
-pub fn seed_thread_rng(seed: Option<u64>) {
-    SEED.with(|s| s.set(seed));
+/// Runs `future` with raft's random draws in it, and in the tasks raft spawns from it,
+/// following `seed`.
+pub fn seeded<F: Future>(seed: u64, future: F) -> impl Future<Output = F::Output> {
+    SEED.scope(Cell::new(seed), future)
 }
 
-/// The next seed of a seeded thread, advancing it (SplitMix64), or `None`.
-fn next_seed() -> Option<u64> {
-    SEED.with(|s| {
-        let seed = s.get()?;
-        let next = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        s.set(Some(next));
-        let z = (next ^ (next >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        Some(z ^ (z >> 31))
+/// SplitMix64: a bijective mixer; two gammas give two independent sequences.
+fn mix(seed: u64, gamma: u64) -> u64 {
+    let z = seed.wrapping_add(gamma);
+    let z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Advances the task's seed and returns what it was; `None` outside [`seeded`].
+fn take_seed() -> Option<u64> {
+    SEED.try_with(|s| {
+        let seed = s.get();
+        s.set(mix(seed, 0x6a09_e667_f3bc_c908));
+        seed
     })
+    .ok()
 }
 
 /// openraft's [`TokioRuntime`] with seedable random draws; see the module comment.
@@ -54,7 +63,10 @@ impl AsyncRuntime for Runtime {
         T: Future + OptionalSend + 'static,
         T::Output: OptionalSend + 'static,
     {
-        Tokio::spawn(future)
+        match take_seed() {
+            Some(seed) => Tokio::spawn(seeded(mix(seed, 0x9e37_79b9_7f4a_7c15), future)),
+            None => Tokio::spawn(future),
+        }
     }
 
     fn sleep(duration: Duration) -> Self::Sleep {
@@ -84,7 +96,7 @@ impl AsyncRuntime for Runtime {
     }
 
     fn thread_rng() -> Self::ThreadLocalRng {
-        match next_seed() {
+        match take_seed() {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_rng(&mut rand_raft::rng()),
         }
@@ -119,15 +131,22 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_seeded_thread_draws_the_same_sequence_again_and_an_unseeded_one_does_not() {
-        seed_thread_rng(Some(7));
-        let first = draws();
-        seed_thread_rng(Some(7));
-        assert_eq!(draws(), first);
-        seed_thread_rng(Some(8));
-        assert_ne!(draws(), first);
-        seed_thread_rng(None);
+    /// What a seeded task draws, then what a task it spawns draws.
+    async fn family(seed: u64) -> (Vec<u64>, Vec<u64>) {
+        seeded(seed, async {
+            let own = draws();
+            let child = Runtime::spawn(async { draws() }).await.unwrap();
+            (own, child)
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_seeded_task_and_its_children_draw_the_same_again_and_unseeded_ones_do_not() {
+        let first = family(7).await;
+        assert_eq!(family(7).await, first);
+        assert_ne!(first.0, first.1, "a child draws its own sequence");
+        assert_ne!(family(8).await, first);
         assert_ne!(draws(), draws());
     }
 }
