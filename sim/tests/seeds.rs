@@ -66,9 +66,9 @@ fn a_seed_replays_the_same_trace() {
     }
 }
 
-/// The first seed below `bound` whose run finds a violation with `plant`, if any.
-fn found_within(plant: Plant, bound: u64) -> Option<Report> {
-    (0..bound)
+/// Asserts that a run with `plant` finds it within 20 seeds, with a violation saying `what`.
+fn found_within_20_seeds(plant: Plant, what: &[&str]) {
+    let report = (0..20)
         .map(|seed| {
             run(Config {
                 plant,
@@ -76,40 +76,29 @@ fn found_within(plant: Plant, bound: u64) -> Option<Report> {
             })
         })
         .find(|report| !report.violations.is_empty())
+        .unwrap_or_else(|| panic!("{plant:?} not found within 20 seeds"));
+    assert!(
+        report
+            .violations
+            .iter()
+            .any(|v| what.iter().any(|w| v.contains(w))),
+        "seed {}: {:?}",
+        report.seed,
+        report.violations
+    );
 }
 
 #[test]
 fn an_acknowledged_but_unsynced_log_is_found() {
-    let report = found_within(Plant::LyingSync, 20).expect("found within 20 seeds");
-    assert!(
-        report
-            .violations
-            .iter()
-            .any(|v| v.contains("committed as") || v.contains("not linearizable")),
-        "{:?}",
-        report.violations
-    );
+    found_within_20_seeds(Plant::LyingSync, &["committed as", "not linearizable"]);
 }
 
 #[test]
 fn reads_without_a_confirmed_leader_are_found() {
-    let report = found_within(Plant::StaleReads, 20).expect("found within 20 seeds");
-    assert!(
-        report
-            .violations
-            .iter()
-            .any(|v| v.contains("not linearizable")),
-        "{:?}",
-        report.violations
-    );
+    found_within_20_seeds(Plant::StaleReads, &["not linearizable"]);
 }
 
 #[test]
 fn renewals_that_reach_no_timer_are_found() {
-    let report = found_within(Plant::RenewAnywhere, 20).expect("found within 20 seeds");
-    assert!(
-        report.violations.iter().any(|v| v.contains("was expired")),
-        "{:?}",
-        report.violations
-    );
+    found_within_20_seeds(Plant::RenewAnywhere, &["was expired"]);
 }
