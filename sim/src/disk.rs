@@ -300,7 +300,7 @@ impl RaftLogStorage<TypeConfig> for SimLog {
     {
         let mut upto = 0;
         for entry in entries {
-            self.world.appended(self.node, &entry);
+            self.world.appended(&entry);
             upto = self.write(Record::Append(Box::new(entry)))?;
         }
         if self.world.plant == Plant::LyingSync {

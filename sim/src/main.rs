@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vigil_sim::{Config, Plant, run};
+use vigil_sim::{Config, Plant, Report, run};
 
 struct Args {
     from: u64,
@@ -77,19 +77,25 @@ fn main() -> ExitCode {
                     if seed >= args.from + args.count {
                         return;
                     }
-                    let report = run(Config {
+                    let config = Config {
                         plant: args.plant,
                         ..Config::new(seed)
-                    });
+                    };
+                    let report = match std::panic::catch_unwind(|| run(config)) {
+                        Ok(report) => report,
+                        Err(_) => Report {
+                            seed,
+                            digest: 0,
+                            violations: vec!["the run panicked".to_owned()],
+                            trace: Vec::new(),
+                        },
+                    };
                     if args.trace {
                         println!("{}", report.trace.join("\n"));
                     }
                     let mut violations = report.violations;
                     if args.twice {
-                        let again = run(Config {
-                            plant: args.plant,
-                            ..Config::new(seed)
-                        });
+                        let again = run(config);
                         if again.digest != report.digest {
                             violations.push(format!(
                                 "the seed did not replay: trace digests {:016x} and {:016x}",

@@ -207,10 +207,6 @@ impl World {
         self.nodes.lock().get(&id).cloned()
     }
 
-    pub fn running(&self) -> Vec<NodeId> {
-        self.nodes.lock().keys().copied().collect()
-    }
-
     // The network.
 
     pub fn set_loss(&self, percent: u32) {
@@ -399,8 +395,8 @@ impl World {
         }
     }
 
-    /// Server `node` appended `entry`: a TTL expiry is timed by its first append.
-    pub fn appended(&self, _node: NodeId, entry: &Entry) {
+    /// A server appended `entry`: a TTL expiry is timed by its first append (the leader's).
+    pub fn appended(&self, entry: &Entry) {
         let EntryPayload::Normal(cmd) = &entry.payload else {
             return;
         };
