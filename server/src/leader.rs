@@ -12,9 +12,11 @@
 //! moved by more than half a TTL since the last checkpoint, batched once a second. A new
 //! leader arms an inherited session for min(TTL × 2, checkpointed deadline + one election
 //! timeout) and never re-checkpoints the slack, so however many elections follow, a session
-//! not renewed dies at most one election timeout after its deadline. The slack covers renewals
-//! the old leader took after its last checkpoint (at most half a TTL plus a second earlier),
-//! so no session expires before TTL since its last renewal.
+//! not renewed dies at most one election timeout after its deadline. No session expires before
+//! TTL since its last acknowledged renewal: a new leader keeps it at least until its checkpoint
+//! plus an election timeout, so a renewal that moves its deadline beyond checkpoint + TTL +
+//! election timeout (one after a long silence: a client renewing every half TTL moves it by
+//! less between two checkpoints) is checkpointed before it is acknowledged.
 //!
 //! Native locks in their lock-delay with contenders waiting get a timer too: when it ends, the
 //! leader commits `LockOp::Wake`, whose apply grants whoever is due. A new leader arms these
@@ -200,6 +202,15 @@ impl SessionTimers {
             .collect()
     }
 
+    /// `id`'s deadline, if it lies beyond its last checkpoint plus TTL plus `election`: a new
+    /// leader would keep the session only until that checkpoint plus `election`, less than a
+    /// TTL after the renewal that set it. (Never checkpointed, a new leader gives it TTL × 2.)
+    fn outruns_checkpoint(&self, id: &str, election: Duration) -> Option<u64> {
+        let t = self.sessions.get(id)?;
+        let keeps = t.checkpointed_ms? + millis(t.ttl) + millis(election);
+        (t.deadline_ms > keeps).then_some(t.deadline_ms)
+    }
+
     /// Records a committed checkpoint (sessions renewed since keep their newer deadline).
     fn checkpointed(&mut self, done: &[(String, u64)]) {
         for (id, deadline_ms) in done {
@@ -284,6 +295,11 @@ enum TermEvent {
         term: u64,
         done: Option<Vec<(String, u64)>>,
     },
+    /// The checkpoint of one renewal, made before it was acknowledged, committed (or not).
+    RenewalCheckpointed {
+        term: u64,
+        done: Option<Vec<(String, u64)>>,
+    },
     /// A TTL invalidation gave up ([`INVALIDATE_ATTEMPTS`]).
     InvalidationAbandoned {
         term: u64,
@@ -323,6 +339,7 @@ impl LeaderDuties {
         let mut checkpoint = tokio::time::interval(CHECKPOINT_EVERY);
         checkpoint.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let serving = |term: &Option<Term>| term.as_ref().is_some_and(|t| t.serving);
+        let election = Duration::from_millis(self.proposer.raft().config().election_timeout_max);
         loop {
             tokio::select! {
                 biased;
@@ -377,6 +394,9 @@ impl LeaderDuties {
                             timers.checkpointed(&done);
                         }
                     }
+                    (TermEvent::RenewalCheckpointed { term: n, done: Some(done) }, Some(t)) if t.number == n => {
+                        timers.checkpointed(&done);
+                    }
                     (TermEvent::InvalidationAbandoned { term: n, id }, Some(t)) if t.number == n => {
                         // Still there: it takes renewals again, and without them its timer
                         // tries once more after a full TTL × 2.
@@ -412,13 +432,20 @@ impl LeaderDuties {
                     let DutyInput::Renew { id, ttl, renewed } = input;
                     // A destroy applied since the request read the session clears `expiring`
                     // before this runs (events first): the state says it is gone.
-                    let outcome = if term.is_none() {
-                        Renewal::NotLeading
-                    } else if expiring.contains(&id) || self.shared.read().sessions().get(&id).is_none() {
-                        Renewal::Expiring
-                    } else {
-                        timers.renew(&id, ttl, wall_ms());
-                        Renewal::Renewed
+                    let outcome = match &term {
+                        None => Renewal::NotLeading,
+                        Some(_) if expiring.contains(&id) || self.shared.read().sessions().get(&id).is_none() => {
+                            Renewal::Expiring
+                        }
+                        Some(t) => {
+                            timers.renew(&id, ttl, wall_ms());
+                            if let Some(deadline) = timers.outruns_checkpoint(&id, election) {
+                                let report = term_tx.clone();
+                                self.spawn_renewal_checkpoint(t.number, (id, deadline), t.token.clone(), report, renewed);
+                                continue;
+                            }
+                            Renewal::Renewed
+                        }
                     };
                     let _ = renewed.send(outcome);
                 }
@@ -536,6 +563,36 @@ impl LeaderDuties {
                 },
             };
             let _ = report.send(TermEvent::Checkpointed { term: number, done });
+        });
+    }
+
+    /// Commits the checkpoint of one renewal, then acknowledges it (`renewed`); a renewal whose
+    /// checkpoint did not commit reached no leader that could keep it: the caller retries.
+    fn spawn_renewal_checkpoint(
+        &self,
+        number: u64,
+        deadline: (String, u64),
+        token: CancellationToken,
+        report: mpsc::UnboundedSender<TermEvent>,
+        renewed: oneshot::Sender<Renewal>,
+    ) {
+        let proposer = self.proposer.clone();
+        self.tasks.spawn(async move {
+            let deadlines = vec![deadline];
+            let op = Op::CheckpointTtls {
+                deadlines: deadlines.clone(),
+            };
+            let done = tokio::select! {
+                _ = token.cancelled() => None,
+                result = proposer.propose(op) => result.ok().map(|_| deadlines),
+            };
+            let outcome = if done.is_some() {
+                Renewal::Renewed
+            } else {
+                Renewal::NotLeading
+            };
+            let _ = report.send(TermEvent::RenewalCheckpointed { term: number, done });
+            let _ = renewed.send(outcome);
         });
     }
 
@@ -829,6 +886,29 @@ mod tests {
         let expired = timers.next_expired().await;
         assert_eq!(expired.as_deref(), Some("s"));
         assert_eq!(start.elapsed(), TTL * 2 + ELECTION);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_renewal_after_a_long_silence_outruns_what_a_new_leader_would_keep() {
+        let now = 1_000_000;
+        let mut timers = SessionTimers::default();
+        timers.renew("s", TTL, now);
+        assert_eq!(
+            timers.outruns_checkpoint("s", ELECTION),
+            None,
+            "never checkpointed"
+        );
+        let due = timers.due_checkpoints(CHECKPOINT_BATCH);
+        timers.checkpointed(&due);
+        // Renewed every half TTL: the deadline moves by half a TTL at a time.
+        timers.renew("s", TTL, now + 5_000);
+        assert_eq!(timers.outruns_checkpoint("s", ELECTION), None);
+        // Silent for 13 s, then renewed: the deadline moved by 13 s > TTL + election.
+        timers.renew("s", TTL, now + 13_000);
+        assert_eq!(
+            timers.outruns_checkpoint("s", ELECTION),
+            Some(now + 13_000 + 20_000)
+        );
     }
 
     #[tokio::test(start_paused = true)]

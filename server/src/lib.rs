@@ -19,4 +19,6 @@ pub mod watch;
 mod message_fuzz;
 
 pub use api::ServerApi;
-pub use server::{RaftTiming, Server, ServerConfig, ServerMode, StartError};
+pub use server::{
+    RaftTiming, Server, ServerConfig, ServerMode, StartError, raft_config, read_lease,
+};

@@ -4,6 +4,7 @@
 //! and this is the bound that holds whatever path a change comes by (every entry must cross
 //! to a follower within one AppendEntries).
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use openraft::error::ClientWriteError;
@@ -15,11 +16,30 @@ use vigil_shared::rpc::{Command, Op, Response, ServerError};
 use crate::raft::{Raft, TypeConfig};
 use crate::telemetry::Proposal;
 
-/// Milliseconds since the Unix epoch on this machine's clock.
+thread_local! {
+    /// Set by [`follow_tokio_clock`]: the wall clock then, and tokio's instant then.
+    static TOKIO_WALL_CLOCK: Cell<Option<(u64, tokio::time::Instant)>> = const { Cell::new(None) };
+}
+
+/// Milliseconds since the Unix epoch on this machine's clock, or on the clock this thread
+/// follows ([`follow_tokio_clock`]).
 pub fn wall_ms() -> u64 {
+    if let Some((epoch_ms, at)) = TOKIO_WALL_CLOCK.with(Cell::get) {
+        return epoch_ms.saturating_add(at.elapsed().as_millis() as u64);
+    }
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Makes [`wall_ms`] on this thread `epoch_ms` plus tokio's time elapsed since this call
+/// (`None`: the machine's clock again). A deterministic simulation runs every server on one
+/// thread with tokio's clock paused: their wall clock (which stamps every command and arms the
+/// leader's TTL and lock-delay timers) then moves only as the simulation advances time. Call
+/// it inside the runtime.
+pub fn follow_tokio_clock(epoch_ms: Option<u64>) {
+    let clock = epoch_ms.map(|epoch_ms| (epoch_ms, tokio::time::Instant::now()));
+    TOKIO_WALL_CLOCK.with(|c| c.set(clock));
 }
 
 /// The largest encoded [`Command`] a raft entry may carry: above the largest request the HTTP
@@ -262,6 +282,16 @@ mod tests {
             },
             answers,
         )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_thread_that_follows_tokio_clock_moves_its_wall_clock_with_it() {
+        follow_tokio_clock(Some(1_000));
+        assert_eq!(wall_ms(), 1_000);
+        tokio::time::advance(std::time::Duration::from_millis(2_500)).await;
+        assert_eq!(wall_ms(), 3_500);
+        follow_tokio_clock(None);
+        assert!(wall_ms() > 1_700_000_000_000, "the machine's clock again");
     }
 
     #[test]

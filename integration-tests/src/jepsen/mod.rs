@@ -21,7 +21,7 @@
 
 pub mod clients;
 pub mod fence;
-pub mod linear;
+pub use vigil_sim::linear;
 pub mod nemesis;
 
 use std::fmt;

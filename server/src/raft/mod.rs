@@ -5,6 +5,7 @@
 
 pub mod log_store;
 pub mod network;
+pub mod runtime;
 pub mod state_store;
 
 #[cfg(test)]
@@ -15,7 +16,8 @@ use vigil_shared::rpc::{Command, Response};
 
 /// Vigil's raft type configuration: openraft's defaults (what `declare_raft_types!` would
 /// fill in), except the responder, which is the proposer's [`Answer`](crate::proposer::Answer)
-/// so that an apply answers a write's callers itself. The macro cannot name a generic
+/// so that an apply answers a write's callers itself, and the runtime, tokio with random draws
+/// a simulation can seed ([`runtime::Runtime`]). The macro cannot name a generic
 /// associated type, hence the impl written out.
 #[derive(Debug, Clone, Copy, Default, Eq, PartialEq, Ord, PartialOrd)]
 pub struct TypeConfig {}
@@ -39,7 +41,7 @@ impl openraft::RaftTypeConfig for TypeConfig {
         = openraft::impls::InlineBatch<T>
     where
         T: openraft::OptionalSend + 'static;
-    type AsyncRuntime = openraft::TokioRuntime;
+    type AsyncRuntime = runtime::Runtime;
     type ErrorSource = openraft::impls::BoxedErrorSource;
 }
 

@@ -18,6 +18,7 @@ mod status;
 mod tests;
 
 pub(crate) use forward::Hop;
+pub use requests::read_lease;
 pub use status::RaftStats;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -140,6 +141,35 @@ pub enum StartError {
     NotReady(Duration),
 }
 
+/// The raft configuration of every server (and of the simulated ones) with `timing`.
+pub fn raft_config(timing: RaftTiming) -> Result<openraft::Config, openraft::ConfigError> {
+    openraft::Config {
+        cluster_name: "vigil".to_owned(),
+        heartbeat_interval: timing.heartbeat_ms,
+        election_timeout_min: timing.election_min_ms,
+        election_timeout_max: timing.election_max_ms,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        max_in_snapshot_log_to_keep: 1000,
+        // Replication reads what the log has accepted as soon as it is accepted, so the
+        // leader's sync and the followers' run side by side. Otherwise openraft tells
+        // replication only on its next loop, which for a lone write is the leader's own
+        // flush notification: the two syncs in series again.
+        broadcast_submitted_on_append: Some(true),
+        // A server that cannot win (back from a pause, restarted, or removed meanwhile)
+        // does not raise its term, which would make the leader step down when it
+        // comes back (see `RaftPeer::pre_vote`).
+        enable_pre_vote: Some(true),
+        // A leader that restarts within its term must win an election again rather than
+        // resume: its state machine lives in memory and its log syncs the committed index
+        // only with the next append, so it restarts knowing an older commit than the one it
+        // acknowledged, and would serve reads from before writes it had acknowledged
+        // (openraft's documented hazard; the simulation found it: seed 5 of vigil-sim).
+        enable_leader_restore: Some(false),
+        ..Default::default()
+    }
+    .validate()
+}
+
 /// How long a dev server may take to elect itself.
 const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Snapshot after this many log entries, keeping a tail for slow followers.
@@ -183,27 +213,7 @@ impl Server {
         rpc_socket: std::net::UdpSocket,
         shutdown: CancellationToken,
     ) -> Result<Arc<Server>, StartError> {
-        let raft_config = Arc::new(
-            openraft::Config {
-                cluster_name: "vigil".to_owned(),
-                heartbeat_interval: config.raft.heartbeat_ms,
-                election_timeout_min: config.raft.election_min_ms,
-                election_timeout_max: config.raft.election_max_ms,
-                snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
-                max_in_snapshot_log_to_keep: 1000,
-                // Replication reads what the log has accepted as soon as it is accepted, so the
-                // leader's sync and the followers' run side by side. Otherwise openraft tells
-                // replication only on its next loop, which for a lone write is the leader's own
-                // flush notification: the two syncs in series again.
-                broadcast_submitted_on_append: Some(true),
-                // A server that cannot win (back from a pause, restarted, or removed meanwhile)
-                // does not raise its term, which would make the leader step down when it
-                // comes back (see `RaftPeer::pre_vote`).
-                enable_pre_vote: Some(true),
-                ..Default::default()
-            }
-            .validate()?,
-        );
+        let raft_config = Arc::new(raft_config(config.raft)?);
         let endpoint = transport::server_endpoint_from_socket(rpc_socket, tls)
             .map_err(|e| StartError::Transport(e.to_string()))?;
         let rpc = RpcClient::new(endpoint.clone(), tls.server_name());

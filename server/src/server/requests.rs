@@ -144,8 +144,7 @@ impl Server {
     /// as a follower must have gone without hearing from its leader before it campaigns, or
     /// waives its lease, on evidence that the leader is dead.
     pub(super) fn read_lease(&self) -> Duration {
-        let heartbeat = Duration::from_millis(self.config.raft.heartbeat_ms);
-        heartbeat + heartbeat / 2
+        read_lease(self.config.raft)
     }
 
     /// Blocking queries this server holds now (its own and forwarded ones).
@@ -218,6 +217,12 @@ impl Server {
         }
         Ok(session)
     }
+}
+
+/// [`Server::read_lease`] for raft timing `timing`.
+pub fn read_lease(timing: RaftTiming) -> Duration {
+    let heartbeat = Duration::from_millis(timing.heartbeat_ms);
+    heartbeat + heartbeat / 2
 }
 
 /// Whether a read waits on a lock: a native lock's grant or holder's standing, or a KV key a
