@@ -44,7 +44,16 @@ const ELECTION_WINDOW: Duration = Duration::from_secs(3);
 /// set to `dir` for the script.
 fn vigil_lock(base: &str, prefix: &str, script: &str, dir: &Path) -> Result<Child> {
     Command::new(integration_tests::binary())
-        .args(["lock", "--lock-delay", "0s", prefix, "--", "sh", "-c", script])
+        .args([
+            "lock",
+            "--lock-delay",
+            "0s",
+            prefix,
+            "--",
+            "sh",
+            "-c",
+            script,
+        ])
         .env("VIGIL_HTTP_ADDR", base)
         .env_remove("CONSUL_HTTP_ADDR")
         .env("DIR", dir)
@@ -256,7 +265,9 @@ async fn server_stops(systems: &mut Systems, rounds: usize) -> Result<u64> {
         sleep(ELECTION_WINDOW).await;
         let now = systems.vigil.leader().await;
         let after = term(&systems.vigil.server(now).http()).await?;
-        eprintln!("  Vigil: a follower stopped 4 s → term {before} → {after}, leader {leader} → {now}");
+        eprintln!(
+            "  Vigil: a follower stopped 4 s → term {before} → {after}, leader {leader} → {now}"
+        );
         elections += after - before;
     }
     Ok(elections)
@@ -290,14 +301,18 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let rows = vec![
         Row::vigil_only(
             "death.process_free",
-            format!("Process crash, process-bound session (`vigil lock` killed), median of {kills}"),
+            format!(
+                "Process crash, process-bound session (`vigil lock` killed), median of {kills}"
+            ),
             "kill → lock free (ms)",
             Better::Lower,
             Some(crash_p50),
         ),
         Row::vigil_only(
             "death.process_free.max",
-            format!("Process crash, process-bound session (`vigil lock` killed), slowest of {kills}"),
+            format!(
+                "Process crash, process-bound session (`vigil lock` killed), slowest of {kills}"
+            ),
             "kill → lock free (ms)",
             Better::Lower,
             Some(crash_max),
@@ -318,7 +333,9 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         ),
     ];
     let table = Table {
-        title: format!("Deaths and stops only Vigil tells apart (processes: of {kills}; others: of {rounds})"),
+        title: format!(
+            "Deaths and stops only Vigil tells apart (processes: of {kills}; others: of {rounds})"
+        ),
         header: [
             "fault",
             "what frees the lock (or must not)",

@@ -176,11 +176,20 @@ fn nacks_of_a_round_the_target_answered_confirm_nothing() {
     asker.probe_numbered(next, period * 2);
     asker.nack_numbered(1, next, addr(1), late_in_round(period * 2));
     assert_eq!(asker.confirmations(), BTreeSet::from([addr(1)]));
-    asker.forwarded_ack(2, next, late_in_round(period * 2) + Duration::from_millis(10));
+    asker.forwarded_ack(
+        2,
+        next,
+        late_in_round(period * 2) + Duration::from_millis(10),
+    );
     assert!(asker.confirmations().is_empty());
 
     // Phase 3: node 4's nack, after the ack, counts neither.
-    asker.nack_numbered(4, next, addr(4), late_in_round(period * 2) + Duration::from_millis(20));
+    asker.nack_numbered(
+        4,
+        next,
+        addr(4),
+        late_in_round(period * 2) + Duration::from_millis(20),
+    );
     assert!(asker.confirmations().is_empty());
 }
 
