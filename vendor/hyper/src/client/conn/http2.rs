@@ -598,7 +598,7 @@ where
 mod tests {
 
     #[tokio::test]
-    #[ignore] // only compilation is checked
+    #[ignore = "hyper's own test: only its compilation is checked (and this workspace does not build vendor/ tests)"]
     async fn send_sync_executor_of_non_send_futures() {
         #[derive(Clone)]
         struct LocalTokioExecutor;
@@ -630,7 +630,7 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore] // only compilation is checked
+    #[ignore = "hyper's own test: only its compilation is checked (and this workspace does not build vendor/ tests)"]
     async fn not_send_not_sync_executor_of_not_send_futures() {
         #[derive(Clone)]
         struct LocalTokioExecutor {
@@ -666,7 +666,7 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore] // only compilation is checked
+    #[ignore = "hyper's own test: only its compilation is checked (and this workspace does not build vendor/ tests)"]
     async fn send_not_sync_executor_of_not_send_futures() {
         #[derive(Clone)]
         struct LocalTokioExecutor {
@@ -702,7 +702,7 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore] // only compilation is checked
+    #[ignore = "hyper's own test: only its compilation is checked (and this workspace does not build vendor/ tests)"]
     async fn send_sync_executor_of_send_futures() {
         #[derive(Clone)]
         struct TokioExecutor;
@@ -734,7 +734,7 @@ mod tests {
     }
 
     #[tokio::test]
-    #[ignore] // only compilation is checked
+    #[ignore = "hyper's own test: only its compilation is checked (and this workspace does not build vendor/ tests)"]
     async fn send_not_sync_executor_of_send_futures() {
         #[derive(Clone)]
         struct TokioExecutor {
