@@ -5,7 +5,10 @@
 //! refused, not acknowledged, once its session's expiry is on its way), TTL checkpoints,
 //! member reconciliation, reaping old tombstones. Ending the term cancels all of it, including
 //! pending invalidation retries, so nothing of an old term acts on a session renewed on a newer
-//! leader.
+//! leader. Cancelling a task does not take back an op it left in the proposer's queue, so every
+//! op a term proposes is bound to its raft leader ID: raft refuses it in any later term, even
+//! one this same server leads (the CI caught an expiry decided before a step-down committing
+//! after the server led again and acknowledged a renewal).
 //!
 //! TTL checkpoints bound how long elections can keep a dead client's session alive: the leader
 //! commits each session's deadline (its last renewal + TTL × 2, leader wall clock) whenever it
@@ -279,11 +282,19 @@ struct Term {
     /// again between two looks at the metrics (which may merge changes) shows as a new one,
     /// so as a new term.
     leader_id: openraft::type_config::alias::LeaderIdOf<crate::raft::TypeConfig>,
-    token: CancellationToken,
+    scope: TermScope,
     /// The barrier passed and the sessions are armed.
     serving: bool,
     /// A checkpoint write is in flight (at most one at a time).
     checkpointing: bool,
+}
+
+/// What a term's tasks share: the token that ends them with the term, and a proposer whose
+/// ops commit only under the term's leader ID (see [`Proposer::bound_to`]).
+#[derive(Clone)]
+struct TermScope {
+    token: CancellationToken,
+    proposer: Proposer,
 }
 
 /// What tasks of a term report back to the duties loop.
@@ -355,7 +366,7 @@ impl LeaderDuties {
                     // Not leading any more, or leading under another leader ID (lost and won
                     // again between two looks): the term this loop holds is over.
                     if let Some(t) = term.take_if(|t| !is_leader || t.leader_id != leader_id) {
-                        t.token.cancel();
+                        t.scope.token.cancel();
                         timers.clear_all();
                         lock_delays.clear_all();
                         expiring.clear();
@@ -365,10 +376,12 @@ impl LeaderDuties {
                         terms += 1;
                         let token = self.shutdown.child_token();
                         self.spawn_barrier(terms, token.clone(), term_tx.clone());
+                        // The adv leader ID is its own committed form.
+                        let proposer = self.proposer.bound_to(leader_id);
                         term = Some(Term {
                             number: terms,
                             leader_id,
-                            token,
+                            scope: TermScope { token, proposer },
                             serving: false,
                             checkpointing: false,
                         });
@@ -384,9 +397,9 @@ impl LeaderDuties {
                         for (name, until_ms) in self.shared.read().locks().pending_delays() {
                             lock_delays.arm(name, until_ms, now);
                         }
-                        self.spawn_reconcile(t.token.clone());
-                        self.spawn_acl_init(t.token.clone());
-                        self.spawn_protocol_upgrade(t.token.clone());
+                        self.spawn_reconcile(t.scope.clone());
+                        self.spawn_acl_init(t.scope.clone());
+                        self.spawn_protocol_upgrade(t.scope.clone());
                     }
                     (TermEvent::Checkpointed { term: n, done }, Some(t)) if t.number == n => {
                         t.checkpointing = false;
@@ -438,10 +451,17 @@ impl LeaderDuties {
                             Renewal::Expiring
                         }
                         Some(t) => {
+                            if !timers.contains(&id) {
+                                // Not armed yet this term (its barrier has not passed): what
+                                // an earlier term checkpointed still bounds what a successor
+                                // would give it, so the checkpoint rule below needs it.
+                                let checkpoint = self.shared.read().ttl_deadline(&id);
+                                timers.inherit(&id, ttl, checkpoint, wall_ms(), election);
+                            }
                             timers.renew(&id, ttl, wall_ms());
                             if let Some(deadline) = timers.outruns_checkpoint(&id, election) {
                                 let report = term_tx.clone();
-                                self.spawn_renewal_checkpoint(t.number, (id, deadline), t.token.clone(), report, renewed);
+                                self.spawn_renewal_checkpoint(t.number, (id, deadline), t.scope.clone(), report, renewed);
                                 continue;
                             }
                             Renewal::Renewed
@@ -453,12 +473,12 @@ impl LeaderDuties {
                     tracing::info!(session = %expired, "session TTL expired");
                     if let Some(t) = &term {
                         expiring.insert(expired.clone());
-                        self.spawn_invalidate(expired, t.number, t.token.clone(), term_tx.clone());
+                        self.spawn_invalidate(expired, t.number, t.scope.clone(), term_tx.clone());
                     }
                 }
                 Some(name) = lock_delays.next_due(), if !lock_delays.is_empty() => {
                     if let Some(t) = &term {
-                        self.spawn_wake(name, t.token.clone());
+                        self.spawn_wake(name, t.scope.clone());
                     }
                 }
                 _ = checkpoint.tick(), if serving(&term) => {
@@ -466,19 +486,19 @@ impl LeaderDuties {
                         let due = timers.due_checkpoints(CHECKPOINT_BATCH);
                         if !due.is_empty() {
                             t.checkpointing = true;
-                            self.spawn_checkpoint(t.number, due, t.token.clone(), term_tx.clone());
+                            self.spawn_checkpoint(t.number, due, t.scope.clone(), term_tx.clone());
                         }
                     }
                 }
                 _ = reap.tick(), if serving(&term) => {
                     if let Some(t) = &term {
-                        self.spawn_reap(t.token.clone());
+                        self.spawn_reap(t.scope.clone());
                     }
                 }
             }
         }
         if let Some(t) = term {
-            t.token.cancel();
+            t.scope.token.cancel();
         }
     }
 
@@ -544,10 +564,9 @@ impl LeaderDuties {
         &self,
         number: u64,
         deadlines: Vec<(String, u64)>,
-        token: CancellationToken,
+        TermScope { token, proposer }: TermScope,
         report: mpsc::UnboundedSender<TermEvent>,
     ) {
-        let proposer = self.proposer.clone();
         self.tasks.spawn(async move {
             let op = Op::CheckpointTtls {
                 deadlines: deadlines.clone(),
@@ -567,17 +586,20 @@ impl LeaderDuties {
     }
 
     /// Commits the checkpoint of one renewal, then acknowledges it (`renewed`); a renewal whose
-    /// checkpoint did not commit reached no leader that could keep it: the caller retries.
+    /// checkpoint did not commit reached no leader that could keep it: the caller retries. A
+    /// session invalidated before its checkpoint applied (the checkpoint then changes nothing)
+    /// is answered as gone.
     fn spawn_renewal_checkpoint(
         &self,
         number: u64,
         deadline: (String, u64),
-        token: CancellationToken,
+        TermScope { token, proposer }: TermScope,
         report: mpsc::UnboundedSender<TermEvent>,
         renewed: oneshot::Sender<Renewal>,
     ) {
-        let proposer = self.proposer.clone();
+        let shared = Arc::clone(&self.shared);
         self.tasks.spawn(async move {
+            let id = deadline.0.clone();
             let deadlines = vec![deadline];
             let op = Op::CheckpointTtls {
                 deadlines: deadlines.clone(),
@@ -586,10 +608,10 @@ impl LeaderDuties {
                 _ = token.cancelled() => None,
                 result = proposer.propose(op) => result.ok().map(|_| deadlines),
             };
-            let outcome = if done.is_some() {
-                Renewal::Renewed
-            } else {
-                Renewal::NotLeading
+            let outcome = match &done {
+                Some(_) if shared.read().sessions().get(&id).is_none() => Renewal::Expiring,
+                Some(_) => Renewal::Renewed,
+                None => Renewal::NotLeading,
             };
             let _ = report.send(TermEvent::RenewalCheckpointed { term: number, done });
             let _ = renewed.send(outcome);
@@ -599,8 +621,11 @@ impl LeaderDuties {
     /// Raises the cluster's protocol level to this build's once every server in the raft
     /// configuration advertises it (without gossip, once this server is the only one), checking
     /// on every member change and every [`PROTOCOL_CHECK_INTERVAL`] while this term lasts.
-    fn spawn_protocol_upgrade(&self, term: CancellationToken) {
-        let proposer = self.proposer.clone();
+    fn spawn_protocol_upgrade(&self, scope: TermScope) {
+        let TermScope {
+            token: term,
+            proposer,
+        } = scope;
         let shared = Arc::clone(&self.shared);
         let mut members = self.members.clone().map(|(members, _)| members);
         self.tasks.spawn(async move {
@@ -651,11 +676,14 @@ impl LeaderDuties {
 
     /// Keeps the catalog in line with gossip while this term lasts: at once, on every member
     /// change, and every [`RECONCILE_INTERVAL`] to repair drift.
-    fn spawn_reconcile(&self, term: CancellationToken) {
+    fn spawn_reconcile(&self, scope: TermScope) {
         let Some((mut members, leader)) = self.members.clone() else {
             return;
         };
-        let proposer = self.proposer.clone();
+        let TermScope {
+            token: term,
+            proposer,
+        } = scope;
         let shared = Arc::clone(&self.shared);
         self.tasks.spawn(async move {
             let mut every = tokio::time::interval(RECONCILE_INTERVAL);
@@ -691,10 +719,12 @@ impl LeaderDuties {
         &self,
         id: String,
         number: u64,
-        term: CancellationToken,
+        TermScope {
+            token: term,
+            proposer,
+        }: TermScope,
         report: mpsc::UnboundedSender<TermEvent>,
     ) {
-        let proposer = self.proposer.clone();
         let shared = Arc::clone(&self.shared);
         self.tasks.spawn(async move {
             let mut backoff = Duration::from_secs(1);
@@ -727,8 +757,11 @@ impl LeaderDuties {
 
     /// Commits a wake-up of a lock whose lock-delay has ended, retrying until it commits or the
     /// term ends (a new leader re-arms the timer from the state).
-    fn spawn_wake(&self, name: String, term: CancellationToken) {
-        let proposer = self.proposer.clone();
+    fn spawn_wake(&self, name: String, scope: TermScope) {
+        let TermScope {
+            token: term,
+            proposer,
+        } = scope;
         self.tasks.spawn(async move {
             let mut backoff = BARRIER_RETRY_MIN;
             loop {
@@ -753,7 +786,7 @@ impl LeaderDuties {
     /// With ACLs enabled, writes the built-in policy, the anonymous token and the initial
     /// management token if the state lacks any of them, retrying until it commits or the term
     /// ends.
-    fn spawn_acl_init(&self, term: CancellationToken) {
+    fn spawn_acl_init(&self, scope: TermScope) {
         let Some(initial) = &self.acls else {
             return;
         };
@@ -778,7 +811,10 @@ impl LeaderDuties {
                 ..Token::new(uuid::Uuid::new_v4().to_string(), secret.clone())
             }),
         });
-        let proposer = self.proposer.clone();
+        let TermScope {
+            token: term,
+            proposer,
+        } = scope;
         self.tasks.spawn(async move {
             let mut pause = BARRIER_RETRY_MIN;
             loop {
@@ -802,7 +838,7 @@ impl LeaderDuties {
         });
     }
 
-    fn spawn_reap(&self, term: CancellationToken) {
+    fn spawn_reap(&self, scope: TermScope) {
         let now = wall_ms();
         let cutoff = now.saturating_sub(TOMBSTONE_TTL.as_millis() as u64);
         let due = self
@@ -814,7 +850,10 @@ impl LeaderDuties {
         if !due {
             return;
         }
-        let proposer = self.proposer.clone();
+        let TermScope {
+            token: term,
+            proposer,
+        } = scope;
         self.tasks.spawn(async move {
             tokio::select! {
                 _ = term.cancelled() => {}

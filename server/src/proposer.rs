@@ -53,12 +53,17 @@ const MAX_IN_FLIGHT: usize = 2;
 /// Most ops in one entry.
 const MAX_BATCH_OPS: usize = 512;
 
-/// An op waiting to be proposed, with its encoded size and who waits for its response.
+/// An op waiting to be proposed, with its encoded size, the leader ID it may commit under
+/// (any, if `None`) and who waits for its response.
 struct Pending {
     op: Op,
     size: usize,
+    leader: Option<LeaderId>,
     reply: Reply,
 }
+
+/// A raft leader ID (term and node): what a term's proposals are bound to.
+pub type LeaderId = openraft::type_config::alias::CommittedLeaderIdOf<TypeConfig>;
 
 /// Where the caller of one op waits for its answer.
 type Reply = oneshot::Sender<Result<Response, ServerError>>;
@@ -71,6 +76,8 @@ pub struct Proposer {
     raft: Raft,
     queue: mpsc::UnboundedSender<Pending>,
     held: Arc<watch::Sender<bool>>,
+    /// The leader ID this proposer's ops commit under ([`Proposer::bound_to`]).
+    leader: Option<LeaderId>,
 }
 
 /// Keeps a [`Proposer`] from proposing while it lives (see [`Proposer::hold`]).
@@ -88,7 +95,24 @@ impl Proposer {
         let (queue, pending) = mpsc::unbounded_channel();
         let held = Arc::new(watch::Sender::new(false));
         tokio::spawn(batch_loop(raft.clone(), pending, held.subscribe()));
-        Proposer { raft, queue, held }
+        Proposer {
+            raft,
+            queue,
+            held,
+            leader: None,
+        }
+    }
+
+    /// This proposer, with every op it proposes refused (`NotLeader`) unless this server
+    /// still leads under `leader` when raft appends it. A leader's own duties decide on what
+    /// their term knows (a TTL expiry on a timer no renewal reset, a checkpoint of deadlines
+    /// it tracks); an op that waited out the term in the queue must not be appended by a later
+    /// term of the same server, which has acknowledged renewals of that session since.
+    pub fn bound_to(&self, leader: LeaderId) -> Proposer {
+        Proposer {
+            leader: Some(leader),
+            ..self.clone()
+        }
     }
 
     /// Holds every new entry back until the returned guard drops: ops still queue, and go out
@@ -117,7 +141,12 @@ impl Proposer {
         let started = std::time::Instant::now();
         let (reply, answer) = oneshot::channel();
         self.queue
-            .send(Pending { op, size, reply })
+            .send(Pending {
+                op,
+                size,
+                leader: self.leader,
+                reply,
+            })
             .map_err(|_| ServerError::ShuttingDown)?;
         let response = answer.await.map_err(|_| ServerError::ShuttingDown)??;
         proposal.committed(&response, started.elapsed());
@@ -153,12 +182,15 @@ async fn batch_loop(
             return;
         };
         let mut size = first.size + COMMAND_OVERHEAD;
+        let first_leader = first.leader;
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_OPS {
             let Ok(next) = pending.try_recv() else {
                 break;
             };
-            if size + next.size > MAX_COMMAND_BYTES {
+            // One entry, one condition: ops bound to another leader ID (or to none) wait for
+            // the next.
+            if size + next.size > MAX_COMMAND_BYTES || next.leader != first_leader {
                 carried = Some(next);
                 break;
             }
@@ -173,7 +205,12 @@ async fn batch_loop(
         let answer = Answer(Box::new(move |result: ClientWriteResult<TypeConfig>| {
             answers.send(result.map(|w| w.data));
         }));
-        if raft.client_write_ff(cmd, Some(answer)).await.is_err() {
+        let write = raft.write(cmd).responder(answer);
+        let write = match first_leader {
+            Some(leader) => write.with_leader(leader),
+            None => write,
+        };
+        if write.await.is_err() {
             // raft's core has stopped; the answer, dropped with the refused message, told the
             // callers, and the server's failure watch reports why.
             return;

@@ -15,10 +15,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::kv::KvOp;
+use vigil_shared::operator::OperatorRequest::TransferLeader;
 use vigil_shared::rpc::{Consistency, Op, QueryOptions, QueryResult, ReadQuery, Response};
 use vigil_wire::tls::{CertificateAuthority, Role};
 
-use super::{RaftTiming, Server, ServerConfig, ServerMode};
+use super::{Hop, RaftTiming, Server, ServerConfig, ServerMode};
+use crate::operator;
 
 /// Far longer than anything here takes; only a hang reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -375,4 +377,63 @@ async fn a_renewal_racing_its_sessions_expiry_is_acknowledged_only_if_the_sessio
             }
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_op_bound_to_a_term_commits_in_no_later_term_of_the_same_leader() {
+    // A leader's duties decide in a term (a TTL expiry, a checkpoint); an op that waited out
+    // that term must not be appended by the same server leading again, which has acknowledged
+    // renewals since.
+    let cluster = TestCluster::start().await;
+    let leader = cluster.leader(&[0, 1, 2]).await;
+    let server = Arc::clone(&cluster.servers[leader]);
+    let raft = server.proposer().raft().clone();
+    let term_of = |raft: &crate::raft::Raft| {
+        use openraft::async_runtime::WatchReceiver as _;
+        *raft.metrics().borrow_watched().vote.leader_id()
+    };
+    let old = term_of(&raft);
+    // Leadership goes to another server and comes back: a later term of the same leader.
+    let other = (leader + 1) % 3;
+    for (from, to) in [(leader, other), (other, leader)] {
+        let to_id = Some(cluster.servers[to].node_id());
+        let transfer = operator::handle(
+            &cluster.servers[from],
+            TransferLeader { to: to_id },
+            Hop::Caller,
+        );
+        transfer.await.expect("leadership transferred");
+        cluster.leader(&[to]).await;
+    }
+    assert_ne!(term_of(&raft), old);
+    let register = |name: &str| Op::RegisterNode {
+        name: name.to_owned(),
+        address: "127.0.0.1".to_owned(),
+    };
+    let stale = server
+        .proposer()
+        .bound_to(old)
+        .propose(register("stale"))
+        .await;
+    assert!(
+        matches!(stale, Err(super::ServerError::NotLeader { .. })),
+        "{stale:?}"
+    );
+    // Bound to the term it leads under now, an op commits (another election meanwhile, on a
+    // loaded machine, is retried).
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        cluster.leader(&[leader]).await;
+        let current = server.proposer().bound_to(term_of(&raft));
+        match current.propose(register("current")).await {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "{e:?}"),
+        }
+    }
+    let state = server.shared().read();
+    assert!(state.catalog().node("current").is_some());
+    assert!(
+        state.catalog().node("stale").is_none(),
+        "the stale op stayed out"
+    );
 }
