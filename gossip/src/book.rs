@@ -120,6 +120,20 @@ impl MemberBook {
         }
     }
 
+    /// Takes the protocol level `id` states for itself in a packet it sent us: foca notifies a
+    /// member once per identity, and keeps the first copy it learned, which a member of the
+    /// first release relaying it carries without the level. Without this a server upgraded
+    /// while such members gossip stays at the first level in our list, and the leader never
+    /// raises the cluster's.
+    pub fn heard_from(&mut self, id: &Member) {
+        if let Some(row) = self.rows.get_mut(&id.addr).filter(|row| row.id == *id)
+            && row.id.protocol < id.protocol
+        {
+            row.id.protocol = id.protocol;
+            self.changed = true;
+        }
+    }
+
     /// Folds one foca notification in. Notifications about ourselves never reach here as rows
     /// (foca does not report its own identity as a member).
     pub fn apply(&mut self, notification: &OwnedNotification<Member>, now: Duration) {
@@ -396,6 +410,8 @@ pub fn starts_before(a: &Member, b: &Member) -> bool {
 mod tests {
     use vigil_shared::catalog::MemberRole;
 
+    use crate::identity::FIRST_PROTOCOL;
+
     use super::*;
 
     const T0: Duration = Duration::ZERO;
@@ -453,6 +469,39 @@ mod tests {
                 assert_eq!(book.state_of(&m.addr), Some(*then));
             }
         }
+    }
+
+    #[test]
+    fn a_member_first_heard_of_through_the_first_release_takes_the_level_it_states_itself() {
+        let me = id(9, 1);
+        let upgraded = id(1, 5);
+        let relayed = Member {
+            protocol: FIRST_PROTOCOL,
+            ..upgraded.clone()
+        };
+        let mut book = book_with(&relayed);
+        book.refresh(&me, T0);
+        book.take_changed();
+        let level = |book: &MemberBook| {
+            let rows = book.snapshot(&me, MemberState::Alive);
+            rows.iter()
+                .find(|m| m.name == *upgraded.name)
+                .map(|m| m.protocol)
+        };
+        assert_eq!(level(&book), Some(u32::from(FIRST_PROTOCOL)));
+        // Another process at that address (an older generation) says nothing of this one.
+        book.heard_from(&Member {
+            protocol: 7,
+            ..id(1, 4)
+        });
+        assert!(!book.take_changed());
+        book.heard_from(&upgraded);
+        assert!(book.take_changed(), "the list is published again");
+        assert_eq!(level(&book), Some(2));
+        // A copy that lacks the level never takes it back.
+        book.heard_from(&relayed);
+        assert!(!book.take_changed());
+        assert_eq!(level(&book), Some(2));
     }
 
     #[test]

@@ -382,6 +382,7 @@ impl GossipNode {
         let mut codec = PostcardCodec;
         let mut rest = data;
         let mut header: Header<Member> = codec.decode_header(&mut rest).ok()?;
+        self.book.heard_from(&header.src);
         self.note_ack(&header, now);
         if let Message::IndirectAck {
             target: asker,
