@@ -43,6 +43,7 @@ impl Window {
 pub struct Latency {
     pub p50_ms: f64,
     pub p99_ms: f64,
+    pub p999_ms: f64,
     pub max_ms: f64,
 }
 
@@ -52,6 +53,7 @@ impl Latency {
         Latency {
             p50_ms: ms(hist.value_at_quantile(0.5)),
             p99_ms: ms(hist.value_at_quantile(0.99)),
+            p999_ms: ms(hist.value_at_quantile(0.999)),
             max_ms: ms(hist.max()),
         }
     }

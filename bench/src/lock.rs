@@ -65,6 +65,18 @@ const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurren
     per client per 100 ms (≈ 10 × N per second with N clients) however idle its servers are: \
     the ratio measures that floor, and shrinks as the client count grows.";
 
+/// How long a holder keeps the lock in the runs with a hold (the others hold it for one yield).
+const HOLDS: [Duration; 2] = [Duration::from_millis(1), Duration::from_millis(10)];
+/// Contenders of the runs with a hold.
+const HELD_CLIENTS: usize = 8;
+
+/// What bounds the rows with a hold, beside the resync floor.
+const HOLD_NOTE: &str = "Each holder keeps the lock for the hold (a sleep between reading and \
+    writing back the shared counter), so 8 contenders hand over at most 1,000 times a second \
+    with a 1 ms hold and 100 with 10 ms, whatever the system; the acquire latency is mostly \
+    the other holders' time. etcd's waiters still see each release only at its 100 ms \
+    unsynced-watch tick (see the contended rows), which a hold of 10 ms or more hides.";
+
 /// How a contender takes the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -135,6 +147,8 @@ impl Recipe {
 pub struct LockRun {
     pub recipe: Recipe,
     pub clients: usize,
+    /// How long each holder kept the lock (0: one yield).
+    pub hold_ms: u64,
     pub acquisitions: u64,
     pub per_second: f64,
     pub acquire: Latency,
@@ -481,8 +495,8 @@ struct Exclusion {
 
 impl Exclusion {
     /// Contender `c`, just granted the lock with the fencing token `token` (where its recipe
-    /// hands one out), does its work under it.
-    async fn hold(&self, c: usize, token: Option<u64>) {
+    /// hands one out), does its work under it, which takes `work` (or one yield).
+    async fn hold(&self, c: usize, token: Option<u64>, work: Duration) {
         if self.holder.swap(c + 1, Ordering::SeqCst) != 0 {
             self.overlaps.fetch_add(1, Ordering::SeqCst);
         }
@@ -492,7 +506,11 @@ impl Exclusion {
             self.stale_tokens.fetch_add(1, Ordering::SeqCst);
         }
         let seen = self.counter.load(Ordering::SeqCst);
-        tokio::task::yield_now().await;
+        if work.is_zero() {
+            tokio::task::yield_now().await;
+        } else {
+            tokio::time::sleep(work).await;
+        }
         self.counter.store(seen + 1, Ordering::SeqCst);
         let _ = self
             .holder
@@ -534,12 +552,18 @@ impl Tally {
     }
 }
 
-/// Runs one recipe with `clients` contenders on a fresh lock.
-async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) -> Result<LockRun> {
+/// Runs one recipe with `clients` contenders on a fresh lock, each holding it for `hold`.
+async fn run(
+    recipe: Recipe,
+    clients: usize,
+    window: Window,
+    leaders: &Leaders,
+    hold: Duration,
+) -> Result<LockRun> {
     let etcd = recipe.system() == System::Etcd;
     let setup = Setup {
         recipe,
-        lock: format!("bench/lock/{recipe:?}/{clients}"),
+        lock: format!("bench/lock/{recipe:?}/{clients}/{}", hold.as_millis()),
         vigil_addr: leaders.vigil_addr,
         etcd_endpoint: leaders.etcd_endpoint.clone(),
         consul_addr: leaders.consul.as_ref().map(|(addr, _)| addr.clone()),
@@ -560,8 +584,13 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
     let pids = leaders
         .pids(recipe.system())
         .with_context(|| format!("no {} cluster for {recipe:?}", recipe.system()))?;
+    let held = if hold.is_zero() {
+        String::new()
+    } else {
+        format!(", {} ms hold", hold.as_millis())
+    };
     let meter = Meter::start(
-        format!("{}, {}", recipe.label(), load::clients(clients)),
+        format!("{}, {}{held}", recipe.label(), load::clients(clients)),
         pids,
     )
     .await?;
@@ -587,7 +616,7 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
                     let token = contender.acquire().await?;
                     let t1 = Instant::now();
                     if exclusive {
-                        exclusion.hold(c, token).await;
+                        exclusion.hold(c, token, hold).await;
                     }
                     cycles += 1;
                     contender.release().await?;
@@ -634,6 +663,7 @@ async fn run(recipe: Recipe, clients: usize, window: Window, leaders: &Leaders) 
     Ok(LockRun {
         recipe,
         clients,
+        hold_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
         acquisitions,
         per_second: acquisitions as f64 / window.measure.as_secs_f64(),
         acquire: Latency::of(&acquire),
@@ -664,7 +694,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         Recipe::ConsulSession,
     ];
     for recipe in Recipe::in_turn(&uncontended, &leaders) {
-        runs.push(run(recipe, 1, plan.lock, &leaders).await?);
+        runs.push(run(recipe, 1, plan.lock, &leaders, Duration::ZERO).await?);
     }
     let contended = [
         Recipe::VigilLock,
@@ -675,7 +705,7 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     ];
     for clients in [8, 32] {
         for recipe in Recipe::in_turn(&contended, &leaders) {
-            runs.push(run(recipe, clients, plan.contended, &leaders).await?);
+            runs.push(run(recipe, clients, plan.contended, &leaders, Duration::ZERO).await?);
         }
     }
     // The sweep: how the handoff rates move with the client count (concurrency.Mutex, whose
@@ -688,16 +718,37 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
     ];
     for &clients in &plan.sweep {
         for recipe in Recipe::in_turn(&swept, &leaders) {
-            runs.push(run(recipe, clients, plan.sweep_window, &leaders).await?);
+            let window = plan.sweep_window;
+            runs.push(run(recipe, clients, window, &leaders, Duration::ZERO).await?);
         }
     }
-    runs.push(run(Recipe::VigilShared, 32, plan.contended, &leaders).await?);
+    // Locks that guard work: each holder keeps the lock for a while.
+    let held = [
+        Recipe::VigilFair,
+        Recipe::EtcdV3Lock,
+        Recipe::VigilLock,
+        Recipe::ConsulLock,
+    ];
+    for hold in HOLDS {
+        for recipe in Recipe::in_turn(&held, &leaders) {
+            runs.push(run(recipe, HELD_CLIENTS, plan.contended, &leaders, hold).await?);
+        }
+    }
+    let shared = run(
+        Recipe::VigilShared,
+        32,
+        plan.contended,
+        &leaders,
+        Duration::ZERO,
+    );
+    runs.push(shared.await?);
     Ok(outcome(runs))
 }
 
-fn find(runs: &[LockRun], recipe: Recipe, clients: usize) -> Option<&LockRun> {
+/// The run of `recipe` with `clients` contenders holding the lock `hold_ms` (0: one yield).
+fn find(runs: &[LockRun], recipe: Recipe, clients: usize, hold_ms: u64) -> Option<&LockRun> {
     runs.iter()
-        .find(|r| r.recipe == recipe && r.clients == clients)
+        .find(|r| r.recipe == recipe && r.clients == clients && r.hold_ms == hold_ms)
 }
 
 /// The runs being compared: a Vigil recipe's, an etcd recipe's and Consul's run of the Vigil
@@ -708,6 +759,9 @@ type Trio<'a> = (
     Option<&'a LockRun>,
 );
 
+/// One figure of a run, where it has one.
+type Figure = fn(&LockRun) -> Option<f64>;
+
 /// A row comparing one figure of a pair of runs, with Consul's run of the same recipe when
 /// there is one.
 fn compare(
@@ -716,7 +770,7 @@ fn compare(
     metric: &str,
     better: Better,
     (vigil, etcd, consul): Trio<'_>,
-    figure: fn(&LockRun) -> Option<f64>,
+    figure: Figure,
 ) -> Row {
     let vigil = vigil.and_then(figure);
     let etcd = etcd.and_then(figure);
@@ -729,14 +783,15 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
         Recipe::VigilLock => Some(Recipe::ConsulLock),
         _ => None,
     };
-    let pair = |vigil: Recipe, etcd: Recipe, clients: usize| -> Trio<'_> {
+    let held = |vigil: Recipe, etcd: Recipe, clients: usize, hold_ms: u64| -> Trio<'_> {
         (
-            find(&runs, vigil, clients),
-            find(&runs, etcd, clients),
-            consul_of(vigil).and_then(|c| find(&runs, c, clients)),
+            find(&runs, vigil, clients, hold_ms),
+            find(&runs, etcd, clients, hold_ms),
+            consul_of(vigil).and_then(|c| find(&runs, c, clients, hold_ms)),
         )
     };
-    let rate: fn(&LockRun) -> Option<f64> = |r| Some(r.per_second);
+    let pair = |vigil: Recipe, etcd: Recipe, clients: usize| held(vigil, etcd, clients, 0);
+    let rate: Figure = |r| Some(r.per_second);
     let (higher, lower) = (Better::Higher, Better::Lower);
     let mut rows = Vec::new();
     let uncontended = pair(Recipe::VigilSession, Recipe::EtcdMutex, 1);
@@ -864,9 +919,40 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             |r| r.woken_per_acquisition,
         ));
     }
+    for hold in HOLDS.map(|h| h.as_millis() as u64) {
+        let id = |metric: &str| format!("lock_held.h{hold}.{metric}");
+        let workload = format!("Lock with a {hold} ms hold, {HELD_CLIENTS} clients");
+        let fair = held(Recipe::VigilFair, Recipe::EtcdV3Lock, HELD_CLIENTS, hold);
+        let consul_style = held(Recipe::VigilLock, Recipe::EtcdV3Lock, HELD_CLIENTS, hold);
+        let figures: [(&str, &str, Better, Figure); 4] = [
+            ("rate", "handoffs/s", higher, rate),
+            ("p50", "acquire p50 (ms)", lower, |r| Some(r.acquire.p50_ms)),
+            ("p99", "acquire p99 (ms)", lower, |r| Some(r.acquire.p99_ms)),
+            ("p999", "acquire p99.9 (ms)", lower, |r| {
+                Some(r.acquire.p999_ms)
+            }),
+        ];
+        for (name, metric, better, figure) in figures {
+            let metric = |what: &str| format!("{what} vs v3lock: {metric}");
+            let vs_fair = (
+                id(&format!("fair_vs_v3lock.{name}")),
+                metric("fair mutex"),
+                fair,
+            );
+            let vs_lock = (
+                id(&format!("lock_vs_v3lock.{name}")),
+                metric("Consul-style lock"),
+                consul_style,
+            );
+            for (id, metric, runs) in [vs_fair, vs_lock] {
+                let row = compare(id, &workload, &metric, better, runs, figure);
+                rows.push(row.with_note(HOLD_NOTE));
+            }
+        }
+    }
     let mut counts: Vec<usize> = runs
         .iter()
-        .filter(|r| r.recipe == Recipe::EtcdV3Lock)
+        .filter(|r| r.recipe == Recipe::EtcdV3Lock && r.hold_ms == 0)
         .map(|r| r.clients)
         .collect();
     counts.sort_unstable();
@@ -901,8 +987,8 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             row.note = Some(UNCONTENDED_NOTE.to_owned());
         }
     }
-    let shared = find(&runs, Recipe::VigilShared, 32).map(|r| r.per_second);
-    let exclusive = find(&runs, Recipe::VigilFair, 32).map(|r| r.per_second);
+    let shared = find(&runs, Recipe::VigilShared, 32, 0).map(|r| r.per_second);
+    let exclusive = find(&runs, Recipe::VigilFair, 32, 0).map(|r| r.per_second);
     rows.push(Row::vigil_only(
         "lock_shared.c32.vs_exclusive",
         "Shared lock, 32 readers (RwLock read vs FairMutex, 32 clients each)",
@@ -915,6 +1001,7 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
         title: "Locks, every recipe".to_owned(),
         header: [
             "clients",
+            "hold ms",
             "recipe",
             "acquisitions/s",
             "acquire p50 ms",
@@ -931,6 +1018,7 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             .map(|r| {
                 vec![
                     r.clients.to_string(),
+                    r.hold_ms.to_string(),
                     r.recipe.label().to_owned(),
                     num(r.per_second),
                     num(r.acquire.p50_ms),
@@ -960,7 +1048,7 @@ mod tests {
         let exclusion = Exclusion::default();
         for c in 0..5 {
             let token = (c % 3 != 1).then_some(10 + c as u64);
-            exclusion.hold(c % 2, token).await;
+            exclusion.hold(c % 2, token, Duration::ZERO).await;
         }
         exclusion.verdict(Recipe::VigilFair, 5).unwrap();
     }
@@ -971,7 +1059,9 @@ mod tests {
     async fn two_holders_at_once_fail_the_run() {
         let exclusion = Arc::new(Exclusion::default());
         let (a, b) = (exclusion.clone(), exclusion.clone());
-        tokio::join!(a.hold(0, Some(1)), b.hold(1, Some(2)));
+        // Each holds the lock for a millisecond, as the runs with a hold do.
+        let work = HOLDS[0];
+        tokio::join!(a.hold(0, Some(1), work), b.hold(1, Some(2), work));
         let error = exclusion.verdict(Recipe::ConsulLock, 2).unwrap_err();
         let text = error.to_string();
         assert!(text.contains("1 grants while held"), "{text}");
@@ -985,7 +1075,7 @@ mod tests {
     async fn a_token_going_backwards_fails_the_run() {
         let exclusion = Exclusion::default();
         for (c, token) in [(0, 5), (1, 7), (0, 7), (1, 6)] {
-            exclusion.hold(c, Some(token)).await;
+            exclusion.hold(c, Some(token), Duration::ZERO).await;
         }
         let text = exclusion
             .verdict(Recipe::EtcdMutex, 4)

@@ -115,6 +115,12 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   are; the ratio measures that floor and shrinks as clients are added. A full run also sweeps
   the client count (1, 2, 4, 16 besides 8 and 32, 3 s windows) for the fair mutex, v3lock and
   the Consul-style lock on Vigil and Consul, so the rows show how each rate moves with it.
+- **Locks that guard work**: the same loop with 8 clients, each holder keeping the lock 1 ms
+  or 10 ms (a sleep between reading and writing back the shared counter below): handoffs/s
+  and acquire p50, p99 and p99.9 for the fair mutex and the Consul-style lock against
+  v3lock, Consul's Consul-style lock beside them. The hold caps every system alike (8
+  contenders holding 10 ms hand over at most 100 times a second), so these rows show what is
+  left of each system's overhead once the lock guards real work, and its tail.
 - **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
   each holder reads a counter the harness shares between contenders, yields, and writes it
   back one higher; its grant must not come while another contender holds the lock, the counter
