@@ -160,8 +160,11 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   leader answers; etcd: a `put` from a client of all three members, tried again after 1 s
   without an answer; Consul: a `PUT` to a surviving server, which forwards it to the leader
   once there is one, Consul's defaults timing the election: `raft_multiplier` 5, a 5 s
-  heartbeat timeout); the killed one then restarts from its data directory. Median of 3
-  rounds in each repetition.
+  heartbeat timeout), and → the first lock a client asked for right after the kill is granted,
+  on a key nobody holds, with a session (etcd: a lease) made before the kill (Vigil and
+  Consul: `?acquire` through the same client as the write; etcd: a v3lock `Lock` from a client
+  of all three members, tried again after 1 s); the killed one then restarts from its data
+  directory. Median of 3 rounds in each repetition.
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
   server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
 "#;
