@@ -53,6 +53,24 @@ struct Round {
     lock: Duration,
 }
 
+impl Round {
+    /// One round's figures, printed as they come; `system` names who was measured.
+    fn logged(system: &str, leader: Duration, write: Duration, lock: Duration) -> Round {
+        eprintln!(
+            "  {system}: kill -9 of the leader → new leader {:.2} s, first write {:.2} s, first \
+             lock {:.2} s",
+            leader.as_secs_f64(),
+            write.as_secs_f64(),
+            lock.as_secs_f64()
+        );
+        Round {
+            leader,
+            write,
+            lock,
+        }
+    }
+}
+
 /// The lock key of round `round`: a fresh one each round, so no lock-delay applies.
 fn lock_key(round: usize) -> String {
     format!("bench/failover-lock/{round}")
@@ -75,18 +93,12 @@ async fn vigil(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
         systems.vigil.leader_within(ELECTION_LIMIT).await;
         let leader = killed.elapsed();
         let (write, lock) = (write.await??, lock.await??);
-        eprintln!(
-            "  Vigil: kill -9 of the leader → new leader {:.2} s, first write through a client \
-             agent {:.2} s, first lock {:.2} s",
-            leader.as_secs_f64(),
-            write.as_secs_f64(),
-            lock.as_secs_f64()
-        );
-        results.push(Round {
+        results.push(Round::logged(
+            "Vigil (through a client agent)",
             leader,
             write,
             lock,
-        });
+        ));
         systems.vigil.restart(old).await;
         systems.vigil.leader().await;
         writer.session_destroy(&session).await?;
@@ -183,18 +195,7 @@ async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round
         // Only a running server is ever reported as the leader.
         let leader = new_leader(killed, "Consul", || consul.leader().map(|l| l.is_ok())).await?;
         let (write, lock) = (write.await??, lock.await??);
-        eprintln!(
-            "  Consul: kill -9 of the leader → new leader {:.2} s, first write {:.2} s, first \
-             lock {:.2} s",
-            leader.as_secs_f64(),
-            write.as_secs_f64(),
-            lock.as_secs_f64()
-        );
-        results.push(Round {
-            leader,
-            write,
-            lock,
-        });
+        results.push(Round::logged("Consul", leader, write, lock));
         consul.restart_killed().await?;
         writer.session_destroy(&session).await?;
     }
@@ -243,18 +244,7 @@ async fn etcd(systems: &mut Systems, rounds: usize) -> Result<Vec<Round>> {
         let leader =
             new_leader(killed, "etcd", || etcd.leader_endpoint().map(|l| l.is_ok())).await?;
         let (write, lock) = (write.await??, lock.await??);
-        eprintln!(
-            "  etcd: kill -9 of the leader → new leader {:.2} s, first write {:.2} s, first lock \
-             {:.2} s",
-            leader.as_secs_f64(),
-            write.as_secs_f64(),
-            lock.as_secs_f64()
-        );
-        results.push(Round {
-            leader,
-            write,
-            lock,
-        });
+        results.push(Round::logged("etcd", leader, write, lock));
         systems.etcd.restart_killed().await?;
     }
     Ok(results)
