@@ -90,6 +90,20 @@ fn built_binary(name: &str) -> std::path::PathBuf {
     }
 }
 
+/// Whether `name` is one of the variables Cargo sets for a package's binaries and tests (not
+/// one that configures Cargo itself).
+fn is_package_variable(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+        )
+}
+
 /// Builds the agent binary beside the running program when it runs under Cargo (a no-op when
 /// fresh: `cargo run --bin X` builds only X), in the same profile; returns its path.
 pub fn build_agent() -> anyhow::Result<std::path::PathBuf> {
@@ -104,6 +118,14 @@ pub fn build_agent() -> anyhow::Result<std::path::PathBuf> {
         ]);
         if !cfg!(debug_assertions) {
             build.arg("--release");
+        }
+        // Cargo hands the package's own variables to what it runs; a build script that reruns
+        // when one changes (ring's, on `CARGO_MANIFEST_DIR`) made this build and the next
+        // outer one each rebuild ring and everything on it, every run.
+        for (name, _) in std::env::vars_os() {
+            if name.to_str().is_some_and(is_package_variable) {
+                build.env_remove(name);
+            }
         }
         let status = build.status()?;
         anyhow::ensure!(status.success(), "building vigil-under-test failed");
