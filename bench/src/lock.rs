@@ -37,7 +37,7 @@ use vigil_client::{
 use super::etcd::connect;
 use super::etcd_concurrency::{self, Counters, Session};
 use super::load::{self, Latency, Window, histogram};
-use super::machine::{Meter, Usage, micros};
+use super::machine::{Meter, Usage, micros, millis};
 use super::report::{Better, Outcome, Row, Table, num};
 use super::{Leaders, Plan, System, Systems};
 
@@ -561,9 +561,10 @@ async fn run(
     hold: Duration,
 ) -> Result<LockRun> {
     let etcd = recipe.system() == System::Etcd;
+    let hold_ms = millis(hold);
     let setup = Setup {
         recipe,
-        lock: format!("bench/lock/{recipe:?}/{clients}/{}", hold.as_millis()),
+        lock: format!("bench/lock/{recipe:?}/{clients}/{hold_ms}"),
         vigil_addr: leaders.vigil_addr,
         etcd_endpoint: leaders.etcd_endpoint.clone(),
         consul_addr: leaders.consul.as_ref().map(|(addr, _)| addr.clone()),
@@ -584,10 +585,10 @@ async fn run(
     let pids = leaders
         .pids(recipe.system())
         .with_context(|| format!("no {} cluster for {recipe:?}", recipe.system()))?;
-    let held = if hold.is_zero() {
+    let held = if hold_ms == 0 {
         String::new()
     } else {
-        format!(", {} ms hold", hold.as_millis())
+        format!(", {hold_ms} ms hold")
     };
     let meter = Meter::start(
         format!("{}, {}{held}", recipe.label(), load::clients(clients)),
@@ -663,7 +664,7 @@ async fn run(
     Ok(LockRun {
         recipe,
         clients,
-        hold_ms: u64::try_from(hold.as_millis()).unwrap_or(u64::MAX),
+        hold_ms,
         acquisitions,
         per_second: acquisitions as f64 / window.measure.as_secs_f64(),
         acquire: Latency::of(&acquire),
@@ -919,7 +920,7 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
             |r| r.woken_per_acquisition,
         ));
     }
-    for hold in HOLDS.map(|h| h.as_millis() as u64) {
+    for hold in HOLDS.map(millis) {
         let id = |metric: &str| format!("lock_held.h{hold}.{metric}");
         let workload = format!("Lock with a {hold} ms hold, {HELD_CLIENTS} clients");
         let fair = held(Recipe::VigilFair, Recipe::EtcdV3Lock, HELD_CLIENTS, hold);

@@ -136,6 +136,10 @@ pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 /// A `Key: <number> kB`-style field of a `/proc` status file.
 fn status_field(text: &str, key: &str) -> Option<u64> {
     text.lines()

@@ -1,7 +1,7 @@
 //! Named gossip timing profiles: every SWIM and driver number in one place, each with its reason.
 //! `Lan` is for real deployments (memberlist's `DefaultLANConfig` numbers, as foca's
-//! `Config::new_lan`, with faster probes), `Local` is for loopback tests and simulations. Nothing else in the gossip
-//! subsystem hard-codes a duration.
+//! `Config::new_lan`, with faster probes), `Local` is for loopback tests and simulations.
+//! Nothing else in the gossip subsystem hard-codes a duration.
 
 use std::num::{NonZeroU8, NonZeroUsize};
 use std::time::Duration;
