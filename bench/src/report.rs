@@ -223,14 +223,10 @@ impl Row {
         }
         let of = |figure: fn(&Row) -> Option<f64>| {
             let values: Vec<f64> = runs.iter().filter_map(|r| figure(r)).collect();
-            let range =
-                values
-                    .iter()
-                    .copied()
-                    .fold(None, |range: Option<[f64; 2]>, v| match range {
-                        None => Some([v, v]),
-                        Some([lo, hi]) => Some([f64::min(lo, v), f64::max(hi, v)]),
-                    });
+            let range = values
+                .iter()
+                .map(|&v| [v, v])
+                .reduce(|[lo, hi], [v, _]| [lo.min(v), hi.max(v)]);
             (median(values), range)
         };
         let (vigil, vigil_range) = of(|r| r.vigil);
