@@ -58,7 +58,7 @@ const UNCONTENDED_NOTE: &str = "An uncontended etcd lock cycle is two raft write
     after compacting etcd (31-36% in the same phase).";
 
 /// The caveat beside every contended ratio against etcd.
-const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
+pub const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
     the client) learn of a release through a watch started at the revision they last read; \
     etcd files such a watch as unsynced and catches unsynced watches up once every 100 ms. So \
     each waiter that re-queues waits for that tick, and etcd hands the lock over about once \
@@ -553,7 +553,7 @@ impl Tally {
 }
 
 /// Runs one recipe with `clients` contenders on a fresh lock, each holding it for `hold`.
-async fn run(
+pub async fn run(
     recipe: Recipe,
     clients: usize,
     window: Window,
