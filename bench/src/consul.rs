@@ -189,6 +189,21 @@ impl ConsulCluster {
         Ok((http, pid.context("the Consul client agent is not running")?))
     }
 
+    /// `kill -9`s the client agent whose HTTP address is `http`, and waits for it to exit.
+    pub async fn kill9_client(&mut self, http: &str) -> Result<()> {
+        let agent = self
+            .clients
+            .iter_mut()
+            .find(|c| c.http == http)
+            .with_context(|| format!("no Consul client agent at {http}"))?;
+        let mut child = agent
+            .child
+            .take()
+            .context("the client agent is not running")?;
+        child.kill().await?;
+        Ok(())
+    }
+
     async fn wait_for_leader(&self) -> Result<()> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
