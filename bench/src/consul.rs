@@ -196,12 +196,7 @@ impl ConsulCluster {
             .iter_mut()
             .find(|c| c.http == http)
             .with_context(|| format!("no Consul client agent at {http}"))?;
-        let mut child = agent
-            .child
-            .take()
-            .context("the client agent is not running")?;
-        child.kill().await?;
-        Ok(())
+        agent.kill9("the client agent").await
     }
 
     async fn wait_for_leader(&self) -> Result<()> {
@@ -271,12 +266,7 @@ impl ConsulCluster {
             .iter_mut()
             .find(|s| s.http == http)
             .context("the Consul leader is not a server")?;
-        let mut child = server
-            .child
-            .take()
-            .context("the Consul leader is not running")?;
-        child.kill().await?;
-        Ok(())
+        server.kill9("the Consul leader").await
     }
 
     /// Starts every killed server again from its data directory and waits until all servers
@@ -299,6 +289,16 @@ impl ConsulCluster {
 }
 
 impl Server {
+    /// `kill -9`s the process and waits for it to exit; `what` names it in the error.
+    async fn kill9(&mut self, what: &str) -> Result<()> {
+        let mut child = self
+            .child
+            .take()
+            .with_context(|| format!("{what} is not running"))?;
+        child.kill().await?;
+        Ok(())
+    }
+
     /// Starts the server process, its output appended to its log.
     fn spawn(&mut self) -> Result<()> {
         let output = std::fs::OpenOptions::new()

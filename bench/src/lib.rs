@@ -242,7 +242,7 @@ impl Plan {
                 sweep_window: window(300, 2_000),
                 session: window(300, 1_500),
                 idle_sessions: 2_000,
-                idle_window: Duration::from_secs(10),
+                idle_window: Duration::from_secs(5),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
                 failure_rounds: 3,

@@ -141,7 +141,7 @@ fan-out, failure detection of a killed client agent, leader failover and footpri
   servers' CPU (user + system from `/proc/PID/stat`, the three added up) over a 20 s window
   once every session has been renewed, less their CPU over an idle 20 s window before any
   session existed: in % of one core, and per renewal answered in the window. A renewal that
-  finds its session gone fails the run. (`--quick`: 2,000 sessions, 10 s windows.)
+  finds its session gone fails the run. (`--quick`: 2,000 sessions, 5 s windows.)
 - **Through a client agent** (Vigil, Consul; etcd has no agent): a client agent (a
   non-server agent joined to the cluster) is added to each cluster, and KV puts (1 and 64
   clients), the uncontended `?acquire`/`?release` cycle (sessions made on the agent) and the
