@@ -75,8 +75,10 @@ can be installed here without downloading from HashiCorp; `scripts/install-consu
 it (root, and Debian's bullseye archive reachable), and without it the run says so and leaves
 the column empty. Consul is measured where it speaks Vigil's API with the same client code: KV
 puts and reads (on the leader and through a client agent), sessions and their renewal cost,
-the `?acquire`/`?release` and Consul-style locks (its own Go client's algorithm), blocking-query
-fan-out, failure detection of a killed client agent, leader failover and footprint. It has no server-side lock queue, so the fair-mutex rows have no Consul figure.
+the `?acquire`/`?release` and Consul-style locks and semaphore (its own Go client's
+algorithms), blocking-query fan-out, failure detection of a killed client agent, leader
+failover and footprint. It has no server-side lock queue, so the fair-mutex rows have no
+Consul figure.
 
 ## What each workload measures
 
@@ -123,6 +125,11 @@ fan-out, failure detection of a killed client agent, leader failover and footpri
   v3lock, Consul's Consul-style lock beside them. The hold caps every system alike (8
   contenders holding 10 ms hand over at most 100 times a second), so these rows show what is
   left of each system's overhead once the lock guards real work, and its tail.
+- **Semaphore** (Vigil, Consul; etcd has none): 16 clients looping acquire → release on a
+  semaphore of limit 4, by the client library's `Semaphore` (the algorithm of Consul's Go
+  `api.Semaphore`: a contender key per session, the holders listed in `<prefix>/.lock` and
+  changed by check-and-set), each client reusing one session: acquisitions/s and acquire p50.
+  A run in which more than 4 ever held it at once fails.
 - **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
   each holder reads a counter the harness shares between contenders, yields, and writes it
   back one higher; its grant must not come while another contender holds the lock, the counter
