@@ -244,7 +244,7 @@ fn outcome(v: Measured, e: Direct, c: Option<Measured>) -> Outcome {
             Some(fair.agent.per_second),
             Some(e.v3lock.per_second),
         );
-        rows.push(row.with_note(RESYNC_NOTE));
+        rows.push(row.with_note(&format!("{NOTE} {RESYNC_NOTE}")));
     }
     let mut table_rows = Vec::new();
     for (name, m) in [("Vigil", Some(&v)), ("Consul", c.as_ref())] {
