@@ -13,6 +13,9 @@
 //!   with its own connection. The `FairMutex` runs without a holder monitor: like etcd's
 //!   recipes, a contender learns of a lost lock from its session.
 //! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
+//! - Semaphore, 16 clients on a limit of 4: the client library's Consul-style `Semaphore` on
+//!   Vigil and on Consul (etcd has none), each contender with one long-lived session; a run in
+//!   which more than the limit hold it at once fails ([`Occupancy`]).
 //!
 //! Every exclusive run also checks what a lock is for ([`Exclusion`]): no grant while another
 //! contender holds the lock, no lost update of a counter each holder reads and later writes
