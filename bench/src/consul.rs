@@ -1,13 +1,13 @@
 //! A 3-server Consul 1.8.7 cluster on 127.0.0.1, the benchmark's third column where Consul
 //! speaks the same HTTP API as Vigil: Debian bullseye's `consul` (installed by
 //! `scripts/install-consul.sh` to `/usr/local/bin/consul`), default settings (its raft log
-//! fsyncs every commit), each server with its own HTTP, RPC and gossip ports (DNS and gRPC off)
+//! fsyncs every commit) but no cap on HTTP connections from one address, each server with its own HTTP, RPC and gossip ports (DNS and gRPC off)
 //! and a data directory in a temporary directory. Servers are child processes killed when the
 //! cluster is dropped; their logs go to files in the directory and are shown when start fails.
 //! Vigil's client library talks to it unchanged, so every Consul figure is measured by the same
 //! client code as Vigil's.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -26,7 +26,7 @@ pub const BINARY: &str = "/usr/local/bin/consul";
 /// three to join, then for its own timers).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// One `consul agent -server`.
+/// One `consul agent -server` (or a client agent, which has no RPC address).
 struct Server {
     args: Vec<String>,
     /// `None` once killed by [`ConsulCluster::kill9_leader`].
@@ -38,10 +38,48 @@ struct Server {
     log: PathBuf,
 }
 
-/// Three servers forming one cluster; see the module documentation.
+/// Three servers forming one cluster, and the client agents joined to it; see the module
+/// documentation.
 pub struct ConsulCluster {
     servers: Vec<Server>,
-    _dir: TempDir,
+    /// Client agents (`consul agent` without `-server`), each joined to every server.
+    clients: Vec<Server>,
+    /// The servers' gossip (Serf LAN) ports, which client agents join.
+    lan: Vec<u16>,
+    dir: TempDir,
+}
+
+/// The arguments every agent takes: its node name, data directory and loopback ports (DNS and
+/// gRPC off), and no cap on HTTP connections from one address (Consul's default is 200; the
+/// watch fan-out opens a connection per watcher from 127.0.0.2).
+fn agent_args(dir: &Path, node: &str, http: u16, lan: u16) -> Vec<String> {
+    let data_dir = dir.join(format!("{node}-data"));
+    [
+        "agent",
+        "-node",
+        node,
+        "-data-dir",
+        &data_dir.to_string_lossy(),
+        "-bind",
+        "127.0.0.1",
+        "-client",
+        "127.0.0.1",
+        "-http-port",
+        &http.to_string(),
+        "-serf-lan-port",
+        &lan.to_string(),
+        "-dns-port",
+        "-1",
+        "-grpc-port",
+        "-1",
+        "-log-level",
+        "warn",
+        "-hcl",
+        "limits { http_max_conns_per_client = 0 }",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect()
 }
 
 impl ConsulCluster {
@@ -74,38 +112,19 @@ impl ConsulCluster {
         let (lan, wan) = rest.split_at(n);
         let mut servers = Vec::new();
         for i in 0..n {
-            let data_dir = dir.path().join(format!("c{i}-data"));
-            let mut args: Vec<String> = [
-                "agent",
-                "-server",
-                "-bootstrap-expect",
-                &n.to_string(),
-                "-node",
-                &format!("c{i}"),
-                "-data-dir",
-                &data_dir.to_string_lossy(),
-                "-bind",
-                "127.0.0.1",
-                "-client",
-                "127.0.0.1",
-                "-http-port",
-                &http[i].to_string(),
-                "-server-port",
-                &rpc[i].to_string(),
-                "-serf-lan-port",
-                &lan[i].to_string(),
-                "-serf-wan-port",
-                &wan[i].to_string(),
-                "-dns-port",
-                "-1",
-                "-grpc-port",
-                "-1",
-                "-log-level",
-                "warn",
-            ]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
+            let mut args = agent_args(dir.path(), &format!("c{i}"), http[i], lan[i]);
+            args.extend(
+                [
+                    "-server",
+                    "-bootstrap-expect",
+                    &n.to_string(),
+                    "-server-port",
+                    &rpc[i].to_string(),
+                    "-serf-wan-port",
+                    &wan[i].to_string(),
+                ]
+                .map(str::to_owned),
+            );
             for (_, port) in lan.iter().enumerate().filter(|(j, _)| *j != i) {
                 args.extend(["-retry-join".to_owned(), format!("127.0.0.1:{port}")]);
             }
@@ -119,12 +138,65 @@ impl ConsulCluster {
             server.spawn()?;
             servers.push(server);
         }
-        let cluster = ConsulCluster { servers, _dir: dir };
+        let cluster = ConsulCluster {
+            servers,
+            clients: Vec::new(),
+            lan: lan.to_vec(),
+            dir,
+        };
         if let Err(e) = cluster.wait_for_leader().await {
             let logs = cluster.servers.iter().map(|s| s.log.as_path());
             return Err(with_log_tails(e, logs));
         }
         Ok(cluster)
+    }
+
+    /// Starts a client agent joined to every server and waits until a write through it
+    /// succeeds; its HTTP address and process ID.
+    pub async fn add_client(&mut self) -> Result<(String, u32)> {
+        let [http, lan] = free_tcp_ports(2)?[..] else {
+            bail!("two free ports");
+        };
+        let node = format!("cc{}", self.clients.len());
+        let mut args = agent_args(self.dir.path(), &node, http, lan);
+        for port in &self.lan {
+            args.extend(["-retry-join".to_owned(), format!("127.0.0.1:{port}")]);
+        }
+        let mut client = Server {
+            args,
+            child: None,
+            http: format!("127.0.0.1:{http}"),
+            rpc: String::new(),
+            log: self.dir.path().join(format!("{node}.log")),
+        };
+        client.spawn()?;
+        let (http, log) = (client.http.clone(), client.log.clone());
+        let pid = client.child.as_ref().and_then(Child::id);
+        self.clients.push(client);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let agent = Client::new(&http)?;
+        loop {
+            match agent.kv_put("bench/ready", b"1", 0).await {
+                Ok(true) => break,
+                Ok(false) => bail!("Consul's client agent refused a plain put"),
+                Err(e) if Instant::now() >= deadline => {
+                    let e = anyhow::Error::new(e).context("Consul's client agent took no write");
+                    return Err(with_log_tails(e, std::iter::once(log.as_path())));
+                }
+                Err(_) => sleep(Duration::from_millis(200)).await,
+            }
+        }
+        Ok((http, pid.context("the Consul client agent is not running")?))
+    }
+
+    /// `kill -9`s the client agent whose HTTP address is `http`, and waits for it to exit.
+    pub async fn kill9_client(&mut self, http: &str) -> Result<()> {
+        let agent = self
+            .clients
+            .iter_mut()
+            .find(|c| c.http == http)
+            .with_context(|| format!("no Consul client agent at {http}"))?;
+        agent.kill9("the client agent").await
     }
 
     async fn wait_for_leader(&self) -> Result<()> {
@@ -194,12 +266,7 @@ impl ConsulCluster {
             .iter_mut()
             .find(|s| s.http == http)
             .context("the Consul leader is not a server")?;
-        let mut child = server
-            .child
-            .take()
-            .context("the Consul leader is not running")?;
-        child.kill().await?;
-        Ok(())
+        server.kill9("the Consul leader").await
     }
 
     /// Starts every killed server again from its data directory and waits until all servers
@@ -213,7 +280,8 @@ impl ConsulCluster {
 
     /// Kills every server and waits for them to exit; the data directories go with `self`.
     pub async fn stop(mut self) {
-        for child in self.servers.iter_mut().filter_map(|s| s.child.as_mut()) {
+        let agents = self.servers.iter_mut().chain(&mut self.clients);
+        for child in agents.filter_map(|s| s.child.as_mut()) {
             // Already gone is fine: this is cleanup.
             let _ = child.kill().await;
         }
@@ -221,6 +289,16 @@ impl ConsulCluster {
 }
 
 impl Server {
+    /// `kill -9`s the process and waits for it to exit; `what` names it in the error.
+    async fn kill9(&mut self, what: &str) -> Result<()> {
+        let mut child = self
+            .child
+            .take()
+            .with_context(|| format!("{what} is not running"))?;
+        child.kill().await?;
+        Ok(())
+    }
+
     /// Starts the server process, its output appended to its log.
     fn spawn(&mut self) -> Result<()> {
         let output = std::fs::OpenOptions::new()

@@ -22,6 +22,9 @@
 //!   renews), the shortest TTL that, like Vigil's `lan` profile, survives a 2 s pause of the
 //!   holder. Victims die (keep-alives stop, connection closes: what a kill does to them) spread
 //!   evenly over one keep-alive period; the time until the lock key is deleted is measured.
+//! - Consul, where it runs: as Vigil's kill rounds, with a Consul client agent holding the lock
+//!   through a session bound to its `serfHealth` (lock-delay 0), at Consul's default gossip
+//!   timing; `Plan::failure_rounds` rounds (each waits out Consul's suspicion, several seconds).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -31,7 +34,7 @@ use anyhow::{Context, Result, bail};
 use etcd_client::{EventType, LockOptions, WatchOptions};
 use serde_json::json;
 use tokio::time::{Instant, sleep, sleep_until};
-use vigil_client::Client;
+use vigil_client::{Client, SessionRequest};
 
 use super::etcd::connect;
 use super::etcd_concurrency::{Counters, Session};
@@ -285,6 +288,59 @@ async fn vigil_stalls(systems: &mut Systems, rounds: usize) -> Result<Stalls> {
     })
 }
 
+/// Beside the kill row's Consul figure.
+const CONSUL_NOTE: &str = "Consul: a client agent holding the lock with a session bound to its \
+    serfHealth (lock-delay 0) is killed with kill -9, and a server's client polls with \
+    ?acquire until it gets the lock; Consul's servers notice through gossip at its defaults (a \
+    1 s probe interval, then a suspicion of at least 4 s) and invalidate the session. Its \
+    figure is the median of the rounds of the silent row (3 per repetition), not of the 10 \
+    kill rounds: each takes Consul's suspicion.";
+
+/// Consul's kill → lock free, per round (`None` without a Consul cluster).
+async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Duration>>> {
+    let Some(consul) = systems.consul.as_mut() else {
+        return Ok(None);
+    };
+    let (server, _) = consul.leader().await?;
+    let observer = Client::new(&server)?;
+    let session = |name: &str| SessionRequest {
+        name: name.to_owned(),
+        lock_delay: Some(Duration::ZERO),
+        ..SessionRequest::default()
+    };
+    let taker = observer.session_create(&session("taker")).await?;
+    let key = "bench/failure-detection";
+    let mut results = Vec::new();
+    for _ in 0..rounds {
+        let (http, _) = consul.add_client().await?;
+        let agent = Client::new(&http)?;
+        let victim = agent.session_create(&session("victim")).await?;
+        if !agent.kv_acquire(key, b"held", 0, &victim).await?.acquired {
+            bail!("the Consul victim could not take the lock");
+        }
+        consul.kill9_client(&http).await?;
+        let killed = Instant::now();
+        while !observer
+            .kv_acquire(key, b"taken", 0, &taker)
+            .await?
+            .acquired
+        {
+            if killed.elapsed() > DETECT_LIMIT {
+                bail!("Consul did not free the lock within {DETECT_LIMIT:?}");
+            }
+            sleep(POLL).await;
+        }
+        let free = killed.elapsed();
+        eprintln!("  Consul: kill → lock free {:.2} s", free.as_secs_f64());
+        results.push(free);
+        if !observer.kv_release(key, b"free", 0, &taker).await? {
+            bail!("the taker could not release the Consul lock");
+        }
+    }
+    observer.session_destroy(&taker).await?;
+    Ok(Some(results))
+}
+
 /// Kill → lock free, per victim.
 async fn etcd(endpoint: &str, victims: usize) -> Result<Vec<Duration>> {
     let counters = Arc::new(Counters::default());
@@ -347,8 +403,14 @@ async fn etcd(endpoint: &str, victims: usize) -> Result<Vec<Duration>> {
 
 pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
     let (rounds, kills) = (plan.failure_rounds, plan.kill_rounds);
-    // etcd's rounds before or after Vigil's, in this repetition's order.
+    // etcd's and Consul's rounds before or after Vigil's, in this repetition's order.
     let etcd_first = System::Etcd.turn() < System::Vigil.turn();
+    let consul_first = System::Consul.turn() < System::Vigil.turn();
+    let mut c = if consul_first {
+        consul(systems, rounds).await?
+    } else {
+        None
+    };
     let leaders = systems.leaders().await?;
     let mut e = if etcd_first {
         etcd(&leaders.etcd_endpoint, kills).await?
@@ -365,6 +427,10 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         let leaders = systems.leaders().await?;
         e = etcd(&leaders.etcd_endpoint, kills).await?;
     }
+    if !consul_first {
+        c = consul(systems, rounds).await?;
+    }
+    let c_free = c.as_ref().map(|c| median(c.clone()).as_secs_f64());
     let secs = |d: &Duration| d.as_secs_f64();
     let v_critical: Vec<Duration> = v.iter().map(|r| r.0).collect();
     let v_free: Vec<Duration> = v.iter().map(|r| r.1).collect();
@@ -379,6 +445,7 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
         "vigil_starvation_skipped": starvation_skipped,
         "etcd_lease_ttl_s": ETCD_TTL.as_secs(),
         "etcd_kill_to_free_s": e.iter().map(secs).collect::<Vec<_>>(),
+        "consul_kill_to_free_s": c.as_ref().map(|c| c.iter().map(secs).collect::<Vec<_>>()),
     });
     let critical = secs(&median(v_critical));
     let tail = |p| {
@@ -398,7 +465,9 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             Better::Lower,
             Some(v_free),
             Some(e_free),
-        ),
+        )
+        .with_consul(c_free)
+        .with_note(CONSUL_NOTE),
         Row::new(
             "failure.lock_free.p90",
             format!("Failure detection: holder killed, p90 of {kills}"),
@@ -441,7 +510,7 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             Some(stalls as f64),
         ),
     ];
-    let table = Table {
+    let mut table = Table {
         title: format!("Failure detection (median of {rounds}; kills: of {kills})"),
         header: [
             "system",
@@ -476,6 +545,16 @@ pub async fn workload(systems: &mut Systems, plan: &Plan) -> Result<Outcome> {
             ],
         ],
     };
+    if let Some(free) = c_free {
+        table.rows.push(vec![
+            "Consul".to_owned(),
+            "gossip (defaults): serfHealth critical, the node's sessions invalidated".to_owned(),
+            "—".to_owned(),
+            num(free),
+            "—".to_owned(),
+            "—".to_owned(),
+        ]);
+    }
     Ok(Outcome {
         rows,
         tables: vec![table],

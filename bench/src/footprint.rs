@@ -1,14 +1,15 @@
 //! Memory footprint, on fresh clusters so that earlier workloads' leftovers do not count: the
-//! idle RSS of a Vigil client agent (etcd has no agent: its clients link a library), and the RSS
-//! of every server empty and then holding 100,000 keys (128-byte values, written 64 per
-//! transaction) and 10,000 sessions (Vigil: no TTL; etcd: leases with a 1 h TTL), after a few
-//! idle seconds. The largest of the three servers is reported.
+//! idle RSS of a Vigil client agent and of a Consul one (etcd has no agent: its clients link a
+//! library), and the RSS of every server empty and then holding 100,000 keys (128-byte values,
+//! written 64 per transaction) and 10,000 sessions (Vigil and Consul, by the same code: no
+//! TTL; etcd: leases with a 1 h TTL), after a few idle seconds. The largest of the three
+//! servers is reported.
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::{Result, anyhow, ensure};
 use etcd_client::{Txn, TxnOp};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use serde::Serialize;
 use serde_json::json;
 use tokio::time::{Instant, sleep};
@@ -18,7 +19,7 @@ use vigil_shared::kv::KvOp;
 use super::etcd::connect;
 use super::machine::rss_kib;
 use super::report::{Better, Outcome, Row, Table, num};
-use super::{Leaders, Plan, Systems};
+use super::{Leaders, Plan, System, Systems};
 
 const VALUE: [u8; 128] = [b'f'; 128];
 const KEYS_PER_TXN: usize = 64;
@@ -27,6 +28,12 @@ const LOADERS: usize = 16;
 /// Idle time before a reading, so startup and loading garbage settles.
 const SETTLE: Duration = Duration::from_secs(3);
 const LEASE_TTL_SECS: i64 = 3_600;
+
+/// Beside the rows.
+const NOTE: &str = "Vigil's and Consul's servers are loaded with the same keys and sessions \
+    by the same client code (transactions of 64 operations, Consul's largest; sessions without \
+    a TTL), etcd's with the same keys and as many leases (1 h TTL). Each reading is taken after \
+    3 idle seconds; the client agents' idle RSS is under \"Footprint\".";
 
 /// RSS readings of one system, in MiB.
 #[derive(Debug, Clone, Serialize)]
@@ -73,9 +80,9 @@ fn max(values: &[f64]) -> f64 {
     values.iter().copied().fold(0.0, f64::max)
 }
 
-async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
-    let empty = mib(&leaders.vigil_pids)?;
-    let client = Client::new(&leaders.vigil_addr.to_string())?;
+/// Loads Vigil's (or Consul's) servers `pids` through `client`, a client of their leader.
+async fn http(client: &Client, pids: &[u32], plan: &Plan) -> Result<Memory> {
+    let empty = mib(pids)?;
     let started = Instant::now();
     let batches = plan.footprint_keys.div_ceil(KEYS_PER_TXN);
     load_all(batches, |b| {
@@ -106,7 +113,7 @@ async fn vigil(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
         }
     })
     .await?;
-    loaded(&leaders.vigil_pids, empty, started).await
+    loaded(pids, empty, started).await
 }
 
 async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
@@ -135,22 +142,35 @@ async fn etcd(leaders: &Leaders, plan: &Plan) -> Result<Memory> {
 }
 
 pub async fn workload(plan: &Plan) -> Result<Outcome> {
-    let systems = Systems::start(1).await?;
+    let mut systems = Systems::start(1).await?;
     sleep(SETTLE).await;
     let client_pid = systems.vigil.client(0).pid();
     let client_mib = client_pid
         .map(rss_kib)
         .transpose()?
         .map(|kib| kib as f64 / 1024.0);
+    let consul_client_mib = match systems.consul.as_mut() {
+        Some(consul) => {
+            let (_, pid) = consul.add_client().await?;
+            sleep(SETTLE).await;
+            Some(rss_kib(pid)? as f64 / 1024.0)
+        }
+        None => None,
+    };
     let leaders = systems.leaders().await?;
+    let (vigil, consul) = leaders.http_clients()?;
     let mut outcome = Outcome::default();
-    let (v, e) = outcome
-        .side_by_side(
-            "Footprint load",
-            &leaders,
-            vigil(&leaders, plan),
-            etcd(&leaders, plan),
-        )
+    let (v, e, c) = outcome
+        .each_system("Footprint load", &leaders, |system| {
+            match (system, &consul, leaders.pids(system)) {
+                (System::Vigil, ..) => http(&vigil, &leaders.vigil_pids, plan).boxed_local(),
+                (System::Etcd, ..) => etcd(&leaders, plan).boxed_local(),
+                (System::Consul, Some(client), Some(pids)) => {
+                    http(client, pids, plan).boxed_local()
+                }
+                (System::Consul, ..) => async { Err(anyhow!("no Consul cluster")) }.boxed_local(),
+            }
+        })
         .await?;
     systems.stop().await;
 
@@ -166,7 +186,9 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
             Better::Lower,
             Some(max(&v.loaded_mib)),
             Some(max(&e.loaded_mib)),
-        ),
+        )
+        .with_consul(c.as_ref().map(|c| max(&c.loaded_mib)))
+        .with_note(NOTE),
         Row::new(
             "footprint.empty",
             "Footprint: empty cluster",
@@ -174,7 +196,9 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
             Better::Lower,
             Some(max(&v.empty_mib)),
             Some(max(&e.empty_mib)),
-        ),
+        )
+        .with_consul(c.as_ref().map(|c| max(&c.empty_mib)))
+        .with_note(NOTE),
     ];
     let list = |values: &[f64]| {
         values
@@ -183,7 +207,7 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let client = client_mib.map_or_else(|| "—".to_owned(), num);
+    let agent = |mib: Option<f64>| mib.map_or_else(|| "—".to_owned(), num);
     let table = Table {
         title: "Footprint (RSS in MiB)".to_owned(),
         header: [
@@ -195,22 +219,23 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
         ]
         .map(str::to_owned)
         .to_vec(),
-        rows: vec![
+        rows: [
+            Some((&v, "Vigil", agent(client_mib))),
+            Some((&e, "etcd", "— (no agent)".to_owned())),
+            c.as_ref().map(|c| (c, "Consul", agent(consul_client_mib))),
+        ]
+        .into_iter()
+        .flatten()
+        .map(|(m, name, agent)| {
             vec![
-                "Vigil".to_owned(),
-                client,
-                list(&v.empty_mib),
-                list(&v.loaded_mib),
-                num(v.load_seconds),
-            ],
-            vec![
-                "etcd".to_owned(),
-                "— (no agent)".to_owned(),
-                list(&e.empty_mib),
-                list(&e.loaded_mib),
-                num(e.load_seconds),
-            ],
-        ],
+                name.to_owned(),
+                agent,
+                list(&m.empty_mib),
+                list(&m.loaded_mib),
+                num(m.load_seconds),
+            ]
+        })
+        .collect(),
     };
     Ok(Outcome {
         rows,
@@ -220,8 +245,10 @@ pub async fn workload(plan: &Plan) -> Result<Outcome> {
             "sessions": plan.footprint_sessions,
             "value_bytes": VALUE.len(),
             "vigil_client_agent_idle_mib": client_mib,
+            "consul_client_agent_idle_mib": consul_client_mib,
             "vigil": v,
             "etcd": e,
+            "consul": c,
         }),
         ..outcome
     })

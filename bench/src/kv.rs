@@ -16,7 +16,7 @@ use super::etcd::{connect, connect_each};
 use super::load::{self, Percentile, Throughput, closed_loop};
 use super::machine;
 use super::report::{Outcome, Row};
-use super::{Plan, System, Systems};
+use super::{Leaders, Plan, System, Systems};
 
 const VALUE: [u8; 128] = [b'v'; 128];
 const PREFIX: &str = "bench/kv/";
@@ -33,8 +33,10 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         let endpoint = &leaders.etcd_endpoint;
         let (v, e, c) = outcome
             .each_system(&what, &leaders, |system| match (system, &consul) {
-                (System::Vigil, _) => http_puts(&vigil, clients, plan).boxed_local(),
-                (System::Consul, Some(client)) => http_puts(client, clients, plan).boxed_local(),
+                (System::Vigil, _) => http_puts(&vigil, "", clients, plan).boxed_local(),
+                (System::Consul, Some(client)) => {
+                    http_puts(client, "", clients, plan).boxed_local()
+                }
                 (System::Consul, None) => ready(Err(anyhow!("no Consul client"))).boxed_local(),
                 (System::Etcd, _) => etcd_puts(endpoint, clients, plan).boxed_local(),
             })
@@ -43,9 +45,25 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         runs.push(json!({ "clients": clients, "vigil": v, "etcd": e, "consul": c }));
     }
 
-    // Leave the state as it was for the next workloads.
+    let settle = clean_up(&leaders, &vigil, consul.as_ref()).await?;
+    outcome.details = json!({
+        "value_bytes": VALUE.len(),
+        "runs": runs,
+        "settle_after_cleanup_s": settle.as_secs_f64(),
+    });
+    Ok(outcome)
+}
+
+/// Deletes every key the puts wrote (through `vigil` and `consul`, clients of those systems'
+/// servers, and from etcd), leaving the state as it was for the next workloads; waits until
+/// the servers are idle again and returns how long that took.
+pub async fn clean_up(
+    leaders: &Leaders,
+    vigil: &Client,
+    consul: Option<&Client>,
+) -> Result<Duration> {
     vigil.kv_delete_tree(PREFIX).await?;
-    if let Some(client) = &consul {
+    if let Some(client) = consul {
         client.kv_delete_tree(PREFIX).await?;
     }
     let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
@@ -71,16 +89,11 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         "vigil-bench: the servers settled {:.1} s after the KV cleanup",
         settle.as_secs_f64()
     );
-    outcome.details = json!({
-        "value_bytes": VALUE.len(),
-        "runs": runs,
-        "settle_after_cleanup_s": settle.as_secs_f64(),
-    });
-    Ok(outcome)
+    Ok(settle)
 }
 
 /// `clients` clients putting fresh keys to etcd, each over its own connection.
-async fn etcd_puts(endpoint: &str, clients: usize, plan: &Plan) -> Result<Throughput> {
+pub async fn etcd_puts(endpoint: &str, clients: usize, plan: &Plan) -> Result<Throughput> {
     let etcd_clients = connect_each(endpoint, clients).await?;
     closed_loop(clients, plan.kv, move |c, n| {
         let mut client = etcd_clients[c].clone();
@@ -94,9 +107,11 @@ async fn etcd_puts(endpoint: &str, clients: usize, plan: &Plan) -> Result<Throug
 }
 
 /// `clients` clients putting fresh keys through the HTTP API `client` speaks (Vigil's or
-/// Consul's), each over its own connection.
-fn http_puts(
+/// Consul's), each over its own connection; `path` (`""` or ending in `/`) sets the keys apart
+/// from those of other runs with as many clients.
+pub fn http_puts(
     client: &Client,
+    path: &'static str,
     clients: usize,
     plan: &Plan,
 ) -> impl Future<Output = Result<Throughput>> + use<> {
@@ -104,7 +119,7 @@ fn http_puts(
     closed_loop(clients, plan.kv, move |c, n| {
         let client = client.clone();
         async move {
-            let key = format!("{PREFIX}{clients}/{c}/{n}");
+            let key = format!("{PREFIX}{path}{clients}/{c}/{n}");
             ensure!(client.kv_put(&key, &VALUE, 0).await?, "put refused");
             Ok(())
         }

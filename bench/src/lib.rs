@@ -18,6 +18,7 @@
 
 #![cfg(feature = "etcd")]
 
+mod agent_path;
 mod consul;
 mod death;
 mod etcd;
@@ -30,6 +31,7 @@ mod load;
 mod lock;
 mod machine;
 mod read;
+mod renew;
 mod report;
 mod session;
 mod watch;
@@ -60,11 +62,13 @@ use machine::{Machine, Versions};
 use report::{Outcome, Report};
 
 /// Every workload, by its report name, in the order they run.
-const WORKLOADS: [&str; 9] = [
+const WORKLOADS: [&str; 11] = [
     "kv_put",
     "kv_read",
     "locks",
     "sessions",
+    "idle_sessions",
+    "client_agent",
     "failure_detection",
     "process_and_agent_death",
     "leader_failover",
@@ -203,6 +207,10 @@ pub struct Plan {
     pub sweep: Vec<usize>,
     pub sweep_window: Window,
     pub session: Window,
+    /// Sessions (leases) kept alive by the idle-sessions workload, and how long its idle and
+    /// its measured windows last.
+    pub idle_sessions: usize,
+    pub idle_window: Duration,
     /// Idle watchers on distinct keys, and on one shared key.
     pub watchers_distinct: usize,
     pub watchers_shared: usize,
@@ -233,6 +241,8 @@ impl Plan {
                 sweep: Vec::new(),
                 sweep_window: window(300, 2_000),
                 session: window(300, 1_500),
+                idle_sessions: 2_000,
+                idle_window: Duration::from_secs(5),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
                 failure_rounds: 3,
@@ -252,6 +262,8 @@ impl Plan {
                 sweep: vec![1, 2, 4, 16],
                 sweep_window: window(500, 3_000),
                 session: window(1_000, 5_000),
+                idle_sessions: 10_000,
+                idle_window: Duration::from_secs(20),
                 watchers_distinct: 10_000,
                 watchers_shared: 1_000,
                 // Per repetition: 9 rounds (30 kills) over a run of 3.
@@ -284,6 +296,8 @@ pub struct Leaders {
     pub etcd_pids: Vec<u32>,
     /// Consul's leader's HTTP address and every Consul server's process ID, when it runs.
     pub consul: Option<(String, Vec<u32>)>,
+    /// Consul's leader's process ID, when it runs.
+    pub consul_pid: Option<u32>,
 }
 
 impl Leaders {
@@ -350,9 +364,12 @@ impl Systems {
             .filter_map(|i| self.vigil.server(i).pid())
             .collect();
         let (etcd_endpoint, etcd_pid) = self.etcd.leader().await?;
-        let consul = match &self.consul {
-            Some(consul) => Some((consul.leader().await?.0, consul.pids())),
-            None => None,
+        let (consul, consul_pid) = match &self.consul {
+            Some(consul) => {
+                let (addr, pid) = consul.leader().await?;
+                (Some((addr, consul.pids())), Some(pid))
+            }
+            None => (None, None),
         };
         Ok(Leaders {
             vigil_addr,
@@ -362,6 +379,7 @@ impl Systems {
             etcd_pid,
             etcd_pids: self.etcd.pids(),
             consul,
+            consul_pid,
         })
     }
 
@@ -546,6 +564,8 @@ async fn repeat(options: &Options, plan: &Plan, r: &mut Report) -> Result<()> {
         "kv_read",
         "locks",
         "sessions",
+        "idle_sessions",
+        "client_agent",
         "failure_detection",
         "process_and_agent_death",
         "leader_failover",
@@ -559,6 +579,12 @@ async fn repeat(options: &Options, plan: &Plan, r: &mut Report) -> Result<()> {
         step(options, r, "locks", "locks", lock::workload(s, plan)).await;
         let sessions = session::workload(s, plan);
         step(options, r, "sessions", "sessions and leases", sessions).await;
+        let idle = renew::workload(s, plan);
+        let what = "the renewal cost of idle sessions";
+        step(options, r, "idle_sessions", what, idle).await;
+        let through_agents = agent_path::workload(s, plan);
+        let what = "KV and locks through a client agent";
+        step(options, r, "client_agent", what, through_agents).await;
         let detection = failure::workload(s, plan);
         let what = "failure detection";
         step(options, r, "failure_detection", what, detection).await;

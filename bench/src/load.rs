@@ -1,15 +1,19 @@
 //! Closed-loop load: N concurrent clients, each sending its next request as soon as the last
 //! one answered, for a warm-up and then a fixed measured window. Operations that complete
-//! inside the window count; their latencies go to an HDR histogram (microseconds).
+//! inside the window count; their latencies go to an HDR histogram (microseconds). And
+//! open-loop load ([`pace`]): operations at a fixed rate, spread evenly over time.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
+use parking_lot::Mutex;
 use serde::Serialize;
-use tokio::time::Instant;
+use tokio::task::JoinSet;
+use tokio::time::{Instant, sleep_until};
 
 use super::machine::micros;
 use super::report::{Better, Row};
@@ -189,4 +193,139 @@ where
         per_second: all.len() as f64 / window.measure.as_secs_f64(),
         latency: Latency::of(&all),
     })
+}
+
+/// Operations of a paced load ([`pace`]) that succeeded, found their object gone (a session or
+/// lease that expired), or failed, so far.
+#[derive(Debug, Default)]
+pub struct Tally {
+    pub done: AtomicU64,
+    pub gone: AtomicU64,
+    /// The first operation that failed.
+    error: Mutex<Option<String>>,
+}
+
+impl Tally {
+    pub fn fail(&self, error: &anyhow::Error) {
+        self.error
+            .lock()
+            .get_or_insert_with(|| format!("{error:#}"));
+    }
+
+    pub fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// `Err` when an operation failed or found its object gone; `what` names the operations.
+    pub fn verdict(&self, what: &str) -> Result<()> {
+        if let Some(error) = self.error.lock().clone() {
+            bail!("{what}: one failed: {error}");
+        }
+        let gone = self.gone.load(Ordering::Relaxed);
+        if gone > 0 {
+            bail!("{what}: {gone} found their session or lease gone");
+        }
+        Ok(())
+    }
+}
+
+/// When each of `n` items is due: item `i` at `start + period × (i / n + k)` for k = 0, 1, …,
+/// so that the items are spread evenly over every period.
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    pub start: Instant,
+    pub period: Duration,
+    pub n: usize,
+}
+
+impl Schedule {
+    /// The `k`th due time of item `i`.
+    fn due(&self, i: usize, k: u32) -> Instant {
+        let phase = self.period.mul_f64(i as f64 / self.n as f64);
+        self.start + phase + self.period * k
+    }
+
+    /// The items `worker` of `workers` takes, in the order they come due within a period.
+    fn share(&self, worker: usize, workers: usize) -> impl Iterator<Item = usize> + use<> {
+        (worker..self.n).step_by(workers)
+    }
+}
+
+/// An open-loop load: runs `op(i)` for every item `i` at its due times ([`Schedule`]) from
+/// `workers` tasks (a worker behind its schedule goes on at once), until the returned set is
+/// dropped. `op(i)` is `None` for an item that does not exist yet (a session still being
+/// made), which is skipped that period.
+pub fn pace<O, Fut>(schedule: Schedule, workers: usize, op: O) -> JoinSet<()>
+where
+    O: Fn(usize) -> Option<Fut> + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let mut set = JoinSet::new();
+    for worker in 0..workers {
+        let op = op.clone();
+        set.spawn(async move {
+            for k in 0.. {
+                for i in schedule.share(worker, workers) {
+                    sleep_until(schedule.due(i, k)).await;
+                    if let Some(operation) = op(i) {
+                        operation.await;
+                    }
+                }
+            }
+        });
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Items come due spread evenly over the period, every period, and the workers share them
+    /// out without leaving any out or taking one twice.
+    #[test]
+    fn a_schedule_spreads_items_evenly_over_the_period() {
+        let start = Instant::now();
+        let schedule = Schedule {
+            start,
+            period: Duration::from_secs(5),
+            n: 10,
+        };
+        assert_eq!(schedule.due(0, 0), start);
+        assert_eq!(schedule.due(5, 0), start + Duration::from_millis(2_500));
+        assert_eq!(schedule.due(9, 2), start + Duration::from_millis(14_500));
+        let mut all: Vec<usize> = (0..3).flat_map(|w| schedule.share(w, 3)).collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..10).collect::<Vec<_>>());
+        let share: Vec<usize> = schedule.share(1, 3).collect();
+        assert_eq!(share, [1, 4, 7]);
+        let dues: Vec<Instant> = share.iter().map(|&i| schedule.due(i, 0)).collect();
+        assert!(dues.is_sorted());
+    }
+
+    /// A paced load runs each item once a period, skipping the items not made yet.
+    #[tokio::test(start_paused = true)]
+    async fn a_paced_load_runs_every_made_item_once_a_period() {
+        let tally = Arc::new(Tally::default());
+        let schedule = Schedule {
+            start: Instant::now(),
+            period: Duration::from_secs(1),
+            n: 10,
+        };
+        let counts = tally.clone();
+        let load = pace(schedule, 3, move |i| {
+            let tally = counts.clone();
+            (i % 2 == 0).then_some(async move {
+                tally.done.fetch_add(1, Ordering::Relaxed);
+            })
+        });
+        // Three periods, and not quite the first item's fourth due time.
+        tokio::time::sleep(Duration::from_millis(2_950)).await;
+        drop(load);
+        assert_eq!(tally.done(), 15);
+        tally.verdict("test").unwrap();
+        tally.gone.fetch_add(1, Ordering::Relaxed);
+        assert!(tally.verdict("renewals").is_err());
+    }
 }

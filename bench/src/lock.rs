@@ -13,6 +13,9 @@
 //!   with its own connection. The `FairMutex` runs without a holder monitor: like etcd's
 //!   recipes, a contender learns of a lost lock from its session.
 //! - Shared, 32 readers on one `RwLock`: acquisitions/s against the exclusive figure.
+//! - Semaphore, 16 clients on a limit of 4: the client library's Consul-style `Semaphore` on
+//!   Vigil and on Consul (etcd has none), each contender with one long-lived session; a run in
+//!   which more than the limit hold it at once fails ([`Occupancy`]).
 //!
 //! Every exclusive run also checks what a lock is for ([`Exclusion`]): no grant while another
 //! contender holds the lock, no lost update of a counter each holder reads and later writes
@@ -31,7 +34,8 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::time::Instant;
 use vigil_client::{
-    Client, FairMutex, Held, Lock, LockOptions, QueueOptions, RwLock, SessionRequest,
+    Client, FairMutex, Held, Lock, LockOptions, QueueOptions, RwLock, Semaphore, SemaphoreOptions,
+    SessionRequest,
 };
 
 use super::etcd::connect;
@@ -58,7 +62,7 @@ const UNCONTENDED_NOTE: &str = "An uncontended etcd lock cycle is two raft write
     after compacting etcd (31-36% in the same phase).";
 
 /// The caveat beside every contended ratio against etcd.
-const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
+pub const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurrency.Mutex's in \
     the client) learn of a release through a watch started at the revision they last read; \
     etcd files such a watch as unsynced and catches unsynced watches up once every 100 ms. So \
     each waiter that re-queues waits for that tick, and etcd hands the lock over about once \
@@ -69,6 +73,16 @@ const RESYNC_NOTE: &str = "etcd's waiters (v3lock's inside the server, concurren
 const HOLDS: [Duration; 2] = [Duration::from_millis(1), Duration::from_millis(10)];
 /// Contenders of the runs with a hold.
 const HELD_CLIENTS: usize = 8;
+/// Holders a semaphore admits at once, and its contenders.
+const SEMAPHORE_LIMIT: usize = 4;
+const SEMAPHORE_CLIENTS: usize = 16;
+
+/// Beside the semaphore rows.
+const SEMAPHORE_NOTE: &str = "etcd has no semaphore. Vigil and Consul run the same client code, \
+    the algorithm of Consul's Go api.Semaphore: each contender writes its own key under the \
+    prefix, then adds its session to the holders listed in <prefix>/.lock with a check-and-set \
+    while fewer than the limit hold it, waiting in a blocking query on the prefix otherwise; \
+    each contender reuses one session. A run fails if more than the limit ever hold it at once.";
 
 /// What bounds the rows with a hold, beside the resync floor.
 const HOLD_NOTE: &str = "Each holder keeps the lock for the hold (a sleep between reading and \
@@ -102,6 +116,11 @@ pub enum Recipe {
     /// writes of an uncontended `concurrency.Mutex` cycle without the owner read in its
     /// transaction, as a baseline for it.
     EtcdLeasePut,
+    /// Vigil: the client library's Consul-style `Semaphore` ([`SEMAPHORE_LIMIT`] holders),
+    /// reusing one session.
+    VigilSemaphore,
+    /// Consul 1.8.7: the same `Semaphore` (the algorithm of Consul's Go `api.Semaphore`).
+    ConsulSemaphore,
 }
 
 impl Recipe {
@@ -109,10 +128,12 @@ impl Recipe {
     fn system(self) -> System {
         match self {
             Recipe::EtcdV3Lock | Recipe::EtcdMutex | Recipe::EtcdLeasePut => System::Etcd,
-            Recipe::ConsulSession | Recipe::ConsulLock => System::Consul,
-            Recipe::VigilSession | Recipe::VigilLock | Recipe::VigilFair | Recipe::VigilShared => {
-                System::Vigil
-            }
+            Recipe::ConsulSession | Recipe::ConsulLock | Recipe::ConsulSemaphore => System::Consul,
+            Recipe::VigilSession
+            | Recipe::VigilLock
+            | Recipe::VigilFair
+            | Recipe::VigilShared
+            | Recipe::VigilSemaphore => System::Vigil,
         }
     }
 
@@ -138,7 +159,14 @@ impl Recipe {
             Recipe::EtcdLeasePut => "etcd put with a lease + delete (not a lock: baseline)",
             Recipe::ConsulSession => "Consul ?acquire/?release, one session",
             Recipe::ConsulLock => "Consul Consul-style Lock, one session",
+            Recipe::VigilSemaphore => "Vigil Consul-style Semaphore (limit 4), one session",
+            Recipe::ConsulSemaphore => "Consul Consul-style Semaphore (limit 4), one session",
         }
+    }
+
+    /// How many may hold it at once, for a semaphore.
+    fn limit(self) -> Option<usize> {
+        matches!(self, Recipe::VigilSemaphore | Recipe::ConsulSemaphore).then_some(SEMAPHORE_LIMIT)
     }
 }
 
@@ -236,6 +264,7 @@ enum VigilRecipe {
     Fair(FairMutex),
     /// Taken for reading.
     Shared(RwLock),
+    Semaphore(Semaphore),
 }
 
 impl VigilRecipe {
@@ -244,6 +273,7 @@ impl VigilRecipe {
             VigilRecipe::Lock(lock) => lock.acquire().await?,
             VigilRecipe::Fair(mutex) => mutex.acquire().await?,
             VigilRecipe::Shared(lock) => lock.read().await?,
+            VigilRecipe::Semaphore(semaphore) => semaphore.acquire().await?,
         })
     }
 }
@@ -381,7 +411,7 @@ struct Setup {
 impl Setup {
     async fn contender(&self) -> Result<(Contender, Option<Client>)> {
         let addr = match self.recipe {
-            Recipe::ConsulSession | Recipe::ConsulLock => self
+            Recipe::ConsulSession | Recipe::ConsulLock | Recipe::ConsulSemaphore => self
                 .consul_addr
                 .clone()
                 .context("no Consul cluster for a Consul recipe")?,
@@ -434,6 +464,15 @@ impl Setup {
                 let (client, session) = vigil().await?;
                 let lock = RwLock::new(&client, queue(&session))?;
                 Contender::vigil(VigilRecipe::Shared(lock), client, session)
+            }
+            Recipe::VigilSemaphore | Recipe::ConsulSemaphore => {
+                let (client, session) = vigil().await?;
+                let limit = i64::try_from(SEMAPHORE_LIMIT)?;
+                let mut options = SemaphoreOptions::new(self.lock.clone(), limit);
+                options.session.reuse = Some(session.clone());
+                options.session.ttl = SESSION_TTL;
+                let semaphore = Semaphore::new(&client, options)?;
+                Contender::vigil(VigilRecipe::Semaphore(semaphore), client, session)
             }
             Recipe::EtcdV3Lock => {
                 let client = connect(std::slice::from_ref(&self.etcd_endpoint)).await?;
@@ -534,6 +573,32 @@ impl Exclusion {
     }
 }
 
+/// How many contenders of a semaphore hold it at once: never more than its limit.
+#[derive(Default)]
+struct Occupancy {
+    holding: AtomicUsize,
+    most: AtomicUsize,
+}
+
+impl Occupancy {
+    /// A contender, just granted a slot, holds it for one yield.
+    async fn hold(&self) {
+        let now = self.holding.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        tokio::task::yield_now().await;
+        self.holding.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Fails when more than `limit` held it at once.
+    fn verdict(&self, recipe: Recipe, limit: usize) -> Result<()> {
+        let most = self.most.load(Ordering::SeqCst);
+        if most > limit {
+            bail!("{recipe:?} let {most} contenders hold it at once, above its limit of {limit}");
+        }
+        Ok(())
+    }
+}
+
 /// Requests sent and wakeups so far, for the recipe's system.
 #[derive(Clone)]
 struct Tally {
@@ -553,7 +618,7 @@ impl Tally {
 }
 
 /// Runs one recipe with `clients` contenders on a fresh lock, each holding it for `hold`.
-async fn run(
+pub async fn run(
     recipe: Recipe,
     clients: usize,
     window: Window,
@@ -595,8 +660,12 @@ async fn run(
         pids,
     )
     .await?;
-    let exclusion = Arc::new(Exclusion::default());
-    let exclusive = !matches!(recipe, Recipe::VigilShared | Recipe::EtcdLeasePut);
+    let (exclusion, occupancy) = (
+        Arc::new(Exclusion::default()),
+        Arc::new(Occupancy::default()),
+    );
+    let exclusive =
+        !matches!(recipe, Recipe::VigilShared | Recipe::EtcdLeasePut) && recipe.limit().is_none();
     let (open, close) = window.schedule();
     let snapshots = tokio::spawn(async move {
         tokio::time::sleep_until(open).await;
@@ -608,7 +677,7 @@ async fn run(
         .into_iter()
         .enumerate()
         .map(|(c, mut contender)| {
-            let exclusion = exclusion.clone();
+            let (exclusion, occupancy) = (exclusion.clone(), occupancy.clone());
             tokio::spawn(async move {
                 let (mut acquire, mut cycle) = (histogram(), histogram());
                 let (mut count, mut cycles) = (0u64, 0u64);
@@ -618,6 +687,8 @@ async fn run(
                     let t1 = Instant::now();
                     if exclusive {
                         exclusion.hold(c, token, hold).await;
+                    } else if recipe.limit().is_some() {
+                        occupancy.hold().await;
                     }
                     cycles += 1;
                     contender.release().await?;
@@ -649,6 +720,9 @@ async fn run(
     let usage = meter.stop()?;
     if exclusive {
         exclusion.verdict(recipe, all_cycles)?;
+    }
+    if let Some(limit) = recipe.limit() {
+        occupancy.verdict(recipe, limit)?;
     }
     let ((requests_0, wakeups_0), (requests_1, wakeups_1)) = snapshots.await?;
     for contender in finished {
@@ -743,6 +817,11 @@ pub async fn workload(systems: &Systems, plan: &Plan) -> Result<Outcome> {
         Duration::ZERO,
     );
     runs.push(shared.await?);
+    let semaphores = [Recipe::VigilSemaphore, Recipe::ConsulSemaphore];
+    for recipe in Recipe::in_turn(&semaphores, &leaders) {
+        let window = plan.contended;
+        runs.push(run(recipe, SEMAPHORE_CLIENTS, window, &leaders, Duration::ZERO).await?);
+    }
     Ok(outcome(runs))
 }
 
@@ -990,6 +1069,27 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
     }
     let shared = find(&runs, Recipe::VigilShared, 32, 0).map(|r| r.per_second);
     let exclusive = find(&runs, Recipe::VigilFair, 32, 0).map(|r| r.per_second);
+    let semaphore = |recipe| find(&runs, recipe, SEMAPHORE_CLIENTS, 0);
+    let (v, c) = (
+        semaphore(Recipe::VigilSemaphore),
+        semaphore(Recipe::ConsulSemaphore),
+    );
+    let workload = format!(
+        "Semaphore, limit {SEMAPHORE_LIMIT}, {SEMAPHORE_CLIENTS} clients (Consul's api.Semaphore \
+         algorithm)"
+    );
+    let figures: [(&str, &str, Better, Figure); 2] = [
+        ("rate", "acquisitions/s", higher, rate),
+        ("p50", "acquire p50 (ms)", lower, |r| Some(r.acquire.p50_ms)),
+    ];
+    for (name, metric, better, figure) in figures {
+        let id = format!("lock_semaphore.c{SEMAPHORE_CLIENTS}.{name}");
+        let row = Row::vigil_only(id, &workload, metric, better, v.and_then(figure));
+        rows.push(
+            row.with_consul(c.and_then(figure))
+                .with_note(SEMAPHORE_NOTE),
+        );
+    }
     rows.push(Row::vigil_only(
         "lock_shared.c32.vs_exclusive",
         "Shared lock, 32 readers (RwLock read vs FairMutex, 32 clients each)",
@@ -1068,6 +1168,22 @@ mod tests {
         assert!(text.contains("1 grants while held"), "{text}");
         assert!(text.contains("counter 1 after 2 increments"), "{text}");
         assert!(text.contains("0 fencing tokens"), "{text}");
+    }
+
+    /// A semaphore's holders are counted while they hold it: as many as its limit at once
+    /// pass, one more fails the run.
+    #[tokio::test]
+    async fn more_holders_than_the_limit_fail_a_semaphore_run() {
+        let occupancy = Occupancy::default();
+        tokio::join!(occupancy.hold(), occupancy.hold());
+        occupancy.verdict(Recipe::VigilSemaphore, 2).unwrap();
+        let text = occupancy
+            .verdict(Recipe::ConsulSemaphore, 1)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("2 contenders hold it at once"), "{text}");
+        occupancy.hold().await;
+        assert_eq!(occupancy.holding.load(Ordering::SeqCst), 0);
     }
 
     /// A grant whose fencing token is not above the last one fails the run, though the grants

@@ -57,7 +57,8 @@ the tables. `--out DIR` writes under `DIR` instead of the repository: to check t
 your own machine without touching the committed report, run with `--out /tmp/mine` and compare
 `/tmp/mine/docs/benchmarks.md` with this file. `--repetitions N` runs every workload N times
 instead of 3 (1 with `--quick`). `--only WORKLOAD` (repeatable: `kv_put`,
-`kv_read`, `locks`, `sessions`, `failure_detection`, `leader_failover`, `watch_fanout`, `footprint`) runs
+`kv_read`, `locks`, `sessions`, `idle_sessions`, `client_agent`, `failure_detection`,
+`process_and_agent_death`, `leader_failover`, `watch_fanout`, `footprint`) runs
 only those and writes `<date>T<HHMM>Z[-quick]-partial.json`, never this file. `--check` (CI's smoke
 test: `--quick --check --out target/bench-check`) exits non-zero when a workload produced no
 figures; it never judges the figures themselves.
@@ -73,8 +74,11 @@ Consul's column: Consul 1.8.7 is what Debian packages (bullseye), and the newest
 can be installed here without downloading from HashiCorp; `scripts/install-consul.sh` installs
 it (root, and Debian's bullseye archive reachable), and without it the run says so and leaves
 the column empty. Consul is measured where it speaks Vigil's API with the same client code: KV
-puts, sessions, and the `?acquire`/`?release` and Consul-style locks (its own Go client's
-algorithm). It has no server-side lock queue, so the fair-mutex rows have no Consul figure.
+puts and reads (on the leader and through a client agent), sessions and their renewal cost,
+the `?acquire`/`?release` and Consul-style locks and semaphore (its own Go client's
+algorithms), blocking-query fan-out, failure detection of a killed client agent, leader
+failover and footprint. It has no server-side lock queue, so the fair-mutex rows have no
+Consul figure.
 
 ## What each workload measures
 
@@ -121,6 +125,11 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   v3lock, Consul's Consul-style lock beside them. The hold caps every system alike (8
   contenders holding 10 ms hand over at most 100 times a second), so these rows show what is
   left of each system's overhead once the lock guards real work, and its tail.
+- **Semaphore** (Vigil, Consul; etcd has none): 16 clients looping acquire → release on a
+  semaphore of limit 4, by the client library's `Semaphore` (the algorithm of Consul's Go
+  `api.Semaphore`: a contender key per session, the holders listed in `<prefix>/.lock` and
+  changed by check-and-set), each client reusing one session: acquisitions/s and acquire p50.
+  A run in which more than 4 ever held it at once fails.
 - **Mutual exclusion and lost updates** (every exclusive lock run, every recipe and system):
   each holder reads a counter the harness shares between contenders, yields, and writes it
   back one higher; its grant must not come while another contender holds the lock, the counter
@@ -130,15 +139,37 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   violation fails the run, and `--check` with it.
 - **Sessions and leases** (Vigil, etcd, Consul): 16 clients creating sessions / granting
   leases (60 s TTL; a raft write each), then each renewing one (leader-only on each).
+- **Idle sessions** (Vigil, etcd, Consul): what keeping 10,000 idle sessions alive costs the
+  servers. Every session (etcd: lease) has a 10 s TTL (Vigil's shortest, Consul's too) and is
+  kept alive as its system's clients keep one: Vigil and Consul renew each every TTL/2 (5 s,
+  as Consul's Go `api` `RenewPeriodic` does) with `PUT /v1/session/renew/<id>` to the leader
+  over 32 reused connections; etcd keeps each lease alive every TTL/3 (3.3 s, as `clientv3`
+  does), all on one `LeaseKeepAlive` stream. Renewals are spread evenly over the period. The
+  servers' CPU (user + system from `/proc/PID/stat`, the three added up) over a 20 s window
+  once every session has been renewed, less their CPU over an idle 20 s window before any
+  session existed: in % of one core, and per renewal answered in the window. A renewal that
+  finds its session gone fails the run. (`--quick`: 2,000 sessions, 5 s windows.)
+- **Through a client agent** (Vigil, Consul; etcd has no agent): a client agent (a
+  non-server agent joined to the cluster) is added to each cluster, and KV puts (1 and 64
+  clients), the uncontended `?acquire`/`?release` cycle (sessions made on the agent) and the
+  fair mutex (8 clients; Vigil only) are measured through it and, right after, on the leader,
+  by the same code as the rows above. The rows compare the agent paths with etcd's direct
+  figures (measured in the same workload); the detail table shows what the hop costs each.
 - **Watch fan-out**: on fresh clusters, 10,000 idle watchers on distinct keys and 1,000 on one
   key, on the leader, each the way its system's clients watch: Vigil one blocking query, so one
   HTTP connection, per watcher; etcd one watch per key, all multiplexed on one gRPC stream. The
   leader's RSS growth per watcher, the time from a write until the last of the key's 1,000
-  watchers woke, and the proof that a write wakes only its own key's watchers. The same
+  watchers woke, and the proof that a write wakes only its own key's watchers. Consul's
+  leader gets the same watchers, as Vigil's do, but on keys written first (see below). The same
   watchers through a Vigil client agent (its RSS; etcd has no agent, so its figure is its
   leader's). Then 100,000 watchers on one client agent (9,000 keys watched by 10 each and
   10,000 on one key; etcd: the same watches on its leader), for which the harness raises its
-  open file limit, and says so and skips them when it cannot.
+  open file limit, and says so and skips them when it cannot. Last, on the same clusters and
+  with Consul too, 100 watchers on distinct keys and 1,000 on one key of each leader while 64
+  writers put 1,000 writes a second (paced) to keys nobody watches: the wake times and the
+  write rate reached. Those keys are written before the watchers register, because Consul
+  answers a blocking query on a missing key with the whole KV table's index, so that any
+  nearby write returns it.
 - **Failure detection**: a lock holder dies (`kill -9` of a Vigil client agent; an etcd client
   whose keep-alives stop and whose connection closes) → the lock is free for others. Vigil
   notices through gossip (`lan` profile: a killed agent's closed port is evidence, so no
@@ -153,7 +184,10 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   stopped or starved 5 s is a false invalidation. Median of 3
   rounds in each repetition; the kill row runs 10 rounds in each and also reports
   their p90 and slowest round (per repetition, then the median of the repetitions), which
-  stand in for a p99 (that would need a hundred rounds).
+  stand in for a p99 (that would need a hundred rounds). Consul: a Consul client agent holding
+  the lock through a session bound to its `serfHealth` (lock-delay 0) is killed, at Consul's
+  default gossip timing (1 s probes, then at least 4 s of suspicion); 3 rounds in each
+  repetition, its median beside the kill row.
 - **Leader failover**: `kill -9` of the leader (a Vigil server; an etcd member; a Consul server) → the remaining
   two agree on a new leader (polled every 20 ms on both), and → the first write a client sent
   right after the kill succeeds (Vigil: a `PUT` through a client agent, which holds it until a
@@ -165,8 +199,9 @@ algorithm). It has no server-side lock queue, so the fair-mutex rows have no Con
   Consul: `?acquire` through the same client as the write; etcd: a v3lock `Lock` from a client
   of all three members, tried again after 1 s); the killed one then restarts from its data
   directory. Median of 3 rounds in each repetition.
-- **Footprint**: on fresh clusters, the idle RSS of a Vigil client agent, and the largest
-  server's RSS empty and with 100,000 keys (128-byte values) and 10,000 sessions / leases.
+- **Footprint**: on fresh clusters, the idle RSS of a Vigil and a Consul client agent, and the
+  largest server's RSS empty and with 100,000 keys (128-byte values, 64 per transaction) and
+  10,000 sessions / leases (Vigil and Consul by the same code).
 "#;
 
 /// Which direction is better for a metric.
@@ -358,8 +393,9 @@ impl Outcome {
         pids: &[u32],
         work: impl Future<Output = Result<T>>,
     ) -> Result<T> {
-        let meter = Meter::start(phase, pids).await?;
-        let output = work.await?;
+        let phase = phase.into();
+        let meter = Meter::start(phase.clone(), pids).await?;
+        let output = work.await.with_context(|| phase)?;
         self.usage.push(meter.stop()?);
         Ok(output)
     }
