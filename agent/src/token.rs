@@ -22,12 +22,21 @@ pub async fn scope<F: Future>(token: String, work: F) -> F::Output {
 /// `work` made on behalf of the token the current task works for, to run on another task
 /// (`tokio::spawn` does not carry it over by itself).
 pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    let token = REQUEST_TOKEN.try_with(Clone::clone).ok();
-    async move {
-        match token {
-            Some(token) => REQUEST_TOKEN.scope(token, work).await,
-            None => work.await,
-        }
+    let token = carried();
+    async move { within(token, work).await }
+}
+
+/// The token the current task works for, for work made now that runs later outside its
+/// [`scope`] (`None` outside every scope).
+pub fn carried() -> Option<String> {
+    REQUEST_TOKEN.try_with(Clone::clone).ok()
+}
+
+/// Runs `work` on behalf of `token` if there is one ([`carried`]).
+pub async fn within<F: Future>(token: Option<String>, work: F) -> F::Output {
+    match token {
+        Some(token) => REQUEST_TOKEN.scope(token, work).await,
+        None => work.await,
     }
 }
 

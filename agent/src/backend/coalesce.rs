@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use futures::future::{BoxFuture, FutureExt as _, Shared, WeakShared};
 use parking_lot::Mutex;
 use tokio::time::Instant;
-use vigil_shared::rpc::{QueryMeta, QueryResult, ServerError};
 
-pub(super) type Answer = Result<(QueryResult, QueryMeta), ServerError>;
+use super::Answer;
+
 type Wait = Shared<BoxFuture<'static, Answer>>;
 
 /// A shared wait as the table knows it: joinable by any watcher that may answer as late as it

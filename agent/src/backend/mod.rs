@@ -119,25 +119,14 @@ impl Backend {
         opts: QueryOptions,
         query: Q,
     ) -> Result<(Q::Output, QueryMeta), ServerError> {
-        let (result, meta) = self.query(opts, query.into()).await?;
-        let output = Q::output(result).map_err(|other| {
-            ServerError::Internal(format!("a read was answered with {other:?}"))
-        })?;
-        Ok((output, meta))
+        typed::<Q>(self.query(opts, query.into()).await?)
     }
 
     /// Reads, blocking on the server; a lost server is retried on another within the wait. A
-    /// blocking query answers by its deadline whatever the servers do (see
-    /// [`Backend::blocking_query`]).
-    async fn query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        // Only a query with an index blocks; the HTTP layer sets a default wait on every read,
-        // which must not stretch the retry window of a plain read to minutes.
-        if opts.min_index > 0 && opts.wait_ms > 0 {
-            return self.blocking_query(opts, query).await;
+    /// blocking query answers by its deadline whatever the servers do (see [`Blocking`]).
+    async fn query(&self, opts: QueryOptions, query: ReadQuery) -> Answer {
+        if blocks(&opts) {
+            return self.blocking(opts, query)?.answer().await;
         }
         let deadline = Instant::now() + RETRY_FOR;
         let opts = QueryOptions { wait_ms: 0, ..opts };
@@ -147,18 +136,9 @@ impl Backend {
         .await
     }
 
-    /// A blocking query that answers by its deadline, Consul's `wait + wait/16`, also while the
-    /// servers elect a leader or one of them is lost (see [`wait_on_servers`]). Local blocking
-    /// queries of the same read (but `?consistent` ones) share one wait on the servers: a query
-    /// joins one that answers no later than its own deadline, or starts its own. A shared wait started earlier can
-    /// answer, unchanged, before this query's `wait` is over: it then waits again (joining or
-    /// starting another), as it does not answer unchanged before its `wait`.
-    async fn blocking_query(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        let _watcher = self.waits.watcher();
+    /// The blocking query `opts` make of `query`, its deadlines counted from now, before it
+    /// waits: [`Blocking::answer`] waits.
+    pub fn blocking(&self, opts: QueryOptions, query: ReadQuery) -> Result<Blocking, ServerError> {
         let wait = Duration::from_millis(opts.wait_ms);
         let spread = wait / 32;
         let jitter = if spread.is_zero() {
@@ -166,39 +146,20 @@ impl Backend {
         } else {
             rand::thread_rng().gen_range(Duration::ZERO..spread)
         };
-        let started = Instant::now();
-        let earliest = started + wait;
-        let due = earliest + jitter;
-        let deadline = earliest + wait / 16;
-        // A `?consistent` read has the leader confirm itself with a quorum for this request:
-        // one confirmed for a wait that started before it would not do.
-        // Boxed, as the shared wait is: every waiting query holds this future, which would
-        // otherwise keep room for a whole wait inline.
-        if opts.consistency == Consistency::Consistent {
-            return wait_on_servers(Arc::clone(&self.servers), opts, query, due, deadline)
-                .boxed()
-                .await;
-        }
+        let earliest = Instant::now() + wait;
         let read = postcard::to_allocvec(&(opts.consistency, opts.min_index, &query))
             .map_err(|e| ServerError::Internal(format!("a read's identity: {e}")))?;
-        loop {
-            let (shared, joined) = self.waits.join_or_start(read.clone(), deadline, || {
-                wait_on_servers(
-                    Arc::clone(&self.servers),
-                    opts,
-                    query.clone(),
-                    due,
-                    deadline,
-                )
-                .boxed()
-            });
-            let answer = shared.await;
-            match &answer {
-                Ok((_, meta))
-                    if joined && meta.index <= opts.min_index && Instant::now() < earliest => {}
-                _ => return answer,
-            }
-        }
+        Ok(Blocking(Box::new(Asked {
+            servers: Arc::clone(&self.servers),
+            waits: Arc::clone(&self.waits),
+            opts,
+            query,
+            read,
+            earliest,
+            due: earliest + jitter,
+            deadline: earliest + wait / 16,
+            token: crate::token::carried(),
+        })))
     }
 
     /// Renews a session on the leader, retrying through an election.
@@ -220,6 +181,99 @@ impl Backend {
     /// The leader and the raft members, as this agent's server (or the first to answer) sees it.
     pub async fn status(&self) -> Result<StatusInfo, ServerError> {
         self.servers.status().await
+    }
+}
+
+/// What a read answers, in its wire form.
+pub type Answer = Result<(QueryResult, QueryMeta), ServerError>;
+
+/// Whether `opts` make a read block: only a query with an index does; the HTTP layer sets a
+/// default wait on every read, which must not stretch the retry window of a plain read to
+/// minutes.
+pub fn blocks(opts: &QueryOptions) -> bool {
+    opts.min_index > 0 && opts.wait_ms > 0
+}
+
+/// `answer` taken out of its wire form as `Q`'s output.
+pub fn typed<Q: Query>(
+    (result, meta): (QueryResult, QueryMeta),
+) -> Result<(Q::Output, QueryMeta), ServerError> {
+    let output = Q::output(result)
+        .map_err(|other| ServerError::Internal(format!("a read was answered with {other:?}")))?;
+    Ok((output, meta))
+}
+
+/// A blocking query before it waits: what it asks and by when it answers, a few hundred bytes.
+/// It answers by its deadline, Consul's `wait + wait/16`, also while the servers elect a leader
+/// or one of them is lost (see [`wait_on_servers`]). The HTTP layer keeps this rather than the
+/// suspended handler that asked while the query waits. Boxed: a future that holds one while
+/// it waits holds a pointer.
+pub struct Blocking(Box<Asked>);
+
+struct Asked {
+    servers: Arc<dyn ServerApi>,
+    waits: Arc<coalesce::Waits>,
+    opts: QueryOptions,
+    query: ReadQuery,
+    /// The read's identity: its query, consistency mode and index, encoded.
+    read: Vec<u8>,
+    /// Not answered unchanged before this (the caller's `wait`).
+    earliest: Instant,
+    /// Until when the servers are asked to block: `wait` plus a jitter of at most `wait/32`.
+    due: Instant,
+    /// Answered by this whatever the servers do.
+    deadline: Instant,
+    /// The token of the request that asked, which the servers are asked with wherever the
+    /// wait runs ([`crate::token`]).
+    token: Option<String>,
+}
+
+impl Blocking {
+    /// What it asks of the servers: its query, consistency mode and index, encoded (two
+    /// blocking queries that ask the same share a wait).
+    pub fn asks(&self) -> &[u8] {
+        &self.0.read
+    }
+
+    /// Waits for the answer. Local blocking queries of the same read (but `?consistent` ones)
+    /// share one wait on the servers: a query joins one that answers no later than its own
+    /// deadline, or starts its own. A shared wait started earlier can answer, unchanged,
+    /// before this query's `wait` is over: it then waits again (joining or starting another),
+    /// as it does not answer unchanged before its `wait`.
+    pub async fn answer(mut self) -> Answer {
+        let token = self.0.token.take();
+        crate::token::within(token, self.wait()).await
+    }
+
+    async fn wait(self) -> Answer {
+        let asked = &*self.0;
+        let _watcher = asked.waits.watcher();
+        let servers = &asked.servers;
+        let (opts, due, deadline) = (asked.opts, asked.due, asked.deadline);
+        // A `?consistent` read has the leader confirm itself with a quorum for this request:
+        // one confirmed for a wait that started before it would not do.
+        // Boxed, as the shared wait is: a waiting query holds this future, which would
+        // otherwise keep room for a whole wait inline.
+        if opts.consistency == Consistency::Consistent {
+            let query = asked.query.clone();
+            return wait_on_servers(Arc::clone(servers), opts, query, due, deadline)
+                .boxed()
+                .await;
+        }
+        loop {
+            let (shared, joined) = asked.waits.join_or_start(asked.read.clone(), deadline, || {
+                let query = asked.query.clone();
+                wait_on_servers(Arc::clone(servers), opts, query, due, deadline).boxed()
+            });
+            let answer = shared.await;
+            match &answer {
+                Ok((_, meta))
+                    if joined
+                        && meta.index <= opts.min_index
+                        && Instant::now() < asked.earliest => {}
+                _ => return answer,
+            }
+        }
     }
 }
 

@@ -35,6 +35,12 @@ impl ApiError {
     pub fn too_large(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
+
+    /// Unwinds a handler whose blocking read the front layer waits for (`http::park`): the
+    /// front layer drops this answer and runs the request again once the read is answered.
+    pub fn parked() -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "blocking query parked")
+    }
 }
 
 impl ApiError {

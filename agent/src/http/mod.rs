@@ -25,6 +25,7 @@ mod metrics;
 mod monitor;
 mod operator;
 pub mod params;
+mod park;
 pub mod permissions;
 mod query;
 pub mod serve;
@@ -48,6 +49,8 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
+use futures::FutureExt as _;
+use futures::future::Either;
 use serde::Serialize;
 use vigil_gossip::Gossip;
 use vigil_shared::acl::authz::{Access, Resource};
@@ -108,6 +111,8 @@ pub struct Ctx {
     pub authz: acl::Authz,
     pub uri: Uri,
     pub params: Params,
+    /// Where the request's first blocking read waits ([`park`]).
+    park: Option<park::Park>,
 }
 
 impl FromRequestParts<AppState> for Ctx {
@@ -134,6 +139,7 @@ impl FromRequestParts<AppState> for Ctx {
             authz,
             uri,
             params,
+            park: parts.extensions.remove::<park::Park>(),
         })
     }
 }
@@ -156,7 +162,16 @@ impl Ctx {
         query: Q,
     ) -> Result<(Q::Output, QueryMeta), error::ApiError> {
         let opts = self.query_options(&query)?;
-        Ok(self.state.backend.read(opts, query).await?)
+        let backend = &self.state.backend;
+        let Some(park) = self.park.as_ref().filter(|_| crate::backend::blocks(&opts)) else {
+            return Ok(backend.read(opts, query).await?);
+        };
+        let answer = match park.claim(backend.blocking(opts, query.into())?) {
+            park::Claim::Parked => return Err(error::ApiError::parked()),
+            park::Claim::Answered(answer) => answer,
+            park::Claim::Wait(blocking) => blocking.answer().await,
+        };
+        Ok(crate::backend::typed::<Q>(answer?)?)
     }
 
     /// The query string's blocking and consistency options for `query`, except that a read
@@ -386,17 +401,22 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// In front of the routes, in the order a request meets them: timed ([`metrics::Timing`]), its
-/// path cleaned (Consul's 301), its datacenter checked, and a 405 rewritten as Consul's. One
-/// middleware rather than four: every layer boxes the future it wraps, and a blocking query
-/// waits inside all of them (about 1.2 KB each).
-async fn front(req: Request, next: Next) -> Response {
+/// path cleaned (Consul's 301), its datacenter checked, a blocking query's wait kept
+/// ([`park`]), and a 405 rewritten as Consul's. One middleware rather than five: every layer
+/// boxes the future it wraps. Not an `async fn`, which would keep its arguments (a request is
+/// about 250 bytes) for as long as it runs: a waiting blocking query holds this future, which
+/// keeps only the timing, the method and [`park::run`]'s future.
+fn front(req: Request, next: Next) -> impl Future<Output = Response> + Send {
     let timing = metrics::Timing::start(&req);
-    let response = match redirect_unclean_path(&req).or_else(|| other_datacenter(&req)) {
-        Some(answer) => answer,
-        None => method_not_allowed(req, next).await,
+    let method = req.method().clone();
+    let answer = match redirect_unclean_path(&req).or_else(|| other_datacenter(&req)) {
+        Some(answer) => Either::Left(std::future::ready(answer)),
+        None => Either::Right(park::run(req, next).map(move |r| consul_405(&method, r))),
     };
-    timing.finish(&response);
-    response
+    answer.map(move |response| {
+        timing.finish(&response);
+        response
+    })
 }
 
 /// One datacenter: a request for another (`?dc=`, or `?datacenter=`, which wins) gets Consul's
@@ -466,10 +486,9 @@ async fn not_found() -> Response {
 }
 
 /// Consul answers a wrong method with 405, an `Allow` header that includes OPTIONS, and
-/// `method X not allowed`; an OPTIONS request gets 200 with the same `Allow` header.
-async fn method_not_allowed(req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    let response = next.run(req).await;
+/// `method X not allowed`; an OPTIONS request gets 200 with the same `Allow` header. `response`
+/// is the router's answer to a request with `method`.
+fn consul_405(method: &Method, response: Response) -> Response {
     if response.status() != StatusCode::METHOD_NOT_ALLOWED {
         return response;
     }
@@ -487,7 +506,7 @@ async fn method_not_allowed(req: Request, next: Next) -> Response {
     allowed.retain(|m| m != "HEAD");
     allowed.insert(0, "OPTIONS".to_owned());
     let allow = allowed.join(",");
-    if method == Method::OPTIONS {
+    if *method == Method::OPTIONS {
         return (StatusCode::OK, [(header::ALLOW, allow)]).into_response();
     }
     (

@@ -4,11 +4,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
+use axum::response::IntoResponse as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -18,7 +20,7 @@ use vigil_server::api::memory::MemoryServer;
 use vigil_shared::acl::authz::DefaultPolicy;
 use vigil_shared::acl::{GLOBAL_MANAGEMENT_POLICY_ID, Link, Token};
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
-use vigil_shared::rpc::{AclOp, writes};
+use vigil_shared::rpc::{AclOp, reads, writes};
 
 use super::permissions::{Needs, Rule};
 use super::{AppState, HttpState, router};
@@ -37,6 +39,7 @@ const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001";
 /// An agent's router over the in-memory servers, with what it started.
 struct Agent {
     router: Router,
+    state: AppState,
     backend: Arc<Backend>,
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -131,7 +134,8 @@ impl Agent {
             )),
         });
         Agent {
-            router: router(state),
+            router: router(state.clone()),
+            state,
             backend,
             shutdown,
             tasks,
@@ -156,23 +160,7 @@ impl Agent {
             request = request.header("X-Consul-Token", token);
         }
         let request = request.body(Body::from(body.to_owned())).expect("request");
-        let router = self.router.clone();
-        let answer = tokio::spawn(async move {
-            let response = router.oneshot(request).await.expect("infallible");
-            let status = response.status();
-            let index = response
-                .headers()
-                .get("X-Consul-Index")
-                .and_then(|v| v.to_str().ok()?.parse().ok());
-            let body = axum::body::to_bytes(response.into_body(), usize::MAX)
-                .await
-                .expect("body");
-            Answer {
-                status,
-                index,
-                body: String::from_utf8_lossy(&body).into_owned(),
-            }
-        });
+        let answer = tokio::spawn(answer(self.router.clone(), request));
         settle().await;
         answer
     }
@@ -201,6 +189,24 @@ struct Answer {
     status: StatusCode,
     index: Option<u64>,
     body: String,
+}
+
+/// What `router` answers `request`.
+async fn answer(router: Router, request: Request<Body>) -> Answer {
+    let response = router.oneshot(request).await.expect("infallible");
+    let status = response.status();
+    let index = response
+        .headers()
+        .get("X-Consul-Index")
+        .and_then(|v| v.to_str().ok()?.parse().ok());
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .expect("body");
+    Answer {
+        status,
+        index,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -724,5 +730,215 @@ async fn node_write_cannot_write_serf_health_through_the_catalog() {
         .call_as(Some(ROOT), Method::PUT, "/v1/catalog/register", critical)
         .await;
     assert_eq!(done.status, StatusCode::OK, "{}", done.body);
+    agent.stop().await;
+}
+
+/// Runs of [`probe`], and how many of them are suspended now.
+static PROBE_RUNS: AtomicUsize = AtomicUsize::new(0);
+static PROBE_LIVE: AtomicUsize = AtomicUsize::new(0);
+
+/// One run of [`probe`], counted while it lasts.
+struct ProbeRun;
+
+impl ProbeRun {
+    fn start() -> ProbeRun {
+        PROBE_RUNS.fetch_add(1, Ordering::SeqCst);
+        PROBE_LIVE.fetch_add(1, Ordering::SeqCst);
+        ProbeRun
+    }
+}
+
+impl Drop for ProbeRun {
+    fn drop(&mut self) {
+        PROBE_LIVE.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A handler that reads the key `k` as the KV handler does, and counts its runs.
+async fn probe(cx: super::Ctx) -> Result<axum::response::Response, super::error::ApiError> {
+    let _run = ProbeRun::start();
+    let (entries, meta) = cx
+        .read(reads::KvGet {
+            key: "k".to_owned(),
+        })
+        .await?;
+    let value = entries
+        .into_iter()
+        .next()
+        .map(|e| e.value)
+        .unwrap_or_default();
+    Ok(super::with_meta(meta, value.into_response()))
+}
+
+/// A waiting blocking GET holds no suspended handler: its first run hands its read to the front
+/// layer and unwinds, and a second run answers with what the wait brought, without asking the
+/// servers again. A GET with a body is not run twice: it waits inside its handler.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_blocking_get_holds_no_handler_and_a_second_run_answers() {
+    let agent = Agent::start();
+    agent.call(Method::PUT, "/v1/kv/k", "v1").await;
+    let index = agent
+        .call(Method::GET, "/v1/kv/k", "")
+        .await
+        .index
+        .expect("index");
+    let app = Router::new()
+        .route("/probe", axum::routing::get(probe))
+        .with_state(agent.state.clone())
+        .layer(axum::middleware::from_fn(super::park::run));
+    let get = |index: u64, body: &str| {
+        let request = Request::get(format!("/probe?index={index}&wait=1m"))
+            .body(Body::from(body.to_owned()))
+            .expect("request");
+        tokio::spawn(answer(app.clone(), request))
+    };
+
+    let waiting = get(index, "");
+    settle().await;
+    assert!(!waiting.is_finished(), "answered with its key unchanged");
+    assert_eq!(PROBE_RUNS.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        PROBE_LIVE.load(Ordering::SeqCst),
+        0,
+        "a handler is suspended"
+    );
+    assert_eq!(agent.backend.blocking_queries(), (1, 1));
+
+    agent.call(Method::PUT, "/v1/kv/k", "v2").await;
+    settle().await;
+    let woken = waiting.await.expect("join");
+    assert_eq!((woken.status, woken.body.as_str()), (StatusCode::OK, "v2"));
+    assert!(woken.index > Some(index), "{woken:?}");
+    assert_eq!(PROBE_RUNS.load(Ordering::SeqCst), 2);
+    assert_eq!(agent.backend.blocking_queries(), (0, 0));
+
+    let index = woken.index.expect("index");
+    let with_body = get(index, "x");
+    settle().await;
+    assert_eq!(
+        PROBE_LIVE.load(Ordering::SeqCst),
+        1,
+        "a GET with a body was parked"
+    );
+    agent.call(Method::PUT, "/v1/kv/k", "v3").await;
+    settle().await;
+    let woken = with_body.await.expect("join");
+    assert_eq!((woken.status, woken.body.as_str()), (StatusCode::OK, "v3"));
+    assert_eq!(PROBE_RUNS.load(Ordering::SeqCst), 3);
+    agent.stop().await;
+}
+
+/// The second run resolves the token again: one deleted while its blocking query waited gets
+/// no answer (Consul would answer with what the deleted token could read).
+#[tokio::test(start_paused = true)]
+async fn a_token_deleted_while_its_blocking_get_waits_is_refused_at_the_answer() {
+    let agent = Agent::with_acls(DefaultPolicy::Deny);
+    agent.init_acls().await;
+    let secret = all_but(&agent, Resource::Acl).await;
+    let put = agent
+        .call_as(Some(&secret), Method::PUT, "/v1/kv/k", "v1")
+        .await;
+    assert_eq!(put.status, StatusCode::OK, "{}", put.body);
+    let me = agent
+        .call_as(Some(&secret), Method::GET, "/v1/acl/token/self", "")
+        .await;
+    assert_eq!(me.status, StatusCode::OK, "{}", me.body);
+    let me: serde_json::Value = serde_json::from_str(&me.body).expect("JSON");
+    let accessor = me["AccessorID"].as_str().expect("AccessorID").to_owned();
+
+    let uri = format!("/v1/kv/k?raw&index={}&wait=1m", put_index(&agent).await);
+    let waiting = agent.send_as(Some(&secret), Method::GET, &uri, "").await;
+    let deleted = agent
+        .call_as(
+            Some(ROOT),
+            Method::DELETE,
+            &format!("/v1/acl/token/{accessor}"),
+            "",
+        )
+        .await;
+    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.body);
+    tokio::time::advance(Duration::from_millis(10)).await;
+    settle().await;
+    assert!(
+        !waiting.is_finished(),
+        "the token's deletion answered a KV wait"
+    );
+
+    agent
+        .call_as(Some(ROOT), Method::PUT, "/v1/kv/k", "v2")
+        .await;
+    settle().await;
+    let refused = waiting.await.expect("join");
+    assert_eq!(
+        (refused.status, refused.body.as_str()),
+        (StatusCode::FORBIDDEN, "ACL not found")
+    );
+    agent.stop().await;
+}
+
+/// The index of `k` as the management token reads it.
+async fn put_index(agent: &Agent) -> u64 {
+    let got = agent.call_as(Some(ROOT), Method::GET, "/v1/kv/k", "").await;
+    got.index.expect("index")
+}
+
+/// A client that hangs up while its blocking query waits takes the wait on the servers with
+/// it; `HEAD` and `?consistent` blocking reads are parked and answered like a GET.
+#[tokio::test(start_paused = true)]
+async fn a_parked_query_ends_with_its_client_and_every_read_mode_parks() {
+    let agent = Agent::start();
+    agent.call(Method::PUT, "/v1/kv/k", "v1").await;
+    let index = agent
+        .call(Method::GET, "/v1/kv/k", "")
+        .await
+        .index
+        .expect("index");
+
+    let gone = agent
+        .send(Method::GET, &format!("/v1/kv/k?index={index}&wait=1m"), "")
+        .await;
+    assert_eq!(agent.backend.blocking_queries(), (1, 1));
+    gone.abort();
+    settle().await;
+    assert_eq!(
+        agent.backend.blocking_queries(),
+        (0, 0),
+        "the wait outlived its client"
+    );
+
+    let head = agent
+        .send(Method::HEAD, &format!("/v1/kv/k?index={index}&wait=1m"), "")
+        .await;
+    let consistent = agent
+        .send(
+            Method::GET,
+            &format!("/v1/kv/k?raw&consistent&index={index}&wait=1m"),
+            "",
+        )
+        .await;
+    let keys = agent
+        .send(
+            Method::GET,
+            &format!("/v1/kv/?keys&index={index}&wait=1m"),
+            "",
+        )
+        .await;
+    assert_eq!(agent.backend.blocking_queries(), (3, 2));
+    agent.call(Method::PUT, "/v1/kv/k", "v2").await;
+    settle().await;
+    let head = head.await.expect("join");
+    assert_eq!((head.status, head.body.as_str()), (StatusCode::OK, ""));
+    assert!(head.index > Some(index), "{head:?}");
+    let consistent = consistent.await.expect("join");
+    assert_eq!(
+        (consistent.status, consistent.body.as_str()),
+        (StatusCode::OK, "v2")
+    );
+    let keys = keys.await.expect("join");
+    assert_eq!(
+        (keys.status, keys.body.as_str()),
+        (StatusCode::OK, r#"["k"]"#)
+    );
+    assert_eq!(agent.backend.blocking_queries(), (0, 0));
     agent.stop().await;
 }

@@ -689,6 +689,29 @@ async fn a_client_agent_certificate_over_raw_rpc_gets_only_what_its_token_grants
     let read = client.with_token(ROOT).get("/v1/kv/app/x?raw").await;
     assert_eq!((read.status, read.text()), (StatusCode::OK, "v".to_owned()));
     denied(&app.put("/v1/kv/other/x", "v").await);
+
+    // A blocking read waits outside its handler, and still asks the servers with its own
+    // request's token: the application's watch on its key wakes with the new value.
+    let index = app.get("/v1/kv/app/x").await.index();
+    let watch = {
+        let app = app.clone();
+        tokio::spawn(async move {
+            app.get(&format!("/v1/kv/app/x?raw&index={index}&wait=60s"))
+                .await
+        })
+    };
+    let stats = client.with_token(ROOT);
+    eventually(Duration::from_secs(30), "the watch waiting", || async {
+        let me = stats.get("/v1/agent/self").await.json();
+        (me["Stats"]["agent"]["blocking_queries"] == "1").then_some(())
+    })
+    .await;
+    ok(&app.put("/v1/kv/app/x", "v2").await);
+    let woken = watch.await.expect("join");
+    assert_eq!(
+        (woken.status, woken.text()),
+        (StatusCode::OK, "v2".to_owned())
+    );
     let follower = (0..3).find(|i| *i != leader).expect("a follower");
     let target = cluster.server_rpc(follower);
     let attacker = cluster.rpc_client(Role::Client, "attacker");
