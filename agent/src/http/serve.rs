@@ -23,6 +23,7 @@
 //!   timed by it.
 
 use std::collections::{BTreeMap, HashMap};
+use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -32,13 +33,13 @@ use std::time::Duration;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::service::TowerToHyperService;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tower_service::Service as _;
 
 /// Consul's answer to a connection over the per-client cap (hashicorp/go-connlimit).
 const TOO_MANY_CONNS: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\n\
@@ -186,24 +187,26 @@ impl Drop for Slot {
 
 /// The router as hyper calls it, telling the connection's [`Slot`] when it is in a request
 /// (until the response head is ready; a body still streaming out counts as idle, and closing
-/// such a connection gracefully lets the body finish first).
+/// such a connection gracefully lets the body finish first). It calls the router itself rather
+/// than through `hyper_util`'s tower adapter, whose future keeps room for a router and a
+/// request beside the router's own: a waiting blocking query holds this future.
 struct Tracked {
-    inner: TowerToHyperService<Router>,
+    router: Router,
     slot: Arc<Slot>,
 }
 
 type Request = hyper::Request<hyper::body::Incoming>;
-type Answer = <TowerToHyperService<Router> as hyper::service::Service<Request>>::Response;
-type Failure = <TowerToHyperService<Router> as hyper::service::Service<Request>>::Error;
+type Answer = axum::response::Response;
 
 impl hyper::service::Service<Request> for Tracked {
     type Response = Answer;
-    type Error = Failure;
-    type Future = Pin<Box<dyn Future<Output = Result<Answer, Failure>> + Send>>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Answer, Infallible>> + Send>>;
 
     fn call(&self, request: Request) -> Self::Future {
         self.slot.busy();
-        let answer = self.inner.call(request);
+        // A router is always ready: `call` needs no `poll_ready` first.
+        let answer = self.router.clone().call(request);
         let slot = Arc::clone(&self.slot);
         Box::pin(async move {
             let answer = answer.await;
@@ -378,15 +381,15 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let evicted = slot.evict.clone();
-    let mut builder = http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    let service = Tracked {
-        inner: TowerToHyperService::new(router),
-        slot,
+    let service = Tracked { router, slot };
+    // The builder in a block of its own, so that the connection's future keeps no room for it.
+    let conn = {
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_timeout);
+        builder.serve_connection(TokioIo::new(stream), service)
     };
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     let result = tokio::select! {
         result = conn.as_mut() => result,
