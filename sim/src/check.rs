@@ -30,7 +30,8 @@ impl BlockingAnswer {
     /// unchanged only when its wait runs out (CONSUL-SEMANTICS §3: it loops on every wake
     /// until the index moves past the one asked for), and so does Vigil.
     pub fn check(&self) -> Option<String> {
-        let latest = self.wait + self.wait / 16;
+        // The servers' timers fire on whole milliseconds (tokio's resolution).
+        let latest = self.wait + self.wait / 16 + Duration::from_millis(1);
         if self.served_in > latest {
             return Some(format!(
                 "from index {} with a wait of {:?} was held {:?}, beyond wait + wait/16",

@@ -51,7 +51,7 @@ pub enum Reply {
     Response(Response),
     Entry(Option<KvEntry>),
     /// A blocking read's answer and its index (`X-Consul-Index`, never 0).
-    Query(QueryResult, u64),
+    Query(Box<QueryResult>, u64),
     Renewed,
 }
 
@@ -203,7 +203,7 @@ impl World {
                     node.stopping(),
                 )
                 .await?;
-                Ok(Reply::Query(result, index.max(1)))
+                Ok(Reply::Query(Box::new(result), index.max(1)))
             }
             Call::Renew(id) if self.plant == Plant::RenewAnywhere && !leads(&node.raft) => {
                 match node.shared.read().sessions().get(&id) {

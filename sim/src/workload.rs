@@ -210,7 +210,7 @@ impl Client {
             self.world
                 .violation(format!("client {}: a blocking read {wrong}", self.id));
         }
-        Some((result, index))
+        Some((*result, index))
     }
 
     /// Runs the client until `until`.

@@ -191,8 +191,9 @@ impl Server {
 /// mode's checks pass (`lease`: its read lease), blocking as [`crate::watch::blocking_read`]
 /// does (`admit` and `stop` as there). A blocking read's wait runs from its arrival: the checks
 /// count in it, as Consul's timer starts before the leadership check of its loop, so a leader
-/// slow to confirm itself (a new one applying what earlier leaders committed) does not hold the
-/// read beyond its wait (the deterministic simulation found it held wait + 200 ms: seed 168).
+/// slow to confirm itself (a new one applying what earlier leaders committed, one whose
+/// heartbeats are slow or lost) does not hold the read beyond its wait (the deterministic
+/// simulation found reads held up to 700 ms beyond it: seeds 24, 53 and 1177 of vigil-sim).
 /// [`Server`] answers reads here; so does the simulation's.
 pub async fn read_local<P>(
     raft: &Raft,
@@ -204,20 +205,35 @@ pub async fn read_local<P>(
     stop: &CancellationToken,
 ) -> Result<(QueryResult, u64), ServerError> {
     let arrived = Instant::now();
-    // Boxed: the blocking read that follows holds this future while it waits, which would
-    // otherwise keep room for raft's confirmation.
-    match opts.consistency {
-        Consistency::Stale => {}
-        Consistency::Default => Box::pin(confirm_lease(raft, lease)).await?,
-        Consistency::Consistent => {
-            Box::pin(raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex))
+    let checks = async {
+        match opts.consistency {
+            Consistency::Stale => Ok(()),
+            Consistency::Default => confirm_lease(raft, lease).await,
+            Consistency::Consistent => raft
+                .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
                 .await
-                .map_err(|_| ServerError::NoLeader)?;
+                .map(|_| ())
+                .map_err(|_| ServerError::NoLeader),
         }
+    };
+    // Boxed: the blocking read that follows holds this future while it waits, which would
+    // otherwise keep room for raft's confirmation. A blocking read waits no longer for the
+    // checks than for its answer: a leader that cannot confirm itself within the wait is
+    // refused then, as having none, and the caller asks again or answers from its fallback.
+    if opts.min_index > 0 {
+        let wait = Duration::from_millis(opts.wait_ms);
+        tokio::time::timeout(wait, Box::pin(checks))
+            .await
+            .map_err(|_| ServerError::NoLeader)??;
+    } else {
+        Box::pin(checks).await?;
     }
-    let checked_in = u64::try_from(arrived.elapsed().as_millis()).unwrap_or(u64::MAX);
+    // Whole milliseconds, rounded up: the wait ends no later for them.
+    let checked_in = arrived.elapsed().as_micros().div_ceil(1000);
     let opts = QueryOptions {
-        wait_ms: opts.wait_ms.saturating_sub(checked_in),
+        wait_ms: opts
+            .wait_ms
+            .saturating_sub(u64::try_from(checked_in).unwrap_or(u64::MAX)),
         ..opts
     };
     let read = AnyRead::from(query);
