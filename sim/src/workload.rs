@@ -302,15 +302,18 @@ impl Client {
         else {
             return None;
         };
-        let value = entry
-            .as_ref()
-            .map(|e| String::from_utf8_lossy(&e.value).into_owned());
+        self.read_answered(key, entry.as_ref(), call);
+        Some(entry)
+    }
+
+    /// Records a read of `key` sent at `call` that found `entry`, and remembers what it saw.
+    fn read_answered(&mut self, key: &str, entry: Option<&KvEntry>, call: Instant) {
+        let value = entry.map(|e| String::from_utf8_lossy(&e.value).into_owned());
         self.seen.insert(
             key.to_owned(),
-            (value.clone(), entry.as_ref().map_or(0, |e| e.modify_index)),
+            (value.clone(), entry.map_or(0, |e| e.modify_index)),
         );
         self.record(key, Input::Read, Some(Output::Value(value)), call);
-        Some(entry)
     }
 
     /// A blocking read of `key` from the index this client last saw it at (a wait of up to
@@ -335,14 +338,7 @@ impl Client {
                 self.id, e.modify_index
             ));
         }
-        let value = entry
-            .as_ref()
-            .map(|e| String::from_utf8_lossy(&e.value).into_owned());
-        self.seen.insert(
-            key.to_owned(),
-            (value.clone(), entry.as_ref().map_or(0, |e| e.modify_index)),
-        );
-        self.record(key, Input::Read, Some(Output::Value(value)), call);
+        self.read_answered(key, entry.as_ref(), call);
     }
 
     fn fresh_value(&mut self) -> String {
@@ -555,7 +551,8 @@ impl Client {
         let (mut request, mut index) = (request, index);
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            // Less than a millisecond is no wait (the servers are asked in milliseconds).
+            if left < Duration::from_millis(1) {
                 let leave = leave(self.world.plant, &session, request);
                 let answer = match self.send(leave).await {
                     Outcome::Answered(reply) => Ok(reply),
