@@ -3,20 +3,25 @@
 //! where it lands when that server leads; otherwise it is forwarded once to the leader that
 //! server knows, and a forwarded request that finds no leader there is refused. Writes go
 //! through the server's proposer; a read confirms the leader's lease
-//! (`ensure_linearizable` with the read lease) and then reads its state, as a default-mode
-//! read does; a renewal confirms the lease, then asks the leader duties to restart the
+//! (the server's own `confirm_lease`) and then reads its state, as a default-mode read does;
+//! a blocking read is answered by the server's own `read_local`, as `Server::read_here`
+//! answers it (the lease confirmed, then `watch::blocking_read` on the server's watch
+//! registry); a renewal confirms the lease, then asks the leader duties to restart the
 //! session's timer.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use openraft::ServerState;
 use openraft::async_runtime::WatchReceiver as _;
 use tokio::sync::oneshot;
 use vigil_server::leader::{DutyInput, Renewal, session_ttl};
 use vigil_server::raft::NodeId;
+use vigil_server::server::{confirm_lease, leads, read_local};
 use vigil_shared::kv::KvEntry;
-use vigil_shared::rpc::{Op, Response, ServerError};
+use vigil_shared::rpc::{
+    Consistency, Op, QueryOptions, QueryResult, ReadQuery, Response, ServerError,
+};
 
 use crate::net::Lost;
 use crate::world::{Node, Party, Plant, World, timing};
@@ -30,6 +35,13 @@ pub enum Call {
     Write(Box<Op>),
     /// A default-mode read of one key.
     Read(String),
+    /// A default-mode blocking read (`?index=&wait=`): answered once its index is above
+    /// `min_index`, or after `wait_ms`.
+    Wait {
+        query: ReadQuery,
+        min_index: u64,
+        wait_ms: u64,
+    },
     Renew(String),
 }
 
@@ -38,25 +50,59 @@ pub enum Call {
 pub enum Reply {
     Response(Response),
     Entry(Option<KvEntry>),
+    /// A blocking read's answer and its index (`X-Consul-Index`, never 0).
+    Query(Box<QueryResult>, u64),
     Renewed,
 }
 
+/// The time a request spent on the simulated network (every leg it travelled, a forwarded
+/// one's too), in microseconds: what a blocking read's answer time is allowed beyond its wait.
+#[derive(Debug, Clone, Default)]
+pub struct Legs(Arc<AtomicU64>);
+
+impl Legs {
+    /// Travels one leg of `delay`, adding the time it took (tokio's timer rounds a sleep up to
+    /// its next millisecond).
+    pub async fn travel(&self, delay: Duration) {
+        let start = tokio::time::Instant::now();
+        tokio::time::sleep(delay).await;
+        let took = start.elapsed();
+        self.0.fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    pub fn total(&self) -> Duration {
+        Duration::from_micros(self.0.load(Ordering::Relaxed))
+    }
+}
+
+/// How long a client waits for the answer to `call` (a blocking read's wait on top).
+fn deadline(call: &Call) -> Duration {
+    match call {
+        Call::Wait { wait_ms, .. } => REQUEST_TTL + Duration::from_millis(*wait_ms),
+        _ => REQUEST_TTL,
+    }
+}
+
 impl World {
-    /// Client `client` sends `call` to server `at`.
+    /// Client `client` sends `call` to server `at`; `legs` adds up its time on the network.
     pub async fn request(
         self: &Arc<World>,
         client: usize,
         at: NodeId,
         call: Call,
+        legs: &Legs,
     ) -> Result<Reply, ServerError> {
         let is_write = matches!(call, Call::Write(_));
         let world = Arc::clone(self);
+        let ttl = deadline(&call);
+        let forward = legs.clone();
         let answer = self
             .carry(
                 Party::Client(client),
                 at,
-                REQUEST_TTL,
-                move |node| async move { world.at_leader(node, call).await },
+                ttl,
+                legs,
+                move |node| async move { world.at_leader(node, call, &forward).await },
             )
             .await;
         answer.unwrap_or_else(|lost| Err(lost_error(lost, is_write)))
@@ -68,13 +114,14 @@ impl World {
         self: &Arc<World>,
         node: Arc<Node>,
         call: Call,
+        legs: &Legs,
     ) -> Result<Reply, ServerError> {
         let planted = match call {
-            Call::Read(_) => self.plant == Plant::StaleReads,
+            Call::Read(_) | Call::Wait { .. } => self.plant == Plant::StaleReads,
             Call::Renew(_) => self.plant == Plant::RenewAnywhere,
             Call::Write(_) => false,
         };
-        if is_leader(&node) || planted {
+        if leads(&node.raft) || planted {
             return self.serve(&node, call).await;
         }
         let leader = {
@@ -90,9 +137,10 @@ impl World {
             .carry(
                 Party::Server(node.id),
                 leader,
-                REQUEST_TTL,
+                deadline(&call),
+                legs,
                 move |leader| async move {
-                    if is_leader(&leader) {
+                    if leads(&leader.raft) {
                         world.serve(&leader, call).await
                     } else {
                         Err(ServerError::NoLeader)
@@ -108,21 +156,63 @@ impl World {
             self.note(format!("node {} serves {call:?}", node.id));
         }
         match call {
-            Call::Write(op) => node.proposer.propose(*op).await.map(Reply::Response),
+            Call::Write(op) => match (*op, self.plant) {
+                (Op::DestroySession { .. }, Plant::LostDestroy) => {
+                    Ok(Reply::Response(Response::Done))
+                }
+                (Op::CreateSession(mut session), Plant::NoLockDelay) => {
+                    session.lock_delay_ns = 0;
+                    let op = Op::CreateSession(session);
+                    node.proposer.propose(op).await.map(Reply::Response)
+                }
+                (op, _) => node.proposer.propose(op).await.map(Reply::Response),
+            },
             Call::Read(key) => {
                 if self.plant != Plant::StaleReads {
-                    confirmed_leader(node).await?;
+                    confirm_lease(&node.raft, vigil_server::read_lease(timing())).await?;
                 }
                 Ok(Reply::Entry(node.shared.read().kv().get(&key).cloned()))
             }
-            Call::Renew(id) if self.plant == Plant::RenewAnywhere && !is_leader(node) => {
+            Call::Wait {
+                query,
+                min_index,
+                wait_ms,
+            } => {
+                let opts = QueryOptions {
+                    consistency: match self.plant {
+                        Plant::StaleReads => Consistency::Stale,
+                        _ => Consistency::Default,
+                    },
+                    min_index: match self.plant {
+                        Plant::EarlyWakes => 0,
+                        _ => min_index,
+                    },
+                    wait_ms: match self.plant {
+                        Plant::WaitIgnored => wait_ms * 4,
+                        _ => wait_ms,
+                    },
+                };
+                let lease = vigil_server::read_lease(timing());
+                let (result, index) = read_local(
+                    &node.raft,
+                    &node.shared,
+                    lease,
+                    opts,
+                    query,
+                    |_| Ok(()),
+                    node.stopping(),
+                )
+                .await?;
+                Ok(Reply::Query(Box::new(result), index.max(1)))
+            }
+            Call::Renew(id) if self.plant == Plant::RenewAnywhere && !leads(&node.raft) => {
                 match node.shared.read().sessions().get(&id) {
                     Some(_) => Ok(Reply::Renewed),
                     None => Err(ServerError::SessionNotFound(id)),
                 }
             }
             Call::Renew(id) => {
-                confirmed_leader(node).await?;
+                confirm_lease(&node.raft, vigil_server::read_lease(timing())).await?;
                 let ttl = {
                     let state = node.shared.read();
                     let session = state
@@ -159,25 +249,4 @@ fn lost_error(lost: Lost, is_write: bool) -> ServerError {
         Lost::TimedOut if is_write => ServerError::Indeterminate(lost.to_string()),
         Lost::TimedOut => ServerError::Unavailable(lost.to_string()),
     }
-}
-
-/// `Server::is_leader`: leading, with raft running.
-fn is_leader(node: &Node) -> bool {
-    let metrics = node.raft.metrics();
-    let m = metrics.borrow_watched();
-    m.running_state.is_ok() && m.state == ServerState::Leader
-}
-
-/// `Server::confirmed_leader`: leading under a read lease a quorum acknowledged, with
-/// everything committed applied.
-async fn confirmed_leader(node: &Node) -> Result<(), ServerError> {
-    if !is_leader(node) {
-        return Err(ServerError::NoLeader);
-    }
-    let lease = vigil_server::read_lease(timing());
-    node.raft
-        .ensure_linearizable(openraft::LinearizerOption::new(Some(lease), true))
-        .await
-        .map_err(|_| ServerError::NoLeader)?;
-    Ok(())
 }

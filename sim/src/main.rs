@@ -26,8 +26,14 @@ struct Args {
 }
 
 fn usage() -> ExitCode {
+    let plants: Vec<&str> = [Plant::None]
+        .into_iter()
+        .chain(Plant::ALL)
+        .map(Plant::name)
+        .collect();
     eprintln!(
-        "usage: vigil-sim [--seeds N] [--from S] [--seed S] [--trace] [--twice] [--threads T] [--plant none|lying-sync|stale-reads|renew-anywhere]"
+        "usage: vigil-sim [--seeds N] [--from S] [--seed S] [--trace] [--twice] [--threads T] [--plant NAME]\n  NAME: {}",
+        plants.join(", ")
     );
     ExitCode::from(2)
 }

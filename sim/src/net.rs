@@ -16,6 +16,7 @@ use openraft::raft::{
 use openraft::type_config::alias::{SnapshotOf, VoteOf};
 use vigil_server::raft::{Node as RaftNode, NodeId, SnapshotData, TypeConfig};
 
+use crate::gateway::Legs;
 use crate::world::{Node, Party, World};
 
 /// Why a message got no answer.
@@ -40,12 +41,14 @@ impl std::error::Error for Lost {}
 
 impl World {
     /// Carries a request from `from` to server `to`, has `serve` answer it there, and carries
-    /// the answer back, all within `ttl`.
+    /// the answer back, all within `ttl`; `legs` adds up the time on the network. A server that
+    /// crashed while serving sends no answer.
     pub async fn carry<T, F, Fut>(
         &self,
         from: Party,
         to: NodeId,
         ttl: Duration,
+        legs: &Legs,
         serve: F,
     ) -> Result<T, Lost>
     where
@@ -56,15 +59,18 @@ impl World {
             let Some(there) = self.leg(from, Party::Server(to)) else {
                 return std::future::pending().await;
             };
-            tokio::time::sleep(there).await;
+            legs.travel(there).await;
             let Some(node) = self.node(to) else {
                 return Err(Lost::Refused);
             };
-            let answer = serve(node).await;
+            let answer = serve(Arc::clone(&node)).await;
+            if !self.node(to).is_some_and(|now| Arc::ptr_eq(&now, &node)) {
+                return std::future::pending().await;
+            }
             let Some(back) = self.leg(Party::Server(to), from) else {
                 return std::future::pending().await;
             };
-            tokio::time::sleep(back).await;
+            legs.travel(back).await;
             Ok(answer)
         };
         tokio::time::timeout(ttl, trip)
@@ -117,7 +123,13 @@ impl SimPeer {
     {
         match self
             .world
-            .carry(Party::Server(self.from), self.to, option.hard_ttl(), serve)
+            .carry(
+                Party::Server(self.from),
+                self.to,
+                option.hard_ttl(),
+                &Legs::default(),
+                serve,
+            )
             .await
         {
             Ok(Ok(answer)) => Ok(answer),
@@ -173,6 +185,7 @@ impl RaftNetworkV2<TypeConfig> for SimPeer {
                 Party::Server(self.from),
                 self.to,
                 option.hard_ttl(),
+                &Legs::default(),
                 install,
             )
             .await

@@ -147,7 +147,12 @@ async fn setup_protocol(world: &Arc<World>, client: usize) {
     loop {
         let at = world.servers[0];
         if world
-            .request(client, at, Call::Write(Box::new(op.clone())))
+            .request(
+                client,
+                at,
+                Call::Write(Box::new(op.clone())),
+                &crate::gateway::Legs::default(),
+            )
             .await
             .is_ok()
         {

@@ -37,10 +37,32 @@ pub enum Plant {
     /// Renewals are acknowledged by whichever server is asked, without forwarding them to the
     /// leader or confirming its lease: a renewal may reach no TTL timer.
     RenewAnywhere,
+    /// Blocking reads ignore their wait: they block four times as long unless a write wakes
+    /// them.
+    WaitIgnored,
+    /// Blocking reads ignore their index: they answer at once, changed or not.
+    EarlyWakes,
+    /// The agent gives up a place in the lock queue with a plain release (the first release's
+    /// way) rather than a leave that names its request: a client that retried on a new
+    /// connection and was granted loses the lock to the old request's clean-up.
+    LeaveReleases,
+    /// A session's lock-delay is lost on the way to raft (created with none).
+    NoLockDelay,
+    /// A session's destroy is acknowledged without being committed.
+    LostDestroy,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 3] = [Plant::LyingSync, Plant::StaleReads, Plant::RenewAnywhere];
+    pub const ALL: [Plant; 8] = [
+        Plant::LyingSync,
+        Plant::StaleReads,
+        Plant::RenewAnywhere,
+        Plant::WaitIgnored,
+        Plant::EarlyWakes,
+        Plant::LeaveReleases,
+        Plant::NoLockDelay,
+        Plant::LostDestroy,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -48,6 +70,11 @@ impl Plant {
             Plant::LyingSync => "lying-sync",
             Plant::StaleReads => "stale-reads",
             Plant::RenewAnywhere => "renew-anywhere",
+            Plant::WaitIgnored => "wait-ignored",
+            Plant::EarlyWakes => "early-wakes",
+            Plant::LeaveReleases => "leave-releases",
+            Plant::NoLockDelay => "no-lock-delay",
+            Plant::LostDestroy => "lost-destroy",
         }
     }
 
@@ -94,6 +121,13 @@ pub struct Node {
     tasks: TaskTracker,
 }
 
+impl Node {
+    /// Cancelled when the server crashes: what it still serves then goes nowhere.
+    pub fn stopping(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+}
+
 /// What the checks gather while the run goes.
 #[derive(Default)]
 struct Record {
@@ -106,6 +140,12 @@ struct Record {
     expiry_proposed: BTreeMap<LogId, (Vec<String>, Instant)>,
     /// Committed TTL expiries: session → when proposed.
     expired: BTreeMap<String, Instant>,
+    /// The clock every committed entry was applied with (the state machine's: the largest
+    /// stamp so far), by index.
+    stamps: BTreeMap<u64, u64>,
+    /// Each session's invalidation (destroy or TTL expiry): the first committed entry ending
+    /// it, as (index, clock it was applied with).
+    invalidated: BTreeMap<String, (u64, u64)>,
     violations: Vec<String>,
     trace: Vec<String>,
 }
@@ -364,6 +404,7 @@ impl World {
         let from = record.compared.get(&node).map_or(0, |c| c + 1);
         let mut found = Vec::new();
         let mut expired = Vec::new();
+        let mut ended = Vec::new();
         for (index, entry) in entries.range(from..=upto) {
             let bytes = postcard::to_allocvec(&entry.payload).unwrap_or_default();
             let digest = fnv(&bytes, FNV_START);
@@ -382,12 +423,23 @@ impl World {
                     if let Some((sessions, at)) = record.expiry_proposed.get(&entry.log_id) {
                         expired.extend(sessions.iter().map(|s| (s.clone(), *at)));
                     }
+                    if let EntryPayload::Normal(cmd) = &entry.payload {
+                        let last = record.stamps.values().next_back().copied().unwrap_or(0);
+                        let stamp = cmd.now_ms.max(last);
+                        record.stamps.insert(*index, stamp);
+                        let mut ids = Vec::new();
+                        invalidations(&cmd.op, &mut ids);
+                        ended.extend(ids.into_iter().map(|id| (id, (*index, stamp))));
+                    }
                 }
             }
         }
         record.compared.insert(node, upto);
         for (session, at) in expired {
             record.expired.entry(session).or_insert(at);
+        }
+        for (session, at) in ended {
+            record.invalidated.entry(session).or_insert(at);
         }
         drop(record);
         for what in found {
@@ -414,6 +466,27 @@ impl World {
     /// Sessions whose TTL expiry committed, with when the leader proposed it.
     pub fn expired(&self) -> BTreeMap<String, Instant> {
         self.record.lock().expired.clone()
+    }
+
+    /// The clock the committed entry at `index` was applied with (ms, the servers' wall
+    /// clock), if it committed.
+    pub fn stamp(&self, index: u64) -> Option<u64> {
+        self.record.lock().stamps.get(&index).copied()
+    }
+
+    /// Sessions invalidated (destroyed or expired), with the index and clock of the entry
+    /// that did it.
+    pub fn invalidated(&self) -> BTreeMap<String, (u64, u64)> {
+        self.record.lock().invalidated.clone()
+    }
+}
+
+/// The sessions `op` ends: destroys and TTL expiries (idempotent: the first to commit counts).
+fn invalidations(op: &Op, out: &mut Vec<String>) {
+    match op {
+        Op::ExpireSession { id } | Op::DestroySession { id } => out.push(id.clone()),
+        Op::Batch(ops) => ops.iter().for_each(|op| invalidations(op, out)),
+        _ => {}
     }
 }
 

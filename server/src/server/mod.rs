@@ -18,7 +18,7 @@ mod status;
 mod tests;
 
 pub(crate) use forward::Hop;
-pub use requests::read_lease;
+pub use requests::{confirm_lease, leads, read_lease, read_local};
 pub use status::RaftStats;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -373,12 +373,9 @@ impl Server {
         self.shutdown.is_cancelled()
     }
 
-    /// Leading, with raft running: a server whose raft stopped (a storage failure) keeps the
-    /// last state in its metrics, and must not claim anything from it.
+    /// Leading, with raft running (see [`leads`]).
     pub(crate) fn is_leader(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let m = metrics.borrow_watched();
-        m.running_state.is_ok() && m.state == ServerState::Leader
+        leads(&self.raft)
     }
 
     /// Resolves when raft on this server has stopped for good on a fatal error (a failed log

@@ -88,25 +88,12 @@ impl Server {
         opts: QueryOptions,
         query: ReadQuery,
     ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        // Boxed: the blocking read that follows holds this future while it waits, which would
-        // otherwise keep room for raft's confirmation.
-        match opts.consistency {
-            Consistency::Stale => {}
-            Consistency::Default => Box::pin(self.confirmed_leader()).await?,
-            Consistency::Consistent => {
-                Box::pin(
-                    self.raft
-                        .ensure_linearizable(openraft::ReadPolicy::ReadIndex),
-                )
-                .await
-                .map_err(|_| ServerError::NoLeader)?;
-            }
-        }
-        let read = AnyRead::from(query);
-        let (result, index) = crate::watch::blocking_read(
-            &self.shared.watches,
+        let (result, index) = read_local(
+            &self.raft,
+            &self.shared,
+            self.read_lease(),
             opts,
-            || read.read(&self.shared.read()),
+            query,
             |found| self.blocking_slot(found),
             &self.shutdown,
         )
@@ -115,28 +102,9 @@ impl Server {
         Ok((result, self.meta(index)))
     }
 
-    /// Checks that this server leads under a valid read lease: a quorum acknowledged a message
-    /// it sent within [`Server::read_lease`] (on the monotonic clock), else a heartbeat round
-    /// confirms it; then waits until everything committed is applied. A leader paused longer
-    /// than the lease (SIGSTOP, a long stall) has lost it when it resumes, and finds the new
-    /// term in that round instead of answering from its old one; a new leader, or a server
-    /// restarted as the leader of a term already over, answers only once it has applied what
-    /// earlier leaders committed. No one else can be elected while the lease runs: a voter
-    /// keeps raft's longer lease on the leader it follows, and waives it for a dead leader
-    /// only once it has not heard from it for the read lease (see `evidence`), so every vote
-    /// of a new majority comes after the old leader's lease ended.
+    /// Checks that this server leads under a valid read lease (see [`confirm_lease`]).
     pub(super) async fn confirmed_leader(&self) -> Result<(), ServerError> {
-        if !self.is_leader() {
-            return Err(ServerError::NoLeader);
-        }
-        self.raft
-            .ensure_linearizable(openraft::LinearizerOption::new(
-                Some(self.read_lease()),
-                true,
-            ))
-            .await
-            .map_err(|_| ServerError::NoLeader)?;
-        Ok(())
+        confirm_lease(&self.raft, self.read_lease()).await
     }
 
     /// How recent a quorum's acknowledgement must be for the leader to answer reads and
@@ -217,6 +185,96 @@ impl Server {
         }
         Ok(session)
     }
+}
+
+/// Answers a read from the state of the server whose raft is `raft`, once the consistency
+/// mode's checks pass (`lease`: its read lease), blocking as [`crate::watch::blocking_read`]
+/// does (`admit` and `stop` as there). A blocking read's wait runs from its arrival: the checks
+/// count in it, as Consul's timer starts before the leadership check of its loop, so a leader
+/// slow to confirm itself (a new one applying what earlier leaders committed, one whose
+/// heartbeats are slow or lost) does not hold the read beyond its wait (the deterministic
+/// simulation found reads held up to 3 s beyond it: seeds 24, 53 and 2220 of vigil-sim).
+/// [`Server`] answers reads here; so does the simulation's.
+pub async fn read_local<P>(
+    raft: &Raft,
+    shared: &SharedState,
+    lease: Duration,
+    opts: QueryOptions,
+    query: ReadQuery,
+    admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
+    stop: &CancellationToken,
+) -> Result<(QueryResult, u64), ServerError> {
+    let arrived = Instant::now();
+    let checks = async {
+        match opts.consistency {
+            Consistency::Stale => Ok(()),
+            Consistency::Default => confirm_lease(raft, lease).await,
+            Consistency::Consistent => raft
+                .ensure_linearizable(openraft::ReadPolicy::ReadIndex)
+                .await
+                .map(|_| ())
+                .map_err(|_| ServerError::NoLeader),
+        }
+    };
+    // Boxed: the blocking read that follows holds this future while it waits, which would
+    // otherwise keep room for raft's confirmation. A blocking read waits no longer for the
+    // checks than for its answer: a leader that cannot confirm itself within the wait is
+    // refused then, as having none, and the caller asks again or answers from its fallback
+    // (the agent's, by wait + wait/16). A read with no wait left confirms as a plain one.
+    if opts.min_index > 0 && opts.wait_ms > 0 {
+        let wait = Duration::from_millis(opts.wait_ms);
+        tokio::time::timeout(wait, Box::pin(checks))
+            .await
+            .map_err(|_| ServerError::NoLeader)??;
+    } else {
+        Box::pin(checks).await?;
+    }
+    // Whole milliseconds, rounded up: the wait ends no later for them.
+    let checked_in = arrived.elapsed().as_micros().div_ceil(1000);
+    let opts = QueryOptions {
+        wait_ms: opts
+            .wait_ms
+            .saturating_sub(u64::try_from(checked_in).unwrap_or(u64::MAX)),
+        ..opts
+    };
+    let read = AnyRead::from(query);
+    crate::watch::blocking_read(
+        &shared.watches,
+        opts,
+        || read.read(&shared.read()),
+        admit,
+        stop,
+    )
+    .await
+}
+
+/// Whether the server whose raft is `raft` leads, with raft running: a server whose raft
+/// stopped (a storage failure) keeps the last state in its metrics, and must not claim
+/// anything from it.
+pub fn leads(raft: &Raft) -> bool {
+    let metrics = raft.metrics();
+    let m = metrics.borrow_watched();
+    m.running_state.is_ok() && m.state == ServerState::Leader
+}
+
+/// Checks that the server whose raft is `raft` leads under a valid read lease (`lease`,
+/// [`read_lease`]): a quorum acknowledged a message it sent within it (on the monotonic
+/// clock), else a heartbeat round confirms it; then waits until everything committed is
+/// applied. A leader paused longer than the lease (SIGSTOP, a long stall) has lost it when it
+/// resumes, and finds the new term in that round instead of answering from its old one; a new
+/// leader, or a server restarted as the leader of a term already over, answers only once it
+/// has applied what earlier leaders committed. No one else can be elected while the lease
+/// runs: a voter keeps raft's longer lease on the leader it follows, and waives it for a dead
+/// leader only once it has not heard from it for the read lease (see `evidence`), so every vote
+/// of a new majority comes after the old leader's lease ended.
+pub async fn confirm_lease(raft: &Raft, lease: Duration) -> Result<(), ServerError> {
+    if !leads(raft) {
+        return Err(ServerError::NoLeader);
+    }
+    raft.ensure_linearizable(openraft::LinearizerOption::new(Some(lease), true))
+        .await
+        .map_err(|_| ServerError::NoLeader)?;
+    Ok(())
 }
 
 /// [`Server::read_lease`] for raft timing `timing`.
