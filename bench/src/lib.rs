@@ -124,7 +124,7 @@ impl System {
 /// Command-line options.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// Shorter windows and fewer rounds, one repetition: about 7 minutes.
+    /// Shorter windows and fewer rounds, one repetition: about 12 minutes.
     pub quick: bool,
     /// How many times every workload runs (3 by default, 1 with `--quick`).
     pub repetitions: usize,
