@@ -168,7 +168,7 @@ impl Ctx {
         };
         let answer = match park.claim(backend.blocking(opts, query.into())?) {
             park::Claim::Parked => return Err(error::ApiError::parked()),
-            park::Claim::Answered(answer) => answer,
+            park::Claim::Answered(resumed) => resumed.answer,
             park::Claim::Wait(blocking) => blocking.answer().await,
         };
         Ok(crate::backend::typed::<Q>(answer?)?)

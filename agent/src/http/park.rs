@@ -28,11 +28,17 @@ enum Parking {
     Open,
     /// The first run's first blocking read, not waited for: the front layer waits.
     Parked(Blocking),
-    /// The second run, with the answer its first blocking read is to take (and the read it
-    /// answers). Boxed: every waiting request holds a `Parking`, mostly not this.
-    Resumed(Box<(Vec<u8>, Answer)>),
+    /// The second run, with the answer its first blocking read is to take. Boxed: every
+    /// waiting request holds a `Parking`, mostly not this.
+    Resumed(Box<Resumed>),
     /// Nothing left to park or take: reads block where they are.
     Spent,
+}
+
+/// What the front layer waited for, and the read it answers (what it asked, encoded).
+pub struct Resumed {
+    asked: Vec<u8>,
+    pub answer: Answer,
 }
 
 /// What a request's blocking read does.
@@ -40,7 +46,7 @@ pub enum Claim {
     /// Nothing: the front layer waits for it, and the handler is to unwind at once.
     Parked,
     /// Answers with what the front layer waited for.
-    Answered(Answer),
+    Answered(Box<Resumed>),
     /// Waits where it is.
     Wait(Blocking),
 }
@@ -59,7 +65,9 @@ impl Park {
                 *parking = Parking::Parked(blocking);
                 Claim::Parked
             }
-            Parking::Resumed(resumed) if resumed.0 == blocking.asks() => Claim::Answered(resumed.1),
+            Parking::Resumed(resumed) if resumed.asked == blocking.asks() => {
+                Claim::Answered(resumed)
+            }
             Parking::Parked(_) | Parking::Resumed(..) | Parking::Spent => Claim::Wait(blocking),
         }
     }
@@ -97,7 +105,10 @@ pub fn run(mut req: Request, next: Next) -> impl Future<Output = Response> + Sen
         let answer = blocking.answer().await;
         let mut req = head.into_request();
         req.extensions_mut()
-            .insert(Park::new(Parking::Resumed(Box::new((asked, answer)))));
+            .insert(Park::new(Parking::Resumed(Box::new(Resumed {
+                asked,
+                answer,
+            }))));
         Box::pin(next.run(req)).await
     }
 }
