@@ -27,8 +27,9 @@ pub struct BlockingAnswer {
 impl BlockingAnswer {
     /// What is wrong with it: answered later than `wait + wait/16`, or unchanged (an index not
     /// above the one asked for) before its wait was over. Consul's blocking query answers
-    /// unchanged only when its wait runs out (CONSUL-SEMANTICS §3: it loops on every wake
-    /// until the index moves past the one asked for), and so does Vigil.
+    /// unchanged only when its wait runs out (it loops on every wake until the index moves
+    /// past the one asked for: docs/consul-compatibility.md, "Blocking queries and
+    /// consistency"), and so does Vigil.
     pub fn check(&self) -> Option<String> {
         // The servers' timers fire on whole milliseconds (tokio's resolution).
         let latest = self.wait + self.wait / 16 + Duration::from_millis(1);
