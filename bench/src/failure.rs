@@ -293,8 +293,8 @@ const CONSUL_NOTE: &str = "Consul: a client agent holding the lock with a sessio
     serfHealth (lock-delay 0) is killed with kill -9, and a server's client polls with \
     ?acquire until it gets the lock; Consul's servers notice through gossip at its defaults (a \
     1 s probe interval, then a suspicion of at least 4 s) and invalidate the session. Its \
-    figure is the median of the rounds of the silent row (3 per repetition), not of the 10 \
-    kill rounds: each takes Consul's suspicion.";
+    figure is the median of the rounds of the silent row, not of the kill rounds: each takes \
+    Consul's suspicion.";
 
 /// Consul's kill → lock free, per round (`None` without a Consul cluster).
 async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Duration>>> {

@@ -169,7 +169,7 @@ Consul figure.
   writers put 1,000 writes a second (paced) to keys nobody watches: the wake times and the
   write rate reached. Those keys are written before the watchers register, because Consul
   answers a blocking query on a missing key with the whole KV table's index, so that any
-  nearby write returns it.
+  nearby write returns it. (`--quick`: 2,000 and 500 watchers, and no 100,000.)
 - **Failure detection**: a lock holder dies (`kill -9` of a Vigil client agent; an etcd client
   whose keep-alives stop and whose connection closes) → the lock is free for others. Vigil
   notices through gossip (`lan` profile: a killed agent's closed port is evidence, so no
@@ -202,6 +202,9 @@ Consul figure.
 - **Footprint**: on fresh clusters, the idle RSS of a Vigil and a Consul client agent, and the
   largest server's RSS empty and with 100,000 keys (128-byte values, 64 per transaction) and
   10,000 sessions / leases (Vigil and Consul by the same code).
+- **`--quick`** (CI's smoke test of the harness, on debug builds): one repetition; besides the
+  shorter windows and the smaller shapes named above, 1 round of each failure, stall and
+  failover (5 kill rounds), and a footprint of 20,000 keys and 2,000 sessions.
 "#;
 
 /// Which direction is better for a metric.
@@ -750,7 +753,8 @@ impl Report {
             .collect();
     }
 
-    /// Rows with a figure missing on either side (a workload that produced nothing).
+    /// Rows with a figure missing on either side (a workload that produced nothing), and the
+    /// workloads that failed, each with its error (so that a CI log's last lines say why).
     pub fn missing(&self) -> Vec<String> {
         let mut missing: Vec<String> = self
             .rows
@@ -764,7 +768,10 @@ impl Report {
             })
             .map(|r| r.id.clone())
             .collect();
-        missing.extend(self.failures().map(|(_, f)| f.workload.clone()));
+        missing.extend(
+            self.failures()
+                .map(|(run, f)| format!("{} (run {run}: {})", f.workload, f.error)),
+        );
         missing
     }
 
