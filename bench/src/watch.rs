@@ -33,6 +33,7 @@ use etcd_client::WatchOptions;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
+use nix::sys::socket::{setsockopt, sockopt};
 use serde::Serialize;
 use serde_json::json;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -75,7 +76,7 @@ const LARGE: Shape = Shape {
 /// Open files the harness and the agent under test need for [`LARGE`], with room to spare.
 const LARGE_OPEN_FILES: u64 = 131_072;
 /// Connections opened from one loopback address: one address has about 28,000 ephemeral ports
-/// for connections to one server port.
+/// for connections to one server port (see [`watch_on`]).
 const CONNS_PER_ADDRESS: usize = 20_000;
 /// Puts a second to keys nobody watches, while the shape under load is probed.
 const LOAD_RATE: usize = 1_000;
@@ -392,14 +393,51 @@ impl Probe {
 /// as a Consul client sends it; `Ok` when it is answered `200` (its key was written).
 async fn watch_on(server: SocketAddr, local: IpAddr, path: String) -> Result<()> {
     let socket = TcpSocket::new_v4()?;
+    // The port is picked at connect time, unique per source and destination: a `bind` with
+    // port 0 would reserve one of the machine's ~28,000 ephemeral ports for this watcher
+    // alone, and a closed watcher's port stays reserved for a minute (TIME-WAIT, on this side,
+    // which closes first). The leader shapes of Vigil and Consul left 20,000 so reserved, and
+    // the shape through a client agent then ran out at about 8,300 watchers, and every other
+    // new connection on the machine with it ("cannot assign requested address").
+    setsockopt(&socket, sockopt::IpBindAddressNoPort, &true)?;
     socket.bind(SocketAddr::new(local, 0))?;
     let mut stream = socket.connect(server).await?;
     let request = format!("GET {path} HTTP/1.1\r\nHost: {server}\r\n\r\n");
     stream.write_all(request.as_bytes()).await?;
     let mut status = [0; 12];
     stream.read_exact(&mut status).await?;
-    ensure!(&status == b"HTTP/1.1 200", "answered {status:?}");
-    Ok(())
+    if &status == b"HTTP/1.1 200" {
+        return Ok(());
+    }
+    // What it answered instead, as far as the first few hundred bytes or a second go.
+    let mut rest = [0; 512];
+    let read = timeout(QUIET, stream.read(&mut rest))
+        .await
+        .unwrap_or(Ok(0))?;
+    bail!(
+        "answered {}",
+        String::from_utf8_lossy(&[&status[..], &rest[..read]].concat()).replace("\r\n", " | ")
+    )
+}
+
+/// Watchers whose read failed (anything but a `200`), and the first one's error.
+#[derive(Default)]
+struct Failed(parking_lot::Mutex<(usize, Option<String>)>);
+
+impl Failed {
+    fn record(&self, error: &anyhow::Error) {
+        let mut failed = self.0.lock();
+        failed.0 += 1;
+        failed.1.get_or_insert_with(|| format!("{error:#}"));
+    }
+
+    /// `; N watchers' reads failed, the first: <error>`, or nothing when none did.
+    fn describe(&self) -> String {
+        match &*self.0.lock() {
+            (0, _) | (_, None) => String::new(),
+            (n, Some(first)) => format!("; {n} watchers' reads failed, the first: {first}"),
+        }
+    }
 }
 
 /// Blocking queries of `shape` on the Vigil (or Consul) agent at `addr` (process `pid`, which
@@ -423,6 +461,7 @@ async fn http_watchers(
     let fds_before = open_files(pid)?;
     let started = Instant::now();
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let failed = Arc::new(Failed::default());
     let mut watchers = JoinSet::new();
     let total = shape.total();
     for i in 0..total {
@@ -434,11 +473,14 @@ async fn http_watchers(
         );
         // 127.0.0.2 and on: the next address once one has given this many ports.
         let local = Ipv4Addr::new(127, 0, 0, 2 + u8::try_from(i / CONNS_PER_ADDRESS)?);
-        let tx = tx.clone();
+        let (tx, failures) = (tx.clone(), Arc::clone(&failed));
         watchers.spawn(async move {
             // A failed read is no wakeup: the probe then finds a watcher missing.
-            if watch_on(addr, local.into(), path).await.is_ok() {
-                let _ = tx.send((i, Instant::now()));
+            match watch_on(addr, local.into(), path).await {
+                Ok(()) => {
+                    let _ = tx.send((i, Instant::now()));
+                }
+                Err(e) => failures.record(&e),
             }
         });
         if (i + 1) % BATCH == 0 || i + 1 == total {
@@ -449,8 +491,9 @@ async fn http_watchers(
             while open_files(pid)? < want {
                 if Instant::now() >= deadline {
                     bail!(
-                        "the agent accepted {} of {want} connections",
-                        open_files(pid)?
+                        "the agent accepted {} of {want} connections{}",
+                        open_files(pid)?,
+                        failed.describe()
                     );
                 }
                 sleep(Duration::from_millis(20)).await;
@@ -460,7 +503,8 @@ async fn http_watchers(
     let load = load.then(|| writer.clone());
     let fan_out = Probe::new(shape, pid, rss_before, started, load)
         .run(&mut rx, |key| writer(key, b"woken".to_vec()))
-        .await?;
+        .await
+        .with_context(|| format!("watchers{}", failed.describe()))?;
     watchers.shutdown().await;
     Ok(fan_out)
 }
