@@ -39,6 +39,9 @@ const CONSUL_NOTE: &str = "Consul runs with its default `performance.raft_multip
     production): heartbeat and election timeouts of 5 s instead of 1 s, and a follower that \
     still hears of the old leader refuses its votes until its own timeout runs out.";
 
+/// Longest a Consul server restarted in the round before may take to accept sessions again.
+const HEALTHY_LIMIT: Duration = Duration::from_secs(30);
+
 /// The TTL of the lease an etcd round's first lock is taken with (it outlives the round).
 const LOCK_LEASE_SECS: i64 = 60;
 
@@ -187,7 +190,7 @@ async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round
         let (old, _) = consul.leader().await?;
         let survivor = consul.running_http().into_iter().find(|http| *http != old);
         let writer = Client::new(&survivor.context("no other Consul server")?)?;
-        let session = writer.session_create(&lock_session()).await?;
+        let session = consul_session(&writer).await?;
         consul.kill9_leader().await?;
         let killed = Instant::now();
         let write = first_write(writer.clone(), round, killed);
@@ -200,6 +203,25 @@ async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round
         writer.session_destroy(&session).await?;
     }
     Ok(Some(results))
+}
+
+/// Round `round`'s session on the Consul server `writer` speaks to, made before the kill (not
+/// timed). The server restarted in the round before may still be critical in its own gossip
+/// health for a few seconds, and Consul refuses a session on a critical node ("Check
+/// 'serfHealth' is in critical state"), so it is asked again until [`HEALTHY_LIMIT`].
+async fn consul_session(writer: &Client) -> Result<String> {
+    let deadline = Instant::now() + HEALTHY_LIMIT;
+    loop {
+        match writer.session_create(&lock_session()).await {
+            Ok(session) => return Ok(session),
+            Err(_) if Instant::now() < deadline => {
+                sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => {
+                return Err(e).context(format!("no session within {HEALTHY_LIMIT:?}"));
+            }
+        }
+    }
 }
 
 /// Kill → new agreed leader and kill → first write from a client of every member, per round.
