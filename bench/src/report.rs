@@ -43,7 +43,7 @@ per phase", and its figures deserve less trust.
 scripts/install-etcd.sh    # Debian's etcd-server, plus protoc for the etcd-client crate's build
 scripts/install-consul.sh  # Consul 1.8.7 from Debian bullseye (optional: its column stays empty)
 cargo run --release -p vigil-bench --features etcd -- --out /tmp/mine  # full run: 3 repetitions
-cargo run --release -p vigil-bench --features etcd -- --quick          # 1 repetition, ~12 min
+cargo run --release -p vigil-bench --features etcd -- --quick          # 1 repetition, ~7 min
 ```
 
 The `etcd` feature brings in etcd's gRPC client, whose build needs `protoc`; it is off by
