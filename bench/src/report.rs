@@ -1040,10 +1040,8 @@ mod tests {
         assert_eq!(latency.vigil_vs_consul, None);
     }
 
-    /// Three repetitions' rows become their medians, with each figure's and ratio's range; a
-    /// ratio's median is the median of the repetitions' ratios, not a ratio of medians.
-    #[test]
-    fn repetitions_merge_into_medians_and_ranges() {
+    /// An empty report of a made-up machine.
+    fn report() -> Report {
         let machine = Machine {
             cores: 2,
             cpu_model: "test".to_owned(),
@@ -1058,7 +1056,31 @@ mod tests {
             etcd: "e".to_owned(),
             consul: "c".to_owned(),
         };
-        let mut report = Report::new("d".to_owned(), "full", machine, versions);
+        Report::new("d".to_owned(), "full", machine, versions)
+    }
+
+    /// `--check` prints what `missing` lists: a failed workload comes with its error, so that
+    /// the last lines of a CI log say why.
+    #[test]
+    fn a_failed_workload_is_missing_with_its_error() {
+        let mut report = report();
+        report.begin_repetition(System::order());
+        report.fail(
+            "watch_fanout",
+            &anyhow::anyhow!("the agent accepted 8302 of 8951"),
+        );
+        report.finish(1.0);
+        assert_eq!(
+            report.missing(),
+            ["watch_fanout (run 1: the agent accepted 8302 of 8951)"]
+        );
+    }
+
+    /// Three repetitions' rows become their medians, with each figure's and ratio's range; a
+    /// ratio's median is the median of the repetitions' ratios, not a ratio of medians.
+    #[test]
+    fn repetitions_merge_into_medians_and_ranges() {
+        let mut report = report();
         for (v, e) in [(300.0, 100.0), (200.0, 200.0), (900.0, 150.0)] {
             report.begin_repetition(System::order());
             let row = Row::new("r.rate", "W", "ops/s", Better::Higher, Some(v), Some(e));
