@@ -61,9 +61,8 @@ const SETTLE: Duration = Duration::from_secs(3);
 const QUIET: Duration = Duration::from_secs(1);
 /// Longest a wakeup may take.
 const WAKE_LIMIT: Duration = Duration::from_secs(30);
-/// Longest an agent may take to accept a batch of watchers' connections. Not a measured
-/// figure (the registration time is): a debug agent on a loaded machine, opening a stream to
-/// the leader for each distinct read, took over 30 s for the ninth thousand.
+/// Longest an agent may take to accept a batch of watchers' connections: a guard, not a
+/// measured figure (the registration time is).
 const ACCEPT_LIMIT: Duration = Duration::from_secs(120);
 /// The largest shape: 100,000 watchers on one client agent.
 const LARGE: Shape = Shape {
