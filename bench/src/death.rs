@@ -66,7 +66,7 @@ fn vigil_lock(base: &str, prefix: &str, script: &str, dir: &Path) -> Result<Chil
 }
 
 /// Polls `what` until it gives a value, for at most [`LIMIT`].
-async fn until<T, F: Future<Output = Option<T>>>(
+pub(super) async fn until<T, F: Future<Output = Option<T>>>(
     what: &str,
     mut probe: impl FnMut() -> F,
 ) -> Result<T> {

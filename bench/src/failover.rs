@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, timeout};
 use vigil_client::{Client, SessionRequest};
 
+use super::death::until;
 use super::etcd::connect;
 use super::load::median;
 use super::report::{Better, Outcome, Row, Table, num};
@@ -38,9 +39,6 @@ const CONSUL_NOTE: &str = "Consul runs with its default `performance.raft_multip
     which its documentation describes as suited to minimal servers (it recommends 1 for \
     production): heartbeat and election timeouts of 5 s instead of 1 s, and a follower that \
     still hears of the old leader refuses its votes until its own timeout runs out.";
-
-/// Longest a Consul server restarted in the round before may take to accept sessions again.
-const HEALTHY_LIMIT: Duration = Duration::from_secs(30);
 
 /// The TTL of the lease an etcd round's first lock is taken with (it outlives the round).
 const LOCK_LEASE_SECS: i64 = 60;
@@ -190,7 +188,13 @@ async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round
         let (old, _) = consul.leader().await?;
         let survivor = consul.running_http().into_iter().find(|http| *http != old);
         let writer = Client::new(&survivor.context("no other Consul server")?)?;
-        let session = consul_session(&writer).await?;
+        // Made before the kill (not timed). The server restarted in the round before may
+        // still be critical in its own gossip health for a few seconds, and Consul refuses a
+        // session on a critical node ("Check 'serfHealth' is in critical state").
+        let session = until("a session on a healthy Consul server", || async {
+            writer.session_create(&lock_session()).await.ok()
+        })
+        .await?;
         consul.kill9_leader().await?;
         let killed = Instant::now();
         let write = first_write(writer.clone(), round, killed);
@@ -203,25 +207,6 @@ async fn consul(systems: &mut Systems, rounds: usize) -> Result<Option<Vec<Round
         writer.session_destroy(&session).await?;
     }
     Ok(Some(results))
-}
-
-/// Round `round`'s session on the Consul server `writer` speaks to, made before the kill (not
-/// timed). The server restarted in the round before may still be critical in its own gossip
-/// health for a few seconds, and Consul refuses a session on a critical node ("Check
-/// 'serfHealth' is in critical state"), so it is asked again until [`HEALTHY_LIMIT`].
-async fn consul_session(writer: &Client) -> Result<String> {
-    let deadline = Instant::now() + HEALTHY_LIMIT;
-    loop {
-        match writer.session_create(&lock_session()).await {
-            Ok(session) => return Ok(session),
-            Err(_) if Instant::now() < deadline => {
-                sleep(Duration::from_millis(200)).await;
-            }
-            Err(e) => {
-                return Err(e).context(format!("no session within {HEALTHY_LIMIT:?}"));
-            }
-        }
-    }
 }
 
 /// Kill → new agreed leader and kill → first write from a client of every member, per round.

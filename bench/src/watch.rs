@@ -419,23 +419,27 @@ async fn watch_on(server: SocketAddr, local: IpAddr, path: String) -> Result<()>
     )
 }
 
-/// Watchers whose read failed (anything but a `200`), and the first one's error.
+/// Watchers whose read failed (anything but a `200`): how many, and the first one's error.
 #[derive(Default)]
-struct Failed(parking_lot::Mutex<(usize, Option<String>)>);
+struct Failed(parking_lot::Mutex<Option<(usize, String)>>);
 
 impl Failed {
     fn record(&self, error: &anyhow::Error) {
         let mut failed = self.0.lock();
-        failed.0 += 1;
-        failed.1.get_or_insert_with(|| format!("{error:#}"));
+        match &mut *failed {
+            Some((n, _)) => *n += 1,
+            None => *failed = Some((1, format!("{error:#}"))),
+        }
     }
 
     /// `; N watchers' reads failed, the first: <error>`, or nothing when none did.
     fn describe(&self) -> String {
-        match &*self.0.lock() {
-            (0, _) | (_, None) => String::new(),
-            (n, Some(first)) => format!("; {n} watchers' reads failed, the first: {first}"),
-        }
+        self.0
+            .lock()
+            .as_ref()
+            .map_or_else(String::new, |(n, first)| {
+                format!("; {n} watchers' reads failed, the first: {first}")
+            })
     }
 }
 
