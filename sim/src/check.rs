@@ -1,10 +1,14 @@
 //! The checks run at the end of a run, on what the clients saw ([`History`]) and what the
 //! servers committed and proposed ([`World`]). Raft's state machine safety (every server
-//! commits the same entry at each index) is checked as it goes, by [`World::committed`], and
-//! each blocking read's answer as it arrives ([`BlockingAnswer`]).
+//! commits the same entry at each index) is checked as it goes, by [`World::committed`], each
+//! blocking read's answer as it arrives ([`BlockingAnswer`]), and the servers' sessions
+//! against the session contract once the faults have healed ([`sessions_agree`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver as _;
+use tokio::time::Instant;
 
 use crate::linear;
 use crate::workload::{Applied, Grant, History, TTL};
@@ -50,8 +54,39 @@ impl BlockingAnswer {
     }
 }
 
-/// Every check's violations, described.
-pub fn check(world: &World, history: &History) -> Vec<String> {
+/// What is wrong with the sessions each running server holds: each must hold exactly those
+/// the session contract, replayed over the committed log up to the entry it last applied,
+/// leaves alive.
+pub fn sessions_agree(world: &World, history: &History) -> Vec<String> {
+    let mut out = Vec::new();
+    for id in &world.servers {
+        let Some(node) = world.node(*id) else {
+            continue;
+        };
+        let applied = {
+            let metrics = node.raft.metrics();
+            metrics.borrow_watched().last_applied.map_or(0, |l| l.index)
+        };
+        let held: BTreeSet<String> = {
+            let state = node.shared.read();
+            state.sessions().list().map(|s| s.id.clone()).collect()
+        };
+        let alive = world.contract(&history.bindings, Some(applied)).alive;
+        let alive: BTreeSet<String> = alive.into_keys().collect();
+        if held != alive {
+            out.push(format!(
+                "server {id} at index {applied} holds sessions {:?} the session contract ended or never created, and lacks {:?}",
+                held.difference(&alive).collect::<Vec<_>>(),
+                alive.difference(&held).collect::<Vec<_>>()
+            ));
+        }
+    }
+    out
+}
+
+/// Every check's violations, described. `now` is the end of the run: every client stopped
+/// renewing its session long enough before it for every session to have lapsed.
+pub fn check(world: &World, history: &History, now: Instant) -> Vec<String> {
     let mut out = Vec::new();
     for (key, ops) in &history.registers {
         if let Err(anomaly) = linear::check(ops) {
@@ -60,7 +95,48 @@ pub fn check(world: &World, history: &History) -> Vec<String> {
     }
     out.extend(grants("KV lock LockIndex", &history.kv_grants));
     out.extend(grants("lock queue token", &history.queue_grants));
-    let invalidated = world.invalidated();
+    let contract = world.contract(&history.bindings, None);
+    let invalidated = contract.invalidated;
+    for session in contract.alive.keys() {
+        let restarts = history.renewals.get(session);
+        let since = restarts.and_then(|calls| calls.iter().max()).map_or(
+            "never renewed".to_owned(),
+            |at| {
+                format!(
+                    "{:?} after the last request that restarted it",
+                    now.duration_since(*at)
+                )
+            },
+        );
+        out.push(format!(
+            "session {session} outlived its TTL of {TTL:?}: alive at the end, {since}"
+        ));
+    }
+    for (session, (index, _)) in &invalidated {
+        let Some(ended) = world.committed_at(*index) else {
+            continue;
+        };
+        let late = history
+            .renewals
+            .get(session)
+            .and_then(|calls| calls.iter().filter(|c| **c > ended).min());
+        if let Some(late) = late {
+            out.push(format!(
+                "session {session} was renewed by a request sent {:?} after its invalidation (index {index}) committed",
+                late.duration_since(ended)
+            ));
+        }
+    }
+    out.extend(grants_after_invalidation(
+        "KV lock",
+        &history.kv_grants,
+        &invalidated,
+    ));
+    out.extend(grants_after_invalidation(
+        "queue's lock",
+        &history.queue_grants,
+        &invalidated,
+    ));
     let clock = |grant: &Grant| match grant.applied {
         Applied::AtIndex(index) => world.stamp(index),
         Applied::At(ms) | Applied::By(ms) => Some(ms),
@@ -108,6 +184,32 @@ pub fn check(world: &World, history: &History) -> Vec<String> {
             out.push(format!(
                 "session {session} was expired {:?} after a request that restarted its TTL of {TTL:?}",
                 proposed.duration_since(renewed)
+            ));
+        }
+    }
+    out
+}
+
+/// Grants to a session applied after the entry that invalidated it.
+fn grants_after_invalidation(
+    what: &str,
+    grants: &[Grant],
+    invalidated: &BTreeMap<String, (u64, u64)>,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for g in grants {
+        let Some((index, stamp)) = invalidated.get(&g.session) else {
+            continue;
+        };
+        let after = match g.applied {
+            Applied::AtIndex(at) => at > *index,
+            Applied::At(ms) => ms > *stamp,
+            Applied::By(_) => false,
+        };
+        if after {
+            out.push(format!(
+                "the {what} was granted to session {} (client {}, {}) after its invalidation at index {index}",
+                g.session, g.client, g.index
             ));
         }
     }

@@ -160,8 +160,12 @@ impl World {
                 (Op::DestroySession { .. }, Plant::LostDestroy) => {
                     Ok(Reply::Response(Response::Done))
                 }
-                (Op::CreateSession(mut session), Plant::NoLockDelay) => {
-                    session.lock_delay_ns = 0;
+                (Op::CreateSession(mut session), Plant::NoLockDelay | Plant::UnboundChecks) => {
+                    if self.plant == Plant::NoLockDelay {
+                        session.lock_delay_ns = 0;
+                    } else {
+                        session.node_checks.clear();
+                    }
                     let op = Op::CreateSession(session);
                     node.proposer.propose(op).await.map(Reply::Response)
                 }
@@ -221,9 +225,12 @@ impl World {
                         .ok_or_else(|| ServerError::SessionNotFound(id.clone()))?;
                     session_ttl(&session.ttl)
                 };
-                let Some(ttl) = ttl else {
+                let Some(mut ttl) = ttl else {
                     return Ok(Reply::Renewed);
                 };
+                if self.plant == Plant::LongRenewals {
+                    ttl *= 8;
+                }
                 let (renewed, outcome) = oneshot::channel();
                 node.duties
                     .send(DutyInput::Renew {

@@ -10,8 +10,9 @@ pub mod gateway;
 pub mod linear;
 pub mod net;
 pub mod run;
+pub mod sessions;
 pub mod workload;
 pub mod world;
 
-pub use run::{Config, Report, run};
+pub use run::{Config, Report, run, run_catching};
 pub use world::Plant;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vigil_sim::{Config, Plant, Report, run};
+use vigil_sim::{Config, Plant, run, run_catching};
 
 struct Args {
     from: u64,
@@ -87,15 +87,7 @@ fn main() -> ExitCode {
                         plant: args.plant,
                         ..Config::new(seed)
                     };
-                    let report = match std::panic::catch_unwind(|| run(config)) {
-                        Ok(report) => report,
-                        Err(_) => Report {
-                            seed,
-                            digest: 0,
-                            violations: vec!["the run panicked".to_owned()],
-                            trace: Vec::new(),
-                        },
-                    };
+                    let report = run_catching(config);
                     if args.trace {
                         println!("{}", report.trace.join("\n"));
                     }

@@ -14,7 +14,7 @@ use vigil_shared::rpc::Op;
 use vigil_shared::rpc::calls::ServerNode;
 
 use crate::gateway::Call;
-use crate::workload::{Client, History, REGISTERS};
+use crate::workload::{Client, History, REGISTERS, TTL};
 use crate::world::{Party, Plant, Stream, World};
 
 /// The wall clock every simulated server starts at (ms since the Unix epoch).
@@ -69,6 +69,25 @@ pub fn run(config: Config) -> Report {
     report
 }
 
+/// [`run`], with a run that panics (a server's raft asserting an invariant the run broke, say)
+/// reported as a violation that quotes the panic.
+pub fn run_catching(config: Config) -> Report {
+    std::panic::catch_unwind(|| run(config)).unwrap_or_else(|panic| {
+        vigil_server::proposer::follow_tokio_clock(None);
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("no message");
+        Report {
+            seed: config.seed,
+            digest: 0,
+            violations: vec![format!("the run panicked: {message}")],
+            trace: Vec::new(),
+        }
+    })
+}
+
 async fn simulate(config: Config) -> Report {
     let world = World::new(config.seed, config.plant, config.servers);
     for id in world.servers.clone() {
@@ -120,13 +139,20 @@ async fn simulate(config: Config) -> Report {
         setup.read(key).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let disagree = crate::check::sessions_agree(&world, &history.lock());
+    for what in disagree {
+        world.violation(what);
+    }
+    // No client renews a session any more: every one must lapse within TTL × 2 of its last
+    // renewal, or of the term of the leader elected after the heal.
+    tokio::time::sleep(2 * TTL + Duration::from_secs(4)).await;
     for id in world.servers.clone() {
         world.crash(id).await;
     }
     let violations = {
         let history = history.lock();
         let mut violations = world.violations();
-        violations.extend(crate::check::check(&world, &history));
+        violations.extend(crate::check::check(&world, &history, Instant::now()));
         violations
     };
     for v in &violations {

@@ -1,12 +1,16 @@
-//! The clients: each registers its node, keeps a TTL session (with a lock-delay drawn from the
-//! seed) renewed, and in a loop reads (plainly or blocking on an index), writes and
-//! compare-and-sets a few KV registers, takes and releases a Consul-style KV lock (waiting for
-//! its holder with a blocking read when refused) and a lock of the lock queue (waiting in the
-//! queue for its grant as the agent does, sometimes reconnecting mid-wait), and now and then
-//! destroys its session. Every request goes to a server drawn from the seed; one refused
-//! before it was served (no leader, server down) is retried on another after a pause, as the
-//! agent does; one whose outcome is unknown is recorded as such. What they saw goes into the
-//! [`History`] the checks read; each blocking read's answer is checked as it arrives.
+//! The clients: each registers its node and a check of it, keeps a TTL session (with a
+//! lock-delay drawn from the seed, bound to the check or not) renewed, and in a loop reads
+//! (plainly or blocking on an index), writes and compare-and-sets a few KV registers, takes and
+//! releases a Consul-style KV lock (waiting for its holder with a blocking read when refused)
+//! and a lock of the lock queue (waiting in the queue for its grant as the agent does,
+//! sometimes reconnecting mid-wait), and now and then destroys its session. Beside each client,
+//! its node's health changes as its agent would report it (the check goes critical and
+//! recovers, the node is deregistered and registers again), and now and then the application
+//! abandons its session (stops renewing it, as a process that died would). Every request goes
+//! to a server drawn from the seed; one refused before it was served (no leader, server down)
+//! is retried on another after a pause, as the agent does; one whose outcome is unknown is
+//! recorded as such. What they saw goes into the [`History`] the checks read; each blocking
+//! read's answer is checked as it arrives.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +20,7 @@ use parking_lot::Mutex;
 use rand::Rng as _;
 use tokio::time::Instant;
 use vigil_server::proposer::wall_ms;
+use vigil_shared::catalog::{Check, HealthStatus};
 use vigil_shared::kv::{KvEntry, KvOp, TxnOutcome};
 use vigil_shared::lock::{LockHold, LockMode, LockOp, LockOutcome};
 use vigil_shared::rpc::{Op, QueryResult, ReadQuery, Response, ServerError};
@@ -23,6 +28,7 @@ use vigil_shared::session::Session;
 
 use crate::gateway::{Call, Legs, Reply};
 use crate::linear::{self, Input, Output};
+use crate::sessions::Binding;
 use crate::world::{Plant, Stream, World};
 
 /// The registers clients read and write.
@@ -30,6 +36,8 @@ pub const REGISTERS: [&str; 3] = ["reg/a", "reg/b", "reg/c"];
 /// The Consul-style lock's key and the lock queue's lock.
 pub const KV_LOCK: &str = "lock/kv";
 pub const QUEUE_LOCK: &str = "queue";
+/// The check of each client's node that half its sessions bind.
+pub const CHECK: &str = "alive";
 /// Every client's session TTL, and how often it renews.
 pub const TTL: Duration = Duration::from_secs(4);
 const RENEW_EVERY: Duration = Duration::from_millis(1500);
@@ -76,6 +84,8 @@ pub struct History {
     pub queue_releases: BTreeMap<String, Vec<u64>>,
     /// Each session's lock-delay, as created.
     pub lock_delays: BTreeMap<String, Duration>,
+    /// What each session was created to bind: its node, and its node's check or none.
+    pub bindings: BTreeMap<String, Binding>,
     /// Acknowledged destroys: the session and when (servers' clock, ms) the answer came.
     pub destroys: Vec<(String, u64)>,
     /// Grants of the queue's lock found gone when their holder released them: the session and
@@ -100,6 +110,8 @@ pub struct Client {
     pub world: Arc<World>,
     pub history: Arc<Mutex<History>>,
     session: Arc<Mutex<Option<String>>>,
+    /// Where its choices are drawn from: the client's own stream, or its node's health's.
+    stream: Stream,
     counter: u64,
     /// Each register's last value read, with its ModifyIndex (0: absent).
     seen: BTreeMap<String, (Option<String>, u64)>,
@@ -116,6 +128,7 @@ impl Client {
             world,
             history,
             session: Arc::default(),
+            stream: Stream::Client(id),
             counter: 0,
             seen: BTreeMap::new(),
             holds_kv: false,
@@ -131,7 +144,7 @@ impl Client {
     /// Draws from the client's stream (given the servers to choose from).
     fn draw<T>(&self, f: impl FnOnce(&mut rand::rngs::StdRng, &[u64]) -> T) -> T {
         self.world
-            .draw(Stream::Client(self.id), |rng| f(rng, &self.world.servers))
+            .draw(self.stream, |rng| f(rng, &self.world.servers))
     }
 
     fn ns(&self, at: Instant) -> u64 {
@@ -213,23 +226,53 @@ impl Client {
         Some((*result, index))
     }
 
-    /// Runs the client until `until`.
-    pub async fn run(mut self, until: Instant) {
-        let register = Op::RegisterNode {
+    /// Sends `op` until it is answered, or until `until`.
+    async fn write_until(&self, op: Op, until: Instant) {
+        while Instant::now() < until {
+            if let Outcome::Answered(_) = self.send(Call::Write(Box::new(op.clone()))).await {
+                return;
+            }
+        }
+    }
+
+    /// The client's node's check, as its agent registers it with `status`.
+    fn check(&self, status: HealthStatus) -> Op {
+        Op::RegisterCheck(Check {
+            node: self.node_name(),
+            check_id: CHECK.to_owned(),
+            name: CHECK.to_owned(),
+            status,
+            kind: "ttl".to_owned(),
+            ..Check::default()
+        })
+    }
+
+    /// Registers the client's node and its passing check.
+    async fn register(&self, until: Instant) {
+        let node = Op::RegisterNode {
             name: self.node_name(),
             address: format!("10.0.0.{}", self.id),
         };
-        while Instant::now() < until {
-            if let Outcome::Answered(_) = self.send(Call::Write(Box::new(register.clone()))).await {
-                break;
-            }
-        }
+        self.write_until(node, until).await;
+        self.write_until(self.check(HealthStatus::Passing), until)
+            .await;
+    }
+
+    /// Runs the client until `until`.
+    pub async fn run(mut self, until: Instant) {
+        self.register(until).await;
         let renewer = tokio::spawn(renew_loop(
             self.id,
             Arc::clone(&self.world),
             Arc::clone(&self.history),
             Arc::clone(&self.session),
         ));
+        let health = Client {
+            stream: Stream::Health(self.id),
+            session: Arc::clone(&self.session),
+            ..Client::new(self.id, Arc::clone(&self.world), Arc::clone(&self.history))
+        };
+        let health = tokio::spawn(health.change_health(until));
         while Instant::now() < until {
             let think = self.draw(|rng, _| rng.gen_range(0..250_000));
             tokio::time::sleep(Duration::from_micros(think)).await;
@@ -246,6 +289,45 @@ impl Client {
             }
         }
         renewer.abort();
+        let _ = health.await;
+    }
+
+    /// What befalls the client's node and application, every 1-6 s until `until`: its check
+    /// goes critical and recovers 0.2-2 s later (45%), its node is deregistered and registers
+    /// again 0.2-2 s later (20%), or the application abandons its session, which lives on
+    /// until its TTL runs out (35%).
+    async fn change_health(self, until: Instant) {
+        let pause = |lo: u64, hi: u64| {
+            Duration::from_micros(self.draw(|rng, _| rng.gen_range(lo * 1000..hi * 1000)))
+        };
+        loop {
+            tokio::time::sleep(pause(1_000, 6_000)).await;
+            if Instant::now() >= until {
+                return;
+            }
+            match self.draw(|rng, _| rng.gen_range(0..100)) {
+                0..45 => {
+                    self.send(Call::Write(Box::new(self.check(HealthStatus::Critical))))
+                        .await;
+                    tokio::time::sleep(pause(200, 2_000)).await;
+                    self.write_until(self.check(HealthStatus::Passing), until)
+                        .await;
+                }
+                45..65 => {
+                    let name = self.node_name();
+                    self.send(Call::Write(Box::new(Op::DeregisterNode { name })))
+                        .await;
+                    tokio::time::sleep(pause(200, 2_000)).await;
+                    self.register(until).await;
+                }
+                _ => {
+                    if let Some(id) = self.session.lock().take() {
+                        self.world
+                            .note(format!("client {} abandons session {id}", self.id));
+                    }
+                }
+            }
+        }
     }
 
     /// A read (plain or blocking), write or compare-and-set of a register drawn from the seed.
@@ -374,12 +456,17 @@ impl Client {
         let n = self.fresh_value();
         let id = format!("{:016x}-{}-{n}", self.world.seed, self.id);
         let lock_delay = Duration::from_millis(self.draw(|rng, _| rng.gen_range(0..=2_000)));
+        let checks = match self.draw(|rng, _| rng.gen_range(0..2)) {
+            0 => vec![CHECK.to_owned()],
+            _ => Vec::new(),
+        };
         let session = Session {
             id: id.clone(),
             name: "sim".to_owned(),
             node: self.node_name(),
             lock_delay_ns: lock_delay.as_nanos() as u64,
             ttl: format!("{}s", TTL.as_secs()),
+            node_checks: checks.clone(),
             ..Session::default()
         };
         {
@@ -391,6 +478,9 @@ impl Client {
                 .or_default()
                 .push(Instant::now());
             history.lock_delays.insert(id.clone(), lock_delay);
+            history
+                .bindings
+                .insert(id.clone(), (self.node_name(), checks));
         }
         match self
             .send(Call::Write(Box::new(Op::CreateSession(session))))

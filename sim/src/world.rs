@@ -20,10 +20,11 @@ use vigil_server::proposer::Proposer;
 use vigil_server::raft::runtime::seeded;
 use vigil_server::raft::state_store::{SharedState, StateStore};
 use vigil_server::raft::{Entry, LogId, NodeId, Raft};
-use vigil_shared::rpc::Op;
+use vigil_shared::rpc::{Command, Op};
 
 use crate::disk::{Disk, SimLog};
 use crate::net::SimNetwork;
+use crate::sessions::{Binding, Contract};
 
 /// A bug planted on purpose, to show the checks find it (negative controls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,10 +51,16 @@ pub enum Plant {
     NoLockDelay,
     /// A session's destroy is acknowledged without being committed.
     LostDestroy,
+    /// A session's checks are lost on the way to raft (created bound to none): it outlives
+    /// its check going critical.
+    UnboundChecks,
+    /// A renewal restarts its session's timer for eight times its TTL: a session its client
+    /// abandoned lives on long after TTL × 2.
+    LongRenewals,
 }
 
 impl Plant {
-    pub const ALL: [Plant; 8] = [
+    pub const ALL: [Plant; 10] = [
         Plant::LyingSync,
         Plant::StaleReads,
         Plant::RenewAnywhere,
@@ -62,6 +69,8 @@ impl Plant {
         Plant::LeaveReleases,
         Plant::NoLockDelay,
         Plant::LostDestroy,
+        Plant::UnboundChecks,
+        Plant::LongRenewals,
     ];
 
     pub fn name(self) -> &'static str {
@@ -75,6 +84,8 @@ impl Plant {
             Plant::LeaveReleases => "leave-releases",
             Plant::NoLockDelay => "no-lock-delay",
             Plant::LostDestroy => "lost-destroy",
+            Plant::UnboundChecks => "unbound-checks",
+            Plant::LongRenewals => "long-renewals",
         }
     }
 
@@ -96,9 +107,10 @@ pub enum Stream {
     Link(Party, Party),
     /// A server's sync latencies.
     Disk(NodeId),
-    /// A client's choices, and its renewals'.
+    /// A client's choices, its renewals', and what befalls its node's health.
     Client(usize),
     Renewals(usize),
+    Health(usize),
     /// The faults.
     Nemesis,
 }
@@ -128,6 +140,14 @@ impl Node {
     }
 }
 
+/// A committed op, with the clock it was applied with (the state machine's: the largest
+/// stamp so far) and when the first server committed it.
+struct CommittedOp {
+    op: Op,
+    stamp: u64,
+    at: Instant,
+}
+
 /// What the checks gather while the run goes.
 #[derive(Default)]
 struct Record {
@@ -140,12 +160,16 @@ struct Record {
     expiry_proposed: BTreeMap<LogId, (Vec<String>, Instant)>,
     /// Committed TTL expiries: session → when proposed.
     expired: BTreeMap<String, Instant>,
-    /// The clock every committed entry was applied with (the state machine's: the largest
-    /// stamp so far), by index.
-    stamps: BTreeMap<u64, u64>,
-    /// Each session's invalidation (destroy or TTL expiry): the first committed entry ending
-    /// it, as (index, clock it was applied with).
-    invalidated: BTreeMap<String, (u64, u64)>,
+    /// Every committed op by the index the state machine applies it at: its entry's raft
+    /// index, or one above the previous op's when that is higher (from protocol level 2 on,
+    /// each op of a batch takes an index of its own). Indexes a client is told (a
+    /// `ModifyIndex`) are these.
+    ops: BTreeMap<u64, CommittedOp>,
+    /// The last op index of each committed entry that has ops, by raft index.
+    last_op: BTreeMap<u64, u64>,
+    /// The protocol level and the last op index, as applying the committed log sets them.
+    protocol: u32,
+    op_index: u64,
     violations: Vec<String>,
     trace: Vec<String>,
 }
@@ -404,7 +428,6 @@ impl World {
         let from = record.compared.get(&node).map_or(0, |c| c + 1);
         let mut found = Vec::new();
         let mut expired = Vec::new();
-        let mut ended = Vec::new();
         for (index, entry) in entries.range(from..=upto) {
             let bytes = postcard::to_allocvec(&entry.payload).unwrap_or_default();
             let digest = fnv(&bytes, FNV_START);
@@ -424,12 +447,13 @@ impl World {
                         expired.extend(sessions.iter().map(|s| (s.clone(), *at)));
                     }
                     if let EntryPayload::Normal(cmd) = &entry.payload {
-                        let last = record.stamps.values().next_back().copied().unwrap_or(0);
-                        let stamp = cmd.now_ms.max(last);
-                        record.stamps.insert(*index, stamp);
-                        let mut ids = Vec::new();
-                        invalidations(&cmd.op, &mut ids);
-                        ended.extend(ids.into_iter().map(|id| (id, (*index, stamp))));
+                        let noted = self.record_ops(&mut record, *index, cmd);
+                        if self.verbose {
+                            let at = self.start.elapsed().as_micros();
+                            record
+                                .trace
+                                .push(format!("{at:>10} commit {index}: {noted}"));
+                        }
                     }
                 }
             }
@@ -438,13 +462,42 @@ impl World {
         for (session, at) in expired {
             record.expired.entry(session).or_insert(at);
         }
-        for (session, at) in ended {
-            record.invalidated.entry(session).or_insert(at);
-        }
         drop(record);
         for what in found {
             self.violation(what);
         }
+    }
+
+    /// Records the ops of the committed entry at raft `index` at the indexes the state machine
+    /// applies them at (`StateMachine::apply`'s rule), and describes them.
+    fn record_ops(&self, record: &mut Record, index: u64, cmd: &Command) -> String {
+        let last = record.ops.values().next_back().map_or(0, |c| c.stamp);
+        let stamp = cmd.now_ms.max(last);
+        let ops: Vec<&Op> = match &cmd.op {
+            Op::Batch(ops) if record.protocol >= 2 => ops.iter().collect(),
+            op => vec![op],
+        };
+        let mut noted = Vec::new();
+        for op in ops {
+            let at = if record.protocol < 2 {
+                index
+            } else {
+                index.max(record.op_index + 1)
+            };
+            record.op_index = record.op_index.max(at);
+            record.protocol = record.protocol.max(protocol_raised(op));
+            if self.verbose {
+                noted.push(format!("{at} {op:?}"));
+            }
+            let committed = CommittedOp {
+                op: op.clone(),
+                stamp,
+                at: Instant::now(),
+            };
+            record.ops.insert(at, committed);
+            record.last_op.insert(index, at);
+        }
+        noted.join(", ")
     }
 
     /// A server appended `entry`: a TTL expiry is timed by its first append (the leader's).
@@ -468,25 +521,39 @@ impl World {
         self.record.lock().expired.clone()
     }
 
-    /// The clock the committed entry at `index` was applied with (ms, the servers' wall
+    /// The clock the committed op at op index `index` was applied with (ms, the servers' wall
     /// clock), if it committed.
     pub fn stamp(&self, index: u64) -> Option<u64> {
-        self.record.lock().stamps.get(&index).copied()
+        self.record.lock().ops.get(&index).map(|c| c.stamp)
     }
 
-    /// Sessions invalidated (destroyed or expired), with the index and clock of the entry
-    /// that did it.
-    pub fn invalidated(&self) -> BTreeMap<String, (u64, u64)> {
-        self.record.lock().invalidated.clone()
+    /// The session contract replayed over the committed log up to the entry at raft index
+    /// `upto` (all of it: `None`), `bindings` being what each session was created to bind.
+    pub fn contract(&self, bindings: &BTreeMap<String, Binding>, upto: Option<u64>) -> Contract {
+        let record = self.record.lock();
+        let upto = upto.map_or(u64::MAX, |raft| {
+            record
+                .last_op
+                .range(..=raft)
+                .next_back()
+                .map_or(0, |(_, op)| *op)
+        });
+        let ops = record.ops.range(..=upto).map(|(i, c)| (*i, &c.op, c.stamp));
+        Contract::replay(ops, bindings)
+    }
+
+    /// When the first server committed the op at op index `index`, if one did.
+    pub fn committed_at(&self, index: u64) -> Option<Instant> {
+        self.record.lock().ops.get(&index).map(|c| c.at)
     }
 }
 
-/// The sessions `op` ends: destroys and TTL expiries (idempotent: the first to commit counts).
-fn invalidations(op: &Op, out: &mut Vec<String>) {
+/// The protocol level `op` raises the state machine to (0: none).
+fn protocol_raised(op: &Op) -> u32 {
     match op {
-        Op::ExpireSession { id } | Op::DestroySession { id } => out.push(id.clone()),
-        Op::Batch(ops) => ops.iter().for_each(|op| invalidations(op, out)),
-        _ => {}
+        Op::SetProtocol { level } => *level,
+        Op::Batch(ops) => ops.iter().map(protocol_raised).max().unwrap_or(0),
+        _ => 0,
     }
 }
 
