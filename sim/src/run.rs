@@ -139,8 +139,7 @@ async fn simulate(config: Config) -> Report {
         setup.read(key).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let disagree = crate::check::sessions_agree(&world, &history.lock());
-    for what in disagree {
+    for what in crate::check::sessions_agree(&world, &history.lock()) {
         world.violation(what);
     }
     // No client renews a session any more: every one must lapse within TTL × 2 of its last

@@ -20,6 +20,7 @@ use vigil_server::proposer::Proposer;
 use vigil_server::raft::runtime::seeded;
 use vigil_server::raft::state_store::{SharedState, StateStore};
 use vigil_server::raft::{Entry, LogId, NodeId, Raft};
+use vigil_server::state::op_index;
 use vigil_shared::rpc::{Command, Op};
 
 use crate::disk::{Disk, SimLog};
@@ -469,7 +470,8 @@ impl World {
     }
 
     /// Records the ops of the committed entry at raft `index` at the indexes the state machine
-    /// applies them at (`StateMachine::apply`'s rule), and describes them.
+    /// applies them at (`StateMachine::apply` splits a batch from level 2 on, and numbers its
+    /// ops by [`op_index`]), and describes them.
     fn record_ops(&self, record: &mut Record, index: u64, cmd: &Command) -> String {
         let last = record.ops.values().next_back().map_or(0, |c| c.stamp);
         let stamp = cmd.now_ms.max(last);
@@ -479,12 +481,8 @@ impl World {
         };
         let mut noted = Vec::new();
         for op in ops {
-            let at = if record.protocol < 2 {
-                index
-            } else {
-                index.max(record.op_index + 1)
-            };
-            record.op_index = record.op_index.max(at);
+            let at = op_index(record.protocol, record.op_index, index);
+            record.op_index = at;
             record.protocol = record.protocol.max(protocol_raised(op));
             if self.verbose {
                 noted.push(format!("{at} {op:?}"));

@@ -143,6 +143,19 @@ pub struct StateMachine {
     history: History,
 }
 
+/// The index an op of the entry at `raft_index` is applied at, at protocol level `protocol`,
+/// the op before it having taken `last`: the entry's own, or (from level 2 on, where each op
+/// of a batch takes an index of its own) one above the previous op's when an earlier op took
+/// indexes up to or beyond it. Never below the raft index, so a blocking query's index and
+/// the raft log's stay comparable.
+pub fn op_index(protocol: u32, last: u64, raft_index: u64) -> u64 {
+    if protocol < 2 {
+        raft_index
+    } else {
+        raft_index.max(last + 1)
+    }
+}
+
 impl StateMachine {
     pub fn kv(&self) -> &KvStore {
         &self.kv
@@ -238,18 +251,14 @@ impl StateMachine {
         (response, fx)
     }
 
-    /// The index the next op of the entry at `raft_index` is applied at: the entry's own, or
-    /// (from protocol level 2 on) one above the previous op's when an earlier entry's ops
-    /// took indexes up to or beyond it. Never below the raft index, so a blocking query's
-    /// index and the raft log's stay comparable.
+    /// The index the next op of the entry at `raft_index` is applied at ([`op_index`]).
     /// Below level 2 the op index is not kept (it is the raft index), so the state encodes
     /// in the first release's format whole ([`StateMachine::format`]).
     fn next_index(&mut self, raft_index: u64) -> u64 {
-        if self.protocol < 2 {
-            return raft_index;
+        let index = op_index(self.protocol, self.index, raft_index);
+        if self.protocol >= 2 {
+            self.index = index;
         }
-        let index = raft_index.max(self.index + 1);
-        self.index = index;
         index
     }
 
