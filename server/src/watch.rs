@@ -252,13 +252,10 @@ impl Watches {
 }
 
 /// Answers a read with `read` (one look at the state: what it found), blocking while the
-/// index found is not above `opts.min_index`, for `opts.wait_ms` at most or until `stop`. Only a
-/// query with an index and something to wait on (the interest the read names) blocks, and
-/// only once `admit` lets it: it is asked when the query first has to wait, and what it
-/// returns is held until the query is answered. Consul's rule for a result that is missing:
-/// still missing after it was missing, it blocks on, rather than waking for unrelated index
-/// movement. The server and the in-memory test double both block here, each on its own state
-/// and watches.
+/// index found is not above `opts.min_index`, for `opts.wait_ms` at most or until `stop`: its
+/// [`first_look`], then, if it waits, [`Waiting::wait`]. The in-memory test double blocks
+/// here; the server takes the two steps itself, the first one boxed, so a waiting read holds no
+/// more than its [`Waiting`].
 pub async fn blocking_read<P>(
     watches: &Arc<Watches>,
     opts: QueryOptions,
@@ -266,6 +263,40 @@ pub async fn blocking_read<P>(
     admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
     stop: &CancellationToken,
 ) -> Result<(QueryResult, u64), ServerError> {
+    // The answer is not kept in a variable that lives across the wait (it is a few hundred
+    // bytes).
+    let waiting = match first_look(opts, &read, admit)? {
+        Look::Answer(output, index) => return Ok((output, index)),
+        Look::Wait(waiting) => waiting,
+    };
+    Ok(waiting.wait(watches, read, stop).await)
+}
+
+/// What a blocking read found on its first look: its answer, or that it waits.
+pub enum Look<P> {
+    Answer(QueryResult, u64),
+    Wait(Waiting<P>),
+}
+
+/// A blocking read that found nothing new: what wakes it, the index it waits to pass and by
+/// when, and what `admit` returned (a slot), held until it is answered. The read itself is its
+/// caller's, who looks again with it ([`Waiting::wait`]).
+pub struct Waiting<P> {
+    interest: Interest,
+    min_index: u64,
+    deadline: Instant,
+    _admitted: P,
+}
+
+/// The first look of a read with `read`: its answer unless it has an index, something to wait
+/// on (the interest the read names), found nothing above the index and has time left to wait
+/// (`opts.wait_ms`, counted from now). A read that waits does so only once `admit` lets it: it
+/// is asked here, and what it returns is held until the read is answered.
+pub fn first_look<P>(
+    opts: QueryOptions,
+    read: impl Fn() -> Found<QueryResult>,
+    admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
+) -> Result<Look<P>, ServerError> {
     let deadline = Instant::now() + Duration::from_millis(opts.wait_ms);
     let first = read();
     if opts.min_index == 0
@@ -273,36 +304,80 @@ pub async fn blocking_read<P>(
         || first.index > opts.min_index
         || Instant::now() >= deadline
     {
-        return Ok((first.output, first.index));
+        return Ok(Look::Answer(first.output, first.index));
     }
-    let _admitted = admit(&first)?;
-    let interest = first.interest;
-    drop(first.output);
-    let mut min_index = opts.min_index;
-    let mut was_missing = false;
-    loop {
-        // Registered before the read, so no write can slip between the two.
-        let mut guard = watches.register(interest.clone());
-        let found = read();
-        if found.missing && was_missing {
-            min_index = min_index.max(found.index);
-        }
-        if found.index > min_index || Instant::now() >= deadline {
-            return Ok((found.output, found.index));
-        }
-        // Not kept across the wait: a waiter holds its registration, not a copy of the answer
-        // (a service's health, a prefix's entries), which is read again when it wakes.
-        was_missing = found.missing;
-        drop(found);
-        tokio::select! {
-            _ = guard.fired() => {}
-            _ = tokio::time::sleep_until(deadline) => {}
-            _ = stop.cancelled() => {
-                let found = read();
-                return Ok((found.output, found.index));
+    let admitted = admit(&first)?;
+    Ok(Look::Wait(Waiting {
+        interest: first.interest,
+        min_index: opts.min_index,
+        deadline,
+        _admitted: admitted,
+    }))
+}
+
+impl<P> Waiting<P> {
+    /// Waits until a write concerning the read (on `watches`) moves its index above the one it
+    /// waits to pass, the deadline, or `stop`, and answers what `read` then finds. Consul's
+    /// rule for a result that is missing: still missing after it was missing, it blocks on,
+    /// rather than waking for unrelated index movement.
+    /// A plain function returning an `async` block, not an `async fn`, which would keep its
+    /// arguments twice (as it was given them, and as the variables it moves them into).
+    pub fn wait<'a>(
+        self,
+        watches: &'a Arc<Watches>,
+        read: impl Fn() -> Found<QueryResult> + 'a,
+        stop: &'a CancellationToken,
+    ) -> impl Future<Output = (QueryResult, u64)> + 'a
+    where
+        P: 'a,
+    {
+        async move {
+            // All of it is kept until the read is answered, its slot (`_admitted`) with it:
+            // the block captures `self` whole, not the fields it reads.
+            let waiting = &self;
+            let expiry = tokio::time::sleep_until(waiting.deadline);
+            tokio::pin!(expiry);
+            let mut min_index = waiting.min_index;
+            let mut was_missing = false;
+            loop {
+                // Registered before the read, so no write can slip between the two.
+                let mut guard = watches.register(waiting.interest.clone());
+                if let Some(answer) =
+                    look_again(&read, &mut min_index, &mut was_missing, waiting.deadline)
+                {
+                    return answer;
+                }
+                tokio::select! {
+                    _ = guard.fired() => {}
+                    () = &mut expiry => {}
+                    _ = stop.cancelled() => {
+                        let found = read();
+                        return (found.output, found.index);
+                    }
+                }
             }
         }
     }
+}
+
+/// One more look of a waiting read: its answer if the index moved past `min_index` (or the
+/// deadline passed). Not kept across the wait: a waiter holds its registration, not a copy of
+/// the answer (a service's health, a prefix's entries), which is read again when it wakes.
+fn look_again(
+    read: impl Fn() -> Found<QueryResult>,
+    min_index: &mut u64,
+    was_missing: &mut bool,
+    deadline: Instant,
+) -> Option<(QueryResult, u64)> {
+    let found = read();
+    if found.missing && *was_missing {
+        *min_index = (*min_index).max(found.index);
+    }
+    if found.index > *min_index || Instant::now() >= deadline {
+        return Some((found.output, found.index));
+    }
+    *was_missing = found.missing;
+    None
 }
 
 #[cfg(test)]
@@ -389,6 +464,79 @@ mod tests {
         assert!(has_fired(&mut mine));
         assert!(!has_fired(&mut other));
         assert!(has_fired(&mut report));
+    }
+
+    /// What `admit` returned (a server's blocking slot) is held for as long as the read waits,
+    /// and given back once it is answered, or once its caller leaves.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_read_holds_what_admitted_it_until_it_is_answered() {
+        use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+        let watches = Arc::new(Watches::default());
+        let index = Arc::new(AtomicU64::new(5));
+        let slots = Arc::new(AtomicUsize::new(0));
+        struct Slot(Arc<AtomicUsize>);
+        impl Drop for Slot {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        let start = |stop: CancellationToken| {
+            let (watches, index, slots) = (watches.clone(), index.clone(), slots.clone());
+            tokio::spawn(async move {
+                let opts = QueryOptions {
+                    min_index: 5,
+                    wait_ms: 60_000,
+                    ..QueryOptions::default()
+                };
+                let read = || Found {
+                    output: QueryResult::Keys(Vec::new()),
+                    index: index.load(Ordering::SeqCst),
+                    interest: Interest::Key("k".into()),
+                    missing: false,
+                };
+                let admit = |_: &Found<QueryResult>| {
+                    slots.fetch_add(1, Ordering::SeqCst);
+                    Ok(Slot(slots.clone()))
+                };
+                blocking_read(&watches, opts, read, admit, &stop).await
+            })
+        };
+        let settle = || async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+
+        let answered = start(CancellationToken::new());
+        let abandoned = start(CancellationToken::new());
+        settle().await;
+        assert_eq!(
+            slots.load(Ordering::SeqCst),
+            2,
+            "both wait, each in its slot"
+        );
+        tokio::time::advance(Duration::from_secs(30)).await;
+        settle().await;
+        assert_eq!(slots.load(Ordering::SeqCst), 2, "still waiting, still held");
+
+        abandoned.abort();
+        let _ = abandoned.await;
+        assert_eq!(
+            slots.load(Ordering::SeqCst),
+            1,
+            "a caller that leaves gives its slot back"
+        );
+
+        index.store(6, Ordering::SeqCst);
+        watches.notify(&touched(&["k"]));
+        let (_, at) = answered.await.expect("join").expect("answered");
+        assert_eq!(at, 6);
+        assert_eq!(
+            slots.load(Ordering::SeqCst),
+            0,
+            "an answered read gives its slot back"
+        );
     }
 
     #[test]

@@ -4,8 +4,8 @@
 //! server knows, and a forwarded request that finds no leader there is refused. Writes go
 //! through the server's proposer; a read confirms the leader's lease
 //! (the server's own `confirm_lease`) and then reads its state, as a default-mode read does;
-//! a blocking read is answered by the server's own `read_local`, as `Server::read_here`
-//! answers it (the lease confirmed, then `watch::blocking_read` on the server's watch
+//! a blocking read is answered by the server's own `read_local`, in the steps `Server::query`
+//! takes (the lease confirmed and a first look, then the wait on the server's watch
 //! registry); a renewal confirms the lease, then asks the leader duties to restart the
 //! session's timer.
 

@@ -125,16 +125,19 @@ impl Server {
     /// server may answer it); otherwise a caller's request is forwarded, once, to the leader,
     /// and a forwarded one is refused with [`ServerError::NoLeader`]: the leader that
     /// forwarded it lost its place meanwhile, and answering from this server's own state could
-    /// go back in time. The caller retries on the new leader.
-    pub(crate) async fn at_leader<C, F>(
+    /// go back in time. The caller retries on the new leader. `serve` may answer more than
+    /// the request's output (a read that waits, [`Server::query`]'s first step): what the
+    /// leader or a refusal answers is converted into it.
+    pub(crate) async fn at_leader<C, F, T>(
         &self,
         call: C,
         hop: Hop,
         serve: impl FnOnce(C) -> F,
-    ) -> C::Output
+    ) -> T
     where
         C: AtLeader,
-        F: Future<Output = C::Output>,
+        F: Future<Output = T>,
+        T: From<C::Output>,
     {
         let route = call.route();
         // The election wait and the forwarding are boxed on their own: a blocking query served
@@ -145,12 +148,13 @@ impl Server {
         if self.is_leader() || route.any_server {
             return serve(call).await;
         }
-        match hop {
+        let answer = match hop {
             Hop::Forwarded => C::Output::failed(ServerError::NoLeader),
             Hop::Caller => Box::pin(self.forward(call, route.hold))
                 .await
                 .unwrap_or_else(C::Output::failed),
-        }
+        };
+        answer.into()
     }
 
     /// Sends a request to the leader on behalf of a caller, in the forwarded envelope.

@@ -5,7 +5,10 @@
 use super::acquire::Decided;
 use super::forward::Hop;
 use super::*;
+use tokio::sync::SemaphorePermit;
+
 use crate::state::reads::{AnyRead, Found};
+use crate::watch::{Look, Waiting};
 
 impl Server {
     /// Commits a state change, forwarding to the leader from a follower.
@@ -61,45 +64,68 @@ impl Server {
     /// Answers a read in the requested consistency mode, blocking while the result's index is
     /// not above `opts.min_index` (up to `opts.wait_ms`). Default and consistent reads are
     /// answered by the leader; stale ones by whichever server is asked.
-    pub async fn query(
+    pub fn query(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
-    ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        self.query_from(opts, query, Hop::Caller).await
+    ) -> impl Future<Output = Result<(QueryResult, QueryMeta), ServerError>> + Send + '_ {
+        self.query_from(opts, query, Hop::Caller)
     }
 
-    pub(super) async fn query_from(
+    /// [`Server::query`] for a request that reached this server by `hop`. Routing, the
+    /// consistency checks and the first look are boxed on their own and freed before a
+    /// blocking read waits here: a waiting read holds its [`Waiting`] and its read, not the
+    /// futures that led to them. A plain function, not an `async fn`, which would keep its
+    /// arguments for as long as it runs.
+    pub(super) fn query_from(
         &self,
         opts: QueryOptions,
         query: ReadQuery,
         hop: Hop,
-    ) -> Result<(QueryResult, QueryMeta), ServerError> {
+    ) -> impl Future<Output = Result<(QueryResult, QueryMeta), ServerError>> + Send + '_ {
         let read = calls::Query { opts, query };
-        self.at_leader(read, hop, |calls::Query { opts, query }| {
-            self.read_here(opts, query)
-        })
-        .await
+        let looked = Box::pin(self.at_leader(read, hop, |calls::Query { opts, query }| {
+            self.look_here(opts, query)
+        }));
+        async move {
+            let (waiting, read) = match looked.await {
+                Looked::Answered(answer) => return answer,
+                Looked::Waits(waiting, read) => (waiting, read),
+            };
+            let (result, index) = waiting
+                .wait(
+                    &self.shared.watches,
+                    move || read.read(&self.shared.read()),
+                    &self.shutdown,
+                )
+                .await;
+            Ok(self.answer(result, index))
+        }
     }
 
-    /// Answers a read from this server's state, once the consistency mode's checks pass.
-    async fn read_here(
-        &self,
-        opts: QueryOptions,
-        query: ReadQuery,
-    ) -> Result<(QueryResult, QueryMeta), ServerError> {
-        let (result, index) = read_local(
+    /// A read's first look at this server's state, once the consistency mode's checks pass.
+    async fn look_here(&self, opts: QueryOptions, query: ReadQuery) -> Looked<'_> {
+        let read = AnyRead::from(query);
+        let look = look_local(
             &self.raft,
             &self.shared,
             self.read_lease(),
             opts,
-            query,
+            &read,
             |found| self.blocking_slot(found),
-            &self.shutdown,
         )
-        .await?;
+        .await;
+        match look {
+            Ok(Look::Answer(result, index)) => Looked::Answered(Ok(self.answer(result, index))),
+            Ok(Look::Wait(waiting)) => Looked::Waits(waiting, read),
+            Err(e) => Looked::Answered(Err(e)),
+        }
+    }
+
+    /// A read's answer as this server gives it, counted.
+    fn answer(&self, result: QueryResult, index: u64) -> (QueryResult, QueryMeta) {
         crate::telemetry::read_answered(&result);
-        Ok((result, self.meta(index)))
+        (result, self.meta(index))
     }
 
     /// Checks that this server leads under a valid read lease (see [`confirm_lease`]).
@@ -187,14 +213,23 @@ impl Server {
     }
 }
 
+/// A read as far as it goes before it waits: answered (here, or by the leader it was forwarded
+/// to), or waiting here, with the read it looks again with.
+enum Looked<'a> {
+    Answered(Result<(QueryResult, QueryMeta), ServerError>),
+    Waits(Waiting<SemaphorePermit<'a>>, AnyRead),
+}
+
+impl From<Result<(QueryResult, QueryMeta), ServerError>> for Looked<'_> {
+    fn from(answer: Result<(QueryResult, QueryMeta), ServerError>) -> Self {
+        Looked::Answered(answer)
+    }
+}
+
 /// Answers a read from the state of the server whose raft is `raft`, once the consistency
 /// mode's checks pass (`lease`: its read lease), blocking as [`crate::watch::blocking_read`]
-/// does (`admit` and `stop` as there). A blocking read's wait runs from its arrival: the checks
-/// count in it, as Consul's timer starts before the leadership check of its loop, so a leader
-/// slow to confirm itself (a new one applying what earlier leaders committed, one whose
-/// heartbeats are slow or lost) does not hold the read beyond its wait (the deterministic
-/// simulation found reads held up to 3 s beyond it: seeds 24, 53 and 2220 of vigil-sim).
-/// [`Server`] answers reads here; so does the simulation's.
+/// does (`admit` and `stop` as there): [`look_local`], then the wait. [`Server`] takes the two
+/// steps itself; the simulation's servers answer reads here.
 pub async fn read_local<P>(
     raft: &Raft,
     shared: &SharedState,
@@ -204,6 +239,32 @@ pub async fn read_local<P>(
     admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
     stop: &CancellationToken,
 ) -> Result<(QueryResult, u64), ServerError> {
+    let read = AnyRead::from(query);
+    let looked = Box::pin(look_local(raft, shared, lease, opts, &read, admit));
+    let waiting = match looked.await? {
+        Look::Answer(result, index) => return Ok((result, index)),
+        Look::Wait(waiting) => waiting,
+    };
+    Ok(waiting
+        .wait(&shared.watches, || read.read(&shared.read()), stop)
+        .await)
+}
+
+/// The first look of `read` at the state of the server whose raft is `raft`, once the
+/// consistency mode's checks pass ([`crate::watch::first_look`], `admit` as there). A
+/// blocking read's wait runs from its arrival: the checks count in it, as Consul's timer
+/// starts before the leadership check of its loop, so a leader slow to confirm itself (a new
+/// one applying what earlier leaders committed, one whose heartbeats are slow or lost) does
+/// not hold the read beyond its wait (the deterministic simulation found reads held up to 3 s
+/// beyond it: seeds 24, 53 and 2220 of vigil-sim).
+async fn look_local<P>(
+    raft: &Raft,
+    shared: &SharedState,
+    lease: Duration,
+    opts: QueryOptions,
+    read: &AnyRead,
+    admit: impl FnOnce(&Found<QueryResult>) -> Result<P, ServerError>,
+) -> Result<Look<P>, ServerError> {
     let arrived = Instant::now();
     let checks = async {
         match opts.consistency {
@@ -216,18 +277,17 @@ pub async fn read_local<P>(
                 .map_err(|_| ServerError::NoLeader),
         }
     };
-    // Boxed: the blocking read that follows holds this future while it waits, which would
-    // otherwise keep room for raft's confirmation. A blocking read waits no longer for the
-    // checks than for its answer: a leader that cannot confirm itself within the wait is
-    // refused then, as having none, and the caller asks again or answers from its fallback
-    // (the agent's, by wait + wait/16). A read with no wait left confirms as a plain one.
+    // A blocking read waits no longer for the checks than for its answer: a leader that cannot
+    // confirm itself within the wait is refused then, as having none, and the caller asks
+    // again or answers from its fallback (the agent's, by wait + wait/16). A read with no wait
+    // left confirms as a plain one.
     if opts.min_index > 0 && opts.wait_ms > 0 {
         let wait = Duration::from_millis(opts.wait_ms);
-        tokio::time::timeout(wait, Box::pin(checks))
+        tokio::time::timeout(wait, checks)
             .await
             .map_err(|_| ServerError::NoLeader)??;
     } else {
-        Box::pin(checks).await?;
+        checks.await?;
     }
     // Whole milliseconds, rounded up: the wait ends no later for them.
     let checked_in = arrived.elapsed().as_micros().div_ceil(1000);
@@ -237,15 +297,7 @@ pub async fn read_local<P>(
             .saturating_sub(u64::try_from(checked_in).unwrap_or(u64::MAX)),
         ..opts
     };
-    let read = AnyRead::from(query);
-    crate::watch::blocking_read(
-        &shared.watches,
-        opts,
-        || read.read(&shared.read()),
-        admit,
-        stop,
-    )
-    .await
+    crate::watch::first_look(opts, || read.read(&shared.read()), admit)
 }
 
 /// Whether the server whose raft is `raft` leads, with raft running: a server whose raft
