@@ -8,6 +8,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::future::Either;
 use parking_lot::RwLock;
 
 tokio::task_local! {
@@ -15,15 +16,14 @@ tokio::task_local! {
 }
 
 /// Runs `work` on behalf of the holder of `token` (empty: the anonymous token).
-pub async fn scope<F: Future>(token: String, work: F) -> F::Output {
-    REQUEST_TOKEN.scope(token, work).await
+pub fn scope<F: Future>(token: String, work: F) -> impl Future<Output = F::Output> {
+    REQUEST_TOKEN.scope(token, work)
 }
 
 /// `work` made on behalf of the token the current task works for, to run on another task
 /// (`tokio::spawn` does not carry it over by itself).
 pub fn inherit<F: Future>(work: F) -> impl Future<Output = F::Output> {
-    let token = carried();
-    async move { within(token, work).await }
+    within(carried(), work)
 }
 
 /// The token the current task works for, for work made now that runs later outside its
@@ -32,11 +32,13 @@ pub fn carried() -> Option<String> {
     REQUEST_TOKEN.try_with(Clone::clone).ok()
 }
 
-/// Runs `work` on behalf of `token` if there is one ([`carried`]).
-pub async fn within<F: Future>(token: Option<String>, work: F) -> F::Output {
+/// Runs `work` on behalf of `token` if there is one ([`carried`]). This and the two above are
+/// plain functions, not `async fn`s, which would keep `work` twice: as their argument, and as
+/// what they await.
+pub fn within<F: Future>(token: Option<String>, work: F) -> impl Future<Output = F::Output> {
     match token {
-        Some(token) => REQUEST_TOKEN.scope(token, work).await,
-        None => work.await,
+        Some(token) => Either::Left(REQUEST_TOKEN.scope(token, work)),
+        None => Either::Right(work),
     }
 }
 

@@ -20,7 +20,9 @@ use tokio::time::Instant;
 
 use super::Answer;
 
-type Wait = Shared<BoxFuture<'static, Answer>>;
+/// Its answer is shared behind an `Arc`: the wait keeps room for its answer beside its future
+/// while it waits, a pointer rather than a few hundred bytes.
+type Wait = Shared<BoxFuture<'static, Arc<Answer>>>;
 
 /// A shared wait as the table knows it: joinable by any watcher that may answer as late as it
 /// does.
@@ -28,7 +30,7 @@ struct Entry {
     id: u64,
     /// When the wait answers at the latest.
     deadline: Instant,
-    wait: WeakShared<BoxFuture<'static, Answer>>,
+    wait: WeakShared<BoxFuture<'static, Arc<Answer>>>,
 }
 
 #[derive(Default)]
@@ -132,7 +134,7 @@ impl Waits {
         let query = start();
         let wait = async move {
             let _registered = registered;
-            query.await
+            Arc::new(query.await)
         }
         .boxed()
         .shared();

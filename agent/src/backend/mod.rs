@@ -56,18 +56,22 @@ where
 {
     let mut backoff = Duration::from_millis(50);
     loop {
-        match attempt().await {
+        // The answer is taken out of the match before the backoff's sleep, so a blocking
+        // query's attempt (which holds this future while it waits) keeps no room for one.
+        let e = match attempt().await {
             Err(e)
                 if e.safe_to_retry(idempotent)
                     && Instant::now() + backoff < deadline
                     && !servers.is_shutting_down() =>
             {
-                tracing::debug!(error = %e, "retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_millis(250));
+                e
             }
             result => return result,
-        }
+        };
+        tracing::debug!(error = %e, "retrying");
+        drop(e);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_millis(250));
     }
 }
 
@@ -240,9 +244,9 @@ impl Blocking {
     /// deadline, or starts its own. A shared wait started earlier can answer, unchanged,
     /// before this query's `wait` is over: it then waits again (joining or starting another),
     /// as it does not answer unchanged before its `wait`.
-    pub async fn answer(mut self) -> Answer {
+    pub fn answer(mut self) -> impl Future<Output = Answer> + Send {
         let token = self.0.token.take();
-        crate::token::within(token, self.wait()).await
+        crate::token::within(token, self.wait())
     }
 
     async fn wait(self) -> Answer {
@@ -266,12 +270,12 @@ impl Blocking {
                 wait_on_servers(Arc::clone(servers), opts, query, due, deadline).boxed()
             });
             let answer = shared.await;
-            match &answer {
+            match &*answer {
                 Ok((_, meta))
                     if joined
                         && meta.index <= opts.min_index
                         && Instant::now() < asked.earliest => {}
-                _ => return answer,
+                _ => return Arc::unwrap_or_clone(answer),
             }
         }
     }
@@ -283,34 +287,37 @@ impl Blocking {
 /// has answered shortly after, a stale read from any server runs beside; if it is not behind
 /// the index the caller knows, it is the answer, with `X-Consul-KnownLeader: false`, when by
 /// the deadline the servers have not answered. Otherwise the deadline brings Consul's `No
-/// cluster leader`.
-async fn wait_on_servers(
+/// cluster leader`. A plain function returning an `async` block, not an `async fn`, which
+/// would keep its arguments twice (as given, and as the variables it moves them into).
+fn wait_on_servers(
     servers: Arc<dyn ServerApi>,
     opts: QueryOptions,
     query: ReadQuery,
     due: Instant,
     deadline: Instant,
-) -> Result<(QueryResult, QueryMeta), ServerError> {
-    let servers = &*servers;
-    // Half the margin lets a quiet query's answer, due at `due`, arrive.
-    let grace = deadline.saturating_duration_since(due) / 2;
-    // Boxed, and the fallback made only once it is needed: a wait answered in time (nearly
-    // all of them) holds no more than this while it waits.
-    let mut primary = Box::pin(with_retries(servers, due, true, || {
-        // A retry blocks only for what is left of the wait.
-        let left = due.saturating_duration_since(Instant::now());
-        let opts = QueryOptions {
-            wait_ms: left.as_millis() as u64,
-            ..opts
+) -> impl Future<Output = Result<(QueryResult, QueryMeta), ServerError>> + Send {
+    async move {
+        let servers = &*servers;
+        // Half the margin lets a quiet query's answer, due at `due`, arrive.
+        let grace = deadline.saturating_duration_since(due) / 2;
+        // Boxed, and the fallback made only once it is needed: a wait answered in time (nearly
+        // all of them) holds no more than this while it waits.
+        let mut primary = Box::pin(with_retries(servers, due, true, || {
+            // A retry blocks only for what is left of the wait.
+            let left = due.saturating_duration_since(Instant::now());
+            let opts = QueryOptions {
+                wait_ms: left.as_millis() as u64,
+                ..opts
+            };
+            servers.query(opts, query.clone())
+        }));
+        let failed = match tokio::time::timeout_at(due + grace, &mut primary).await {
+            Ok(Err(e)) if e.safe_to_retry(true) => Some(e),
+            Ok(result) => return result,
+            Err(_) => None,
         };
-        servers.query(opts, query.clone())
-    }));
-    let failed = match tokio::time::timeout_at(due + grace, &mut primary).await {
-        Ok(Err(e)) if e.safe_to_retry(true) => Some(e),
-        Ok(result) => return result,
-        Err(_) => None,
-    };
-    Box::pin(fall_back(servers, opts, &query, primary, failed, deadline)).await
+        Box::pin(fall_back(servers, opts, &query, primary, failed, deadline)).await
+    }
 }
 
 /// The rest of [`wait_on_servers`] once its servers have not answered in time: the `primary`
