@@ -826,6 +826,18 @@ impl RpcClient {
         timeout: Duration,
     ) -> Result<Resp, TransportError> {
         let request = encode(request)?;
+        self.call_encoded_as(kind, addr, request, timeout).await
+    }
+
+    /// [`RpcClient::call_typed_as`] for a request already encoded (by [`encode`]'s rule,
+    /// postcard), so a caller that sends it to one server after another keeps only its bytes.
+    pub async fn call_encoded_as<Resp: DeserializeOwned>(
+        &self,
+        kind: CallKind,
+        addr: SocketAddr,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Resp, TransportError> {
         let response = match kind {
             CallKind::Prompt => self.call(addr, request, timeout).await?,
             CallKind::Blocking => self.call_blocking(addr, request, timeout).await?,
@@ -914,7 +926,9 @@ impl RpcClient {
         lane: Lane,
         request: &Bytes,
     ) -> Result<Vec<u8>, TransportError> {
-        let (connection, reused) = self.connection(addr, lane).await?;
+        // Dialing and dropping a connection are boxed on their own: a blocking query holds
+        // this future while it waits, which would otherwise keep room for a whole handshake.
+        let (connection, reused) = Box::pin(self.connection(addr, lane)).await?;
         let failure = match exchange(&connection, request.clone()).await {
             Ok(response) => return Ok(response),
             Err(failure) => failure,
@@ -925,17 +939,17 @@ impl RpcClient {
         ) {
             return Err(failure.into_error(addr));
         }
-        self.forget(addr, lane, &connection).await;
+        Box::pin(self.forget(addr, lane, &connection)).await;
         if !(reused && failure.is_stale()) {
             return Err(failure.into_error(addr));
         }
         tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
-        let (connection, _) = self.connection(addr, lane).await?;
+        let (connection, _) = Box::pin(self.connection(addr, lane)).await?;
         match exchange(&connection, request.clone()).await {
             Ok(response) => Ok(response),
             Err(failure) => {
                 if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
-                    self.forget(addr, lane, &connection).await;
+                    Box::pin(self.forget(addr, lane, &connection)).await;
                 }
                 Err(failure.into_error(addr))
             }
@@ -987,7 +1001,8 @@ impl RpcClient {
     }
 }
 
-fn encode<Req: Serialize>(request: &Req) -> Result<Vec<u8>, TransportError> {
+/// A request as the typed calls send it (postcard).
+pub fn encode<Req: Serialize>(request: &Req) -> Result<Vec<u8>, TransportError> {
     postcard::to_allocvec(request)
         .map_err(|e| TransportError::Protocol(format!("encoding the request: {e}")))
 }
@@ -1153,13 +1168,22 @@ fn fits_a_frame(request: &[u8]) -> Result<(), TransportError> {
     Ok(())
 }
 
-/// One request/response exchange on the dialing side.
+/// One request/response exchange on the dialing side. The sending is boxed on its own and
+/// freed before the answer is awaited: a blocking query holds this future while it waits, and
+/// keeps only its receiving stream.
 async fn exchange(connection: &Connection, request: Bytes) -> Result<Vec<u8>, Failure> {
-    let (mut send, mut recv) = connection.open_bi().await.map_err(Failure::Open)?;
+    let mut recv = Box::pin(send_request(connection, request)).await?;
+    read_frame(&mut recv).await
+}
+
+/// Opens a stream on `connection` and sends `request` on it, finished; answers the stream its
+/// reply comes on.
+async fn send_request(connection: &Connection, request: Bytes) -> Result<RecvStream, Failure> {
+    let (mut send, recv) = connection.open_bi().await.map_err(Failure::Open)?;
     write_frame(&mut send, request).await?;
     send.finish()
         .map_err(|_| Failure::Protocol("request stream closed before it was finished".into()))?;
-    read_frame(&mut recv).await
+    Ok(recv)
 }
 
 fn encode_header(len: usize) -> Result<[u8; HEADER_LEN], String> {

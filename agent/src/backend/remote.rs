@@ -5,6 +5,7 @@
 //! server that may be gone, so its failure means "not applied" whenever it can.
 
 use std::collections::HashMap;
+use std::marker::PhantomData;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +19,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use vigil_server::ServerApi;
 use vigil_server::api::QueryFuture;
-use vigil_server::dial::Prepared;
 use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::operator::{OperatorError, OperatorReply, OperatorRequest};
 use vigil_shared::rpc::calls::{self, Call, RpcRequest, RpcResponse, StatusInfo, reply};
@@ -151,34 +151,31 @@ impl RemoteServers {
     async fn call_one(
         &self,
         server: SocketAddr,
-        request: &RpcRequest,
+        request: &Encoded,
         timeout: Duration,
     ) -> Result<RpcResponse, TransportError> {
         // A write is never sent to a server that has been silent: if it died, the write's fate
         // would be unknown, while a failed ping means "not sent" and another server is tried.
-        if !idempotent(request) && !self.answered_within(server, PROMPT_PROBE_AFTER) {
-            self.ping(server)
+        // The ping is boxed on its own (here and below): a blocking query holds this future
+        // while it waits, which would otherwise keep room for a whole ping.
+        if !request.idempotent && !self.answered_within(server, PROMPT_PROBE_AFTER) {
+            Box::pin(self.ping(server))
                 .await
                 .map_err(|e| TransportError::Unreachable {
                     addr: server,
                     reason: format!("no answer to a ping: {e}"),
                 })?;
         }
-        let kind = match request {
-            RpcRequest::Query { opts, .. } | RpcRequest::QueryAs { opts, .. }
-                if opts.min_index > 0 =>
-            {
-                CallKind::Blocking
-            }
-            _ => CallKind::Prompt,
-        };
-        let probe_after = match kind {
+        let probe_after = match request.kind {
             CallKind::Blocking => PROBE_AFTER,
             _ => PROMPT_PROBE_AFTER,
         };
-        let call = self
-            .rpc
-            .call_typed_as::<RpcRequest, RpcResponse>(kind, server, request, timeout);
+        let call = self.rpc.call_encoded_as::<RpcResponse>(
+            request.kind,
+            server,
+            request.bytes.clone(),
+            timeout,
+        );
         tokio::pin!(call);
         loop {
             tokio::select! {
@@ -190,7 +187,7 @@ impl RemoteServers {
                 }
                 () = tokio::time::sleep(probe_after) => {
                     if !self.answered_within(server, probe_after) {
-                        self.ping(server).await?;
+                        Box::pin(self.ping(server)).await?;
                     }
                 }
             }
@@ -217,27 +214,28 @@ impl RemoteServers {
     /// be reached. `Err` only when every server failed.
     async fn call<C: Call>(
         &self,
-        request: &Prepared<C>,
+        request: &Outgoing<C>,
         timeout: Duration,
     ) -> Result<C::Output, ServerError> {
-        let response = self.call_any(request.request(), timeout).await?;
+        let response = self.call_any(&request.encoded, timeout).await?;
         reply::<C>(response)
     }
 
     async fn call_any(
         &self,
-        request: &RpcRequest,
+        request: &Encoded,
         timeout: Duration,
     ) -> Result<RpcResponse, ServerError> {
         let mut last = None;
-        let mut leaderless = None;
+        // Boxed: a blocking query holds this future while it waits.
+        let mut leaderless: Option<Box<RpcResponse>> = None;
         for server in self.servers() {
             match self.call_one(server, request, timeout).await {
                 // A server that answers but knows no leader (cut off from the others, or its
                 // raft stopped) did nothing with the request: another one may have a leader.
                 Ok(response) if knows_no_leader(&response) => {
                     tracing::debug!(%server, "server knows no leader; trying the next");
-                    leaderless = Some(response);
+                    leaderless = Some(Box::new(response));
                 }
                 Ok(response) => {
                     *self.preferred.lock() = Some(server);
@@ -250,14 +248,14 @@ impl RemoteServers {
                         TransportError::Unreachable { .. } | TransportError::Refused { .. }
                     );
                     last = Some(e);
-                    if delivered && !idempotent(request) {
+                    if delivered && !request.idempotent {
                         break;
                     }
                 }
             }
         }
         if let Some(response) = leaderless {
-            return Ok(response);
+            return Ok(*response);
         }
         match last {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
@@ -265,7 +263,7 @@ impl RemoteServers {
             Some(e @ TransportError::Refused { .. }) => {
                 Err(ServerError::Unavailable(format!("server RPC: {e}")))
             }
-            Some(e) => Err(if idempotent(request) {
+            Some(e) => Err(if request.idempotent {
                 ServerError::Unavailable(format!("server RPC: {e}"))
             } else {
                 ServerError::Indeterminate(format!(
@@ -319,6 +317,46 @@ impl Call for AnyQuery {
     }
 }
 
+/// A request to the servers, encoded once for as many sends as retries need, that still
+/// names its reply.
+struct Outgoing<C> {
+    encoded: Encoded,
+    call: PhantomData<fn() -> C>,
+}
+
+impl<C: Call> Outgoing<C> {
+    fn new(call: C) -> Result<Outgoing<C>, ServerError> {
+        let request: RpcRequest = call.into();
+        let bytes = vigil_wire::transport::encode(&request)
+            .map_err(|e| ServerError::Internal(e.to_string()))?;
+        let kind = match &request {
+            RpcRequest::Query { opts, .. } | RpcRequest::QueryAs { opts, .. }
+                if opts.min_index > 0 =>
+            {
+                CallKind::Blocking
+            }
+            _ => CallKind::Prompt,
+        };
+        Ok(Outgoing {
+            encoded: Encoded {
+                bytes,
+                kind,
+                idempotent: idempotent(&request),
+            },
+            call: PhantomData,
+        })
+    }
+}
+
+/// A request's bytes, and what decides how it is sent: a blocking query travels on the
+/// server's watch connections; a request that is not idempotent is never sent twice, nor
+/// blind to a server that has been silent. A waiting query holds these, not the request.
+struct Encoded {
+    bytes: Vec<u8>,
+    kind: CallKind,
+    idempotent: bool,
+}
+
 fn idempotent(request: &RpcRequest) -> bool {
     match request {
         RpcRequest::Write { .. } | RpcRequest::WriteAs { .. } => false,
@@ -337,11 +375,11 @@ impl ServerApi for RemoteServers {
         Box::pin(async move {
             match token {
                 Some(token) => {
-                    let request = Prepared::new(calls::WriteAs { op, token });
+                    let request = Outgoing::new(calls::WriteAs { op, token })?;
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let request = Prepared::new(calls::Write { op });
+                    let request = Outgoing::new(calls::Write { op })?;
                     self.call(&request, CALL_SLACK).await?
                 }
             }
@@ -349,10 +387,11 @@ impl ServerApi for RemoteServers {
     }
 
     fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
-        let token = self.token.current();
+        // Encoded before the future is made, which thus keeps only the request's bytes.
+        let request = Outgoing::new(query_request(opts, query, self.token.current()));
+        let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
         Box::pin(async move {
-            let request = Prepared::new(query_request(opts, query, token));
-            let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
+            let request = request?;
             // A blocking query must not hold up the agent's shutdown.
             tokio::select! {
                 answer = self.call(&request, timeout) => answer?,
@@ -370,11 +409,11 @@ impl ServerApi for RemoteServers {
                 min_index: 0,
                 wait_ms: 0,
             };
-            let request = Prepared::new(query_request(opts, query, token));
+            let request = Outgoing::new(query_request(opts, query, token))?;
             let mut asked: FuturesUnordered<_> = self
                 .servers()
                 .into_iter()
-                .map(|server| self.call_one(server, request.request(), PROBE_TIMEOUT))
+                .map(|server| self.call_one(server, &request.encoded, PROBE_TIMEOUT))
                 .collect();
             let mut last = ServerError::NoServers;
             while let Some(response) = asked.next().await {
@@ -394,11 +433,11 @@ impl ServerApi for RemoteServers {
             let id = id.to_owned();
             match token {
                 Some(token) => {
-                    let request = Prepared::new(calls::RenewAs { id, token });
+                    let request = Outgoing::new(calls::RenewAs { id, token })?;
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let request = Prepared::new(calls::Renew { id });
+                    let request = Outgoing::new(calls::Renew { id })?;
                     self.call(&request, CALL_SLACK).await?
                 }
             }
@@ -413,11 +452,11 @@ impl ServerApi for RemoteServers {
         Box::pin(async move {
             match token {
                 Some(token) => {
-                    let request = Prepared::new(calls::OperatorAs { request, token });
+                    let request = Outgoing::new(calls::OperatorAs { request, token })?;
                     self.call(&request, CALL_SLACK).await?
                 }
                 None => {
-                    let request = Prepared::new(calls::Operator { request });
+                    let request = Outgoing::new(calls::Operator { request })?;
                     self.call(&request, CALL_SLACK).await?
                 }
             }
@@ -426,7 +465,7 @@ impl ServerApi for RemoteServers {
 
     fn status(&self) -> BoxFuture<'_, Result<StatusInfo, ServerError>> {
         Box::pin(async move {
-            let request = Prepared::new(calls::Status {});
+            let request = Outgoing::new(calls::Status {})?;
             self.call(&request, Duration::from_secs(5)).await
         })
     }
