@@ -46,7 +46,7 @@ use axum::body::Body;
 use axum::extract::{FromRequestParts, OriginalUri, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use futures::FutureExt as _;
@@ -212,7 +212,8 @@ impl Ctx {
     }
 }
 
-pub fn router(state: AppState) -> Router {
+/// The HTTP API: its routes behind the front layer ([`front`]).
+pub fn router(state: AppState) -> Api {
     let kv = get(kv::get).put(kv::put).delete(kv::delete);
     let routes = Router::new()
         .route("/v1/kv", kv.clone())
@@ -394,24 +395,52 @@ pub fn router(state: AppState) -> Router {
         // extractor that would buffer a body without it.
         .layer(axum::extract::DefaultBodyLimit::max(limits::BODY_MAX))
         .with_state(state);
-    // Outside the routes, so the 405 rewrite sees the `Allow` header axum sets per route.
-    Router::new()
-        .fallback_service(routes)
-        .layer(middleware::from_fn(front))
+    Api::new(routes)
+}
+
+/// Routes behind the front layer ([`front`]), which is outside them, so the 405 rewrite sees
+/// the `Allow` header axum sets per route. Not an axum middleware: axum boxes the future of
+/// each layer and of the router, and a waiting blocking query would hold them all. Here a
+/// request's one future is [`front`]'s, and each run of the routes is boxed on its own
+/// ([`park::run`]), so a waiting query holds none.
+#[derive(Clone)]
+pub struct Api {
+    routes: Router,
+}
+
+impl Api {
+    /// `routes` behind the front layer.
+    pub fn new(routes: Router) -> Api {
+        Api { routes }
+    }
+
+    /// Answers `req`.
+    pub fn answer(&self, req: Request) -> impl Future<Output = Response> + Send + use<> {
+        front(req, self.routes.clone())
+    }
+}
+
+/// What `routes` answer `req`: a router never fails.
+fn run_routes(mut routes: Router, req: Request) -> impl Future<Output = Response> + Send {
+    use tower_service::Service as _;
+    routes.call(req).map(|answer| match answer {
+        Ok(response) => response,
+        Err(never) => match never {},
+    })
 }
 
 /// In front of the routes, in the order a request meets them: timed ([`metrics::Timing`]), its
 /// path cleaned (Consul's 301), its datacenter checked, a blocking query's wait kept
-/// ([`park`]), and a 405 rewritten as Consul's. One middleware rather than five: every layer
-/// boxes the future it wraps. Not an `async fn`, which would keep its arguments (a request is
-/// about 250 bytes) for as long as it runs: a waiting blocking query holds this future, which
-/// keeps only the timing, the method and [`park::run`]'s future.
-fn front(req: Request, next: Next) -> impl Future<Output = Response> + Send {
+/// ([`park`]), and a 405 rewritten as Consul's. One function rather than five layers: axum
+/// boxes the future of every layer it wraps. Not an `async fn`, which would keep its arguments
+/// (a request is about 250 bytes) for as long as it runs: a waiting blocking query holds this
+/// future, which keeps only the timing, the method and [`park::run`]'s future.
+fn front(req: Request, routes: Router) -> impl Future<Output = Response> + Send {
     let timing = metrics::Timing::start(&req);
     let method = req.method().clone();
     let answer = match redirect_unclean_path(&req).or_else(|| other_datacenter(&req)) {
         Some(answer) => Either::Left(std::future::ready(answer)),
-        None => Either::Right(park::run(req, next).map(move |r| consul_405(&method, r))),
+        None => Either::Right(park::run(req, routes).map(move |r| consul_405(&method, r))),
     };
     answer.map(move |response| {
         timing.finish(&response);

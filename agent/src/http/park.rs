@@ -10,11 +10,13 @@
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::body::{Body, HttpBody as _};
 use axum::extract::Request;
 use axum::http::{HeaderName, HeaderValue, Method, Uri, Version};
-use axum::middleware::Next;
 use axum::response::Response;
+use futures::FutureExt as _;
+use futures::future::Either;
 use parking_lot::Mutex;
 
 use crate::backend::{Answer, Blocking};
@@ -82,35 +84,40 @@ impl Park {
 
 /// Runs `req`; if its handler parked a blocking read, waits for that here, holding only the
 /// request's head, and runs it again with the answer. A plain function, so that the future a
-/// waiting query holds keeps no request (an `async fn` keeps its arguments while it runs), and
-/// the runs are boxed, so that it keeps no room for them either.
-pub fn run(mut req: Request, next: Next) -> impl Future<Output = Response> + Send {
+/// waiting query holds keeps no request (an `async fn` keeps its arguments while it runs); the
+/// runs are boxed, and the wait is a future of its own ([`resume`]) that follows the first
+/// run's, so the future keeps room for neither beside the wait.
+pub fn run(mut req: Request, routes: Router) -> impl Future<Output = Response> + Send {
     let parking = may_park(&req).then(|| {
         let head = Head::copy(&req);
         let park = Park::new(Parking::Open);
         req.extensions_mut().insert(park.clone());
         (head, park)
     });
-    let first = Box::pin(next.clone().run(req));
-    async move {
-        let response = first.await;
-        let Some((head, park)) = parking else {
-            return response;
-        };
-        let Some(blocking) = park.parked() else {
-            return response;
-        };
-        drop(response);
-        let asked = blocking.asks().to_vec();
-        let answer = blocking.answer().await;
-        let mut req = head.into_request();
-        req.extensions_mut()
-            .insert(Park::new(Parking::Resumed(Box::new(Resumed {
-                asked,
-                answer,
-            }))));
-        Box::pin(next.run(req)).await
-    }
+    let first = Box::pin(super::run_routes(routes.clone(), req));
+    first.then(move |response| {
+        let parked = parking.and_then(|(head, park)| Some((head, park.parked()?)));
+        match parked {
+            None => Either::Left(std::future::ready(response)),
+            Some((head, blocking)) => {
+                drop(response);
+                Either::Right(resume(head, blocking, routes))
+            }
+        }
+    })
+}
+
+/// Waits for a parked read `blocking`, then runs its request (`head`) again with the answer.
+async fn resume(head: Head, blocking: Blocking, routes: Router) -> Response {
+    let asked = blocking.asks().to_vec();
+    let answer = blocking.answer().await;
+    let mut req = head.into_request();
+    req.extensions_mut()
+        .insert(Park::new(Parking::Resumed(Box::new(Resumed {
+            asked,
+            answer,
+        }))));
+    Box::pin(super::run_routes(routes, req)).await
 }
 
 /// Only a `GET` (or `HEAD`) with an index and no body may block, and only such a request is

@@ -30,7 +30,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use futures::FutureExt as _;
+use futures::future::Either;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
@@ -39,7 +40,8 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream, UnixListener};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower_service::Service as _;
+
+use super::Api;
 
 /// Consul's answer to a connection over the per-client cap (hashicorp/go-connlimit).
 const TOO_MANY_CONNS: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\n\
@@ -185,13 +187,13 @@ impl Drop for Slot {
     }
 }
 
-/// The router as hyper calls it, telling the connection's [`Slot`] when it is in a request
+/// The API as hyper calls it, telling the connection's [`Slot`] when it is in a request
 /// (until the response head is ready; a body still streaming out counts as idle, and closing
-/// such a connection gracefully lets the body finish first). It calls the router itself rather
+/// such a connection gracefully lets the body finish first). It calls the API itself rather
 /// than through `hyper_util`'s tower adapter, whose future keeps room for a router and a
-/// request beside the router's own: a waiting blocking query holds this future.
+/// request beside the API's own: a waiting blocking query holds this future.
 struct Tracked {
-    router: Router,
+    api: Api,
     slot: Arc<Slot>,
 }
 
@@ -205,23 +207,23 @@ impl hyper::service::Service<Request> for Tracked {
 
     fn call(&self, request: Request) -> Self::Future {
         self.slot.busy();
-        // A router is always ready: `call` needs no `poll_ready` first.
-        let answer = self.router.clone().call(request);
         let slot = Arc::clone(&self.slot);
-        Box::pin(async move {
-            let answer = answer.await;
+        // A combinator, not an `async` block: a block would keep the API's future twice, as
+        // what it captured and as what it awaits.
+        let answer = self.api.answer(request.map(axum::body::Body::new));
+        Box::pin(answer.map(move |answer| {
             slot.idle();
-            answer
-        })
+            Ok(answer)
+        }))
     }
 }
 
-/// Serves `router` on `listener` until `shutdown`, then lets open requests finish. With `tls`
+/// Serves `api` on `listener` until `shutdown`, then lets open requests finish. With `tls`
 /// every connection is a TLS one (HTTPS). `connections` counts them with the other
 /// listener's.
 pub async fn serve(
     listener: TcpListener,
-    router: Router,
+    api: Api,
     limits: ConnLimits,
     tls: Option<TlsAcceptor>,
     connections: Arc<Connections>,
@@ -248,21 +250,18 @@ pub async fn serve(
                 continue;
             }
         };
-        let router = router.clone();
+        let api = api.clone();
         let shutdown = shutdown.clone();
         let tls = tls.clone();
         // Every open connection is a task: a plain one holds only what plain HTTP needs, the
-        // TLS session and handshake state (several times larger) are boxed on their own.
-        tasks.spawn(async move {
-            match tls {
-                None => serve_connection(stream, router, limits, slot, shutdown).await,
-                Some(acceptor) => {
-                    Box::pin(serve_tls(
-                        stream, peer, acceptor, router, limits, slot, shutdown,
-                    ))
-                    .await;
-                }
-            }
+        // TLS session and handshake state (several times larger) are boxed on their own. The
+        // task is the connection's future itself, not an `async` block around it, which would
+        // keep what it captured beside the future it awaits.
+        tasks.spawn(match tls {
+            None => Either::Left(serve_connection(stream, api, limits, slot, shutdown)),
+            Some(acceptor) => Either::Right(Box::pin(serve_tls(
+                stream, peer, acceptor, api, limits, slot, shutdown,
+            ))),
         });
     }
     tasks.close();
@@ -274,7 +273,7 @@ async fn serve_tls(
     stream: TcpStream,
     peer: SocketAddr,
     acceptor: TlsAcceptor,
-    router: Router,
+    api: Api,
     limits: ConnLimits,
     slot: Arc<Slot>,
     shutdown: CancellationToken,
@@ -286,7 +285,7 @@ async fn serve_tls(
         () = evicted.cancelled() => return,
     };
     match handshake {
-        Ok(Ok(stream)) => serve_connection(stream, router, limits, slot, shutdown).await,
+        Ok(Ok(stream)) => serve_connection(stream, api, limits, slot, shutdown).await,
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
@@ -329,12 +328,12 @@ pub fn bind_unix(path: &std::path::Path) -> std::io::Result<UnixListener> {
     UnixListener::bind(path)
 }
 
-/// Serves `router` on a Unix socket until `shutdown`, as [`serve`] does on TCP; its clients are
+/// Serves `api` on a Unix socket until `shutdown`, as [`serve`] does on TCP; its clients are
 /// local processes with no address, so no per-client cap applies, but they count towards the
 /// agent's (the header timeout applies too).
 pub async fn serve_unix(
     listener: UnixListener,
-    router: Router,
+    api: Api,
     limits: ConnLimits,
     connections: Arc<Connections>,
     shutdown: CancellationToken,
@@ -361,7 +360,7 @@ pub async fn serve_unix(
         };
         tasks.spawn(serve_connection(
             stream,
-            router.clone(),
+            api.clone(),
             limits,
             slot,
             shutdown.clone(),
@@ -373,7 +372,7 @@ pub async fn serve_unix(
 
 async fn serve_connection<S>(
     stream: S,
-    router: Router,
+    api: Api,
     limits: ConnLimits,
     slot: Arc<Slot>,
     shutdown: CancellationToken,
@@ -381,7 +380,7 @@ async fn serve_connection<S>(
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let evicted = slot.evict.clone();
-    let service = Tracked { router, slot };
+    let service = Tracked { api, slot };
     // The builder in a block of its own, so that the connection's future keeps no room for it.
     let conn = {
         let mut builder = http1::Builder::new();
@@ -409,6 +408,8 @@ async fn serve_connection<S>(
 
 #[cfg(test)]
 mod tests {
+    use axum::Router;
+
     use super::*;
 
     #[test]
@@ -458,6 +459,7 @@ mod tests {
 
     /// A server of `router` on a port of its own, and what stops it.
     async fn serving(router: Router) -> (SocketAddr, CancellationToken) {
+        let api = Api::new(router);
         let listener = bind_tcp("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
         let limits = ConnLimits {
@@ -467,7 +469,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         tokio::spawn(serve(
             listener,
-            router,
+            api,
             limits,
             None,
             Connections::new(100),

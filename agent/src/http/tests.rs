@@ -1,5 +1,5 @@
 //! The HTTP API through its router, on the in-memory servers ([`MemoryServer`]) and paused
-//! time: no sockets, no gossip task, no raft. Requests go in with `tower`'s `oneshot`, and
+//! time: no sockets, no gossip task, no raft. Requests go in through [`Api::answer`], and
 //! every step of time is taken explicitly.
 
 use std::net::SocketAddr;
@@ -14,7 +14,6 @@ use axum::response::IntoResponse as _;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tower::ServiceExt as _;
 use vigil_gossip::Gossip;
 use vigil_server::api::memory::MemoryServer;
 use vigil_shared::acl::authz::DefaultPolicy;
@@ -23,7 +22,7 @@ use vigil_shared::catalog::{MemberRole, MemberState, MemberStatus};
 use vigil_shared::rpc::{AclOp, reads, writes};
 
 use super::permissions::{Needs, Rule};
-use super::{AppState, HttpState, router};
+use super::{Api, AppState, HttpState, router};
 use crate::backend::Backend;
 use crate::local::{self, LocalOptions, LocalState};
 use crate::testing::settle;
@@ -38,7 +37,7 @@ const ROOT: &str = "2d7d1b4c-6d0e-4e0a-9d0b-7c3c3f3f0001";
 
 /// An agent's router over the in-memory servers, with what it started.
 struct Agent {
-    router: Router,
+    router: Api,
     state: AppState,
     backend: Arc<Backend>,
     shutdown: CancellationToken,
@@ -192,8 +191,8 @@ struct Answer {
 }
 
 /// What `router` answers `request`.
-async fn answer(router: Router, request: Request<Body>) -> Answer {
-    let response = router.oneshot(request).await.expect("infallible");
+async fn answer(router: Api, request: Request<Body>) -> Answer {
+    let response = router.answer(request).await;
     let status = response.status();
     let index = response
         .headers()
@@ -607,12 +606,7 @@ async fn the_router_serves_the_methods_the_permission_table_lists() {
             .uri(&uri)
             .body(Body::empty())
             .expect("request");
-        let response = agent
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("infallible");
+        let response = agent.router.answer(request).await;
         let allow = response
             .headers()
             .get("Allow")
@@ -782,10 +776,11 @@ async fn a_waiting_blocking_get_holds_no_handler_and_a_second_run_answers() {
         .await
         .index
         .expect("index");
-    let app = Router::new()
-        .route("/probe", axum::routing::get(probe))
-        .with_state(agent.state.clone())
-        .layer(axum::middleware::from_fn(super::park::run));
+    let app = Api::new(
+        Router::new()
+            .route("/probe", axum::routing::get(probe))
+            .with_state(agent.state.clone()),
+    );
     let get = |index: u64, body: &str| {
         let request = Request::get(format!("/probe?index={index}&wait=1m"))
             .body(Body::from(body.to_owned()))
