@@ -94,7 +94,8 @@ struct Slot {
     ip: IpAddr,
     /// Its entry in the idle list while it has one.
     idle_since: Mutex<Option<u64>>,
-    /// Cancelled when a newer connection needs its place.
+    /// Cancelled when a newer connection needs its place, or the listener shuts down (a child
+    /// of its token): a connection waits on this one token for both.
     evict: CancellationToken,
 }
 
@@ -116,9 +117,15 @@ impl Connections {
         })
     }
 
-    /// Takes a slot for a connection from `ip`, which has `per_client` at most (0: no cap).
-    /// At the agent's cap, the connection idle the longest is told to close instead.
-    fn take(self: &Arc<Connections>, ip: IpAddr, per_client: usize) -> Result<Arc<Slot>, Refusal> {
+    /// Takes a slot for a connection from `ip`, which has `per_client` at most (0: no cap), on
+    /// a listener that closes its connections when `shutdown` is cancelled. At the agent's cap,
+    /// the connection idle the longest is told to close instead.
+    fn take(
+        self: &Arc<Connections>,
+        ip: IpAddr,
+        per_client: usize,
+        shutdown: &CancellationToken,
+    ) -> Result<Arc<Slot>, Refusal> {
         let mut table = self.table.lock();
         let open = table.per_ip.get(&ip).copied().unwrap_or(0);
         if per_client > 0 && open >= per_client {
@@ -138,7 +145,7 @@ impl Connections {
             connections: Arc::clone(self),
             ip,
             idle_since: Mutex::new(None),
-            evict: CancellationToken::new(),
+            evict: shutdown.child_token(),
         });
         slot.idle_in(&mut table);
         Ok(slot)
@@ -243,7 +250,7 @@ pub async fn serve(
                 }
             },
         };
-        let slot = match connections.take(peer.ip(), limits.max_conns_per_client) {
+        let slot = match connections.take(peer.ip(), limits.max_conns_per_client, &shutdown) {
             Ok(slot) => slot,
             Err(refusal) => {
                 refuse(stream, peer, refusal);
@@ -251,16 +258,15 @@ pub async fn serve(
             }
         };
         let api = api.clone();
-        let shutdown = shutdown.clone();
         let tls = tls.clone();
         // Every open connection is a task: a plain one holds only what plain HTTP needs, the
         // TLS session and handshake state (several times larger) are boxed on their own. The
         // task is the connection's future itself, not an `async` block around it, which would
         // keep what it captured beside the future it awaits.
         tasks.spawn(match tls {
-            None => Either::Left(serve_connection(stream, api, limits, slot, shutdown)),
+            None => Either::Left(serve_connection(stream, api, limits, slot)),
             Some(acceptor) => Either::Right(Box::pin(serve_tls(
-                stream, peer, acceptor, api, limits, slot, shutdown,
+                stream, peer, acceptor, api, limits, slot,
             ))),
         });
     }
@@ -276,16 +282,15 @@ async fn serve_tls(
     api: Api,
     limits: ConnLimits,
     slot: Arc<Slot>,
-    shutdown: CancellationToken,
 ) {
-    let evicted = slot.evict.clone();
+    let closing = slot.evict.clone();
     let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
     let handshake = tokio::select! {
         handshake = handshake => handshake,
-        () = evicted.cancelled() => return,
+        () = closing.cancelled() => return,
     };
     match handshake {
-        Ok(Ok(stream)) => serve_connection(stream, api, limits, slot, shutdown).await,
+        Ok(Ok(stream)) => serve_connection(stream, api, limits, slot).await,
         Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
     }
@@ -353,56 +358,48 @@ pub async fn serve_unix(
                 }
             },
         };
-        let Ok(slot) = connections.take(local, 0) else {
+        let Ok(slot) = connections.take(local, 0, &shutdown) else {
             tracing::debug!("too many HTTP connections; closing one on the Unix socket");
             vigil_server::telemetry::http_connection_shed("agent_cap");
             continue;
         };
-        tasks.spawn(serve_connection(
-            stream,
-            api.clone(),
-            limits,
-            slot,
-            shutdown.clone(),
-        ));
+        tasks.spawn(serve_connection(stream, api.clone(), limits, slot));
     }
     tasks.close();
     tasks.wait().await;
 }
 
-async fn serve_connection<S>(
+/// Serves HTTP/1 on `stream` until its client leaves, or its slot's token (the listener's
+/// shutdown, or an eviction) closes it gracefully. A plain function: the connection's task is
+/// the future it returns, which keeps the connection (boxed), the token and the wait on it,
+/// and nothing the connection was built from.
+fn serve_connection<S>(
     stream: S,
     api: Api,
     limits: ConnLimits,
     slot: Arc<Slot>,
-    shutdown: CancellationToken,
-) where
+) -> impl Future<Output = ()> + Send + 'static
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let evicted = slot.evict.clone();
+    let closing = slot.evict.clone();
     let service = Tracked { api, slot };
-    // The builder in a block of its own, so that the connection's future keeps no room for it.
-    let conn = {
-        let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(limits.header_timeout);
-        builder.serve_connection(TokioIo::new(stream), service)
-    };
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    let mut builder = http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let mut conn = Box::pin(builder.serve_connection(TokioIo::new(stream), service));
+    async move {
+        let result = tokio::select! {
+            result = conn.as_mut() => result,
+            () = closing.cancelled() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "HTTP connection ended with an error");
         }
-        () = evicted.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "HTTP connection ended with an error");
     }
 }
 
@@ -415,43 +412,56 @@ mod tests {
     #[test]
     fn slots_are_counted_per_ip_and_given_back() {
         let counts = Connections::new(10_000);
+        let shutdown = CancellationToken::new();
         let a: IpAddr = "127.0.0.2".parse().unwrap();
         let b: IpAddr = "127.0.0.1".parse().unwrap();
-        let first = counts.take(a, 2).expect("first");
-        let second = counts.take(a, 2).expect("second");
-        assert_eq!(counts.take(a, 2).err(), Some(Refusal::PerClient));
-        let other = counts.take(b, 2).expect("another IP has its own cap");
+        let first = counts.take(a, 2, &shutdown).expect("first");
+        let second = counts.take(a, 2, &shutdown).expect("second");
+        assert_eq!(counts.take(a, 2, &shutdown).err(), Some(Refusal::PerClient));
+        let other = counts
+            .take(b, 2, &shutdown)
+            .expect("another IP has its own cap");
         drop(first);
-        let again = counts.take(a, 2).expect("a slot given back is free");
+        let again = counts
+            .take(a, 2, &shutdown)
+            .expect("a slot given back is free");
         drop((second, other, again));
         assert!(counts.table.lock().per_ip.is_empty());
         assert!(counts.table.lock().idle.is_empty());
         // 0: no cap.
-        let many: Vec<Arc<Slot>> = (0..1000).filter_map(|_| counts.take(a, 0).ok()).collect();
+        let many: Vec<Arc<Slot>> = (0..1000)
+            .filter_map(|_| counts.take(a, 0, &shutdown).ok())
+            .collect();
         assert_eq!(many.len(), 1000);
+        // The listener's shutdown closes every connection through its slot's one token.
+        shutdown.cancel();
+        assert!(many.iter().all(|slot| slot.evict.is_cancelled()));
     }
 
     #[test]
     fn at_the_cap_the_longest_idle_connection_makes_room() {
         let counts = Connections::new(3);
+        let shutdown = CancellationToken::new();
         let ip = |n: u8| IpAddr::from([127, 0, 0, n]);
-        let slots: Vec<Arc<Slot>> = (1..=3).map(|n| counts.take(ip(n), 0).unwrap()).collect();
+        let slots: Vec<Arc<Slot>> = (1..=3)
+            .map(|n| counts.take(ip(n), 0, &shutdown).unwrap())
+            .collect();
         // The oldest is in a request, so the second (idle the longest) is told to close.
         slots[0].busy();
-        let fourth = counts.take(ip(4), 0).expect("room made");
+        let fourth = counts.take(ip(4), 0, &shutdown).expect("room made");
         assert!(!slots[0].evict.is_cancelled());
         assert!(slots[1].evict.is_cancelled());
         assert!(!slots[2].evict.is_cancelled());
         // Idle again after its request, the first is now behind the third.
         slots[0].idle();
-        let fifth = counts.take(ip(5), 0).expect("room made");
+        let fifth = counts.take(ip(5), 0, &shutdown).expect("room made");
         assert!(slots[2].evict.is_cancelled());
         assert!(!slots[0].evict.is_cancelled());
         // Every connection in a request: the next is refused.
         for slot in [&slots[0], &fourth, &fifth] {
             slot.busy();
         }
-        assert_eq!(counts.take(ip(6), 0).err(), Some(Refusal::Full));
+        assert_eq!(counts.take(ip(6), 0, &shutdown).err(), Some(Refusal::Full));
         drop((slots, fourth, fifth));
         let table = counts.table.lock();
         assert_eq!((table.total, table.idle.len()), (0, 0));
