@@ -43,35 +43,39 @@ pub struct Backend {
 }
 
 /// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
-/// is not stopping.
-async fn with_retries<T, F, Fut>(
-    servers: &dyn ServerApi,
+/// is not stopping. A plain function returning an `async` block, not an `async fn`, which
+/// would keep its arguments twice (a blocking query holds this future while it waits).
+fn with_retries<'a, T, F, Fut>(
+    servers: &'a dyn ServerApi,
     deadline: Instant,
     idempotent: bool,
     mut attempt: F,
-) -> Result<T, ServerError>
+) -> impl Future<Output = Result<T, ServerError>> + 'a
 where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, ServerError>>,
+    F: FnMut() -> Fut + 'a,
+    Fut: Future<Output = Result<T, ServerError>> + 'a,
+    T: 'a,
 {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        // The answer is taken out of the match before the backoff's sleep, so a blocking
-        // query's attempt (which holds this future while it waits) keeps no room for one.
-        let e = match attempt().await {
-            Err(e)
-                if e.safe_to_retry(idempotent)
-                    && Instant::now() + backoff < deadline
-                    && !servers.is_shutting_down() =>
-            {
-                e
-            }
-            result => return result,
-        };
-        tracing::debug!(error = %e, "retrying");
-        drop(e);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_millis(250));
+    async move {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            // The answer is taken out of the match before the backoff's sleep, so a blocking
+            // query's attempt (which holds this future while it waits) keeps no room for one.
+            let e = match attempt().await {
+                Err(e)
+                    if e.safe_to_retry(idempotent)
+                        && Instant::now() + backoff < deadline
+                        && !servers.is_shutting_down() =>
+                {
+                    e
+                }
+                result => return result,
+            };
+            tracing::debug!(error = %e, "retrying");
+            drop(e);
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+        }
     }
 }
 
