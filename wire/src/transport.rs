@@ -30,7 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
+use futures::FutureExt as _;
+use futures::future::{BoxFuture, Either};
 use futures::stream::{BoxStream, StreamExt as _};
 use parking_lot::Mutex;
 use quinn::{ClientConfig, Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
@@ -744,49 +745,66 @@ impl RpcClient {
     /// reached a live handler there, so it is sent once more on a fresh connection. Any other
     /// connection loss drops the cached connection and returns [`TransportError::Closed`]
     /// without retrying, since the request may have been handled.
-    pub async fn call(
+    ///
+    /// This and the calls below are plain functions returning futures, not `async fn`s, which
+    /// would keep their arguments twice: a blocking query holds these futures while it waits.
+    pub fn call(
         &self,
         addr: SocketAddr,
         request: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Vec<u8>, TransportError> {
-        self.call_on(addr, Lane::Control, request, timeout).await
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        self.call_on(addr, Lane::Control, request, timeout)
     }
 
     /// [`RpcClient::call`] for a call that may block for long (a blocking query): it travels
     /// on one of the peer's watch connections, never on the control connection. Fails with
     /// [`TransportError::Busy`] when every watch connection to `addr` is full.
-    pub async fn call_blocking(
+    pub fn call_blocking(
         &self,
         addr: SocketAddr,
         request: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Vec<u8>, TransportError> {
-        let slot = self.watch_slot(addr)?;
-        self.call_on(addr, Lane::Watch(slot.connection), request, timeout)
-            .await
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        match self.watch_slot(addr) {
+            Err(e) => Either::Left(std::future::ready(Err(e))),
+            Ok(slot) => {
+                let call = self.call_on(addr, Lane::Watch(slot.connection), request, timeout);
+                // The place is held until the call ends.
+                Either::Right(call.map(move |answer| {
+                    drop(slot);
+                    answer
+                }))
+            }
+        }
     }
 
-    async fn call_on(
+    fn call_on(
         &self,
         addr: SocketAddr,
         lane: Lane,
         request: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Vec<u8>, TransportError> {
-        fits_a_frame(&request)?;
-        if request.is_empty() {
-            return Err(TransportError::Protocol(
-                "an empty request: an empty first frame opens a stream call".to_owned(),
-            ));
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        let checked = fits_a_frame(&request).and_then(|()| {
+            if request.is_empty() {
+                Err(TransportError::Protocol(
+                    "an empty request: an empty first frame opens a stream call".to_owned(),
+                ))
+            } else {
+                Ok(())
+            }
+        });
+        if let Err(e) = checked {
+            return Either::Left(std::future::ready(Err(e)));
         }
-        let request = Bytes::from(request);
-        tokio::time::timeout(timeout, self.call_with_retry(addr, lane, &request))
-            .await
-            .unwrap_or(Err(TransportError::Timeout {
+        let call = self.call_with_retry(addr, lane, Bytes::from(request));
+        Either::Right(tokio::time::timeout(timeout, call).map(move |answer| {
+            answer.unwrap_or(Err(TransportError::Timeout {
                 addr,
                 after: timeout,
             }))
+        }))
     }
 
     /// Takes a place on the first watch connection to `addr` with room.
@@ -831,18 +849,18 @@ impl RpcClient {
 
     /// [`RpcClient::call_typed_as`] for a request already encoded (by [`encode`]'s rule,
     /// postcard), so a caller that sends it to one server after another keeps only its bytes.
-    pub async fn call_encoded_as<Resp: DeserializeOwned>(
+    pub fn call_encoded_as<Resp: DeserializeOwned>(
         &self,
         kind: CallKind,
         addr: SocketAddr,
         request: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Resp, TransportError> {
-        let response = match kind {
-            CallKind::Prompt => self.call(addr, request, timeout).await?,
-            CallKind::Blocking => self.call_blocking(addr, request, timeout).await?,
+    ) -> impl Future<Output = Result<Resp, TransportError>> + Send + '_ {
+        let call = match kind {
+            CallKind::Prompt => Either::Left(self.call(addr, request, timeout)),
+            CallKind::Blocking => Either::Right(self.call_blocking(addr, request, timeout)),
         };
-        decode(&response)
+        call.map(|response| decode(&response?))
     }
 
     /// A stream call to `addr` on the control connection: each item of `requests` leaves as
@@ -920,38 +938,40 @@ impl RpcClient {
         self.inner.pool.lock()
     }
 
-    async fn call_with_retry(
+    fn call_with_retry(
         &self,
         addr: SocketAddr,
         lane: Lane,
-        request: &Bytes,
-    ) -> Result<Vec<u8>, TransportError> {
-        // Dialing and dropping a connection are boxed on their own: a blocking query holds
-        // this future while it waits, which would otherwise keep room for a whole handshake.
-        let (connection, reused) = Box::pin(self.connection(addr, lane)).await?;
-        let failure = match exchange(&connection, request.clone()).await {
-            Ok(response) => return Ok(response),
-            Err(failure) => failure,
-        };
-        if matches!(
-            failure,
-            Failure::Protocol(_) | Failure::PeerShutdown | Failure::Busy
-        ) {
-            return Err(failure.into_error(addr));
-        }
-        Box::pin(self.forget(addr, lane, &connection)).await;
-        if !(reused && failure.is_stale()) {
-            return Err(failure.into_error(addr));
-        }
-        tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
-        let (connection, _) = Box::pin(self.connection(addr, lane)).await?;
-        match exchange(&connection, request.clone()).await {
-            Ok(response) => Ok(response),
-            Err(failure) => {
-                if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
-                    Box::pin(self.forget(addr, lane, &connection)).await;
+        request: Bytes,
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        async move {
+            // Dialing and dropping a connection are boxed on their own: a blocking query holds
+            // this future while it waits, which would otherwise keep room for a whole handshake.
+            let (connection, reused) = Box::pin(self.connection(addr, lane)).await?;
+            let failure = match exchange(&connection, request.clone()).await {
+                Ok(response) => return Ok(response),
+                Err(failure) => failure,
+            };
+            if matches!(
+                failure,
+                Failure::Protocol(_) | Failure::PeerShutdown | Failure::Busy
+            ) {
+                return Err(failure.into_error(addr));
+            }
+            Box::pin(self.forget(addr, lane, &connection)).await;
+            if !(reused && failure.is_stale()) {
+                return Err(failure.into_error(addr));
+            }
+            tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
+            let (connection, _) = Box::pin(self.connection(addr, lane)).await?;
+            match exchange(&connection, request.clone()).await {
+                Ok(response) => Ok(response),
+                Err(failure) => {
+                    if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
+                        Box::pin(self.forget(addr, lane, &connection)).await;
+                    }
+                    Err(failure.into_error(addr))
                 }
-                Err(failure.into_error(addr))
             }
         }
     }
@@ -1171,9 +1191,15 @@ fn fits_a_frame(request: &[u8]) -> Result<(), TransportError> {
 /// One request/response exchange on the dialing side. The sending is boxed on its own and
 /// freed before the answer is awaited: a blocking query holds this future while it waits, and
 /// keeps only its receiving stream.
-async fn exchange(connection: &Connection, request: Bytes) -> Result<Vec<u8>, Failure> {
-    let mut recv = Box::pin(send_request(connection, request)).await?;
-    read_frame(&mut recv).await
+fn exchange(
+    connection: &Connection,
+    request: Bytes,
+) -> impl Future<Output = Result<Vec<u8>, Failure>> + Send + '_ {
+    let sent = Box::pin(send_request(connection, request));
+    async move {
+        let mut recv = sent.await?;
+        read_frame(&mut recv).await
+    }
 }
 
 /// Opens a stream on `connection` and sends `request` on it, finished; answers the stream its
