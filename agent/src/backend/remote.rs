@@ -147,48 +147,55 @@ impl RemoteServers {
     /// blocking query) or [`PROMPT_PROBE_AFTER`] (anything else) of silence: QUIC notices a
     /// killed peer only after its idle timeout, and the caller should move to another server
     /// long before that. Blocking queries travel on the server's watch connections, everything
-    /// else on its control connection.
-    async fn call_one(
-        &self,
+    /// else on its control connection. A plain function returning an `async` block, not an
+    /// `async fn`, which would keep its arguments twice (a blocking query holds this future
+    /// while it waits).
+    fn call_one<'a>(
+        &'a self,
         server: SocketAddr,
-        request: &Encoded,
+        request: &'a Encoded,
         timeout: Duration,
-    ) -> Result<RpcResponse, TransportError> {
-        // A write is never sent to a server that has been silent: if it died, the write's fate
-        // would be unknown, while a failed ping means "not sent" and another server is tried.
-        // The ping is boxed on its own (here and below): a blocking query holds this future
-        // while it waits, which would otherwise keep room for a whole ping.
-        if !request.idempotent && !self.answered_within(server, PROMPT_PROBE_AFTER) {
-            Box::pin(self.ping(server))
-                .await
-                .map_err(|e| TransportError::Unreachable {
-                    addr: server,
-                    reason: format!("no answer to a ping: {e}"),
-                })?;
-        }
-        let probe_after = match request.kind {
-            CallKind::Blocking => PROBE_AFTER,
-            _ => PROMPT_PROBE_AFTER,
-        };
-        let call = self.rpc.call_encoded_as::<RpcResponse>(
-            request.kind,
-            server,
-            request.bytes.clone(),
-            timeout,
-        );
-        tokio::pin!(call);
-        loop {
-            tokio::select! {
-                result = &mut call => {
-                    if result.is_ok() {
-                        self.answered(server);
+    ) -> impl Future<Output = Result<RpcResponse, TransportError>> + Send + 'a {
+        async move {
+            // A write is never sent to a server that has been silent: if it died, the write's
+            // fate would be unknown, while a failed ping means "not sent" and another server is
+            // tried. The ping is boxed on its own (here and below): a blocking query holds this
+            // future while it waits, which would otherwise keep room for a whole ping.
+            if !request.idempotent && !self.answered_within(server, PROMPT_PROBE_AFTER) {
+                Box::pin(self.ping(server))
+                    .await
+                    .map_err(|e| TransportError::Unreachable {
+                        addr: server,
+                        reason: format!("no answer to a ping: {e}"),
+                    })?;
+            }
+            let probe_after = match request.kind {
+                CallKind::Blocking => PROBE_AFTER,
+                _ => PROMPT_PROBE_AFTER,
+            };
+            let call = self.rpc.call_encoded_as::<RpcResponse>(
+                request.kind,
+                server,
+                request.bytes.clone(),
+                timeout,
+            );
+            tokio::pin!(call);
+            loop {
+                // The ping is not awaited in the `select!`, whose answer (a few hundred bytes)
+                // would be kept across it.
+                let silent = tokio::select! {
+                    result = &mut call => {
+                        if result.is_ok() {
+                            self.answered(server);
+                        }
+                        return result;
                     }
-                    return result;
-                }
-                () = tokio::time::sleep(probe_after) => {
-                    if !self.answered_within(server, probe_after) {
-                        Box::pin(self.ping(server)).await?;
+                    () = tokio::time::sleep(probe_after) => {
+                        !self.answered_within(server, probe_after)
                     }
+                };
+                if silent {
+                    Box::pin(self.ping(server)).await?;
                 }
             }
         }
@@ -388,10 +395,12 @@ impl ServerApi for RemoteServers {
 
     fn query(&self, opts: QueryOptions, query: ReadQuery) -> QueryFuture<'_> {
         // Encoded before the future is made, which thus keeps only the request's bytes.
-        let request = Outgoing::new(query_request(opts, query, self.token.current()));
+        let request = match Outgoing::new(query_request(opts, query, self.token.current())) {
+            Ok(request) => request,
+            Err(e) => return Box::pin(std::future::ready(Err(e))),
+        };
         let timeout = Duration::from_millis(opts.wait_ms) + CALL_SLACK;
         Box::pin(async move {
-            let request = request?;
             // A blocking query must not hold up the agent's shutdown.
             tokio::select! {
                 answer = self.call(&request, timeout) => answer?,
