@@ -273,6 +273,10 @@ pub async fn blocking_read<P>(
 }
 
 /// What a blocking read found on its first look: its answer, or that it waits.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once and taken apart at once: boxing the answer would cost every read an allocation"
+)]
 pub enum Look<P> {
     Answer(QueryResult, u64),
     Wait(Waiting<P>),
@@ -322,6 +326,10 @@ impl<P> Waiting<P> {
     /// rather than waking for unrelated index movement.
     /// A plain function returning an `async` block, not an `async fn`, which would keep its
     /// arguments twice (as it was given them, and as the variables it moves them into).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+    )]
     pub fn wait<'a>(
         self,
         watches: &'a Arc<Watches>,

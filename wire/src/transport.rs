@@ -938,6 +938,10 @@ impl RpcClient {
         self.inner.pool.lock()
     }
 
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+    )]
     fn call_with_retry(
         &self,
         addr: SocketAddr,

@@ -45,6 +45,10 @@ pub struct Backend {
 /// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
 /// is not stopping. A plain function returning an `async` block, not an `async fn`, which
 /// would keep its arguments twice (a blocking query holds this future while it waits).
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+)]
 fn with_retries<'a, T, F, Fut>(
     servers: &'a dyn ServerApi,
     deadline: Instant,
@@ -293,6 +297,10 @@ impl Blocking {
 /// the deadline the servers have not answered. Otherwise the deadline brings Consul's `No
 /// cluster leader`. A plain function returning an `async` block, not an `async fn`, which
 /// would keep its arguments twice (as given, and as the variables it moves them into).
+#[expect(
+    clippy::manual_async_fn,
+    reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+)]
 fn wait_on_servers(
     servers: Arc<dyn ServerApi>,
     opts: QueryOptions,

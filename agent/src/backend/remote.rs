@@ -150,6 +150,10 @@ impl RemoteServers {
     /// else on its control connection. A plain function returning an `async` block, not an
     /// `async fn`, which would keep its arguments twice (a blocking query holds this future
     /// while it waits).
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+    )]
     fn call_one<'a>(
         &'a self,
         server: SocketAddr,

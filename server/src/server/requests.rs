@@ -2,11 +2,11 @@
 //! here when this server leads (or for a stale read), forwarded to the leader otherwise, as
 //! [`Server::at_leader`] decides.
 
+use tokio::sync::SemaphorePermit;
+
 use super::acquire::Decided;
 use super::forward::Hop;
 use super::*;
-use tokio::sync::SemaphorePermit;
-
 use crate::state::reads::{AnyRead, Found};
 use crate::watch::{Look, Waiting};
 
@@ -215,6 +215,10 @@ impl Server {
 
 /// A read as far as it goes before it waits: answered (here, or by the leader it was forwarded
 /// to), or waiting here, with the read it looks again with.
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once and taken apart at once: boxing the answer would cost every read an allocation"
+)]
 enum Looked<'a> {
     Answered(Result<(QueryResult, QueryMeta), ServerError>),
     Waits(Waiting<SemaphorePermit<'a>>, AnyRead),
