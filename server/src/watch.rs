@@ -275,7 +275,7 @@ pub async fn blocking_read<P>(
 /// What a blocking read found on its first look: its answer, or that it waits.
 #[expect(
     clippy::large_enum_variant,
-    reason = "returned once and taken apart at once: boxing the answer would cost every read an allocation"
+    reason = "taken apart at once; boxing it would cost every read an allocation"
 )]
 pub enum Look<P> {
     Answer(QueryResult, u64),
@@ -328,7 +328,7 @@ impl<P> Waiting<P> {
     /// arguments twice (as it was given them, and as the variables it moves them into).
     #[expect(
         clippy::manual_async_fn,
-        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+        reason = "an `async fn` would keep its arguments twice"
     )]
     pub fn wait<'a>(
         self,

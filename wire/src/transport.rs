@@ -940,7 +940,7 @@ impl RpcClient {
 
     #[expect(
         clippy::manual_async_fn,
-        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+        reason = "an `async fn` would keep its arguments twice"
     )]
     fn call_with_retry(
         &self,

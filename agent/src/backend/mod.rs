@@ -47,7 +47,7 @@ pub struct Backend {
 /// would keep its arguments twice (a blocking query holds this future while it waits).
 #[expect(
     clippy::manual_async_fn,
-    reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+    reason = "an `async fn` would keep its arguments twice"
 )]
 fn with_retries<'a, T, F, Fut>(
     servers: &'a dyn ServerApi,
@@ -299,7 +299,7 @@ impl Blocking {
 /// would keep its arguments twice (as given, and as the variables it moves them into).
 #[expect(
     clippy::manual_async_fn,
-    reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+    reason = "an `async fn` would keep its arguments twice"
 )]
 fn wait_on_servers(
     servers: Arc<dyn ServerApi>,

@@ -152,7 +152,7 @@ impl RemoteServers {
     /// while it waits).
     #[expect(
         clippy::manual_async_fn,
-        reason = "an `async fn` would keep its arguments twice, beside the variables it moves them into"
+        reason = "an `async fn` would keep its arguments twice"
     )]
     fn call_one<'a>(
         &'a self,

@@ -217,7 +217,7 @@ impl Server {
 /// to), or waiting here, with the read it looks again with.
 #[expect(
     clippy::large_enum_variant,
-    reason = "returned once and taken apart at once: boxing the answer would cost every read an allocation"
+    reason = "taken apart at once; boxing it would cost every read an allocation"
 )]
 enum Looked<'a> {
     Answered(Result<(QueryResult, QueryMeta), ServerError>),
