@@ -324,8 +324,6 @@ impl<P> Waiting<P> {
     /// waits to pass, the deadline, or `stop`, and answers what `read` then finds. Consul's
     /// rule for a result that is missing: still missing after it was missing, it blocks on,
     /// rather than waking for unrelated index movement.
-    /// A plain function returning an `async` block, not an `async fn`, which would keep its
-    /// arguments twice (as it was given them, and as the variables it moves them into).
     #[expect(
         clippy::manual_async_fn,
         reason = "an `async fn` would keep its arguments twice"

@@ -43,8 +43,7 @@ pub struct Backend {
 }
 
 /// Retries `attempt` with backoff while it fails retryably, the deadline allows and the agent
-/// is not stopping. A plain function returning an `async` block, not an `async fn`, which
-/// would keep its arguments twice (a blocking query holds this future while it waits).
+/// is not stopping.
 #[expect(
     clippy::manual_async_fn,
     reason = "an `async fn` would keep its arguments twice"
@@ -295,8 +294,7 @@ impl Blocking {
 /// has answered shortly after, a stale read from any server runs beside; if it is not behind
 /// the index the caller knows, it is the answer, with `X-Consul-KnownLeader: false`, when by
 /// the deadline the servers have not answered. Otherwise the deadline brings Consul's `No
-/// cluster leader`. A plain function returning an `async` block, not an `async fn`, which
-/// would keep its arguments twice (as given, and as the variables it moves them into).
+/// cluster leader`.
 #[expect(
     clippy::manual_async_fn,
     reason = "an `async fn` would keep its arguments twice"

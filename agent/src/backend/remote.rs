@@ -147,9 +147,7 @@ impl RemoteServers {
     /// blocking query) or [`PROMPT_PROBE_AFTER`] (anything else) of silence: QUIC notices a
     /// killed peer only after its idle timeout, and the caller should move to another server
     /// long before that. Blocking queries travel on the server's watch connections, everything
-    /// else on its control connection. A plain function returning an `async` block, not an
-    /// `async fn`, which would keep its arguments twice (a blocking query holds this future
-    /// while it waits).
+    /// else on its control connection.
     #[expect(
         clippy::manual_async_fn,
         reason = "an `async fn` would keep its arguments twice"
