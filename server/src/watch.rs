@@ -14,7 +14,60 @@ use vigil_shared::rpc::{QueryOptions, QueryResult, ServerError};
 use crate::state::reads::Found;
 use crate::state::{Effects, Interest};
 
-type Waiters = HashMap<u64, oneshot::Sender<()>>;
+/// The waiters on one key, prefix or table: most often one, kept without a table of its own
+/// (a blocking query on a key nobody else watches is the common case, thousands at once).
+#[derive(Default)]
+enum Waiters {
+    #[default]
+    None,
+    One(u64, oneshot::Sender<()>),
+    /// Boxed: a table of waiters keyed by what they wait on holds one of these per key.
+    Many(Box<HashMap<u64, oneshot::Sender<()>>>),
+}
+
+impl Waiters {
+    fn insert(&mut self, id: u64, tx: oneshot::Sender<()>) {
+        match std::mem::take(self) {
+            Waiters::None => *self = Waiters::One(id, tx),
+            Waiters::One(first, first_tx) => {
+                *self = Waiters::Many(Box::new(HashMap::from([(first, first_tx), (id, tx)])));
+            }
+            Waiters::Many(mut many) => {
+                many.insert(id, tx);
+                *self = Waiters::Many(many);
+            }
+        }
+    }
+
+    /// Takes waiter `id` out; whether none is left.
+    fn remove(&mut self, id: u64) -> bool {
+        match self {
+            Waiters::One(one, _) if *one == id => *self = Waiters::None,
+            Waiters::Many(many) => {
+                many.remove(&id);
+            }
+            Waiters::None | Waiters::One(..) => {}
+        }
+        self.is_empty()
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            Waiters::None => true,
+            Waiters::One(..) => false,
+            Waiters::Many(many) => many.is_empty(),
+        }
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        match self {
+            Waiters::None => 0,
+            Waiters::One(..) => 1,
+            Waiters::Many(many) => many.len(),
+        }
+    }
+}
 
 #[derive(Default)]
 struct Registry {
@@ -31,6 +84,7 @@ struct Registry {
 }
 
 impl Registry {
+    /// The waiters on `interest`, made if there were none.
     fn slot(&mut self, interest: &Interest) -> Option<&mut Waiters> {
         match interest {
             Interest::Key(k) => Some(self.keys.entry(k.clone()).or_default()),
@@ -47,6 +101,46 @@ impl Registry {
             ),
             Interest::Locks(prefix) => Some(self.lock_prefixes.entry(prefix.clone()).or_default()),
             Interest::None => None,
+        }
+    }
+
+    /// Takes waiter `id` on `interest` out, and the waiters' entry with it when it was the
+    /// last.
+    fn unregister(&mut self, interest: &Interest, id: u64) {
+        fn from_map<K, Q>(map: &mut HashMap<K, Waiters>, key: &Q, id: u64)
+        where
+            K: std::borrow::Borrow<Q> + std::hash::Hash + Eq,
+            Q: std::hash::Hash + Eq + ?Sized,
+        {
+            if map.get_mut(key).is_some_and(|waiters| waiters.remove(id)) {
+                map.remove(key);
+            }
+        }
+        match interest {
+            Interest::Key(k) => from_map(&mut self.keys, k.as_str(), id),
+            Interest::Prefix(p) => from_map(&mut self.prefixes, p.as_str(), id),
+            Interest::Service(name) => from_map(&mut self.services, name.as_str(), id),
+            Interest::LockStanding { name, session } => {
+                from_map(
+                    &mut self.lock_standings,
+                    &(name.clone(), session.clone()),
+                    id,
+                );
+            }
+            Interest::Locks(prefix) => from_map(&mut self.lock_prefixes, prefix.as_str(), id),
+            Interest::Sessions => {
+                self.sessions.remove(id);
+            }
+            Interest::Catalog => {
+                self.catalog.remove(id);
+            }
+            Interest::Queries => {
+                self.queries.remove(id);
+            }
+            Interest::Acl => {
+                self.acl.remove(id);
+            }
+            Interest::None => {}
         }
     }
 }
@@ -67,9 +161,17 @@ fn wake_prefixes(slots: &mut HashMap<String, Waiters>, name: &str) {
 }
 
 fn wake_all(waiters: Waiters) {
-    for (_, tx) in waiters {
-        // A receiver that went away has nothing left to wake.
-        let _ = tx.send(());
+    // A receiver that went away has nothing left to wake.
+    match waiters {
+        Waiters::None => {}
+        Waiters::One(_, tx) => {
+            let _ = tx.send(());
+        }
+        Waiters::Many(many) => {
+            for (_, tx) in *many {
+                let _ = tx.send(());
+            }
+        }
     }
 }
 
@@ -79,15 +181,16 @@ pub struct Watches {
     inner: Mutex<Registry>,
 }
 
-/// A registered waiter; unregisters itself when dropped.
-pub struct WatchGuard {
+/// A registered waiter; unregisters itself when dropped. It borrows what it waits on: a
+/// waiting read holds its interest once.
+pub struct WatchGuard<'a> {
     id: u64,
-    interest: Interest,
-    watches: Arc<Watches>,
+    interest: &'a Interest,
+    watches: &'a Watches,
     rx: Option<oneshot::Receiver<()>>,
 }
 
-impl WatchGuard {
+impl WatchGuard<'_> {
     /// Resolves when a relevant write is applied (or at once for `Interest::None`, never).
     pub async fn fired(&mut self) {
         match self.rx.as_mut() {
@@ -101,36 +204,9 @@ impl WatchGuard {
     }
 }
 
-impl Drop for WatchGuard {
+impl Drop for WatchGuard<'_> {
     fn drop(&mut self) {
-        let mut reg = self.watches.lock();
-        let empty = match reg.slot(&self.interest) {
-            Some(waiters) => {
-                waiters.remove(&self.id);
-                waiters.is_empty()
-            }
-            None => false,
-        };
-        if empty {
-            match &self.interest {
-                Interest::Key(k) => {
-                    reg.keys.remove(k);
-                }
-                Interest::Prefix(p) => {
-                    reg.prefixes.remove(p);
-                }
-                Interest::Service(name) => {
-                    reg.services.remove(name);
-                }
-                Interest::LockStanding { name, session } => {
-                    reg.lock_standings.remove(&(name.clone(), session.clone()));
-                }
-                Interest::Locks(prefix) => {
-                    reg.lock_prefixes.remove(prefix);
-                }
-                _ => {}
-            }
-        }
+        self.watches.lock().unregister(self.interest, self.id);
     }
 }
 
@@ -141,11 +217,11 @@ impl Watches {
     }
 
     /// Registers interest; register *before* reading state so no write can slip between.
-    pub fn register(self: &Arc<Self>, interest: Interest) -> WatchGuard {
+    pub fn register<'a>(&'a self, interest: &'a Interest) -> WatchGuard<'a> {
         let mut reg = self.lock();
         reg.next_id += 1;
         let id = reg.next_id;
-        let rx = reg.slot(&interest).map(|waiters| {
+        let rx = reg.slot(interest).map(|waiters| {
             let (tx, rx) = oneshot::channel();
             waiters.insert(id, tx);
             rx
@@ -154,7 +230,7 @@ impl Watches {
         WatchGuard {
             id,
             interest,
-            watches: Arc::clone(self),
+            watches: self,
             rx,
         }
     }
@@ -234,11 +310,11 @@ impl Watches {
     #[cfg(test)]
     pub fn len(&self) -> usize {
         let reg = self.lock();
-        reg.keys.values().map(HashMap::len).sum::<usize>()
-            + reg.prefixes.values().map(HashMap::len).sum::<usize>()
-            + reg.services.values().map(HashMap::len).sum::<usize>()
-            + reg.lock_standings.values().map(HashMap::len).sum::<usize>()
-            + reg.lock_prefixes.values().map(HashMap::len).sum::<usize>()
+        reg.keys.values().map(Waiters::len).sum::<usize>()
+            + reg.prefixes.values().map(Waiters::len).sum::<usize>()
+            + reg.services.values().map(Waiters::len).sum::<usize>()
+            + reg.lock_standings.values().map(Waiters::len).sum::<usize>()
+            + reg.lock_prefixes.values().map(Waiters::len).sum::<usize>()
             + reg.sessions.len()
             + reg.catalog.len()
             + reg.queries.len()
@@ -347,7 +423,7 @@ impl<P> Waiting<P> {
             let mut was_missing = false;
             loop {
                 // Registered before the read, so no write can slip between the two.
-                let mut guard = watches.register(waiting.interest.clone());
+                let mut guard = watches.register(&waiting.interest);
                 if let Some(answer) =
                     look_again(&read, &mut min_index, &mut was_missing, waiting.deadline)
                 {
@@ -397,18 +473,27 @@ mod tests {
         }
     }
 
-    fn has_fired(g: &mut WatchGuard) -> bool {
+    fn has_fired(g: &mut WatchGuard<'_>) -> bool {
         g.rx.as_mut().is_some_and(|rx| rx.try_recv().is_ok())
     }
 
     #[test]
     fn a_write_wakes_only_its_key_and_prefixes() {
         let w = Arc::new(Watches::default());
-        let mut exact_foo = w.register(Interest::Key("foo".into()));
-        let mut prefix_fo = w.register(Interest::Prefix("fo".into()));
-        let mut prefix_root = w.register(Interest::Prefix(String::new()));
-        let mut prefix_bar = w.register(Interest::Prefix("bar".into()));
-        let mut sessions = w.register(Interest::Sessions);
+        let interests = [
+            Interest::Key("foo".into()),
+            Interest::Prefix("fo".into()),
+            Interest::Prefix(String::new()),
+            Interest::Prefix("bar".into()),
+            Interest::Sessions,
+        ];
+        let [
+            mut exact_foo,
+            mut prefix_fo,
+            mut prefix_root,
+            mut prefix_bar,
+            mut sessions,
+        ] = interests.each_ref().map(|interest| w.register(interest));
 
         // A write below foo must not wake a waiter on exactly foo (Consul issue 1626).
         w.notify(&touched(&["foo/bar"]));
@@ -426,10 +511,14 @@ mod tests {
     #[test]
     fn a_service_change_wakes_only_that_service() {
         let w = Arc::new(Watches::default());
-        let mut web = w.register(Interest::Service("web".into()));
-        let mut db = w.register(Interest::Service("db".into()));
-        let mut catalog = w.register(Interest::Catalog);
-        let mut queries = w.register(Interest::Queries);
+        let interests = [
+            Interest::Service("web".into()),
+            Interest::Service("db".into()),
+            Interest::Catalog,
+            Interest::Queries,
+        ];
+        let [mut web, mut db, mut catalog, mut queries] =
+            interests.each_ref().map(|interest| w.register(interest));
 
         w.notify(&Effects {
             catalog_changed: true,
@@ -460,9 +549,13 @@ mod tests {
             };
             read.read(&crate::state::StateMachine::default()).interest
         };
-        let mut mine = w.register(standing("5B0A-AA"));
-        let mut other = w.register(standing("5b0a-bb"));
-        let mut report = w.register(Interest::Locks("l".into()));
+        let interests = [
+            standing("5B0A-AA"),
+            standing("5b0a-bb"),
+            Interest::Locks("l".into()),
+        ];
+        let [mut mine, mut other, mut report] =
+            interests.each_ref().map(|interest| w.register(interest));
         let mut fx = Effects::default();
         fx.locks.changed.push("l".into());
         fx.locks.standings.push(("l".into(), "5b0a-aa".into()));
@@ -548,11 +641,44 @@ mod tests {
     #[test]
     fn dropped_waiters_unregister() {
         let w = Arc::new(Watches::default());
-        let g1 = w.register(Interest::Key("a".into()));
-        let g2 = w.register(Interest::Prefix("a".into()));
-        let g3 = w.register(Interest::Catalog);
+        let (key, prefix) = (Interest::Key("a".into()), Interest::Prefix("a".into()));
+        let g1 = w.register(&key);
+        let g2 = w.register(&prefix);
+        let g3 = w.register(&Interest::Catalog);
         assert_eq!(w.len(), 3);
         drop((g1, g2, g3));
         assert!(w.is_empty());
+        assert!(w.lock().keys.is_empty() && w.lock().prefixes.is_empty());
+    }
+
+    /// A key's waiters are kept inline while there is one, in a table from the second on;
+    /// each is woken, and each that leaves unregisters, in any order.
+    #[test]
+    fn one_waiter_or_many_on_a_key_each_wakes_and_each_unregisters() {
+        let w = Arc::new(Watches::default());
+        let key = Interest::Key("k".into());
+        let mut first = w.register(&key);
+        let mut second = w.register(&key);
+        let third = w.register(&key);
+        assert_eq!(w.len(), 3);
+        drop(third);
+        assert_eq!(w.len(), 2);
+        w.notify(&touched(&["k"]));
+        assert!(has_fired(&mut first) && has_fired(&mut second));
+        drop((first, second));
+        assert!(w.is_empty());
+
+        let lone = w.register(&key);
+        let other = w.register(&key);
+        drop(lone);
+        assert_eq!(w.len(), 1);
+        drop(other);
+        assert!(
+            w.is_empty() && w.lock().keys.is_empty(),
+            "the key's entry goes with its last waiter"
+        );
+        let mut again = w.register(&key);
+        w.notify(&touched(&["k"]));
+        assert!(has_fired(&mut again));
     }
 }
