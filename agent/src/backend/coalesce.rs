@@ -11,18 +11,25 @@
 //! The table holds it weakly, and the wait takes its own entry out when it ends either way.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 
 use futures::future::{BoxFuture, FutureExt as _, Shared, WeakShared};
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::Answer;
 
-/// Its answer is shared behind an `Arc`: the wait keeps room for its answer beside its future
-/// while it waits, a pointer rather than a few hundred bytes.
-type Wait = Shared<BoxFuture<'static, Arc<Answer>>>;
+/// A read's identity: its query, consistency mode and index, encoded; one allocation shared by
+/// the read, the table and the wait's entry in it.
+pub(super) type Read = Arc<[u8]>;
+
+/// A shared wait. Its answer is shared behind an `Arc`: the wait keeps room for its answer
+/// beside its future while it waits, a pointer rather than a few hundred bytes.
+pub(super) type Wait = Shared<Registering>;
 
 /// A shared wait as the table knows it: joinable by any watcher that may answer as late as it
 /// does.
@@ -30,17 +37,33 @@ struct Entry {
     id: u64,
     /// When the wait answers at the latest.
     deadline: Instant,
-    wait: WeakShared<BoxFuture<'static, Arc<Answer>>>,
+    wait: WeakShared<Registering>,
 }
 
 #[derive(Default)]
 struct Table {
     next_id: u64,
-    /// By the read's identity (its query, consistency and index, encoded): the waits on it,
-    /// most often one (a watcher with a shorter wait than the others' starts its own).
-    waits: HashMap<Vec<u8>, Vec<Entry>>,
+    /// By the read: the waits on it, nearly always one (a watcher with a shorter wait than the
+    /// others' starts its own), kept inline.
+    waits: HashMap<Read, SmallVec<[Entry; 1]>>,
     /// Waits in all.
     len: usize,
+}
+
+/// The query on the servers of a shared wait, and its entry in the table, taken out when the
+/// wait ends: answered, or dropped by the last watcher polling it. A future of its own type
+/// rather than an `async` block boxed around the query: the shared wait holds it inline.
+pub(super) struct Registering {
+    query: BoxFuture<'static, Answer>,
+    _registered: Registered,
+}
+
+impl Future for Registering {
+    type Output = Arc<Answer>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Arc<Answer>> {
+        self.get_mut().query.poll_unpin(cx).map(Arc::new)
+    }
 }
 
 /// The shared waits of one agent, and how many blocking queries they answer.
@@ -54,7 +77,7 @@ pub(super) struct Waits {
 /// watcher polling it.
 struct Registered {
     waits: Arc<Waits>,
-    key: Vec<u8>,
+    key: Read,
     id: u64,
 }
 
@@ -109,14 +132,14 @@ impl Waits {
     /// that come next.
     pub(super) fn join_or_start(
         self: &Arc<Self>,
-        key: Vec<u8>,
+        key: &Read,
         deadline: Instant,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
     ) -> (Wait, bool) {
         let mut table = self.table.lock();
         let joined = table
             .waits
-            .get(&key)
+            .get(key)
             .into_iter()
             .flatten()
             .filter(|e| e.deadline <= deadline)
@@ -126,20 +149,17 @@ impl Waits {
         }
         table.next_id += 1;
         let id = table.next_id;
-        let registered = Registered {
-            waits: Arc::clone(self),
-            key: key.clone(),
-            id,
-        };
-        let query = start();
-        let wait = async move {
-            let _registered = registered;
-            Arc::new(query.await)
+        let wait = Registering {
+            query: start(),
+            _registered: Registered {
+                waits: Arc::clone(self),
+                key: Arc::clone(key),
+                id,
+            },
         }
-        .boxed()
         .shared();
         if let Some(weak) = wait.downgrade() {
-            table.waits.entry(key).or_default().push(Entry {
+            table.waits.entry(Arc::clone(key)).or_default().push(Entry {
                 id,
                 deadline,
                 wait: weak,

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt as _;
+use futures::future::BoxFuture;
 use rand::Rng as _;
 use tokio::time::Instant;
 use vigil_server::api::operations::Operation;
@@ -76,7 +77,9 @@ where
             };
             tracing::debug!(error = %e, "retrying");
             drop(e);
-            tokio::time::sleep(backoff).await;
+            // Boxed: a blocking query's attempt holds this future while it waits, which would
+            // otherwise keep room for a timer it rarely needs.
+            Box::pin(tokio::time::sleep(backoff)).await;
             backoff = (backoff * 2).min(Duration::from_millis(250));
         }
     }
@@ -164,8 +167,7 @@ impl Backend {
             servers: Arc::clone(&self.servers),
             waits: Arc::clone(&self.waits),
             opts,
-            query,
-            read,
+            read: read.into(),
             earliest,
             due: earliest + jitter,
             deadline: earliest + wait / 16,
@@ -225,9 +227,9 @@ struct Asked {
     servers: Arc<dyn ServerApi>,
     waits: Arc<coalesce::Waits>,
     opts: QueryOptions,
-    query: ReadQuery,
-    /// The read's identity: its query, consistency mode and index, encoded.
-    read: Vec<u8>,
+    /// The read's identity: its query, consistency mode and index, encoded. The query is kept
+    /// only in this form while it waits, and decoded for each wait on the servers it starts.
+    read: coalesce::Read,
     /// Not answered unchanged before this (the caller's `wait`).
     earliest: Instant,
     /// Until when the servers are asked to block: `wait` plus a jitter of at most `wait/32`.
@@ -242,7 +244,7 @@ struct Asked {
 impl Blocking {
     /// What it asks of the servers: its query, consistency mode and index, encoded (two
     /// blocking queries that ask the same share a wait).
-    pub fn asks(&self) -> &[u8] {
+    pub fn asks(&self) -> &Arc<[u8]> {
         &self.0.read
     }
 
@@ -257,34 +259,49 @@ impl Blocking {
     }
 
     async fn wait(self) -> Answer {
+        // What the wait needs is read from `asked` where it is used, not copied into variables
+        // this future would keep across it.
         let asked = &*self.0;
         let _watcher = asked.waits.watcher();
-        let servers = &asked.servers;
-        let (opts, due, deadline) = (asked.opts, asked.due, asked.deadline);
         // A `?consistent` read has the leader confirm itself with a quorum for this request:
         // one confirmed for a wait that started before it would not do.
-        // Boxed, as the shared wait is: a waiting query holds this future, which would
-        // otherwise keep room for a whole wait inline.
-        if opts.consistency == Consistency::Consistent {
-            let query = asked.query.clone();
-            return wait_on_servers(Arc::clone(servers), opts, query, due, deadline)
-                .boxed()
-                .await;
+        if asked.opts.consistency == Consistency::Consistent {
+            return asked.start().await;
         }
         loop {
-            let (shared, joined) = asked.waits.join_or_start(asked.read.clone(), deadline, || {
-                let query = asked.query.clone();
-                wait_on_servers(Arc::clone(servers), opts, query, due, deadline).boxed()
-            });
+            let (shared, joined) = asked
+                .waits
+                .join_or_start(&asked.read, asked.deadline, || asked.start());
             let answer = shared.await;
             match &*answer {
                 Ok((_, meta))
                     if joined
-                        && meta.index <= opts.min_index
+                        && meta.index <= asked.opts.min_index
                         && Instant::now() < asked.earliest => {}
                 _ => return Arc::unwrap_or_clone(answer),
             }
         }
+    }
+}
+
+impl Asked {
+    /// Its wait on the servers. Boxed, as the shared wait is: a waiting query holds the future
+    /// that awaits it, which would otherwise keep room for a whole wait inline.
+    fn start(&self) -> BoxFuture<'static, Answer> {
+        match self.query() {
+            Ok(query) => {
+                let servers = Arc::clone(&self.servers);
+                wait_on_servers(servers, self.opts, query, self.due, self.deadline).boxed()
+            }
+            Err(e) => std::future::ready(Err(e)).boxed(),
+        }
+    }
+
+    /// The query, decoded from the read's identity.
+    fn query(&self) -> Result<ReadQuery, ServerError> {
+        postcard::from_bytes::<(Consistency, u64, ReadQuery)>(&self.read)
+            .map(|(_, _, query)| query)
+            .map_err(|e| ServerError::Internal(format!("a read's identity: {e}")))
     }
 }
 
@@ -310,9 +327,9 @@ fn wait_on_servers(
         let servers = &*servers;
         // Half the margin lets a quiet query's answer, due at `due`, arrive.
         let grace = deadline.saturating_duration_since(due) / 2;
-        // Boxed, and the fallback made only once it is needed: a wait answered in time (nearly
-        // all of them) holds no more than this while it waits.
-        let mut primary = Box::pin(with_retries(servers, due, true, || {
+        // The fallback is made only once it is needed: a wait answered in time (nearly all of
+        // them) holds no more than this while it waits.
+        let primary = with_retries(servers, due, true, || {
             // A retry blocks only for what is left of the wait.
             let left = due.saturating_duration_since(Instant::now());
             let opts = QueryOptions {
@@ -320,8 +337,9 @@ fn wait_on_servers(
                 ..opts
             };
             servers.query(opts, query.clone())
-        }));
-        let failed = match tokio::time::timeout_at(due + grace, &mut primary).await {
+        });
+        tokio::pin!(primary);
+        let failed = match tokio::time::timeout_at(due + grace, primary.as_mut()).await {
             Ok(Err(e)) if e.safe_to_retry(true) => Some(e),
             Ok(result) => return result,
             Err(_) => None,
@@ -337,7 +355,7 @@ async fn fall_back<F>(
     servers: &dyn ServerApi,
     opts: QueryOptions,
     query: &ReadQuery,
-    mut primary: std::pin::Pin<Box<F>>,
+    mut primary: std::pin::Pin<&mut F>,
     mut failed: Option<ServerError>,
     deadline: Instant,
 ) -> Result<(QueryResult, QueryMeta), ServerError>

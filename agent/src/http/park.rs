@@ -39,7 +39,7 @@ enum Parking {
 
 /// What the front layer waited for, and the read it answers (what it asked, encoded).
 pub struct Resumed {
-    asked: Vec<u8>,
+    asked: Arc<[u8]>,
     pub answer: Answer,
 }
 
@@ -67,7 +67,7 @@ impl Park {
                 *parking = Parking::Parked(blocking);
                 Claim::Parked
             }
-            Parking::Resumed(resumed) if resumed.asked == blocking.asks() => {
+            Parking::Resumed(resumed) if resumed.asked == *blocking.asks() => {
                 Claim::Answered(resumed)
             }
             Parking::Parked(_) | Parking::Resumed(..) | Parking::Spent => Claim::Wait(blocking),
@@ -109,7 +109,7 @@ pub fn run(mut req: Request, routes: Router) -> impl Future<Output = Response> +
 
 /// Waits for a parked read `blocking`, then runs its request (`head`) again with the answer.
 async fn resume(head: Head, blocking: Blocking, routes: Router) -> Response {
-    let asked = blocking.asks().to_vec();
+    let asked = Arc::clone(blocking.asks());
     let answer = blocking.answer().await;
     let mut req = head.into_request();
     req.extensions_mut()
