@@ -6,7 +6,9 @@
 //! not a server's; one request and one response per bidirectional stream, each a frame
 //! `[version: u8][len: u32 BE][payload]` of at most [`MAX_FRAME_LEN`] bytes, except on a stream
 //! that opens with an empty frame: a stream call ([`RpcClient::stream`]), whose requests follow
-//! one frame each as the caller has them and are answered one frame each, in order; a request
+//! one frame each as the caller has them and are answered one frame each, in order, or, on a
+//! protocol that multiplexes, the stream a client's blocking calls share, answered as each is
+//! ready (`transport/mux.rs`); a request
 //! is sent twice only when the first attempt is known not to have reached a live handler (see
 //! [`RpcClient::call`]); every server task is tracked and stops on shutdown. The message types
 //! live elsewhere; this module never decodes payloads.
@@ -44,6 +46,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use crate::tls::{PeerIdentity, Role, TlsError, TlsMaterial, peer_identity};
+
+mod mux;
 
 /// The frame version this node writes and the only one it reads.
 pub const FRAME_VERSION: u8 = 1;
@@ -198,6 +202,14 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle_stream(&self, _peer: &PeerIdentity, _requests: Frames) -> Option<Frames> {
         None
     }
+
+    /// Whether a stream call on this protocol is the stream the peer's blocking calls share
+    /// (see [`RpcClient::call_blocking`]): each request on it is answered by
+    /// [`RpcHandler::handle`], as it would be on a stream of its own, as soon as it is ready,
+    /// and [`RpcHandler::handle_stream`] is not asked.
+    fn multiplexes(&self) -> bool {
+        false
+    }
 }
 
 /// Frames of a stream call, one message each.
@@ -267,6 +279,8 @@ struct PeerEntry {
     connections: usize,
     /// Permits are bytes of request frames being read ([`RequestLimits::in_flight`]).
     budget: Arc<Semaphore>,
+    /// Permits are calls on the peer's multiplexed streams ([`mux::MAX_CALLS`]).
+    muxed: Arc<Semaphore>,
 }
 
 /// A connection counted against its peer's cap until dropped, with the peer's budget.
@@ -274,6 +288,7 @@ struct PeerSlot {
     peers: Arc<Peers>,
     key: PeerKey,
     budget: Arc<Semaphore>,
+    muxed: Arc<Semaphore>,
 }
 
 impl Peers {
@@ -290,6 +305,7 @@ impl Peers {
         let entry = open.entry(key).or_insert_with(|| PeerEntry {
             connections: 0,
             budget: Arc::new(Semaphore::new(protocol.limits.in_flight)),
+            muxed: Arc::new(Semaphore::new(mux::MAX_CALLS)),
         });
         if entry.connections >= MAX_CONNECTIONS_PER_PEER {
             return None;
@@ -299,6 +315,7 @@ impl Peers {
             peers: Arc::clone(self),
             key,
             budget: Arc::clone(&entry.budget),
+            muxed: Arc::clone(&entry.muxed),
         })
     }
 }
@@ -322,6 +339,8 @@ struct RequestBounds {
     limits: RequestLimits,
     large: Arc<Semaphore>,
     budget: Arc<Semaphore>,
+    /// The peer's calls on multiplexed streams, all of its connections together.
+    muxed: Arc<Semaphore>,
 }
 
 impl RequestBounds {
@@ -446,6 +465,7 @@ async fn serve_connection(
         limits: protocol.limits,
         large: Arc::clone(&served.large),
         budget: Arc::clone(&slot.budget),
+        muxed: Arc::clone(&slot.muxed),
     };
     let handler = Arc::clone(&protocol.handler);
     let peer = Arc::new(peer);
@@ -573,7 +593,9 @@ async fn serve_stream(
             tracing::debug!(%remote, "refusing RPC request: the peer has as much being read as it may");
             return stream.refuse(send, STREAM_BUSY);
         }
-        Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown) => return,
+        Err(Failure::Open(_) | Failure::Lost(_) | Failure::PeerShutdown | Failure::NotStreamed) => {
+            return;
+        }
     };
     if request.is_empty() {
         return serve_frames(send, stream, peer, handler).await;
@@ -601,7 +623,9 @@ async fn respond(send: &mut SendStream, response: Vec<u8>, remote: SocketAddr) -
 }
 
 /// The accepting side of a stream call: the handler's responses go back as they come, and
-/// the stream is finished when they end.
+/// the stream is finished when they end. On a protocol whose handler multiplexes
+/// ([`RpcHandler::multiplexes`]), the stream is the one the peer's blocking calls share
+/// ([`mux`]), each request on it handed to the handler on its own.
 async fn serve_frames(
     send: &mut SendStream,
     stream: Accepted,
@@ -609,6 +633,7 @@ async fn serve_frames(
     handler: &dyn RpcHandler,
 ) {
     let remote = stream.remote;
+    let muxed = Arc::clone(&stream.bounds.muxed);
     let requests = futures::stream::unfold(stream, move |mut stream| async move {
         match stream.next_request(false).await {
             Ok(Some(frame)) => Some((frame, stream)),
@@ -619,10 +644,20 @@ async fn serve_frames(
             }
         }
     });
-    let Some(mut responses) = handler.handle_stream(peer, requests.boxed()) else {
-        tracing::warn!(%remote, "a stream call to a protocol that has none");
-        let _ = send.reset(STREAM_NOT_STREAMED);
-        return;
+    let mut responses = if handler.multiplexes() {
+        mux::serve(requests.boxed(), muxed, |request| {
+            handler.handle(peer, request)
+        })
+        .boxed()
+    } else {
+        match handler.handle_stream(peer, requests.boxed()) {
+            Some(responses) => responses,
+            None => {
+                tracing::warn!(%remote, "a stream call to a protocol that has none");
+                let _ = send.reset(STREAM_NOT_STREAMED);
+                return;
+            }
+        }
     };
     while let Some(response) = responses.next().await {
         if !respond(send, response, remote).await {
@@ -654,8 +689,18 @@ struct ClientInner {
     /// One slot per peer and lane. The slot's async lock is held while dialing, so concurrent
     /// callers wait for one handshake instead of each starting their own.
     pool: Mutex<HashMap<(SocketAddr, Lane), Slot>>,
+    /// Per peer, the stream its blocking calls share ([`mux`]).
+    muxes: Mutex<HashMap<SocketAddr, mux::MuxSlot>>,
+    /// Cancelled when the last clone is dropped: the multiplexed streams' tasks stop.
+    closing: CancellationToken,
     /// Blocking calls in flight per peer and watch connection.
     watch_load: Mutex<HashMap<SocketAddr, [usize; MAX_WATCH_CONNECTIONS]>>,
+}
+
+impl Drop for ClientInner {
+    fn drop(&mut self) {
+        self.closing.cancel();
+    }
 }
 
 type Slot = Arc<tokio::sync::Mutex<Option<Connection>>>;
@@ -729,6 +774,8 @@ impl RpcClient {
                 server_name,
                 pool: Mutex::new(HashMap::new()),
                 watch_load: Mutex::new(HashMap::new()),
+                muxes: Mutex::new(HashMap::new()),
+                closing: CancellationToken::new(),
             }),
         }
     }
@@ -758,9 +805,24 @@ impl RpcClient {
     }
 
     /// [`RpcClient::call`] for a call that may block for long (a blocking query): it travels
-    /// on one of the peer's watch connections, never on the control connection. Fails with
-    /// [`TransportError::Busy`] when every watch connection to `addr` is full.
+    /// on the stream the peer's blocking calls share (`transport/mux.rs`), or, to a peer that
+    /// does not multiplex, on a stream of its own on one of the peer's watch connections; never
+    /// on the control connection. On the shared stream, a peer silent for a second while calls
+    /// wait is pinged, and one that does not answer within another fails them all with
+    /// [`TransportError::Closed`]. Fails with [`TransportError::Busy`] when the peer carries as
+    /// many blocking calls from this node as it may.
     pub fn call_blocking(
+        &self,
+        addr: SocketAddr,
+        request: Vec<u8>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        self.call_muxed(addr, request, timeout)
+    }
+
+    /// A blocking call on a stream of its own, on the first watch connection to `addr` with
+    /// room.
+    fn call_alone(
         &self,
         addr: SocketAddr,
         request: Vec<u8>,
@@ -856,8 +918,11 @@ impl RpcClient {
         request: Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = Result<Resp, TransportError>> + Send + '_ {
+        // A prompt call, on a stream of its own, is boxed: a blocking call (the multiplexed
+        // kind, a few hundred bytes smaller) is held for as long as it waits, and would
+        // otherwise keep room for one.
         let call = match kind {
-            CallKind::Prompt => Either::Left(self.call(addr, request, timeout)),
+            CallKind::Prompt => Either::Left(Box::pin(self.call(addr, request, timeout))),
             CallKind::Blocking => Either::Right(self.call_blocking(addr, request, timeout)),
         };
         call.map(|response| decode(&response?))
@@ -920,6 +985,7 @@ impl RpcClient {
     /// one that stopped answering pings). Never waits: a slot still dialing is only forgotten,
     /// so its dial serves the one call that started it and nothing after.
     pub async fn disconnect(&self, addr: SocketAddr) {
+        self.end_mux(addr);
         let slots: Vec<Slot> = {
             let mut pool = self.pool();
             let lanes: Vec<_> = pool.keys().filter(|(a, _)| *a == addr).copied().collect();
@@ -1051,6 +1117,8 @@ enum Failure {
     Late,
     /// A request refused unread for want of room (by the accepting side, or the peer).
     Busy,
+    /// The peer serves no stream calls on this protocol (it reset the stream saying so).
+    NotStreamed,
 }
 
 impl Failure {
@@ -1059,7 +1127,11 @@ impl Failure {
         match self {
             Failure::Open(_) => true,
             Failure::Lost(error) => matches!(error, ConnectionError::Reset),
-            Failure::PeerShutdown | Failure::Protocol(_) | Failure::Late | Failure::Busy => false,
+            Failure::PeerShutdown
+            | Failure::Protocol(_)
+            | Failure::Late
+            | Failure::Busy
+            | Failure::NotStreamed => false,
         }
     }
 
@@ -1098,6 +1170,9 @@ impl Failure {
                 TransportError::Protocol("a request frame did not arrive in time".to_owned())
             }
             Failure::Busy => TransportError::Refused { addr },
+            Failure::NotStreamed => TransportError::Protocol(
+                "the peer serves no stream calls on this protocol".to_owned(),
+            ),
         }
     }
 }
@@ -1324,6 +1399,7 @@ fn read_error(error: quinn::ReadError) -> Failure {
         quinn::ReadError::ConnectionLost(error) => Failure::Lost(error),
         quinn::ReadError::Reset(code) if code == STREAM_SHUTTING_DOWN => Failure::PeerShutdown,
         quinn::ReadError::Reset(code) if code == STREAM_BUSY => Failure::Busy,
+        quinn::ReadError::Reset(code) if code == STREAM_NOT_STREAMED => Failure::NotStreamed,
         quinn::ReadError::Reset(code) => Failure::Protocol(stream_code_reason(code)),
         other => Failure::Protocol(format!("reading the frame: {other}")),
     }
@@ -2042,6 +2118,228 @@ mod tests {
         tokio::time::timeout(TIMEOUT, tasks.wait()).await.unwrap();
         let error = call.await.unwrap().unwrap_err();
         assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
+    }
+
+    /// Holds a request `hold` until released (counting those dropped unanswered), answers
+    /// anything else at once; serves the client protocol's blocking calls on one shared
+    /// stream, counting such streams.
+    #[derive(Clone, Default)]
+    struct Held(Arc<HeldState>);
+
+    struct HeldState {
+        calls: AtomicUsize,
+        streams: AtomicUsize,
+        dropped: AtomicUsize,
+        release: Semaphore,
+    }
+
+    impl Default for HeldState {
+        fn default() -> HeldState {
+            HeldState {
+                calls: AtomicUsize::new(0),
+                streams: AtomicUsize::new(0),
+                dropped: AtomicUsize::new(0),
+                release: Semaphore::new(0),
+            }
+        }
+    }
+
+    struct Unanswered(Arc<HeldState>);
+
+    impl Drop for Unanswered {
+        fn drop(&mut self) {
+            self.0.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    impl RpcHandler for Held {
+        fn handle(&self, _: &PeerIdentity, request: Vec<u8>) -> BoxFuture<'static, Vec<u8>> {
+            let state = Arc::clone(&self.0);
+            state.calls.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if request == b"hold" {
+                    let unanswered = Unanswered(Arc::clone(&state));
+                    state.release.acquire().await.unwrap().forget();
+                    std::mem::forget(unanswered);
+                }
+                request
+            }
+            .boxed()
+        }
+
+        fn multiplexes(&self) -> bool {
+            self.0.streams.fetch_add(1, Ordering::SeqCst);
+            true
+        }
+    }
+
+    /// Polls `done` until it holds, within [`TIMEOUT`].
+    async fn eventually(done: impl Fn() -> bool) {
+        tokio::time::timeout(TIMEOUT, async {
+            while !done() {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+        .await
+        .expect("in time");
+    }
+
+    #[tokio::test]
+    async fn blocking_calls_share_one_stream_and_each_is_answered_when_ready() {
+        let (server_tls, client_tls) = cluster();
+        let held = Held::default();
+        let (addr, shutdown) = serve_with(Arc::new(held.clone()), &server_tls);
+        let agent = client(&client_tls);
+        let waiting: Vec<_> = (0..50)
+            .map(|_| {
+                let agent = agent.clone();
+                tokio::spawn(
+                    async move { agent.call_blocking(addr, b"hold".to_vec(), TIMEOUT).await },
+                )
+            })
+            .collect();
+        eventually(|| held.0.calls.load(Ordering::SeqCst) == 50).await;
+        // Answered while fifty wait before it on the same stream.
+        let now = agent.call_blocking(addr, b"now".to_vec(), TIMEOUT).await;
+        assert_eq!(now.unwrap(), b"now");
+        assert_eq!(held.0.streams.load(Ordering::SeqCst), 1);
+        held.0.release.add_permits(50);
+        for call in waiting {
+            assert_eq!(call.await.unwrap().unwrap(), b"hold");
+        }
+        assert_eq!(held.0.streams.load(Ordering::SeqCst), 1);
+        assert_eq!(held.0.dropped.load(Ordering::SeqCst), 0);
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_blocking_call_that_leaves_drops_its_handlers_future_and_the_stream_goes_on() {
+        let (server_tls, client_tls) = cluster();
+        let held = Held::default();
+        let (addr, shutdown) = serve_with(Arc::new(held.clone()), &server_tls);
+        let agent = client(&client_tls);
+        let leaving = {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.call_blocking(addr, b"hold".to_vec(), TIMEOUT).await })
+        };
+        eventually(|| held.0.calls.load(Ordering::SeqCst) == 1).await;
+        leaving.abort();
+        eventually(|| held.0.dropped.load(Ordering::SeqCst) == 1).await;
+        // A call that times out leaves too.
+        let late = agent
+            .call_blocking(addr, b"hold".to_vec(), Duration::from_millis(100))
+            .await;
+        assert!(
+            matches!(late, Err(TransportError::Timeout { .. })),
+            "{late:?}"
+        );
+        eventually(|| held.0.dropped.load(Ordering::SeqCst) == 2).await;
+        let now = agent.call_blocking(addr, b"now".to_vec(), TIMEOUT).await;
+        assert_eq!(now.unwrap(), b"now");
+        assert_eq!(held.0.streams.load(Ordering::SeqCst), 1);
+        shutdown.cancel();
+    }
+
+    #[tokio::test]
+    async fn when_the_shared_stream_ends_its_calls_fail_and_the_next_call_opens_another() {
+        let (server_tls, client_tls) = cluster();
+        let held = Held::default();
+        let endpoint = server_endpoint(LOCALHOST, &server_tls).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let (shutdown, tasks) = (CancellationToken::new(), TaskTracker::new());
+        serve(
+            endpoint,
+            server_tls.server_name(),
+            both_protocols(Arc::new(held.clone())),
+            shutdown.clone(),
+            tasks.clone(),
+        );
+        let agent = client(&client_tls);
+        let hold = |agent: &RpcClient| {
+            let agent = agent.clone();
+            tokio::spawn(async move { agent.call_blocking(addr, b"hold".to_vec(), TIMEOUT).await })
+        };
+
+        // Disconnected on purpose: the calls fail at once, the next one opens a new stream.
+        let calls = [hold(&agent), hold(&agent)];
+        eventually(|| held.0.calls.load(Ordering::SeqCst) == 2).await;
+        agent.disconnect(addr).await;
+        for call in calls {
+            let error = call.await.unwrap().unwrap_err();
+            assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
+        }
+        eventually(|| held.0.dropped.load(Ordering::SeqCst) == 2).await;
+        let now = agent.call_blocking(addr, b"now".to_vec(), TIMEOUT).await;
+        assert_eq!(now.unwrap(), b"now");
+        assert_eq!(held.0.streams.load(Ordering::SeqCst), 2);
+
+        // The server shuts down: the calls waiting on it fail promptly, not at their timeout.
+        let calls = [hold(&agent), hold(&agent)];
+        eventually(|| held.0.calls.load(Ordering::SeqCst) == 5).await;
+        shutdown.cancel();
+        tasks.close();
+        tokio::time::timeout(TIMEOUT, tasks.wait()).await.unwrap();
+        for call in calls {
+            let error = tokio::time::timeout(TIMEOUT, call)
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap_err();
+            assert!(matches!(error, TransportError::Closed { .. }), "{error:?}");
+        }
+    }
+
+    /// A peer that takes the shared stream, answers its opening ping, then says nothing more
+    /// (paused, or cut off without the connection closing): the calls waiting on it fail
+    /// within a couple of seconds (a ping unanswered), not at their timeout.
+    #[tokio::test]
+    async fn a_peer_gone_silent_fails_the_calls_waiting_on_it_in_seconds() {
+        let (server_tls, client_tls) = cluster();
+        let endpoint = server_endpoint(LOCALHOST, &server_tls).unwrap();
+        let addr = endpoint.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let connection = endpoint.accept().await.unwrap().await.unwrap();
+            let (mut send, mut recv) = connection.accept_bi().await.unwrap();
+            assert_eq!(read_frame(&mut recv).await.unwrap(), b"", "a stream call");
+            let ping = read_frame(&mut recv).await.unwrap();
+            let mut answer = ping.clone();
+            answer[0] = 0;
+            write_frame(&mut send, answer.into()).await.unwrap();
+            // The call's ask, then nothing: not even the pings are answered.
+            loop {
+                read_frame(&mut recv).await.unwrap();
+            }
+        });
+        let agent = client(&client_tls);
+        let started = Instant::now();
+        let call = agent
+            .call_blocking(addr, b"x".to_vec(), Duration::from_secs(60))
+            .await;
+        assert!(
+            matches!(call, Err(TransportError::Closed { .. })),
+            "{call:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        silent.abort();
+    }
+
+    #[tokio::test]
+    async fn a_peer_without_a_shared_stream_takes_each_blocking_call_on_a_stream_of_its_own() {
+        let (server_tls, client_tls) = cluster();
+        let server = TestServer::start(LOCALHOST, &server_tls);
+        let agent = client(&client_tls);
+        for request in [b"a", b"b"] {
+            let answer = agent
+                .call_blocking(server.addr, request.to_vec(), TIMEOUT)
+                .await;
+            assert_eq!(answer.unwrap(), [b"client:".as_slice(), request].concat());
+        }
+        assert_eq!(server.calls(), 2);
+        server.stop().await;
     }
 }
 

@@ -10,8 +10,9 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use futures::StreamExt as _;
-use futures::future::BoxFuture;
+use futures::future::{BoxFuture, Either};
 use futures::stream::FuturesUnordered;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -30,8 +31,6 @@ use vigil_wire::transport::{CallKind, RpcClient, TransportError};
 
 /// Time allowed for one RPC beyond its blocking wait.
 const CALL_SLACK: Duration = Duration::from_secs(30);
-/// A server that has answered nothing for this long while a call waits on it is pinged.
-const PROBE_AFTER: Duration = Duration::from_secs(1);
 /// A server silent this long during a prompt call (anything but a blocking query) is pinged,
 /// and a write goes to a server silent this long only after a ping: a killed server's closed
 /// port answers the ping at once (see [`RemoteServers::ping`]), so a write is not sent blind
@@ -143,69 +142,86 @@ impl RemoteServers {
         outcome
     }
 
-    /// One call to one server. While it waits, the server is pinged every [`PROBE_AFTER`] (a
-    /// blocking query) or [`PROMPT_PROBE_AFTER`] (anything else) of silence: QUIC notices a
-    /// killed peer only after its idle timeout, and the caller should move to another server
-    /// long before that. Blocking queries travel on the server's watch connections, everything
-    /// else on its control connection.
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an `async fn` would keep its arguments twice"
-    )]
+    /// One call to one server. A blocking query waits on the stream the server's blocking
+    /// calls share, whose watchdog pings the server when it falls silent and fails the calls
+    /// on it when it does not answer (`vigil_wire`'s transport): the call keeps no timer of its
+    /// own. Anything else travels on the server's control connection, and the server is pinged
+    /// every [`PROMPT_PROBE_AFTER`] of silence while it waits: QUIC notices a killed peer only
+    /// after its idle timeout, and the caller should move to another server long before that.
+    /// A plain function: a blocking query holds what it returns while it waits, which is only
+    /// the call (a prompt one is boxed).
     fn call_one<'a>(
         &'a self,
         server: SocketAddr,
         request: &'a Encoded,
         timeout: Duration,
     ) -> impl Future<Output = Result<RpcResponse, TransportError>> + Send + 'a {
-        async move {
-            // A write is never sent to a server that has been silent: if it died, the write's
-            // fate would be unknown, while a failed ping means "not sent" and another server is
-            // tried. The ping is boxed on its own (here and below): a blocking query holds this
-            // future while it waits, which would otherwise keep room for a whole ping.
-            if !request.idempotent && !self.answered_within(server, PROMPT_PROBE_AFTER) {
-                Box::pin(self.ping(server))
-                    .await
-                    .map_err(|e| TransportError::Unreachable {
-                        addr: server,
-                        reason: format!("no answer to a ping: {e}"),
-                    })?;
+        match request.kind {
+            CallKind::Blocking => {
+                let call = self.rpc.call_encoded_as::<RpcResponse>(
+                    CallKind::Blocking,
+                    server,
+                    request.bytes.clone(),
+                    timeout,
+                );
+                Either::Left(call.map(move |result| {
+                    if result.is_ok() {
+                        self.answered(server);
+                    }
+                    result
+                }))
             }
-            let probe_after = match request.kind {
-                CallKind::Blocking => PROBE_AFTER,
-                _ => PROMPT_PROBE_AFTER,
-            };
-            let call = self.rpc.call_encoded_as::<RpcResponse>(
-                request.kind,
-                server,
-                request.bytes.clone(),
-                timeout,
-            );
-            tokio::pin!(call);
-            loop {
-                // The ping is not awaited in the `select!`, whose answer (a few hundred bytes)
-                // would be kept across it.
-                let silent = tokio::select! {
-                    result = &mut call => {
-                        if result.is_ok() {
-                            self.answered(server);
-                        }
-                        return result;
+            CallKind::Prompt => Either::Right(Box::pin(self.call_prompt(server, request, timeout))),
+        }
+    }
+
+    /// [`RemoteServers::call_one`] for a prompt call.
+    async fn call_prompt(
+        &self,
+        server: SocketAddr,
+        request: &Encoded,
+        timeout: Duration,
+    ) -> Result<RpcResponse, TransportError> {
+        // A write is never sent to a server that has been silent: if it died, the write's
+        // fate would be unknown, while a failed ping means "not sent" and another server is
+        // tried.
+        if !request.idempotent && !self.answered_within(server, PROMPT_PROBE_AFTER) {
+            self.ping(server)
+                .await
+                .map_err(|e| TransportError::Unreachable {
+                    addr: server,
+                    reason: format!("no answer to a ping: {e}"),
+                })?;
+        }
+        let call = self.rpc.call_encoded_as::<RpcResponse>(
+            request.kind,
+            server,
+            request.bytes.clone(),
+            timeout,
+        );
+        tokio::pin!(call);
+        loop {
+            let silent = tokio::select! {
+                result = &mut call => {
+                    if result.is_ok() {
+                        self.answered(server);
                     }
-                    () = tokio::time::sleep(probe_after) => {
-                        !self.answered_within(server, probe_after)
-                    }
-                };
-                if silent {
-                    Box::pin(self.ping(server)).await?;
+                    return result;
                 }
+                () = tokio::time::sleep(PROMPT_PROBE_AFTER) => {
+                    !self.answered_within(server, PROMPT_PROBE_AFTER)
+                }
+            };
+            if silent {
+                self.ping(server).await?;
             }
         }
     }
 
-    /// Alive servers' RPC addresses, the last one that answered first.
-    fn servers(&self) -> Vec<SocketAddr> {
-        let mut servers: Vec<SocketAddr> = self
+    /// Alive servers' RPC addresses, the last one that answered first. Exactly as many as
+    /// there are: a blocking query holds the list while it waits.
+    fn servers(&self) -> Box<[SocketAddr]> {
+        let mut servers: Box<[SocketAddr]> = self
             .members
             .borrow()
             .iter()
@@ -235,10 +251,11 @@ impl RemoteServers {
         request: &Encoded,
         timeout: Duration,
     ) -> Result<RpcResponse, ServerError> {
-        let mut last = None;
-        // Boxed: a blocking query holds this future while it waits.
+        // Both boxed: a blocking query holds this future while it waits.
+        let mut last: Option<Box<TransportError>> = None;
         let mut leaderless: Option<Box<RpcResponse>> = None;
-        for server in self.servers() {
+        let servers = self.servers();
+        for &server in &servers {
             match self.call_one(server, request, timeout).await {
                 // A server that answers but knows no leader (cut off from the others, or its
                 // raft stopped) did nothing with the request: another one may have a leader.
@@ -256,7 +273,7 @@ impl RemoteServers {
                         e,
                         TransportError::Unreachable { .. } | TransportError::Refused { .. }
                     );
-                    last = Some(e);
+                    last = Some(Box::new(e));
                     if delivered && !request.idempotent {
                         break;
                     }
@@ -266,7 +283,7 @@ impl RemoteServers {
         if let Some(response) = leaderless {
             return Ok(*response);
         }
-        match last {
+        match last.map(|e| *e) {
             Some(TransportError::Unreachable { .. }) | None => Err(ServerError::NoServers),
             Some(TransportError::Busy { .. }) => Err(ServerError::TooManyBlockingQueries),
             Some(e @ TransportError::Refused { .. }) => {

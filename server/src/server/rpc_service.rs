@@ -182,6 +182,11 @@ impl transport::RpcHandler for RpcService {
             encode_response(&response)
         })
     }
+
+    /// A client's blocking calls share one stream, each answered as on a stream of its own.
+    fn multiplexes(&self) -> bool {
+        true
+    }
 }
 
 /// The raft protocol's view of the server.
