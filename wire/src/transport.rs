@@ -2289,6 +2289,27 @@ mod tests {
         }
     }
 
+    /// Blocking calls queued behind the opening of a stream to a server that cannot be reached
+    /// take that opening's failure, rather than each trying (and timing out) in turn.
+    #[tokio::test]
+    async fn calls_queued_behind_a_failed_opening_take_its_failure() {
+        let (_, client_tls) = cluster();
+        let agent = client(&client_tls);
+        // A port nothing listens on: the dial times out (QUIC does not hear the refusal).
+        let addr = UdpSocket::bind(LOCALHOST).unwrap().local_addr().unwrap();
+        let started = Instant::now();
+        let calls =
+            (0..20).map(|_| agent.call_blocking(addr, b"x".to_vec(), Duration::from_secs(30)));
+        for call in futures::future::join_all(calls).await {
+            assert!(call.is_err(), "{call:?}");
+        }
+        let took = started.elapsed();
+        assert!(
+            took < 2 * FRAME_DEADLINE,
+            "{took:?}: the calls tried one after another"
+        );
+    }
+
     /// A peer that takes the shared stream, answers its opening ping, then says nothing more
     /// (paused, or cut off without the connection closing): the calls waiting on it fail
     /// within a couple of seconds (a ping unanswered), not at their timeout.

@@ -6,8 +6,9 @@
 //! an `ASK` (the request), a `CANCEL` (the caller left: the peer drops the handler's future and
 //! gives its room back), or a `PING` (answered at once; the opening uses one to learn whether
 //! the peer serves the stream). The peer answers each `ASK` and `PING` once, in whatever order
-//! its handler finishes them, with `[ANSWER][id][response]`, or `[BUSY][id]` when the peer's
-//! streams carry as many calls as they may ([`MAX_CALLS`]). A peer that does not multiplex
+//! its handler finishes them, with `[ANSWER][id][response]`, `[BUSY][id]` when the peer's
+//! streams carry as many calls as they may ([`MAX_CALLS`]), or `[TOO_LARGE][id]` when the
+//! response does not fit in a frame. A peer that does not multiplex
 //! ([`RpcHandler::multiplexes`]; a server of an older version) resets the stream: the client
 //! then sends its blocking calls on streams of their own, as before, and asks again after
 //! [`UNSUPPORTED_FOR`].
@@ -38,6 +39,8 @@ const PING: u8 = 2;
 const ANSWER: u8 = 0;
 /// An answer frame: refused, the peer's streams carrying as many calls as they may.
 const BUSY: u8 = 1;
+/// An answer frame: the handler's response does not fit in a frame.
+const TOO_LARGE: u8 = 2;
 /// Kind and id.
 const HEAD: usize = 9;
 /// Calls one peer's multiplexed streams carry at once at most, all its connections together:
@@ -80,6 +83,10 @@ pub(super) enum MuxState {
     Open(Arc<Mux>),
     /// The peer reset the stream at this time: it does not multiplex.
     Unsupported(Instant),
+    /// The last opening, which ended at this time, failed so: the callers that queued behind
+    /// it take its outcome rather than each trying again in turn (thousands of blocking calls
+    /// may wait for one unreachable server).
+    Failed(Instant, TransportError),
 }
 
 /// The per-peer slot of a client's multiplexed stream, locked while it is opened, so that
@@ -171,6 +178,9 @@ impl Mux {
         let answer = match kind {
             ANSWER => Ok(payload.to_vec()),
             BUSY => Err(Box::new(TransportError::Busy { addr: self.addr })),
+            TOO_LARGE => Err(Box::new(TransportError::Protocol(
+                "the peer's response exceeds the frame limit".to_owned(),
+            ))),
             other => {
                 return Err(TransportError::Protocol(format!(
                     "a multiplexed answer of unknown kind {other}"
@@ -316,8 +326,15 @@ impl RpcClient {
         request: Vec<u8>,
         timeout: Duration,
     ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
-        // The opening is boxed on its own and freed before the wait.
-        Box::pin(self.mux(addr)).then(move |mux| match mux {
+        // The opening is boxed on its own (with its share of the timeout) and freed before the
+        // wait.
+        let opening = tokio::time::timeout(timeout, self.mux(addr)).map(move |opened| {
+            opened.unwrap_or(Err(TransportError::Timeout {
+                addr,
+                after: timeout,
+            }))
+        });
+        Box::pin(opening).then(move |mux| match mux {
             Ok(Some(mux)) if !request.is_empty() && request.len() <= MAX_REQUEST => {
                 Either::Left(mux.send(ASK, &request, timeout))
             }
@@ -331,11 +348,13 @@ impl RpcClient {
     /// The open multiplexed stream to `addr`, opened if there is none; `None` if the peer
     /// turned one down less than [`UNSUPPORTED_FOR`] ago.
     async fn mux(&self, addr: SocketAddr) -> Result<Option<Arc<Mux>>, TransportError> {
+        let asked = Instant::now();
         let slot = Arc::clone(self.inner.muxes.lock().entry(addr).or_default());
         let mut state = slot.lock().await;
         match &*state {
             Some(MuxState::Open(mux)) if mux.is_open() => return Ok(Some(Arc::clone(mux))),
             Some(MuxState::Unsupported(at)) if at.elapsed() < UNSUPPORTED_FOR => return Ok(None),
+            Some(MuxState::Failed(at, why)) if *at >= asked => return Err(why.clone()),
             _ => {}
         }
         let opened = tokio::time::timeout(FRAME_DEADLINE, self.open_mux(addr))
@@ -346,11 +365,11 @@ impl RpcClient {
                     after: FRAME_DEADLINE,
                 })
             });
-        *state = match &opened {
-            Ok(Some(mux)) => Some(MuxState::Open(Arc::clone(mux))),
-            Ok(None) => Some(MuxState::Unsupported(Instant::now())),
-            Err(_) => None,
-        };
+        *state = Some(match &opened {
+            Ok(Some(mux)) => MuxState::Open(Arc::clone(mux)),
+            Ok(None) => MuxState::Unsupported(Instant::now()),
+            Err(why) => MuxState::Failed(Instant::now(), why.clone()),
+        });
         opened
     }
 
@@ -586,6 +605,11 @@ where
             match this.answering.poll_next_unpin(cx) {
                 Poll::Ready(Some(Ok((id, answer)))) => {
                     this.running.remove(&id);
+                    // One call's answer too large for a frame fails that call, not the stream.
+                    if HEAD + answer.len() > MAX_FRAME_LEN {
+                        tracing::error!(len = answer.len(), "RPC response exceeds the frame limit");
+                        return Poll::Ready(Some(frame(TOO_LARGE, id, &[])));
+                    }
                     return Poll::Ready(Some(frame(ANSWER, id, &answer)));
                 }
                 Poll::Ready(Some(Err(Aborted))) => {}
@@ -618,7 +642,9 @@ mod tests {
         let dropped = Arc::clone(dropped);
         let calls = Arc::new(Semaphore::new(MAX_CALLS));
         let answers = serve(frames.boxed(), calls, move |request| {
-            if request == b"wait" {
+            if request == b"huge" {
+                async move { vec![0; MAX_FRAME_LEN] }.boxed()
+            } else if request == b"wait" {
                 let guard = Dropped(Arc::clone(&dropped));
                 async move {
                     let _guard = guard;
@@ -669,6 +695,14 @@ mod tests {
             dropped.load(Ordering::SeqCst),
             1,
             "the cancelled call's future"
+        );
+        // An answer too large for a frame fails its call alone.
+        requests.unbounded_send(frame(ASK, 6, b"huge")).unwrap();
+        assert_eq!(next(&mut answers).await.unwrap(), frame(TOO_LARGE, 6, &[]));
+        requests.unbounded_send(frame(ASK, 7, b"after")).unwrap();
+        assert_eq!(
+            next(&mut answers).await.unwrap(),
+            frame(ANSWER, 7, b"after")
         );
         // The caller leaving ends the answers, and drops every call still running.
         requests.unbounded_send(frame(ASK, 4, b"wait")).unwrap();
