@@ -21,7 +21,12 @@ enum Waiters {
     #[default]
     None,
     One(u64, oneshot::Sender<()>),
-    /// Boxed: a table of waiters keyed by what they wait on holds one of these per key.
+    /// Boxed: a table of waiters keyed by what they wait on holds one of these per key, most
+    /// of them `One`.
+    #[expect(
+        clippy::box_collection,
+        reason = "the table's header, not its entries, is what every key would hold"
+    )]
     Many(Box<HashMap<u64, oneshot::Sender<()>>>),
 }
 
