@@ -133,9 +133,8 @@ struct Calls {
 }
 
 impl Mux {
-    /// Sends a frame of `kind` with `payload`, answered by `deadline` at the latest (else the
-    /// call fails with a timeout of `timeout`); its answer is what the returned call resolves
-    /// to.
+    /// Sends a frame of `kind` with `payload`; the returned call resolves to its answer, or
+    /// fails with [`TransportError::Timeout`] if none comes within `timeout`.
     fn send(self: &Arc<Self>, kind: u8, payload: &[u8], timeout: Duration) -> MuxCall {
         let (tx, answer) = oneshot::channel();
         let mut calls = self.calls.lock();
