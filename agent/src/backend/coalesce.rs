@@ -15,6 +15,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::future::{BoxFuture, FutureExt as _, Shared, WeakShared};
 use parking_lot::Mutex;
@@ -127,13 +128,16 @@ impl Waits {
         self.table.lock().len
     }
 
-    /// The wait on the read `key` that answers by `deadline`, joined (`true`); else the one
-    /// `start` makes (answering by `deadline`), registered for the watchers of the same read
-    /// that come next.
+    /// The wait on the read `key` that answers by `deadline` plus `late`, joined (`true`);
+    /// else the one `start` makes (answering by `deadline`), registered for the watchers of
+    /// the same read that come next. `late` is how long after its request the watcher came
+    /// here (its handler's first run): watchers whose requests came together may come here in
+    /// another order, and still share a wait.
     pub(super) fn join_or_start(
         self: &Arc<Self>,
         key: &Read,
         deadline: Instant,
+        late: Duration,
         start: impl FnOnce() -> BoxFuture<'static, Answer>,
     ) -> (Wait, bool) {
         let mut table = self.table.lock();
@@ -142,7 +146,7 @@ impl Waits {
             .get(key)
             .into_iter()
             .flatten()
-            .filter(|e| e.deadline <= deadline)
+            .filter(|e| e.deadline <= deadline + late)
             .find_map(|e| e.wait.upgrade());
         if let Some(wait) = joined {
             return (wait, true);

@@ -268,10 +268,19 @@ impl Blocking {
         if asked.opts.consistency == Consistency::Consistent {
             return asked.start().await;
         }
+        // How long after its request this query came to the shared waits: one started
+        // meanwhile by a query whose request came after its own may answer that much after
+        // its deadline, and is joined all the same.
+        let wait = Duration::from_millis(asked.opts.wait_ms);
+        let late = asked
+            .earliest
+            .checked_sub(wait)
+            .map_or(Duration::ZERO, |asked_at| asked_at.elapsed());
         loop {
-            let (shared, joined) = asked
-                .waits
-                .join_or_start(&asked.read, asked.deadline, || asked.start());
+            let (shared, joined) =
+                asked
+                    .waits
+                    .join_or_start(&asked.read, asked.deadline, late, || asked.start());
             let answer = shared.await;
             match &*answer {
                 Ok((_, meta))

@@ -421,3 +421,42 @@ async fn a_reader_joining_a_wait_started_earlier_still_waits_its_whole_wait() {
     assert_eq!(meta.index, before.index);
     assert!(started.elapsed() >= WAIT);
 }
+
+/// Queries whose requests came together may reach the shared waits in another order (each
+/// handler's first run takes its own time): the one that came first still joins the wait the
+/// later one started.
+#[tokio::test(start_paused = true)]
+async fn queries_that_reach_the_shared_waits_out_of_order_still_share_one() {
+    let servers = Arc::new(Counting::default());
+    let backend = Arc::new(Backend::new(Arc::clone(&servers) as Arc<dyn ServerApi>));
+    backend.write(set("k", "v1")).await.expect("write");
+    let (_, before) = get(&backend, "k").await;
+    let opts = QueryOptions {
+        min_index: before.index,
+        wait_ms: WAIT.as_millis() as u64,
+        ..QueryOptions::default()
+    };
+    let query = || -> ReadQuery {
+        reads::KvGet {
+            key: "k".to_owned(),
+        }
+        .into()
+    };
+    let earlier = backend.blocking(opts, query()).expect("blocking");
+    tokio::time::advance(Duration::from_millis(20)).await;
+    let later = backend.blocking(opts, query()).expect("blocking");
+    let later = tokio::spawn(later.answer());
+    settle().await;
+    let earlier = tokio::spawn(earlier.answer());
+    settle().await;
+    assert_eq!(backend.blocking_queries(), (2, 1));
+    assert_eq!(servers.held.load(Ordering::Relaxed), 1);
+
+    backend.write(set("k", "v2")).await.expect("write");
+    settle().await;
+    for read in [earlier, later] {
+        let (_, meta) = read.await.expect("join").expect("read");
+        assert!(meta.index > before.index);
+    }
+    assert_eq!(backend.blocking_queries(), (0, 0));
+}
