@@ -1004,22 +1004,43 @@ impl RpcClient {
         self.inner.pool.lock()
     }
 
-    #[expect(
-        clippy::manual_async_fn,
-        reason = "an `async fn` would keep its arguments twice"
-    )]
     fn call_with_retry(
         &self,
         addr: SocketAddr,
         lane: Lane,
         request: Bytes,
     ) -> impl Future<Output = Result<Vec<u8>, TransportError>> + Send + '_ {
+        self.on_connection(addr, lane, move |connection| {
+            let request = request.clone();
+            async move { exchange(&connection, request).await }
+        })
+    }
+
+    /// Runs `op` on the cached connection to `addr` on `lane`. When it fails because that
+    /// connection was stale (no stream could be opened, or the peer, restarted, answered with a
+    /// stateless reset: `op` cannot have reached a live handler), the connection is dropped and
+    /// `op` runs once more on a fresh one; any other loss of the connection drops it too.
+    #[expect(
+        clippy::manual_async_fn,
+        reason = "an `async fn` would keep its arguments twice"
+    )]
+    fn on_connection<'a, T, F, Fut>(
+        &'a self,
+        addr: SocketAddr,
+        lane: Lane,
+        op: F,
+    ) -> impl Future<Output = Result<T, TransportError>> + Send + 'a
+    where
+        F: Fn(Connection) -> Fut + Send + 'a,
+        Fut: Future<Output = Result<T, Failure>> + Send + 'a,
+        T: Send + 'a,
+    {
         async move {
-            // Dialing and dropping a connection are boxed on their own: a blocking query holds
-            // this future while it waits, which would otherwise keep room for a whole handshake.
+            // Dialing and dropping a connection are boxed on their own: a call holds this
+            // future while it waits, which would otherwise keep room for a whole handshake.
             let (connection, reused) = Box::pin(self.connection(addr, lane)).await?;
-            let failure = match exchange(&connection, request.clone()).await {
-                Ok(response) => return Ok(response),
+            let failure = match op(connection.clone()).await {
+                Ok(done) => return Ok(done),
                 Err(failure) => failure,
             };
             if matches!(
@@ -1034,8 +1055,8 @@ impl RpcClient {
             }
             tracing::debug!(%addr, error = %failure.into_error(addr), "cached RPC connection was stale; redialing");
             let (connection, _) = Box::pin(self.connection(addr, lane)).await?;
-            match exchange(&connection, request.clone()).await {
-                Ok(response) => Ok(response),
+            match op(connection.clone()).await {
+                Ok(done) => Ok(done),
                 Err(failure) => {
                     if matches!(failure, Failure::Open(_) | Failure::Lost(_)) {
                         Box::pin(self.forget(addr, lane, &connection)).await;

@@ -376,25 +376,11 @@ impl RpcClient {
     /// cached connection was stale), starts its tasks, and pings it: a peer that does not
     /// multiplex resets it (`None`).
     async fn open_mux(&self, addr: SocketAddr) -> Result<Option<Arc<Mux>>, TransportError> {
-        let lane = Lane::Watch(0);
-        let (connection, reused) = self.connection(addr, lane).await?;
-        let (send, recv) = match open_stream_call(&connection).await {
-            Ok(streams) => streams,
-            Err(failure) => {
-                self.forget(addr, lane, &connection).await;
-                if !(reused && failure.is_stale()) {
-                    return Err(failure.into_error(addr));
-                }
-                let (connection, _) = self.connection(addr, lane).await?;
-                match open_stream_call(&connection).await {
-                    Ok(streams) => streams,
-                    Err(failure) => {
-                        self.forget(addr, lane, &connection).await;
-                        return Err(failure.into_error(addr));
-                    }
-                }
-            }
-        };
+        let (send, recv) = self
+            .on_connection(addr, Lane::Watch(0), |connection| async move {
+                open_stream_call(&connection).await
+            })
+            .await?;
         let (outbound, frames) = mpsc::unbounded_channel();
         let mux = Arc::new(Mux {
             addr,
