@@ -20,8 +20,10 @@ ROOTFS=docker/rootfs/bin
 SECRETS=docker/secrets
 mkdir -p "$ROOTFS"
 
+# Greps below read all their input (`>/dev/null`, not `-q`): under pipefail, grep -q leaving at
+# its first match can kill the writer with SIGPIPE and fail the pipeline.
 is_static() { # an ELF file with no program interpreter is statically linked
-  [ -f "$1" ] && ! LC_ALL=C readelf -l "$1" 2>/dev/null | grep -q 'program interpreter'
+  [ -f "$1" ] && ! LC_ALL=C readelf -l "$1" 2>/dev/null | grep 'program interpreter' >/dev/null
 }
 
 PROFILE=${VIGIL_PROFILE:-release}
@@ -85,7 +87,7 @@ elif command -v openssl >/dev/null; then
     cd "$SECRETS"
     for node in s1 s2 s3 c1 c2 c3; do
       if ! openssl x509 -in "$node.pem" -noout -ext subjectAltName 2>/dev/null |
-        grep -q 'IP Address:127\.0\.0\.1'; then
+        grep 'IP Address:127\.0\.0\.1' >/dev/null; then
         case $node in s*) role=server ;; *) role=client ;; esac
         echo "build.sh: $node.pem does not name 127.0.0.1; issuing it again"
         cert "$role" "$node"

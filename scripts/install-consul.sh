@@ -8,7 +8,14 @@
 set -euo pipefail
 want=1.8.7
 bin=/usr/local/bin/consul
-if [ -x "$bin" ] && "$bin" version | head -1 | grep -q "Consul v$want"; then
+# The first line of `consul version`. Not `| head -1`: under pipefail, head leaving early can
+# kill consul with SIGPIPE (exit 141).
+first_line() {
+    local out
+    out=$("$@")
+    printf '%s\n' "${out%%$'\n'*}"
+}
+if [ -x "$bin" ] && [[ "$(first_line "$bin" version)" == "Consul v$want"* ]]; then
     exit 0
 fi
 [ "$(id -u)" -eq 0 ] || { echo "install-consul.sh: needs root" >&2; exit 1; }
@@ -23,7 +30,7 @@ trap 'rm -rf "$work"' EXIT
 }
 dpkg -x "$work"/consul_*.deb "$work/root"
 install -m 0755 "$work/root/usr/bin/consul" "$bin"
-got=$("$bin" version | head -1)
+got=$(first_line "$bin" version)
 case "$got" in
     "Consul v$want"*) echo "install-consul.sh: $got at $bin" ;;
     *) echo "install-consul.sh: expected Consul v$want, got: $got" >&2; exit 1 ;;

@@ -8,7 +8,9 @@
 set -euo pipefail
 check_etcd_version() {
     local got
-    got=$(etcd --version | head -1)
+    # Not `| head -1`: under pipefail, head leaving early can kill etcd with SIGPIPE (exit 141).
+    got=$(etcd --version)
+    got=${got%%$'\n'*}
     case "$got" in
         "etcd Version: 3.4."*) ;;
         *) echo "install-etcd.sh: the benchmark compares with etcd 3.4, found: $got" >&2; exit 1 ;;
