@@ -21,7 +21,7 @@ use vigil_server::raft::network::{PeerRequest, PeerResponse};
 use vigil_shared::rpc::Op;
 use vigil_shared::rpc::calls::{self, RpcRequest, RpcResponse, ServerNode};
 use vigil_wire::tls::{Role, TlsMaterial};
-use vigil_wire::transport::{RpcClient, TransportError, client_endpoint};
+use vigil_wire::transport::{CallKind, RpcClient, TransportError, client_endpoint};
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(40);
 
@@ -120,15 +120,23 @@ async fn a_client_certificate_named_server_cannot_join_vote_or_reap() {
             .into(),
         ),
     ];
-    for request in &requests {
-        match call(&rpc, addr, request).await {
-            RpcResponse::Refused(why) => {
-                assert!(
-                    why.contains("server certificate") || why.contains("only servers"),
-                    "{why}"
-                );
+    // Each on a stream of its own, then on the one stream a client's blocking calls share: the
+    // server checks a request's sender there as on a stream of its own.
+    for kind in [CallKind::Prompt, CallKind::Blocking] {
+        for request in &requests {
+            let answer = rpc
+                .call_typed_as::<RpcRequest, RpcResponse>(kind, addr, request, CALL_TIMEOUT)
+                .await
+                .expect("the RPC reaches the server");
+            match answer {
+                RpcResponse::Refused(why) => {
+                    assert!(
+                        why.contains("server certificate") || why.contains("only servers"),
+                        "{why}"
+                    );
+                }
+                other => panic!("{request:?} ({kind:?}) was not refused: {other:?}"),
             }
-            other => panic!("{request:?} was not refused: {other:?}"),
         }
     }
 
