@@ -17,6 +17,13 @@ use super::{
 
 /// Header with which Vigil says an acquire was refused by lock-delay, and for how long.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
+/// Header with which Vigil gives a taken lock's `LockIndex`.
+const LOCK_INDEX_HEADER: &str = "X-Vigil-Lock-Index";
+/// Header with which Vigil gives the index to block on the key from after an acquire.
+const KEY_INDEX_HEADER: &str = "X-Vigil-Key-Index";
+/// Request header asking a Vigil agent for [`KEY_INDEX_HEADER`] on a refusal too (Consul and
+/// older Vigil agents ignore it).
+const ASK_KEY_INDEX: (&str, &str) = ("X-Vigil-Ask-Key-Index", "true");
 
 /// The answer to `?acquire`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +31,12 @@ pub struct Acquired {
     pub acquired: bool,
     /// Set when a Vigil agent refused because of lock-delay: how much of it is left.
     pub lock_delay: Option<Duration>,
+    /// Set by a Vigil agent when the lock was taken: the `LockIndex` granted (the sequencer's).
+    pub lock_index: Option<u64>,
+    /// Set by a Vigil agent when the lock was taken, or refused because another session holds
+    /// it: the key's index then, to block on the key from (a blocking read from it answers at
+    /// the key's next change). Consul's client reads the key for it.
+    pub key_index: Option<u64>,
 }
 
 /// The answer to `/v1/txn`.
@@ -125,9 +138,11 @@ impl Client {
         path: &str,
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
+        header: Option<(&'static str, &'static str)>,
     ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
+        let path = with_query(path, query);
         let reply = self
-            .send(method, &with_query(path, query), body, REQUEST_TIMEOUT)
+            .send_with(method, &path, body, REQUEST_TIMEOUT, header)
             .await?
             .ok()?;
         let ok = serde_json::from_slice::<bool>(&reply.body).map_err(|_| {
@@ -142,16 +157,17 @@ impl Client {
         key: &str,
         value: &[u8],
         query: &[(&str, String)],
+        header: Option<(&'static str, &'static str)>,
     ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
         let body = Some(value.to_vec());
-        self.write_bool(Method::PUT, &kv_path(key), query, body)
+        self.write_bool(Method::PUT, &kv_path(key), query, body, header)
             .await
     }
 
     /// `DELETE /v1/kv/<key>`: whether it took.
     async fn kv_remove(&self, key: &str, query: &[(&str, String)]) -> Result<bool, ClientError> {
         Ok(self
-            .write_bool(Method::DELETE, &kv_path(key), query, None)
+            .write_bool(Method::DELETE, &kv_path(key), query, None, None)
             .await?
             .0)
     }
@@ -159,7 +175,7 @@ impl Client {
     /// `PUT /v1/kv/<key>[?flags=]`: always `true` on success.
     pub async fn kv_put(&self, key: &str, value: &[u8], flags: u64) -> Result<bool, ClientError> {
         let query = flags_query(flags);
-        Ok(self.kv_write(key, value, &query).await?.0)
+        Ok(self.kv_write(key, value, &query, None).await?.0)
     }
 
     /// `PUT ?cas=<index>` (0: only if absent).
@@ -172,10 +188,11 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("cas", index.to_string()));
-        Ok(self.kv_write(key, value, &query).await?.0)
+        Ok(self.kv_write(key, value, &query, None).await?.0)
     }
 
-    /// `PUT ?acquire=<session>`; a Vigil agent also says how long a lock-delay refusal lasts.
+    /// `PUT ?acquire=<session>`; a Vigil agent also says how long a lock-delay refusal lasts,
+    /// and, when the lock is taken, its `LockIndex` and the key's index.
     pub async fn kv_acquire(
         &self,
         key: &str,
@@ -183,16 +200,41 @@ impl Client {
         flags: u64,
         session: &str,
     ) -> Result<Acquired, ClientError> {
+        self.acquire_as(key, value, flags, session, None).await
+    }
+
+    /// [`Client::kv_acquire`] for a client that blocks on the key when another session holds
+    /// it: asks a Vigil agent for the index to block from on that refusal too (a read of the
+    /// key on the agent's server, so only worth asking for to use it).
+    pub async fn kv_acquire_or_wait_index(
+        &self,
+        key: &str,
+        value: &[u8],
+        flags: u64,
+        session: &str,
+    ) -> Result<Acquired, ClientError> {
+        self.acquire_as(key, value, flags, session, Some(ASK_KEY_INDEX))
+            .await
+    }
+
+    async fn acquire_as(
+        &self,
+        key: &str,
+        value: &[u8],
+        flags: u64,
+        session: &str,
+        header: Option<(&'static str, &'static str)>,
+    ) -> Result<Acquired, ClientError> {
         let mut query = flags_query(flags);
         query.push(("acquire", session.to_owned()));
-        let (acquired, headers) = self.kv_write(key, value, &query).await?;
-        let lock_delay = headers
-            .get(LOCK_DELAY_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| parse_go_duration(v).ok());
+        let (acquired, headers) = self.kv_write(key, value, &query, header).await?;
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        let index = |name| header(name).and_then(|v| v.parse().ok());
         Ok(Acquired {
             acquired,
-            lock_delay,
+            lock_delay: header(LOCK_DELAY_HEADER).and_then(|v| parse_go_duration(v).ok()),
+            lock_index: index(LOCK_INDEX_HEADER),
+            key_index: index(KEY_INDEX_HEADER),
         })
     }
 
@@ -206,7 +248,7 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("release", session.to_owned()));
-        Ok(self.kv_write(key, value, &query).await?.0)
+        Ok(self.kv_write(key, value, &query, None).await?.0)
     }
 
     /// `DELETE /v1/kv/<key>` (idempotent).

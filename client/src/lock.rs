@@ -3,7 +3,10 @@
 //! value re-sent), so a Vigil lock and a Go-client lock on the same key exclude each other.
 //!
 //! Acquire: blocking GET until the key is free, `?acquire`; on refusal a non-blocking GET tells
-//! "held" (block again) from "lock-delay" (sleep for the delay Vigil reports, else 5 s).
+//! "held" (block again) from "lock-delay" (sleep for the delay Vigil reports, else 5 s). A Vigil
+//! agent saves two of those reads: its answer to `?acquire` gives the index to block from after
+//! a refusal, and, once the lock is taken, the `LockIndex` granted (read from the key
+//! otherwise).
 
 use std::time::Duration;
 
@@ -83,7 +86,7 @@ impl Lock {
         let session_lost = keeper.lost();
         let mut index = 0;
         let mut unexplained = 0;
-        loop {
+        let taken = loop {
             let read = client.kv_get(key, ReadOpts::blocking(index, opts.wait_time));
             let (pair, meta) = session_lost.unless_lost(read).await??;
             if let Some(pair) = &pair {
@@ -96,10 +99,16 @@ impl Lock {
                 }
             }
             let acquired = client
-                .kv_acquire(key, &opts.value, LOCK_FLAG_VALUE, &session)
+                .kv_acquire_or_wait_index(key, &opts.value, LOCK_FLAG_VALUE, &session)
                 .await?;
             if acquired.acquired {
-                break;
+                break acquired.lock_index.zip(acquired.key_index);
+            }
+            // Another session holds it: a Vigil agent says from which index to block.
+            if let (Some(held), None) = (acquired.key_index, acquired.lock_delay) {
+                index = next_wait_index(0, held);
+                unexplained = 0;
+                continue;
             }
             // Held by someone else (block on it), or lock-delay (wait it out).
             let (pair, meta) = client.kv_get(key, ReadOpts::default()).await?;
@@ -123,11 +132,18 @@ impl Lock {
             tracing::debug!(%key, ?pause, "lock-delay in effect");
             session_lost.unless_lost(tokio::time::sleep(pause)).await?;
             index = 0;
-        }
+        };
 
-        // Held. Read the sequencer, then watch the key.
-        let (pair, meta) = client.kv_get(key, ReadOpts::default().consistent()).await?;
-        let lock_index = pair.as_ref().map_or(0, |p| p.lock_index);
+        // Held. The sequencer, as the agent gave it or read, then watch the key from there.
+        let (lock_index, index, held) = match taken {
+            Some((lock_index, key_index)) => (lock_index, key_index, true),
+            None => {
+                let (pair, meta) = client.kv_get(key, ReadOpts::default().consistent()).await?;
+                let holder = pair.as_ref().and_then(|p| p.session.as_deref());
+                let held = holder == Some(session.as_str());
+                (pair.as_ref().map_or(0, |p| p.lock_index), meta.index, held)
+            }
+        };
         let (release_client, release_key, value) =
             (client.clone(), key.clone(), opts.value.clone());
         let release_session = session.clone();
@@ -138,14 +154,14 @@ impl Lock {
                 .map(|_| ())
         }));
         let (trigger, lost) = LostTrigger::new();
-        if pair.as_ref().and_then(|p| p.session.as_deref()) != Some(session.as_str()) {
+        if !held {
             trigger.fire(LossReason::KeyReleased);
         }
         let monitor = tokio::spawn(monitor_key(
             client.clone(),
             key.clone(),
             session,
-            meta.index,
+            index,
             session_lost,
             trigger,
             unreachable_after(opts.monitor_retries, keeper.ttl()),

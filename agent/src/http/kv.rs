@@ -7,8 +7,8 @@ use axum::response::{IntoResponse, Response};
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::DirEntry;
 use vigil_shared::go::duration::format_go_duration;
-use vigil_shared::kv::{KvOp, KvOpError, TxnOutcome};
-use vigil_shared::rpc::{reads, writes};
+use vigil_shared::kv::{KvOp, KvOpError, TxnError, TxnOutcome};
+use vigil_shared::rpc::{Consistency, QueryOptions, reads, writes};
 
 use super::acl::{check_session_write, filtered_by_acls};
 use super::body::{Limit, read};
@@ -18,6 +18,19 @@ use super::{AppState, Ctx, json, not_found_with_meta, with_meta};
 
 /// Header telling a client its acquire was refused by lock-delay, and for how much longer.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
+/// Header telling a client that took a lock with `?acquire` the key's `LockIndex` it was
+/// granted: its sequencer, without a read.
+const LOCK_INDEX_HEADER: &str = "X-Vigil-Lock-Index";
+/// Header telling a client, on an `?acquire`, the index to block on the key from: the key as
+/// the acquire left it, or as another session holds it after a refusal. Consul's lock client
+/// reads the key for it (a consistent read after taking it, a second read after a refusal).
+const KEY_INDEX_HEADER: &str = "X-Vigil-Key-Index";
+/// Request header with which a client asks a refused `?acquire` for [`KEY_INDEX_HEADER`]: a
+/// read of the key on this agent's server, which a client that does not use it (Consul's)
+/// should not cost the herd of a contended lock.
+const ASK_KEY_INDEX_HEADER: &str = "X-Vigil-Ask-Key-Index";
+/// How long a refused acquire waits for the read behind [`KEY_INDEX_HEADER`].
+const HELD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The key: the path after `/v1/kv/`, percent-decoded. Keys are UTF-8; other bytes are refused
 /// (a lossy decoding would store `%FF` and `%FE` under one key).
@@ -123,12 +136,14 @@ pub async fn put(cx: Ctx, headers: HeaderMap, body: Body) -> Result<Response, Ap
     let cas = cx.params.u64("cas")?;
     let value = read(&headers, body, Limit::KvValue).await?.to_vec();
     let op = if let Some(session) = cx.params.get("acquire") {
-        KvOp::Lock {
+        let ask = headers.contains_key(ASK_KEY_INDEX_HEADER);
+        let op = KvOp::Lock {
             key,
             value,
             flags,
             session: session.to_owned(),
-        }
+        };
+        return acquire(&cx, op, ask).await;
     } else if let Some(session) = cx.params.get("release") {
         KvOp::Unlock {
             key,
@@ -171,9 +186,73 @@ pub async fn delete(cx: Ctx) -> Result<Response, ApiError> {
     write_bool(&cx.state, &cx.params, op).await
 }
 
+/// `?acquire` (`op`), answered as Consul does, with Vigil's headers for its own lock client: a
+/// taken lock's `LockIndex` and the key's index, and, for a refusal because another session
+/// holds the key, when the client asks for it (`ask`), the index at which a read of the key on
+/// this agent's server found it held. That read may be behind the leader's refusal (a blocking
+/// read from its index then answers at once) but never hides a release: the index is sent only
+/// if the read found the key held. The token was checked for `key:write`, which grants read.
+async fn acquire(cx: &Ctx, op: KvOp, ask: bool) -> Result<Response, ApiError> {
+    let key = op.key().to_owned();
+    let outcome = cx.state.backend.write(writes::Kv(vec![op])).await?;
+    let mut indexes = None;
+    match &outcome {
+        TxnOutcome::Committed(entries) => {
+            if let [entry] = entries.as_slice() {
+                indexes = Some((Some(entry.lock_index), entry.modify_index));
+            }
+        }
+        TxnOutcome::RolledBack(errors) if ask => {
+            if let [
+                TxnError {
+                    error: KvOpError::LockHeld(_),
+                    ..
+                },
+            ] = errors.as_slice()
+            {
+                indexes = held_at(cx, key).await.map(|index| (None, index));
+            }
+        }
+        _ => {}
+    }
+    let mut response = answer_bool(&cx.params, outcome)?;
+    if let Some((lock_index, key_index)) = indexes {
+        let headers = response.headers_mut();
+        if let Some(lock_index) = lock_index {
+            headers.insert(LOCK_INDEX_HEADER, HeaderValue::from(lock_index));
+        }
+        headers.insert(KEY_INDEX_HEADER, HeaderValue::from(key_index));
+    }
+    Ok(response)
+}
+
+/// The index at which this agent's server (any, its state possibly behind the leader's) finds
+/// `key` held by a session; `None` when it does not, or does not answer within
+/// [`HELD_READ_TIMEOUT`] (the refusal is not held up for what only saves the client a read).
+async fn held_at(cx: &Ctx, key: String) -> Option<u64> {
+    let opts = QueryOptions {
+        consistency: Consistency::Stale,
+        ..QueryOptions::default()
+    };
+    let read = cx.state.backend.read(opts, reads::KvGet { key });
+    let (entries, meta) = tokio::time::timeout(HELD_READ_TIMEOUT, read)
+        .await
+        .ok()?
+        .ok()?;
+    entries
+        .iter()
+        .any(|entry| entry.session.is_some())
+        .then_some(meta.index)
+}
+
 /// Applies one KV op and answers Consul's `true`/`false`.
 async fn write_bool(state: &AppState, params: &Params, op: KvOp) -> Result<Response, ApiError> {
-    let error = match state.backend.write(writes::Kv(vec![op])).await? {
+    answer_bool(params, state.backend.write(writes::Kv(vec![op])).await?)
+}
+
+/// Consul's `true`/`false` for the outcome of one KV op.
+fn answer_bool(params: &Params, outcome: TxnOutcome) -> Result<Response, ApiError> {
+    let error = match outcome {
         TxnOutcome::Committed(_) => return Ok(json(params, &true)),
         TxnOutcome::RolledBack(mut errors) if !errors.is_empty() => errors.swap_remove(0).error,
         TxnOutcome::RolledBack(_) => return Ok(json(params, &false)),

@@ -1,12 +1,17 @@
 //! The herd without its cost, through the HTTP API: a KV `?acquire` refused because another
 //! session holds the key, or because of its lock-delay, changes nothing and is answered as a
 //! read on the leader, with no raft entry. Many acquirers at once: exactly one wins. Acquires
-//! racing a release: never two winners.
+//! racing a release: never two winners. The answer to `?acquire` spares Vigil's lock client the
+//! reads Consul's makes: the sequencer of a taken lock, the index to block from after a
+//! refusal; and a client without them (Consul's answers) still hands the lock on.
+
+use std::time::Duration;
 
 use futures::future::join_all;
 use integration_tests::{Agent, Http};
 use reqwest::StatusCode;
 use serde_json::json;
+use vigil_client::{Client, Lock, LockOptions, ReadOpts};
 
 const ACQUIRERS: usize = 20;
 /// Rounds a measurement may take: another raft entry (a leader's duty) may land in one.
@@ -157,4 +162,186 @@ async fn acquires_racing_a_release_never_grant_two_sessions() {
             }
         };
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_answers_the_sequencer_and_where_to_block_without_a_read() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let client = Client::new(&agent.base).expect("client");
+    let holder = http.session(r#"{"LockDelay":"0s"}"#).await;
+    let other = http.session("{}").await;
+
+    // Taken: the LockIndex granted and the key's index, as a read of the key says them.
+    let taken = client.kv_acquire("k", b"v", 0, &holder).await.unwrap();
+    assert!(taken.acquired);
+    let entry = http.kv_entry("k").await;
+    assert_eq!(taken.lock_index, entry["LockIndex"].as_u64());
+    assert_eq!(taken.key_index, entry["ModifyIndex"].as_u64());
+    let read = http.get("/v1/kv/k").await;
+    assert_eq!(
+        taken.key_index.map(|i| i.to_string()),
+        read.header("X-Consul-Index")
+    );
+
+    // Refused because it is held: the index only when asked (it costs a read).
+    let refused = client.kv_acquire("k", b"v", 0, &other).await.unwrap();
+    assert!(!refused.acquired);
+    assert_eq!((refused.lock_index, refused.key_index), (None, None));
+    let refused = client
+        .kv_acquire_or_wait_index("k", b"v", 0, &other)
+        .await
+        .unwrap();
+    assert!(!refused.acquired);
+    assert_eq!(refused.lock_index, None);
+    assert_eq!(refused.lock_delay, None);
+    let from = refused.key_index.expect("the index to block from");
+    assert!(from >= entry["ModifyIndex"].as_u64().unwrap(), "{from}");
+
+    // Blocking from it misses nothing: the holder's release wakes the read.
+    let blocked = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let opts = ReadOpts::blocking(from, Duration::from_secs(60));
+            client.kv_get("k", opts).await.unwrap()
+        })
+    };
+    http.release_ok("k", &holder).await;
+    let (pair, meta) = tokio::time::timeout(Duration::from_secs(30), blocked)
+        .await
+        .expect("the release woke the blocking read")
+        .unwrap();
+    assert_eq!(pair.and_then(|p| p.session), None);
+    assert!(meta.index > from);
+
+    // Another session takes it, then takes it again: the same LockIndex, the key's new index.
+    let again = client.kv_acquire("k", b"w", 0, &other).await.unwrap();
+    assert!(again.acquired);
+    let retaken = client.kv_acquire("k", b"x", 0, &other).await.unwrap();
+    assert!(retaken.acquired);
+    let entry = http.kv_entry("k").await;
+    assert_eq!(retaken.lock_index, again.lock_index);
+    assert_eq!(retaken.lock_index, entry["LockIndex"].as_u64());
+    assert_eq!(retaken.key_index, entry["ModifyIndex"].as_u64());
+    assert!(retaken.key_index > again.key_index);
+
+    // Refused by lock-delay: how long it lasts, and no index (nothing to block on).
+    let delayed = http.session(r#"{"LockDelay":"60s"}"#).await;
+    client.kv_acquire("d", b"", 0, &delayed).await.unwrap();
+    http.destroy_session(&delayed).await;
+    let refused = client
+        .kv_acquire_or_wait_index("d", b"", 0, &other)
+        .await
+        .unwrap();
+    assert!(!refused.acquired);
+    assert!(refused.lock_delay.is_some());
+    assert_eq!((refused.lock_index, refused.key_index), (None, None));
+
+    // Refused for another reason (no such session): Consul's answer, no index.
+    let missing = "00000000-0000-0000-0000-000000000000";
+    let reply = http.put(&format!("/v1/kv/k?acquire={missing}"), "v").await;
+    assert_eq!(
+        reply.status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "{}",
+        reply.text()
+    );
+    assert_eq!(reply.header("X-Vigil-Key-Index"), None);
+}
+
+/// Serves the API of the agent at `upstream` as Consul (or a Vigil agent before these headers)
+/// would: requests and answers pass without any `X-Vigil-*` header. Its base URL.
+async fn without_vigil_headers(upstream: String) -> String {
+    use axum::body::{Body, to_bytes};
+    use axum::extract::{Request, State};
+    use axum::response::Response;
+
+    async fn pass(State(upstream): State<(reqwest::Client, String)>, req: Request) -> Response {
+        let (client, base) = upstream;
+        let vigil = |name: &reqwest::header::HeaderName| name.as_str().starts_with("x-vigil-");
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut out = client.request(parts.method, format!("{base}{path}"));
+        for (name, value) in &parts.headers {
+            if !vigil(name) && name != reqwest::header::HOST {
+                out = out.header(name, value);
+            }
+        }
+        let body = to_bytes(body, usize::MAX).await.unwrap();
+        let answer = out.body(body).send().await.unwrap();
+        let mut response = Response::builder().status(answer.status());
+        for (name, value) in answer.headers() {
+            if !vigil(name) {
+                response = response.header(name, value);
+            }
+        }
+        let body = answer.bytes().await.unwrap();
+        response.body(Body::from(body)).unwrap()
+    }
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new()
+        .fallback(pass)
+        .with_state((reqwest::Client::new(), upstream));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_lock_client_hands_a_lock_on_through_an_agent_without_vigils_headers() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let bare = without_vigil_headers(agent.base.clone()).await;
+    let client = Client::new(&bare).expect("client");
+    let session = Http::new(bare.clone()).session("{}").await;
+    let taken = client
+        .kv_acquire_or_wait_index("probe", b"", 0, &session)
+        .await
+        .unwrap();
+    assert!(taken.acquired);
+    assert_eq!(
+        (taken.lock_index, taken.key_index),
+        (None, None),
+        "headers passed"
+    );
+
+    // Contenders that each take the lock a few times: every release wakes the others, one
+    // wins, the rest are refused and (without the headers) read the key before blocking again.
+    const CONTENDERS: usize = 4;
+    const ROUNDS: usize = 3;
+    let holding = Arc::new(AtomicBool::new(false));
+    let contenders = (0..CONTENDERS).map(|_| {
+        let (client, holding) = (client.clone(), Arc::clone(&holding));
+        tokio::spawn(async move {
+            let lock = Lock::new(&client, LockOptions::new("bare/.lock")).unwrap();
+            let mut indexes = Vec::new();
+            for _ in 0..ROUNDS {
+                let held = lock.acquire().await.unwrap();
+                assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
+                indexes.push(held.lock_index());
+                tokio::task::yield_now().await;
+                holding.store(false, Ordering::SeqCst);
+                held.release().await.unwrap();
+            }
+            indexes
+        })
+    });
+    let mut indexes: Vec<u64> = join_all(contenders)
+        .await
+        .into_iter()
+        .flat_map(Result::unwrap)
+        .collect();
+    indexes.sort_unstable();
+    let last = http.kv_entry("bare/.lock").await["LockIndex"]
+        .as_u64()
+        .unwrap();
+    let expected: Vec<u64> = (1..=last).collect();
+    assert_eq!(
+        indexes, expected,
+        "one LockIndex per acquisition, each read right"
+    );
 }
