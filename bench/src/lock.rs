@@ -187,6 +187,8 @@ pub struct LockRun {
     pub requests_per_acquisition: Option<f64>,
     /// Blocking reads (Vigil) or watch responses with events (etcd) returned per acquisition.
     pub woken_per_acquisition: Option<f64>,
+    /// Entries the leader's raft log grew by per acquisition (`None`: it could not be read).
+    pub raft_entries_per_acquisition: Option<f64>,
     pub usage: Usage,
 }
 
@@ -667,11 +669,15 @@ pub async fn run(
     let exclusive =
         !matches!(recipe, Recipe::VigilShared | Recipe::EtcdLeasePut) && recipe.limit().is_none();
     let (open, close) = window.schedule();
+    let leader = leaders.clone();
     let snapshots = tokio::spawn(async move {
         tokio::time::sleep_until(open).await;
-        let first = tally.read();
+        let first = (tally.read(), raft_index(recipe.system(), &leader).await);
         tokio::time::sleep_until(close).await;
-        (first, tally.read())
+        (
+            first,
+            (tally.read(), raft_index(recipe.system(), &leader).await),
+        )
     });
     let workers: Vec<_> = contenders
         .into_iter()
@@ -724,7 +730,7 @@ pub async fn run(
     if let Some(limit) = recipe.limit() {
         occupancy.verdict(recipe, limit)?;
     }
-    let ((requests_0, wakeups_0), (requests_1, wakeups_1)) = snapshots.await?;
+    let (((requests_0, wakeups_0), raft_0), ((requests_1, wakeups_1), raft_1)) = snapshots.await?;
     for contender in finished {
         contender.close().await?;
     }
@@ -752,8 +758,42 @@ pub async fn run(
         } else {
             per_acquisition(wakeups_0, wakeups_1)
         },
+        raft_entries_per_acquisition: raft_0
+            .zip(raft_1)
+            .and_then(|(before, after)| per_acquisition(before, after)),
         usage,
     })
+}
+
+/// The last index of the raft log of `system`'s leader (etcd's from its status, Vigil's and
+/// Consul's from `Stats.raft.last_log_index` of `/v1/agent/self`); `None` when it cannot be
+/// read, which leaves the figure out rather than failing the run.
+async fn raft_index(system: System, leaders: &Leaders) -> Option<u64> {
+    let read = async {
+        if system == System::Etcd {
+            let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
+            return Ok(etcd.status().await?.raft_index());
+        }
+        let (vigil, consul) = leaders.http_clients()?;
+        let client = match system {
+            System::Consul => consul.context("Consul does not run")?,
+            _ => vigil,
+        };
+        let reply = client
+            .request(reqwest::Method::GET, "/v1/agent/self")
+            .send()
+            .await?
+            .json::<serde_json::Value>()
+            .await?;
+        reply["Stats"]["raft"]["last_log_index"]
+            .as_str()
+            .and_then(|n| n.parse().ok())
+            .context("Stats.raft.last_log_index")
+    };
+    let index: Result<u64> = read.await;
+    index
+        .inspect_err(|e| eprintln!("vigil-bench: the raft index of {system:?}: {e:#}"))
+        .ok()
 }
 
 /// Uncontended cycles, then contention with 8 and 32 clients.
@@ -941,6 +981,14 @@ fn outcome(runs: Vec<LockRun>) -> Outcome {
                 higher,
                 runs,
                 rate,
+            ));
+            rows.push(compare(
+                id(&format!("{name}.raft_entries")),
+                &workload,
+                "raft entries per acquisition",
+                lower,
+                runs,
+                |r| r.raft_entries_per_acquisition,
             ));
         }
         let workload = format!("Contended lock, {clients} clients: fair mutex vs v3lock");
