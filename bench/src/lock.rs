@@ -767,12 +767,13 @@ pub async fn run(
 
 /// The last index of the raft log of `system`'s leader (etcd's from its status, Vigil's and
 /// Consul's from `Stats.raft.last_log_index` of `/v1/agent/self`); `None` when it cannot be
-/// read, which leaves the figure out rather than failing the run.
+/// read, which leaves the figure out rather than failing the run, and, silently, when the runs
+/// go through a client agent (`agent_path`), which has no raft.
 async fn raft_index(system: System, leaders: &Leaders) -> Option<u64> {
     let read = async {
         if system == System::Etcd {
             let mut etcd = connect(std::slice::from_ref(&leaders.etcd_endpoint)).await?;
-            return Ok(etcd.status().await?.raft_index());
+            return Ok(Some(etcd.status().await?.raft_index()));
         }
         let (vigil, consul) = leaders.http_clients()?;
         let client = match system {
@@ -785,15 +786,21 @@ async fn raft_index(system: System, leaders: &Leaders) -> Option<u64> {
             .await?
             .json::<serde_json::Value>()
             .await?;
-        reply["Stats"]["raft"]["last_log_index"]
+        let raft = &reply["Stats"]["raft"];
+        if raft.is_null() {
+            return Ok(None);
+        }
+        raft["last_log_index"]
             .as_str()
             .and_then(|n| n.parse().ok())
+            .map(Some)
             .context("Stats.raft.last_log_index")
     };
-    let index: Result<u64> = read.await;
+    let index: Result<Option<u64>> = read.await;
     index
         .inspect_err(|e| eprintln!("vigil-bench: the raft index of {system:?}: {e:#}"))
         .ok()
+        .flatten()
 }
 
 /// Uncontended cycles, then contention with 8 and 32 clients.
