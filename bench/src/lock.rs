@@ -786,8 +786,9 @@ async fn raft_index(system: System, leaders: &Leaders) -> Option<u64> {
             .await?
             .json::<serde_json::Value>()
             .await?;
+        // A client agent has none: Consul's leaves `raft` out, Vigil's answers it empty.
         let raft = &reply["Stats"]["raft"];
-        if raft.is_null() {
+        if raft.as_object().is_none_or(serde_json::Map::is_empty) {
             return Ok(None);
         }
         raft["last_log_index"]
