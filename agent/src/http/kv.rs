@@ -193,7 +193,6 @@ pub async fn delete(cx: Ctx) -> Result<Response, ApiError> {
 /// read from its index then answers at once) but never hides a release: the index is sent only
 /// if the read found the key held. The token was checked for `key:write`, which grants read.
 async fn acquire(cx: &Ctx, op: KvOp, ask: bool) -> Result<Response, ApiError> {
-    let key = op.key().to_owned();
     let outcome = cx.state.backend.write(writes::Kv(vec![op])).await?;
     let mut indexes = None;
     match &outcome {
@@ -205,12 +204,12 @@ async fn acquire(cx: &Ctx, op: KvOp, ask: bool) -> Result<Response, ApiError> {
         TxnOutcome::RolledBack(errors) if ask => {
             if let [
                 TxnError {
-                    error: KvOpError::LockHeld(_),
+                    error: KvOpError::LockHeld(key),
                     ..
                 },
             ] = errors.as_slice()
             {
-                indexes = held_at(cx, key).await.map(|index| (None, index));
+                indexes = held_at(cx, key.clone()).await.map(|index| (None, index));
             }
         }
         _ => {}
