@@ -165,16 +165,16 @@ impl KvFairMutex {
         let (mine, meta) = client.kv_get(&my_key, ReadOpts::default()).await?;
         let lock_index = mine.map_or(1, |e| e.lock_index);
         let (trigger, lost) = LostTrigger::new();
-        let monitor = tokio::spawn(monitor_key(
+        tokio::spawn(monitor_key(
             client.clone(),
             my_key.clone(),
             session.clone(),
             meta.index,
             keeper.lost(),
-            trigger,
+            trigger.clone(),
             keeper.ttl(),
         ));
-        let held = Held::new(my_key, lock_index, keeper, monitor, lost.clone());
+        let held = Held::new(my_key, lock_index, keeper, trigger, lost.clone());
 
         let dir = format!("{}/", path::clean(&opts.prefix));
         loop {

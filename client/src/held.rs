@@ -5,7 +5,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use vigil_shared::kv::KvEntry;
 
@@ -17,6 +16,9 @@ use super::{Client, ClientError, ReadOpts, next_wait_index};
 pub(crate) const MONITOR_WAIT: Duration = Duration::from_secs(300);
 /// Pause before a monitor retries a failed read.
 pub(crate) const MONITOR_RETRY: Duration = Duration::from_secs(1);
+/// How long a monitor's read in flight may go on once the lock is released: the release wakes
+/// it at once, unless it never lands.
+pub(crate) const RELEASE_GRACE: Duration = Duration::from_secs(2);
 
 /// What a [`Held`]'s sequencer names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +46,9 @@ pub struct Held {
     session: String,
     lock_index: u64,
     keeper: Option<SessionKeeper>,
-    monitor: JoinHandle<()>,
+    /// The monitor's trigger: set to [`LossReason::Released`] when the holder lets go, which
+    /// ends the monitor.
+    trigger: LostTrigger,
     lost: LostSignal,
 }
 
@@ -53,7 +57,7 @@ impl Held {
         key: String,
         lock_index: u64,
         keeper: SessionKeeper,
-        monitor: JoinHandle<()>,
+        trigger: LostTrigger,
         lost: LostSignal,
     ) -> Held {
         Held {
@@ -62,7 +66,7 @@ impl Held {
             session: keeper.id().to_owned(),
             lock_index,
             keeper: Some(keeper),
-            monitor,
+            trigger,
             lost,
         }
     }
@@ -107,7 +111,7 @@ impl Held {
 
     /// Releases (release or delete the keys, as the recipe requires) and destroys the session.
     pub async fn release(mut self) -> Result<(), ClientError> {
-        self.monitor.abort();
+        self.trigger.fire(LossReason::Released);
         match self.keeper.take() {
             Some(keeper) => keeper.close().await,
             None => Ok(()),
@@ -118,7 +122,7 @@ impl Held {
 impl Drop for Held {
     fn drop(&mut self) {
         // The keeper's own drop queues the release and the session destroy.
-        self.monitor.abort();
+        self.trigger.fire(LossReason::Released);
     }
 }
 
@@ -129,18 +133,23 @@ pub(crate) fn unreachable_after(retries: Option<u32>, ttl: Duration) -> Duration
 }
 
 /// What one look at a held lock found.
-pub(crate) enum Look {
+pub(crate) enum Look<W> {
     /// Still held; block past this index next.
-    Held {
-        index: u64,
-    },
-    Lost(LossReason),
+    Held { index: u64 },
+    /// No longer held: `W` works out why (it may ask the agent), awaited only while the
+    /// lock is still wanted.
+    Lost(W),
 }
 
 /// Looks at a held lock (blocking past the index it is given) until it is lost, the session is
 /// lost, or the agent has been unreachable for `unreachable_after`; then fires `trigger` with
 /// the reason. A failed look is retried from index 0 after [`MONITOR_RETRY`].
-pub(crate) async fn monitor<F, Fut>(
+///
+/// Once `trigger` is set by anyone else (the holder releasing), the monitor ends, but not by
+/// cutting its read in flight: the release wakes that read, and letting it answer keeps its
+/// connection for the client's next request where cutting it would close it. It gets
+/// [`RELEASE_GRACE`] for that, for a release that never lands.
+pub(crate) async fn monitor<F, Fut, W>(
     mut index: u64,
     keeper_lost: LostSignal,
     trigger: LostTrigger,
@@ -148,24 +157,39 @@ pub(crate) async fn monitor<F, Fut>(
     mut look: F,
 ) where
     F: FnMut(u64) -> Fut,
-    Fut: Future<Output = Result<Look, ClientError>>,
+    Fut: Future<Output = Result<Look<W>, ClientError>>,
+    W: Future<Output = LossReason>,
 {
+    let settled = trigger.signal();
     let mut last_ok = Instant::now();
-    loop {
+    while settled.get().is_none() {
+        let read = look(index);
+        tokio::pin!(read);
         let result = tokio::select! {
+            biased;
+            _ = settled.wait() => {
+                // An answer after the grace would change nothing: it is dropped either way.
+                let _ = tokio::time::timeout(RELEASE_GRACE, read).await;
+                return;
+            }
             reason = keeper_lost.wait() => {
                 trigger.fire(reason);
                 return;
             }
-            result = look(index) => result,
+            result = &mut read => result,
         };
         match result {
             Ok(Look::Held { index: next }) => {
                 last_ok = Instant::now();
                 index = next;
             }
-            Ok(Look::Lost(reason)) => {
-                trigger.fire(reason);
+            Ok(Look::Lost(why)) => {
+                // A release (our own, most often) is not worth a request to explain.
+                tokio::select! {
+                    biased;
+                    _ = settled.wait() => {}
+                    reason = why => trigger.fire(reason),
+                }
                 return;
             }
             Err(e) => {
@@ -175,13 +199,15 @@ pub(crate) async fn monitor<F, Fut>(
                 }
                 tracing::debug!(error = %e, "lock monitor read failed, retrying");
                 index = 0;
-                // The session's loss (the agent gone, say) ends the pause too.
-                if let Err(ClientError::SessionLost(reason)) = keeper_lost
-                    .unless_lost(tokio::time::sleep(MONITOR_RETRY))
-                    .await
-                {
-                    trigger.fire(reason);
-                    return;
+                // The session's loss (the agent gone, say) or the release ends the pause too.
+                tokio::select! {
+                    biased;
+                    _ = settled.wait() => return,
+                    reason = keeper_lost.wait() => {
+                        trigger.fire(reason);
+                        return;
+                    }
+                    () = tokio::time::sleep(MONITOR_RETRY) => {}
                 }
             }
         }
@@ -208,7 +234,9 @@ pub(crate) async fn monitor_key(
                         index: next_wait_index(index, meta.index),
                     }
                 }
-                (entry, _) => Look::Lost(explain(&client, &session, entry.as_ref()).await),
+                (entry, _) => {
+                    Look::Lost(async move { explain(&client, &session, entry.as_ref()).await })
+                }
             })
         }
     };
@@ -229,7 +257,90 @@ pub(crate) async fn explain(client: &Client, session: &str, entry: Option<&KvEnt
 
 #[cfg(test)]
 mod tests {
+    use std::future::{Ready, pending};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
     use super::*;
+
+    const TTL: Duration = Duration::from_secs(15);
+
+    /// A look that never answers (a release that never lands, an agent that stalls).
+    fn stalled(_index: u64) -> impl Future<Output = Result<Look<Ready<LossReason>>, ClientError>> {
+        pending()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_lets_the_read_in_flight_answer_and_asks_nothing_more() {
+        let (trigger, lost) = LostTrigger::new();
+        let (_keeper, keeper_lost) = LostTrigger::new();
+        let (answered, explained) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (a, e) = (Arc::clone(&answered), Arc::clone(&explained));
+        let look = move |_index| {
+            let (a, e) = (Arc::clone(&a), Arc::clone(&e));
+            async move {
+                // The blocking read, which the release wakes.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                a.fetch_add(1, Ordering::SeqCst);
+                Ok(Look::Lost(async move {
+                    e.fetch_add(1, Ordering::SeqCst);
+                    LossReason::KeyReleased
+                }))
+            }
+        };
+        let watching = tokio::spawn(monitor(7, keeper_lost, trigger.clone(), TTL, look));
+        tokio::task::yield_now().await;
+        trigger.fire(LossReason::Released);
+        watching.await.unwrap();
+        assert_eq!(
+            answered.load(Ordering::SeqCst),
+            1,
+            "the read in flight was cut"
+        );
+        assert_eq!(
+            explained.load(Ordering::SeqCst),
+            0,
+            "a release was explained"
+        );
+        assert_eq!(lost.get(), Some(LossReason::Released));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_the_release_never_wakes_is_given_up_after_the_grace() {
+        let (trigger, _lost) = LostTrigger::new();
+        let (_keeper, keeper_lost) = LostTrigger::new();
+        let watching = tokio::spawn(monitor(7, keeper_lost, trigger.clone(), TTL, stalled));
+        tokio::task::yield_now().await;
+        let released = Instant::now();
+        trigger.fire(LossReason::Released);
+        watching.await.unwrap();
+        assert_eq!(released.elapsed(), RELEASE_GRACE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_monitor_of_a_lock_already_let_go_reads_nothing() {
+        let (trigger, _lost) = LostTrigger::new();
+        let (_keeper, keeper_lost) = LostTrigger::new();
+        trigger.fire(LossReason::KeyReleased);
+        let looks = AtomicUsize::new(0);
+        let look = |index| {
+            looks.fetch_add(1, Ordering::SeqCst);
+            stalled(index)
+        };
+        monitor(7, keeper_lost, trigger, TTL, look).await;
+        assert_eq!(looks.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_sessions_loss_still_ends_a_stalled_read() {
+        let (trigger, lost) = LostTrigger::new();
+        let (keeper, keeper_lost) = LostTrigger::new();
+        let watching = tokio::spawn(monitor(7, keeper_lost, trigger, TTL, stalled));
+        tokio::task::yield_now().await;
+        keeper.fire(LossReason::SessionInvalidated);
+        watching.await.unwrap();
+        assert_eq!(lost.get(), Some(LossReason::SessionInvalidated));
+    }
 
     #[test]
     fn monitor_retries_bound_the_wait_for_an_unreachable_agent() {

@@ -157,16 +157,16 @@ impl Lock {
         if !held {
             trigger.fire(LossReason::KeyReleased);
         }
-        let monitor = tokio::spawn(monitor_key(
+        tokio::spawn(monitor_key(
             client.clone(),
             key.clone(),
             session,
             index,
             session_lost,
-            trigger,
+            trigger.clone(),
             unreachable_after(opts.monitor_retries, keeper.ttl()),
         ));
-        Ok(Held::new(key.clone(), lock_index, keeper, monitor, lost))
+        Ok(Held::new(key.clone(), lock_index, keeper, trigger, lost))
     }
 
     /// Deletes the lock key if nobody holds it (`api.Lock.Destroy`).

@@ -59,6 +59,11 @@ impl LostTrigger {
         (LostTrigger(Arc::new(tx)), LostSignal(rx))
     }
 
+    /// The signal this trigger sets.
+    pub fn signal(&self) -> LostSignal {
+        LostSignal(self.0.subscribe())
+    }
+
     /// Sets the reason unless one is already set.
     pub fn fire(&self, reason: LossReason) {
         self.0.send_if_modified(|current| {

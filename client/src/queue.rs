@@ -255,20 +255,28 @@ impl LockQueue {
             }
         };
         let (trigger, lost) = LostTrigger::new();
-        let monitor = if opts.monitor {
+        let watcher = trigger.clone();
+        if opts.monitor {
             tokio::spawn(monitor_holder(
                 client.clone(),
                 opts.name.clone(),
                 session,
                 session_lost,
-                trigger,
+                watcher,
                 keeper.ttl(),
-            ))
+            ));
         } else {
-            tokio::spawn(async move { trigger.fire(session_lost.wait().await) })
-        };
+            // Only the session's loss, until the holder lets go.
+            let settled = watcher.signal();
+            tokio::spawn(async move {
+                tokio::select! {
+                    reason = session_lost.wait() => watcher.fire(reason),
+                    _ = settled.wait() => {}
+                }
+            });
+        }
         Ok(Some(
-            Held::new(opts.name.clone(), token, keeper, monitor, lost).queued(),
+            Held::new(opts.name.clone(), token, keeper, trigger, lost).queued(),
         ))
     }
 }
@@ -292,12 +300,12 @@ async fn monitor_holder(
                     index: next_wait_index(index, meta.index),
                 });
             }
-            Ok(Look::Lost(
+            Ok(Look::Lost(async move {
                 match client.session_info(&session, ReadOpts::default()).await {
                     Ok((None, _)) => LossReason::SessionInvalidated,
                     _ => LossReason::KeyReleased,
-                },
-            ))
+                }
+            }))
         }
     };
     monitor(0, keeper_lost, trigger, unreachable_after, look).await;

@@ -162,8 +162,13 @@ impl Semaphore {
             session,
             unreachable_after: unreachable_after(opts.monitor_retries, keeper.ttl()),
         };
-        let monitor = tokio::spawn(monitor_slot(watch, start_index, session_lost, trigger));
-        Ok(Held::new(contender, lock_index, keeper, monitor, lost))
+        tokio::spawn(monitor_slot(
+            watch,
+            start_index,
+            session_lost,
+            trigger.clone(),
+        ));
+        Ok(Held::new(contender, lock_index, keeper, trigger, lost))
     }
 
     /// Deletes `.lock` if no live holder is left (`api.Semaphore.Destroy`).
@@ -260,13 +265,14 @@ async fn monitor_slot(
         }
         let mine = pairs
             .iter()
-            .find(|p| p.session.as_deref() == Some(&watch.session));
-        Ok(Look::Lost(
-            match explain(&watch.client, &watch.session, mine).await {
+            .find(|p| p.session.as_deref() == Some(&watch.session))
+            .cloned();
+        Ok(Look::Lost(async move {
+            match explain(&watch.client, &watch.session, mine.as_ref()).await {
                 LossReason::KeyReleased => LossReason::SlotRemoved,
                 other => other,
-            },
-        ))
+            }
+        }))
     };
     monitor(index, session_lost, trigger, unreachable_after, look).await;
 }

@@ -345,3 +345,67 @@ async fn the_lock_client_hands_a_lock_on_through_an_agent_without_vigils_headers
         "one LockIndex per acquisition, each read right"
     );
 }
+
+/// A TCP relay to `upstream` (`http://host:port`), counting the connections it accepts.
+async fn counting_relay(
+    upstream: &str,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let target = upstream.trim_start_matches("http://").to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut inbound, _)) = listener.accept().await {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let target = target.clone();
+            tokio::spawn(async move {
+                let mut outbound = tokio::net::TcpStream::connect(&target).await.unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            });
+        }
+    });
+    (format!("http://{addr}"), accepted)
+}
+
+/// A holder's monitor blocks on the key on a connection of its own. The release wakes that
+/// read, and the monitor lets it answer instead of cutting it, so the connection serves the
+/// next cycle: a lock taken and handed back over and over (let go by `release` or by a drop)
+/// does not cost a connect and an accept each time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_taken_and_let_go_over_and_over_keeps_its_connections() {
+    use std::sync::atomic::Ordering;
+
+    const CYCLES: usize = 60;
+    let agent = Agent::dev().await;
+    let (relay, accepted) = counting_relay(&agent.base).await;
+    let client = Client::new(&relay).expect("client");
+    let session = Http::new(relay.clone())
+        .session(r#"{"LockDelay": "0s"}"#)
+        .await;
+    let mut options = LockOptions::new("kept/.lock");
+    options.session.reuse = Some(session);
+    let lock = Lock::new(&client, options).unwrap();
+    let mut indexes = Vec::new();
+    for cycle in 0..CYCLES {
+        let held = lock.acquire().await.unwrap();
+        indexes.push(held.lock_index());
+        if cycle % 2 == 0 {
+            held.release().await.unwrap();
+        } else {
+            // A drop releases in the background: waited for, as the session is reused.
+            drop(held);
+            client.drain_cleanups(Duration::from_secs(10)).await;
+        }
+    }
+    let expected: Vec<u64> = (1..=CYCLES as u64).collect();
+    assert_eq!(indexes, expected, "one grant per cycle");
+    let opened = accepted.load(Ordering::SeqCst);
+    assert!(
+        opened <= 6,
+        "{opened} connections opened for {CYCLES} lock cycles: the monitors' were closed"
+    );
+}
