@@ -13,6 +13,7 @@ pub mod server;
 pub mod snapshot;
 pub mod state;
 pub mod telemetry;
+pub mod turns;
 pub mod watch;
 
 #[cfg(test)]

@@ -5,63 +5,11 @@
 //! nothing. So a handoff costs the release and the winning acquire, whatever the number of
 //! waiters.
 
-use std::collections::HashMap;
-use std::sync::Arc;
-
-use tokio::sync::OwnedMutexGuard;
 use vigil_shared::kv::KvOp;
 
 use super::*;
 use crate::proposer::wall_ms;
-
-/// The keys acquires are being decided for on this leader, each with its queue.
-#[derive(Default)]
-pub(super) struct AcquireTurns {
-    keys: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-}
-
-/// An acquire's turn on its key, from the moment it queues for it; the next acquire of the key
-/// goes when it is dropped, and the key leaves the table with its last acquire (a waiter that
-/// gives up included).
-pub(super) struct AcquireTurn<'a> {
-    turns: &'a AcquireTurns,
-    key: String,
-    queue: Option<Arc<tokio::sync::Mutex<()>>>,
-    turn: Option<OwnedMutexGuard<()>>,
-}
-
-impl Drop for AcquireTurn<'_> {
-    fn drop(&mut self) {
-        drop(self.turn.take());
-        let Some(queue) = self.queue.take() else {
-            return;
-        };
-        // New acquires clone the queue under the table's lock: counted here, under it too.
-        let mut keys = self.turns.keys.lock();
-        drop(queue);
-        if keys
-            .get(&self.key)
-            .is_some_and(|queue| Arc::strong_count(queue) == 1)
-        {
-            keys.remove(&self.key);
-        }
-    }
-}
-
-impl AcquireTurns {
-    /// Waits for the acquires of `key` before this one to be decided.
-    async fn turn(&self, key: &str) -> AcquireTurn<'_> {
-        let queue = Arc::clone(self.keys.lock().entry(key.to_owned()).or_default());
-        let mut turn = AcquireTurn {
-            turns: self,
-            key: key.to_owned(),
-            queue: Some(Arc::clone(&queue)),
-            turn: None,
-        };
-        turn.turn = Some(queue.lock_owned().await);
-        turn
-    }
-}
+use crate::turns::KeyTurn;
 
 /// The acquire `op` is, when it is a single one (the KV endpoint's `?acquire`, or a transaction
 /// of one lock verb).
@@ -79,7 +27,7 @@ fn single_acquire(op: &Op) -> Option<&KvOp> {
 /// goes through raft.
 pub(super) enum Decided<'a> {
     Refused(Response),
-    Propose(Option<AcquireTurn<'a>>),
+    Propose(Option<KeyTurn<'a>>),
 }
 
 impl Server {
@@ -111,31 +59,5 @@ impl Server {
             crate::telemetry::lock_acquired(result);
         }
         Ok(Decided::Refused(response))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn a_key_leaves_the_table_with_its_last_acquire_even_one_that_gave_up() {
-        let turns = AcquireTurns::default();
-        let first = turns.turn("k").await;
-        // A second acquire queues; its turn comes, and its client goes away before it takes
-        // it (the first saw it waiting, so left the key in the table for it).
-        let mut second = Box::pin(turns.turn("k"));
-        assert!(futures::poll!(&mut second).is_pending());
-        drop(first);
-        drop(second);
-        assert!(turns.keys.lock().is_empty(), "the key stayed in the table");
-
-        // Two that both get their turn, one after the other.
-        let first = turns.turn("k").await;
-        let second = async { turns.turn("k").await };
-        let (_, second) = tokio::join!(async { drop(first) }, second);
-        assert_eq!(turns.keys.lock().len(), 1);
-        drop(second);
-        assert!(turns.keys.lock().is_empty());
     }
 }

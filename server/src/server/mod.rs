@@ -198,7 +198,7 @@ pub struct Server {
     /// The permits only lock waits take ([`ServerConfig::lock_wait_reserve`]).
     lock_waits: tokio::sync::Semaphore,
     /// The KV acquires being decided on this leader, by key (see [`acquire`]).
-    acquires: acquire::AcquireTurns,
+    acquires: crate::turns::KeyTurns,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -286,7 +286,7 @@ impl Server {
             started: Instant::now(),
             blocking,
             lock_waits,
-            acquires: acquire::AcquireTurns::default(),
+            acquires: crate::turns::KeyTurns::default(),
             shutdown: shutdown.clone(),
             tasks: tasks.clone(),
         });
