@@ -395,6 +395,7 @@ pub async fn start(config: AgentConfig, shutdown: CancellationToken) -> anyhow::
             shutdown.clone(),
             agent_token,
         )),
+        acquire_waits: Default::default(),
     }));
     if let Some(listener) = http_listener {
         tasks.spawn(http::serve::serve(

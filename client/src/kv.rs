@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use reqwest::Method;
 use serde_json::{Value, json};
 use vigil_shared::api::DirEntry;
-use vigil_shared::go::duration::parse_go_duration;
+use vigil_shared::go::duration::{format_go_duration, parse_go_duration};
 use vigil_shared::kv::{KvEntry, KvOp};
 
 use super::{
@@ -23,7 +23,10 @@ const LOCK_INDEX_HEADER: &str = "X-Vigil-Lock-Index";
 const KEY_INDEX_HEADER: &str = "X-Vigil-Key-Index";
 /// Request header asking a Vigil agent for [`KEY_INDEX_HEADER`] on a refusal too (Consul and
 /// older Vigil agents ignore it).
-const ASK_KEY_INDEX: (&str, &str) = ("X-Vigil-Ask-Key-Index", "true");
+const ASK_KEY_INDEX_HEADER: &str = "X-Vigil-Ask-Key-Index";
+/// Request header asking a Vigil agent to wait, up to the duration given, for a key another
+/// session holds to come free, and take it then (Consul and older Vigil agents ignore it).
+const ACQUIRE_WAIT_HEADER: &str = "X-Vigil-Acquire-Wait";
 
 /// The answer to `?acquire`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -138,11 +141,12 @@ impl Client {
         path: &str,
         query: &[(&str, String)],
         body: Option<Vec<u8>>,
-        header: Option<(&'static str, &'static str)>,
+        timeout: Duration,
+        headers: &[(&'static str, String)],
     ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
         let path = with_query(path, query);
         let reply = self
-            .send_with(method, &path, body, REQUEST_TIMEOUT, header)
+            .send_with(method, &path, body, timeout, headers)
             .await?
             .ok()?;
         let ok = serde_json::from_slice::<bool>(&reply.body).map_err(|_| {
@@ -157,17 +161,24 @@ impl Client {
         key: &str,
         value: &[u8],
         query: &[(&str, String)],
-        header: Option<(&'static str, &'static str)>,
     ) -> Result<(bool, reqwest::header::HeaderMap), ClientError> {
         let body = Some(value.to_vec());
-        self.write_bool(Method::PUT, &kv_path(key), query, body, header)
+        let path = kv_path(key);
+        self.write_bool(Method::PUT, &path, query, body, REQUEST_TIMEOUT, &[])
             .await
     }
 
     /// `DELETE /v1/kv/<key>`: whether it took.
     async fn kv_remove(&self, key: &str, query: &[(&str, String)]) -> Result<bool, ClientError> {
         Ok(self
-            .write_bool(Method::DELETE, &kv_path(key), query, None, None)
+            .write_bool(
+                Method::DELETE,
+                &kv_path(key),
+                query,
+                None,
+                REQUEST_TIMEOUT,
+                &[],
+            )
             .await?
             .0)
     }
@@ -175,7 +186,7 @@ impl Client {
     /// `PUT /v1/kv/<key>[?flags=]`: always `true` on success.
     pub async fn kv_put(&self, key: &str, value: &[u8], flags: u64) -> Result<bool, ClientError> {
         let query = flags_query(flags);
-        Ok(self.kv_write(key, value, &query, None).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `PUT ?cas=<index>` (0: only if absent).
@@ -188,7 +199,7 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("cas", index.to_string()));
-        Ok(self.kv_write(key, value, &query, None).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `PUT ?acquire=<session>`; a Vigil agent also says how long a lock-delay refusal lasts,
@@ -200,34 +211,49 @@ impl Client {
         flags: u64,
         session: &str,
     ) -> Result<Acquired, ClientError> {
-        self.acquire_as(key, value, flags, session, None).await
+        self.acquire_as(key, value, flags, session, REQUEST_TIMEOUT, &[])
+            .await
     }
 
     /// [`Client::kv_acquire`] for a client that blocks on the key when another session holds
-    /// it: asks a Vigil agent for the index to block from on that refusal too (a read of the
-    /// key on the agent's server, so only worth asking for to use it).
-    pub async fn kv_acquire_or_wait_index(
+    /// it: asks a Vigil agent to wait in the agent, up to `wait` (zero: not at all), for the key
+    /// to come free and take it then, and, when it still answers a refusal because another
+    /// session holds the key, for the index to block from (a read of the key on the agent's
+    /// server, so only worth asking for to use it).
+    pub async fn kv_acquire_waiting(
         &self,
         key: &str,
         value: &[u8],
         flags: u64,
         session: &str,
+        wait: Duration,
     ) -> Result<Acquired, ClientError> {
-        self.acquire_as(key, value, flags, session, Some(ASK_KEY_INDEX))
+        let mut headers = vec![(ASK_KEY_INDEX_HEADER, "true".to_owned())];
+        if !wait.is_zero() {
+            headers.push((ACQUIRE_WAIT_HEADER, format_go_duration(wait)));
+        }
+        let timeout = wait + wait / 16 + REQUEST_TIMEOUT;
+        self.acquire_as(key, value, flags, session, timeout, &headers)
             .await
     }
 
+    /// `?acquire`, with this request timeout and these request headers.
     async fn acquire_as(
         &self,
         key: &str,
         value: &[u8],
         flags: u64,
         session: &str,
-        header: Option<(&'static str, &'static str)>,
+        timeout: Duration,
+        extra: &[(&'static str, String)],
     ) -> Result<Acquired, ClientError> {
         let mut query = flags_query(flags);
         query.push(("acquire", session.to_owned()));
-        let (acquired, headers) = self.kv_write(key, value, &query, header).await?;
+        let body = Some(value.to_vec());
+        let path = kv_path(key);
+        let (acquired, headers) = self
+            .write_bool(Method::PUT, &path, &query, body, timeout, extra)
+            .await?;
         let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
         let index = |name| header(name).and_then(|v| v.parse().ok());
         Ok(Acquired {
@@ -248,7 +274,7 @@ impl Client {
     ) -> Result<bool, ClientError> {
         let mut query = flags_query(flags);
         query.push(("release", session.to_owned()));
-        Ok(self.kv_write(key, value, &query, None).await?.0)
+        Ok(self.kv_write(key, value, &query).await?.0)
     }
 
     /// `DELETE /v1/kv/<key>` (idempotent).

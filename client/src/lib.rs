@@ -297,22 +297,22 @@ impl Client {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<Reply, ClientError> {
-        self.send_with(method, path_and_query, body, timeout, None)
+        self.send_with(method, path_and_query, body, timeout, &[])
             .await
     }
 
-    /// [`Client::send`] with one more request header, `(name, value)`.
+    /// [`Client::send`] with more request headers, `(name, value)`.
     pub(crate) async fn send_with(
         &self,
         method: Method,
         path_and_query: &str,
         body: Option<Vec<u8>>,
         timeout: Duration,
-        header: Option<(&'static str, &'static str)>,
+        headers: &[(&'static str, String)],
     ) -> Result<Reply, ClientError> {
         let mut request = self.request(method, path_and_query).timeout(timeout);
-        if let Some((name, value)) = header {
-            request = request.header(name, value);
+        for (name, value) in headers {
+            request = request.header(*name, value);
         }
         if let Some(body) = body {
             request = request.body(body);

@@ -4,9 +4,12 @@
 //!
 //! Acquire: blocking GET until the key is free, `?acquire`; on refusal a non-blocking GET tells
 //! "held" (block again) from "lock-delay" (sleep for the delay Vigil reports, else 5 s). A Vigil
-//! agent saves two of those reads: its answer to `?acquire` gives the index to block from after
-//! a refusal, and, once the lock is taken, the `LockIndex` granted (read from the key
-//! otherwise).
+//! agent does most of that itself: asked to (`X-Vigil-Acquire-Wait`, for the lock's wait
+//! time), an `?acquire` another session's hold or a lock-delay refuses waits in the agent,
+//! which takes the key when it comes free; its answer gives the index to block from after a
+//! refusal still standing at the end of the wait, and, once the lock is taken, the `LockIndex`
+//! granted (read from the key otherwise). So a waiter costs one request, not a read and an
+//! acquire per release.
 
 use std::time::Duration;
 
@@ -93,14 +96,21 @@ impl Lock {
                 if pair.flags != LOCK_FLAG_VALUE {
                     return Err(ClientError::LockConflict);
                 }
-                if pair.session.as_deref().is_some_and(|s| s != session) {
+                // Held by another: block on it, but for the first look, after which the
+                // acquire itself waits in a Vigil agent.
+                if index != 0 && pair.session.as_deref().is_some_and(|s| s != session) {
                     index = next_wait_index(index, meta.index);
                     continue;
                 }
             }
-            let acquired = client
-                .kv_acquire_or_wait_index(key, &opts.value, LOCK_FLAG_VALUE, &session)
-                .await?;
+            let acquire = client.kv_acquire_waiting(
+                key,
+                &opts.value,
+                LOCK_FLAG_VALUE,
+                &session,
+                opts.wait_time,
+            );
+            let acquired = session_lost.unless_lost(acquire).await??;
             if acquired.acquired {
                 break acquired.lock_index.zip(acquired.key_index);
             }

@@ -1,9 +1,12 @@
 //! `/v1/kv/<key>`: reads (single, `recurse`, `keys`, `raw`, blocking), writes (`flags`, `cas`,
 //! `acquire`, `release`) and deletes (`recurse`, `cas`), each a one-op KV transaction.
 
+use std::time::Duration;
+
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
+use tokio::time::Instant;
 use vigil_shared::acl::authz::{Access, Resource};
 use vigil_shared::api::DirEntry;
 use vigil_shared::go::duration::format_go_duration;
@@ -14,7 +17,7 @@ use super::acl::{check_session_write, filtered_by_acls};
 use super::body::{Limit, read};
 use super::error::ApiError;
 use super::params::{Params, decode_path};
-use super::{AppState, Ctx, json, not_found_with_meta, with_meta};
+use super::{AppState, Ctx, json, kv_wait, not_found_with_meta, with_meta};
 
 /// Header telling a client its acquire was refused by lock-delay, and for how much longer.
 const LOCK_DELAY_HEADER: &str = "X-Vigil-Lock-Delay";
@@ -30,7 +33,7 @@ const KEY_INDEX_HEADER: &str = "X-Vigil-Key-Index";
 /// should not cost the herd of a contended lock.
 const ASK_KEY_INDEX_HEADER: &str = "X-Vigil-Ask-Key-Index";
 /// How long a refused acquire waits for the read behind [`KEY_INDEX_HEADER`].
-const HELD_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+const HELD_READ_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The key: the path after `/v1/kv/`, percent-decoded. Keys are UTF-8; other bytes are refused
 /// (a lossy decoding would store `%FF` and `%FE` under one key).
@@ -137,13 +140,14 @@ pub async fn put(cx: Ctx, headers: HeaderMap, body: Body) -> Result<Response, Ap
     let value = read(&headers, body, Limit::KvValue).await?.to_vec();
     let op = if let Some(session) = cx.params.get("acquire") {
         let ask = headers.contains_key(ASK_KEY_INDEX_HEADER);
+        let wait = kv_wait::asked(&headers)?;
         let op = KvOp::Lock {
             key,
             value,
             flags,
             session: session.to_owned(),
         };
-        return acquire(&cx, op, ask).await;
+        return acquire(&cx, op, ask, wait).await;
     } else if let Some(session) = cx.params.get("release") {
         KvOp::Unlock {
             key,
@@ -192,8 +196,17 @@ pub async fn delete(cx: Ctx) -> Result<Response, ApiError> {
 /// this agent's server found it held. That read may be behind the leader's refusal (a blocking
 /// read from its index then answers at once) but never hides a release: the index is sent only
 /// if the read found the key held. The token was checked for `key:write`, which grants read.
-async fn acquire(cx: &Ctx, op: KvOp, ask: bool) -> Result<Response, ApiError> {
-    let outcome = cx.state.backend.write(writes::Kv(vec![op])).await?;
+/// With `wait`, a refusal waits in the agent ([`kv_wait`]).
+async fn acquire(
+    cx: &Ctx,
+    op: KvOp,
+    ask: bool,
+    wait: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let outcome = match wait {
+        Some(wait) => kv_wait::acquire(cx, &op, Instant::now() + wait).await?,
+        None => cx.state.backend.write(writes::Kv(vec![op])).await?,
+    };
     let mut indexes = None;
     match &outcome {
         TxnOutcome::Committed(entries) => {

@@ -18,6 +18,7 @@ mod history;
 mod host;
 mod keyring;
 mod kv;
+mod kv_wait;
 pub mod limits;
 mod lock;
 mod members;
@@ -101,6 +102,8 @@ pub struct HttpState {
     pub reloader: Arc<crate::local::reload::Reloader>,
     /// Resolves request tokens (everything is allowed with ACLs disabled).
     pub acls: Arc<crate::acl::Acls>,
+    /// The `?acquire`s waiting in this agent, by key, in arrival order.
+    pub acquire_waits: vigil_server::turns::KeyTurns,
 }
 
 /// What most handlers take from a request: the agent's state, what the request's token may do,

@@ -131,6 +131,7 @@ impl Agent {
                 shutdown.clone(),
                 crate::token::AgentToken::default(),
             )),
+            acquire_waits: Default::default(),
         });
         Agent {
             router: router(state.clone()),

@@ -132,17 +132,14 @@ async fn fair_mutex_wakes_one_waiter_per_release() {
         "blocking-query returns per release, 20 waiters: plain {:.2}, fair {:.2}",
         plain.wakeups_per_release, fair.wakeups_per_release
     );
-    assert!(
-        fair.wakeups_per_release <= 2.0,
-        "fair: {}",
-        fair.wakeups_per_release
-    );
-    assert!(
-        plain.wakeups_per_release > fair.wakeups_per_release,
-        "plain {} vs fair {}",
-        plain.wakeups_per_release,
-        fair.wakeups_per_release
-    );
+    // Neither herds: the fair mutex wakes only the next in line, and Vigil's Consul-style
+    // lock waits in its acquire, in the agent, so what a release answers is the holder's
+    // monitor and the next waiter.
+    for (kind, wakeups) in
+        [("fair", fair), ("plain", plain)].map(|(k, c)| (k, c.wakeups_per_release))
+    {
+        assert!(wakeups <= 2.0, "{kind}: {wakeups}");
+    }
 
     // Handoff latency with 8 waiters (reported, not asserted: it depends on the machine).
     let plain = contend(&agent, Kind::Plain, "hand-plain", 8).await;

@@ -107,7 +107,8 @@ async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
     let reply = unknown.get("/v1/kv/app/lock").await;
     assert_error(&reply, StatusCode::FORBIDDEN, "ACL not found");
 
-    let app = agent.with_token(&app_token(&root, "app", "app/").await);
+    let app_secret = app_token(&root, "app", "app/").await;
+    let app = agent.with_token(&app_secret);
     let other = agent.with_token(&app_token(&root, "other", "other/").await);
 
     // The other application holds other/lock.
@@ -142,6 +143,17 @@ async fn a_prefix_token_holds_its_own_locks_and_nobody_elses() {
         &app.put(&format!("/v1/kv/app/stolen?acquire={other_session}"), "")
             .await,
     );
+    // Nor wait in the agent for the other's lock: refused at once, not at its release.
+    let asked = std::time::Instant::now();
+    let waited = reqwest::Client::new()
+        .put(format!("{}/v1/kv/other/lock?acquire={session}", agent.base))
+        .header("X-Consul-Token", &app_secret)
+        .header("X-Vigil-Acquire-Wait", "10m")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(waited.status(), StatusCode::FORBIDDEN);
+    assert!(asked.elapsed() < Duration::from_secs(60), "it waited");
     // A transaction touching the other's key is refused as a whole.
     let txn = json!([
         {"KV": {"Verb": "set", "Key": "app/a", "Value": "eA=="}},

@@ -189,7 +189,7 @@ async fn an_acquire_answers_the_sequencer_and_where_to_block_without_a_read() {
     assert!(!refused.acquired);
     assert_eq!((refused.lock_index, refused.key_index), (None, None));
     let refused = client
-        .kv_acquire_or_wait_index("k", b"v", 0, &other)
+        .kv_acquire_waiting("k", b"v", 0, &other, Duration::ZERO)
         .await
         .unwrap();
     assert!(!refused.acquired);
@@ -230,7 +230,7 @@ async fn an_acquire_answers_the_sequencer_and_where_to_block_without_a_read() {
     client.kv_acquire("d", b"", 0, &delayed).await.unwrap();
     http.destroy_session(&delayed).await;
     let refused = client
-        .kv_acquire_or_wait_index("d", b"", 0, &other)
+        .kv_acquire_waiting("d", b"", 0, &other, Duration::ZERO)
         .await
         .unwrap();
     assert!(!refused.acquired);
@@ -299,7 +299,7 @@ async fn the_lock_client_hands_a_lock_on_through_an_agent_without_vigils_headers
     let client = Client::new(&bare).expect("client");
     let session = Http::new(bare.clone()).session("{}").await;
     let taken = client
-        .kv_acquire_or_wait_index("probe", b"", 0, &session)
+        .kv_acquire_waiting("probe", b"", 0, &session, Duration::ZERO)
         .await
         .unwrap();
     assert!(taken.acquired);
@@ -408,4 +408,227 @@ async fn a_lock_taken_and_let_go_over_and_over_keeps_its_connections() {
         opened <= 6,
         "{opened} connections opened for {CYCLES} lock cycles: the monitors' were closed"
     );
+}
+
+/// `PUT ?acquire` asking the agent to wait up to `wait` (a Go duration) for the key, raw.
+fn waiting_acquire(
+    base: &str,
+    key: &str,
+    session: &str,
+    flags: u64,
+    wait: &str,
+) -> reqwest::RequestBuilder {
+    reqwest::Client::new()
+        .put(format!(
+            "{base}/v1/kv/{key}?acquire={session}&flags={flags}"
+        ))
+        .header("X-Vigil-Acquire-Wait", wait)
+        .header("X-Vigil-Ask-Key-Index", "true")
+}
+
+/// What a waiting acquire answered: taken or not, and Vigil's two index headers.
+async fn answered(reply: reqwest::Response) -> (bool, Option<u64>, Option<u64>) {
+    assert_eq!(reply.status(), StatusCode::OK);
+    let index = |name: &str| {
+        reply
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+    };
+    let (lock_index, key_index) = (index("X-Vigil-Lock-Index"), index("X-Vigil-Key-Index"));
+    let taken: bool = reply.json().await.unwrap();
+    (taken, lock_index, key_index)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_acquire_asked_to_wait_waits_in_the_agent_for_the_key() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let holder = http.session(r#"{"LockDelay":"0s"}"#).await;
+    let waiter = http.session("{}").await;
+    http.acquire_ok("w", &holder).await;
+
+    // Held throughout the wait: refused at its end, not before, with where to block from.
+    let asked = tokio::time::Instant::now();
+    let reply = waiting_acquire(&agent.base, "w", &waiter, 0, "300ms")
+        .send()
+        .await
+        .unwrap();
+    let (taken, lock_index, key_index) = answered(reply).await;
+    assert!(
+        asked.elapsed() >= Duration::from_millis(300),
+        "it did not wait"
+    );
+    assert!(!taken);
+    assert_eq!(lock_index, None);
+    let entry = http.kv_entry("w").await;
+    assert_eq!(key_index, entry["ModifyIndex"].as_u64());
+    assert_eq!(entry["Session"], json!(holder));
+
+    // Freed during the wait: taken then, with its sequencer.
+    let waiting = tokio::spawn(
+        waiting_acquire(&agent.base, "w", &waiter, 0, "1m")
+            .body("mine")
+            .send(),
+    );
+    http.release_ok("w", &holder).await;
+    let (taken, lock_index, _) = answered(waiting.await.unwrap().unwrap()).await;
+    assert!(taken);
+    let entry = http.kv_entry("w").await;
+    assert_eq!(entry["Session"], json!(waiter));
+    assert_eq!(lock_index, entry["LockIndex"].as_u64());
+    assert_eq!(lock_index, Some(2));
+
+    // A lock-delay is waited out in the agent too.
+    let delayed = http.session(r#"{"LockDelay":"1s"}"#).await;
+    let other = http.session("{}").await;
+    http.acquire_ok("d", &delayed).await;
+    http.destroy_session(&delayed).await;
+    let reply = waiting_acquire(&agent.base, "d", &other, 0, "30s")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.headers().get("X-Vigil-Lock-Delay"), None);
+    assert!(
+        answered(reply).await.0,
+        "taken once the lock-delay was over"
+    );
+
+    // A key used with other flags (a semaphore's, say) is not waited for: the client's
+    // conflict to see. Nor is bad input accepted.
+    http.put_true(&format!("/v1/kv/f?acquire={holder}&flags=7"), "")
+        .await;
+    let asked = tokio::time::Instant::now();
+    let reply = waiting_acquire(&agent.base, "f", &waiter, 3, "1m")
+        .send()
+        .await
+        .unwrap();
+    assert!(!answered(reply).await.0);
+    assert!(asked.elapsed() < Duration::from_secs(30), "it waited");
+    let reply = waiting_acquire(&agent.base, "f", &waiter, 3, "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(reply.text().await.unwrap(), "Invalid X-Vigil-Acquire-Wait");
+}
+
+/// A client that hangs up while its acquire waits in the agent takes the wait with it: the
+/// key's next release does not hand it to a session nobody is waiting for.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_acquire_whose_client_hangs_up_takes_nothing() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let holder = http.session(r#"{"LockDelay":"0s"}"#).await;
+    let waiter = http.session("{}").await;
+    http.acquire_ok("h", &holder).await;
+
+    // The client gives up after 200 ms, the agent's wait would run a minute.
+    let gave_up = waiting_acquire(&agent.base, "h", &waiter, 0, "1m")
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    http.release_ok("h", &holder).await;
+    let read = http.get("/v1/kv/h").await;
+    let index: u64 = read.header("X-Consul-Index").unwrap().parse().unwrap();
+
+    // Nothing takes the key after its release: a blocking read from it sees no change.
+    let reply = http.get(&format!("/v1/kv/h?index={index}&wait=2s")).await;
+    assert_eq!(reply.header("X-Consul-Index"), Some(index.to_string()));
+    assert_eq!(http.kv_entry("h").await["Session"], serde_json::Value::Null);
+}
+
+/// Consul-style lock contenders through a Vigil agent: each waits in its acquire, so an
+/// acquisition costs its own requests (the first read, the acquire, the holder's watch and its
+/// release), not a read and an acquire from every waiter at every release.
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_waiters_cost_no_requests_per_release() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    const CONTENDERS: usize = 8;
+    const ROUNDS: usize = 5;
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let clients: Vec<Client> = (0..CONTENDERS)
+        .map(|_| Client::new(&agent.base).expect("client"))
+        .collect();
+    let holding = Arc::new(AtomicBool::new(false));
+    let mut contenders = Vec::new();
+    for client in &clients {
+        let session = http.session(r#"{"LockDelay":"0s"}"#).await;
+        let mut options = LockOptions::new("herd/.lock");
+        options.session.reuse = Some(session);
+        let lock = Lock::new(client, options).unwrap();
+        let holding = Arc::clone(&holding);
+        contenders.push(tokio::spawn(async move {
+            let mut indexes = Vec::new();
+            for _ in 0..ROUNDS {
+                let held = lock.acquire().await.unwrap();
+                assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
+                indexes.push(held.lock_index());
+                tokio::task::yield_now().await;
+                holding.store(false, Ordering::SeqCst);
+                held.release().await.unwrap();
+            }
+            indexes
+        }));
+    }
+    let mut indexes: Vec<u64> = join_all(contenders)
+        .await
+        .into_iter()
+        .flat_map(Result::unwrap)
+        .collect();
+    indexes.sort_unstable();
+    let expected: Vec<u64> = (1..=(CONTENDERS * ROUNDS) as u64).collect();
+    assert_eq!(indexes, expected, "one LockIndex per acquisition");
+    let sent: u64 = clients.iter().map(Client::requests_sent).sum();
+    let per_acquisition = sent as f64 / (CONTENDERS * ROUNDS) as f64;
+    assert!(
+        per_acquisition <= 5.0,
+        "{per_acquisition:.1} requests per acquisition ({sent} in all)"
+    );
+}
+
+/// One agent's waiting acquires of a key take turns, and a turn never outlives its request: a
+/// waiter behind another still answers at the end of its own wait, and the one behind a
+/// client that hung up gets the key at the next release.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiter_behind_another_is_not_held_up_by_it() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let holder = http.session(r#"{"LockDelay":"0s"}"#).await;
+    let (first, second) = (http.session("{}").await, http.session("{}").await);
+    http.acquire_ok("t", &holder).await;
+
+    // The first waits long and gives up (its client's timeout); while it waits, the second's
+    // short wait ends with a refusal on time, queued or not.
+    let gives_up = tokio::spawn(
+        waiting_acquire(&agent.base, "t", &first, 0, "1m")
+            .timeout(Duration::from_secs(2))
+            .send(),
+    );
+    let asked = tokio::time::Instant::now();
+    let reply = waiting_acquire(&agent.base, "t", &second, 0, "300ms")
+        .send()
+        .await
+        .unwrap();
+    let (taken, _, key_index) = answered(reply).await;
+    assert!(!taken);
+    assert!(asked.elapsed() >= Duration::from_millis(300));
+    assert!(key_index.is_some());
+    assert!(gives_up.await.unwrap().is_err_and(|e| e.is_timeout()));
+
+    // The second waits again; the first's turn went with its client: the release hands the
+    // key to the second.
+    let waiting = tokio::spawn(waiting_acquire(&agent.base, "t", &second, 0, "1m").send());
+    http.release_ok("t", &holder).await;
+    let reply = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiter got the key at the release")
+        .unwrap()
+        .unwrap();
+    assert!(answered(reply).await.0);
+    assert_eq!(http.kv_entry("t").await["Session"], json!(second));
 }
