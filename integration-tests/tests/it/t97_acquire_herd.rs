@@ -249,6 +249,37 @@ async fn an_acquire_answers_the_sequencer_and_where_to_block_without_a_read() {
     assert_eq!(reply.header("X-Vigil-Key-Index"), None);
 }
 
+/// Each of `locks` taken and released `rounds` times, all at once; never two holders at a
+/// time. The `LockIndex` of every acquisition, sorted.
+async fn take_turns(locks: Vec<Lock>, rounds: usize) -> Vec<u64> {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let holding = Arc::new(AtomicBool::new(false));
+    let contenders = locks.into_iter().map(|lock| {
+        let holding = Arc::clone(&holding);
+        tokio::spawn(async move {
+            let mut indexes = Vec::new();
+            for _ in 0..rounds {
+                let held = lock.acquire().await.unwrap();
+                assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
+                indexes.push(held.lock_index());
+                tokio::task::yield_now().await;
+                holding.store(false, Ordering::SeqCst);
+                held.release().await.unwrap();
+            }
+            indexes
+        })
+    });
+    let mut indexes: Vec<u64> = join_all(contenders)
+        .await
+        .into_iter()
+        .flat_map(Result::unwrap)
+        .collect();
+    indexes.sort_unstable();
+    indexes
+}
+
 /// Serves the API of the agent at `upstream` as Consul (or a Vigil agent before these headers)
 /// would: requests and answers pass without any `X-Vigil-*` header. Its base URL.
 async fn without_vigil_headers(upstream: String) -> String {
@@ -290,9 +321,6 @@ async fn without_vigil_headers(upstream: String) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_lock_client_hands_a_lock_on_through_an_agent_without_vigils_headers() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     let agent = Agent::dev().await;
     let http = agent.http();
     let bare = without_vigil_headers(agent.base.clone()).await;
@@ -311,31 +339,8 @@ async fn the_lock_client_hands_a_lock_on_through_an_agent_without_vigils_headers
 
     // Contenders that each take the lock a few times: every release wakes the others, one
     // wins, the rest are refused and (without the headers) read the key before blocking again.
-    const CONTENDERS: usize = 4;
-    const ROUNDS: usize = 3;
-    let holding = Arc::new(AtomicBool::new(false));
-    let contenders = (0..CONTENDERS).map(|_| {
-        let (client, holding) = (client.clone(), Arc::clone(&holding));
-        tokio::spawn(async move {
-            let lock = Lock::new(&client, LockOptions::new("bare/.lock")).unwrap();
-            let mut indexes = Vec::new();
-            for _ in 0..ROUNDS {
-                let held = lock.acquire().await.unwrap();
-                assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
-                indexes.push(held.lock_index());
-                tokio::task::yield_now().await;
-                holding.store(false, Ordering::SeqCst);
-                held.release().await.unwrap();
-            }
-            indexes
-        })
-    });
-    let mut indexes: Vec<u64> = join_all(contenders)
-        .await
-        .into_iter()
-        .flat_map(Result::unwrap)
-        .collect();
-    indexes.sort_unstable();
+    let locks = (0..4).map(|_| Lock::new(&client, LockOptions::new("bare/.lock")).unwrap());
+    let indexes = take_turns(locks.collect(), 3).await;
     let last = http.kv_entry("bare/.lock").await["LockIndex"]
         .as_u64()
         .unwrap();
@@ -544,9 +549,6 @@ async fn a_waiting_acquire_whose_client_hangs_up_takes_nothing() {
 /// release), not a read and an acquire from every waiter at every release.
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_waiters_cost_no_requests_per_release() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     const CONTENDERS: usize = 8;
     const ROUNDS: usize = 5;
     let agent = Agent::dev().await;
@@ -554,33 +556,13 @@ async fn lock_waiters_cost_no_requests_per_release() {
     let clients: Vec<Client> = (0..CONTENDERS)
         .map(|_| Client::new(&agent.base).expect("client"))
         .collect();
-    let holding = Arc::new(AtomicBool::new(false));
-    let mut contenders = Vec::new();
+    let mut locks = Vec::new();
     for client in &clients {
-        let session = http.session(r#"{"LockDelay":"0s"}"#).await;
         let mut options = LockOptions::new("herd/.lock");
-        options.session.reuse = Some(session);
-        let lock = Lock::new(client, options).unwrap();
-        let holding = Arc::clone(&holding);
-        contenders.push(tokio::spawn(async move {
-            let mut indexes = Vec::new();
-            for _ in 0..ROUNDS {
-                let held = lock.acquire().await.unwrap();
-                assert!(!holding.swap(true, Ordering::SeqCst), "two holders at once");
-                indexes.push(held.lock_index());
-                tokio::task::yield_now().await;
-                holding.store(false, Ordering::SeqCst);
-                held.release().await.unwrap();
-            }
-            indexes
-        }));
+        options.session.reuse = Some(http.session(r#"{"LockDelay":"0s"}"#).await);
+        locks.push(Lock::new(client, options).unwrap());
     }
-    let mut indexes: Vec<u64> = join_all(contenders)
-        .await
-        .into_iter()
-        .flat_map(Result::unwrap)
-        .collect();
-    indexes.sort_unstable();
+    let indexes = take_turns(locks, ROUNDS).await;
     let expected: Vec<u64> = (1..=(CONTENDERS * ROUNDS) as u64).collect();
     assert_eq!(indexes, expected, "one LockIndex per acquisition");
     let sent: u64 = clients.iter().map(Client::requests_sent).sum();
