@@ -614,3 +614,34 @@ async fn a_waiter_behind_another_is_not_held_up_by_it() {
     assert!(answered(reply).await.0);
     assert_eq!(http.kv_entry("t").await["Session"], json!(second));
 }
+
+/// Through a client agent, whose reads and writes go to the servers over RPC, the waiters of a
+/// Consul-style lock wait in their acquires too.
+#[tokio::test(flavor = "multi_thread")]
+async fn lock_waiters_on_a_client_agent_wait_in_it() {
+    const CONTENDERS: usize = 4;
+    const ROUNDS: usize = 3;
+    let cluster = integration_tests::cluster::Cluster::servers(3)
+        .clients(1)
+        .start()
+        .await;
+    let http = cluster.client(0).http();
+    let clients: Vec<Client> = (0..CONTENDERS)
+        .map(|_| Client::new(&http.base).expect("client"))
+        .collect();
+    let mut locks = Vec::new();
+    for client in &clients {
+        let mut options = LockOptions::new("remote/.lock");
+        options.session.reuse = Some(http.session(r#"{"LockDelay":"0s"}"#).await);
+        locks.push(Lock::new(client, options).unwrap());
+    }
+    let indexes = take_turns(locks, ROUNDS).await;
+    let expected: Vec<u64> = (1..=(CONTENDERS * ROUNDS) as u64).collect();
+    assert_eq!(indexes, expected, "one LockIndex per acquisition");
+    let sent: u64 = clients.iter().map(Client::requests_sent).sum();
+    let per_acquisition = sent as f64 / (CONTENDERS * ROUNDS) as f64;
+    assert!(
+        per_acquisition <= 5.0,
+        "{per_acquisition:.1} requests per acquisition ({sent} in all)"
+    );
+}
