@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use integration_tests::cluster::{Cluster, create_session};
 use integration_tests::{Agent, Http};
 use reqwest::StatusCode;
 use serde_json::json;
@@ -621,10 +622,7 @@ async fn a_waiter_behind_another_is_not_held_up_by_it() {
 async fn lock_waiters_on_a_client_agent_wait_in_it() {
     const CONTENDERS: usize = 4;
     const ROUNDS: usize = 3;
-    let cluster = integration_tests::cluster::Cluster::servers(3)
-        .clients(1)
-        .start()
-        .await;
+    let cluster = Cluster::servers(3).clients(1).start().await;
     let http = cluster.client(0).http();
     let clients: Vec<Client> = (0..CONTENDERS)
         .map(|_| Client::new(&http.base).expect("client"))
@@ -632,7 +630,7 @@ async fn lock_waiters_on_a_client_agent_wait_in_it() {
     let mut locks = Vec::new();
     for client in &clients {
         let mut options = LockOptions::new("remote/.lock");
-        options.session.reuse = Some(http.session(r#"{"LockDelay":"0s"}"#).await);
+        options.session.reuse = Some(create_session(&http, r#"{"LockDelay":"0s"}"#).await);
         locks.push(Lock::new(client, options).unwrap());
     }
     let indexes = take_turns(locks, ROUNDS).await;
