@@ -174,7 +174,7 @@ impl KvFairMutex {
             trigger.clone(),
             keeper.ttl(),
         ));
-        let held = Held::new(my_key, lock_index, keeper, trigger, lost.clone());
+        let held = Held::new(my_key, lock_index, keeper, trigger);
 
         let dir = format!("{}/", path::clean(&opts.prefix));
         loop {

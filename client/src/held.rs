@@ -58,7 +58,6 @@ impl Held {
         lock_index: u64,
         keeper: SessionKeeper,
         trigger: LostTrigger,
-        lost: LostSignal,
     ) -> Held {
         Held {
             kind: HeldKind::Key,
@@ -66,8 +65,8 @@ impl Held {
             session: keeper.id().to_owned(),
             lock_index,
             keeper: Some(keeper),
+            lost: trigger.signal(),
             trigger,
-            lost,
         }
     }
 

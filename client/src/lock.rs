@@ -163,7 +163,7 @@ impl Lock {
                 .await
                 .map(|_| ())
         }));
-        let (trigger, lost) = LostTrigger::new();
+        let (trigger, _) = LostTrigger::new();
         if !held {
             trigger.fire(LossReason::KeyReleased);
         }
@@ -176,7 +176,7 @@ impl Lock {
             trigger.clone(),
             unreachable_after(opts.monitor_retries, keeper.ttl()),
         ));
-        Ok(Held::new(key.clone(), lock_index, keeper, trigger, lost))
+        Ok(Held::new(key.clone(), lock_index, keeper, trigger))
     }
 
     /// Deletes the lock key if nobody holds it (`api.Lock.Destroy`).

@@ -254,7 +254,7 @@ impl LockQueue {
                 }
             }
         };
-        let (trigger, lost) = LostTrigger::new();
+        let (trigger, _) = LostTrigger::new();
         let watcher = trigger.clone();
         if opts.monitor {
             tokio::spawn(monitor_holder(
@@ -276,7 +276,7 @@ impl LockQueue {
             });
         }
         Ok(Some(
-            Held::new(opts.name.clone(), token, keeper, trigger, lost).queued(),
+            Held::new(opts.name.clone(), token, keeper, trigger).queued(),
         ))
     }
 }

@@ -153,7 +153,7 @@ impl Semaphore {
             contender.clone(),
         );
         keeper.on_close(Box::pin(leave));
-        let (trigger, lost) = LostTrigger::new();
+        let (trigger, _) = LostTrigger::new();
         let watch = SlotWatch {
             client: client.clone(),
             prefix: opts.prefix.clone(),
@@ -168,7 +168,7 @@ impl Semaphore {
             session_lost,
             trigger.clone(),
         ));
-        Ok(Held::new(contender, lock_index, keeper, trigger, lost))
+        Ok(Held::new(contender, lock_index, keeper, trigger))
     }
 
     /// Deletes `.lock` if no live holder is left (`api.Semaphore.Destroy`).
