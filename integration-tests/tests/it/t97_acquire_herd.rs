@@ -550,28 +550,32 @@ async fn a_waiting_acquire_whose_client_hangs_up_takes_nothing() {
 /// release), not a read and an acquire from every waiter at every release.
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_waiters_cost_no_requests_per_release() {
-    const CONTENDERS: usize = 8;
-    const ROUNDS: usize = 5;
     let agent = Agent::dev().await;
-    let http = agent.http();
-    let clients: Vec<Client> = (0..CONTENDERS)
-        .map(|_| Client::new(&agent.base).expect("client"))
+    let per_acquisition = lock_requests(&agent.http(), "herd/.lock", 8, 5).await;
+    assert!(
+        per_acquisition <= 5.0,
+        "{per_acquisition:.1} requests per acquisition"
+    );
+}
+
+/// `contenders` Lock clients through `http`, each on a reused session, taking `key` `rounds`
+/// times each (one LockIndex per acquisition, never two holders): the requests they sent per
+/// acquisition.
+async fn lock_requests(http: &Http, key: &str, contenders: usize, rounds: usize) -> f64 {
+    let clients: Vec<Client> = (0..contenders)
+        .map(|_| Client::new(&http.base).expect("client"))
         .collect();
     let mut locks = Vec::new();
     for client in &clients {
-        let mut options = LockOptions::new("herd/.lock");
-        options.session.reuse = Some(http.session(r#"{"LockDelay":"0s"}"#).await);
+        let mut options = LockOptions::new(key);
+        options.session.reuse = Some(create_session(http, r#"{"LockDelay":"0s"}"#).await);
         locks.push(Lock::new(client, options).unwrap());
     }
-    let indexes = take_turns(locks, ROUNDS).await;
-    let expected: Vec<u64> = (1..=(CONTENDERS * ROUNDS) as u64).collect();
+    let indexes = take_turns(locks, rounds).await;
+    let expected: Vec<u64> = (1..=(contenders * rounds) as u64).collect();
     assert_eq!(indexes, expected, "one LockIndex per acquisition");
     let sent: u64 = clients.iter().map(Client::requests_sent).sum();
-    let per_acquisition = sent as f64 / (CONTENDERS * ROUNDS) as f64;
-    assert!(
-        per_acquisition <= 5.0,
-        "{per_acquisition:.1} requests per acquisition ({sent} in all)"
-    );
+    sent as f64 / (contenders * rounds) as f64
 }
 
 /// One agent's waiting acquires of a key take turns, and a turn never outlives its request: a
@@ -620,26 +624,10 @@ async fn a_waiter_behind_another_is_not_held_up_by_it() {
 /// Consul-style lock wait in their acquires too.
 #[tokio::test(flavor = "multi_thread")]
 async fn lock_waiters_on_a_client_agent_wait_in_it() {
-    const CONTENDERS: usize = 4;
-    const ROUNDS: usize = 3;
     let cluster = Cluster::servers(3).clients(1).start().await;
-    let http = cluster.client(0).http();
-    let clients: Vec<Client> = (0..CONTENDERS)
-        .map(|_| Client::new(&http.base).expect("client"))
-        .collect();
-    let mut locks = Vec::new();
-    for client in &clients {
-        let mut options = LockOptions::new("remote/.lock");
-        options.session.reuse = Some(create_session(&http, r#"{"LockDelay":"0s"}"#).await);
-        locks.push(Lock::new(client, options).unwrap());
-    }
-    let indexes = take_turns(locks, ROUNDS).await;
-    let expected: Vec<u64> = (1..=(CONTENDERS * ROUNDS) as u64).collect();
-    assert_eq!(indexes, expected, "one LockIndex per acquisition");
-    let sent: u64 = clients.iter().map(Client::requests_sent).sum();
-    let per_acquisition = sent as f64 / (CONTENDERS * ROUNDS) as f64;
+    let per_acquisition = lock_requests(&cluster.client(0).http(), "remote/.lock", 4, 3).await;
     assert!(
         per_acquisition <= 5.0,
-        "{per_acquisition:.1} requests per acquisition ({sent} in all)"
+        "{per_acquisition:.1} requests per acquisition"
     );
 }
