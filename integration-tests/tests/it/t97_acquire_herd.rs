@@ -631,3 +631,37 @@ async fn lock_waiters_on_a_client_agent_wait_in_it() {
         "{per_acquisition:.1} requests per acquisition"
     );
 }
+
+/// A client that gives up its waiting acquire and asks again at once, and the same session
+/// waiting twice: the release grants the key once, and both of the session's waits answer it
+/// with the one LockIndex (a session acquiring what it holds, as Consul answers it).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_wait_dropped_and_asked_again_at_once_by_the_same_session_is_one_grant() {
+    let agent = Agent::dev().await;
+    let http = agent.http();
+    let holder = http.session(r#"{"LockDelay":"0s"}"#).await;
+    let waiter = http.session("{}").await;
+    http.acquire_ok("r", &holder).await;
+
+    let dropped = waiting_acquire(&agent.base, "r", &waiter, 0, "1m")
+        .timeout(Duration::from_millis(200))
+        .send()
+        .await;
+    assert!(dropped.is_err_and(|e| e.is_timeout()));
+    let again = || tokio::spawn(waiting_acquire(&agent.base, "r", &waiter, 0, "1m").send());
+    let (first, second) = (again(), again());
+    http.release_ok("r", &holder).await;
+    for waiting in [first, second] {
+        let reply = tokio::time::timeout(Duration::from_secs(30), waiting)
+            .await
+            .expect("answered after the release")
+            .unwrap()
+            .unwrap();
+        let (taken, lock_index, _) = answered(reply).await;
+        assert!(taken);
+        assert_eq!(lock_index, Some(2), "one grant after the holder's");
+    }
+    let entry = http.kv_entry("r").await;
+    assert_eq!(entry["Session"], json!(waiter));
+    assert_eq!(entry["LockIndex"], json!(2));
+}
